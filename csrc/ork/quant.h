@@ -1,0 +1,164 @@
+/* quant.h - orkpy's weight quantizers: NF4, uniform int4 (both "int4-stored /
+ * int8-computed") and per-channel int8.
+ *
+ * ---------------------------------------------------------------- contract --
+ * Input: float32 weight W of shape (N, K), row-major: N output channels, K
+ * inputs. Every row n gets one float32 scale s[n] >= 0.
+ *
+ * 4-bit kinds (ORK_KIND_NF4, ORK_KIND_INT4)
+ *   - Each kind has a 16-entry int8 LUT; a code is a 4-bit index into it and
+ *     dequant(n,k) = (float)lut[code] * s[n]  (one float32 multiply).
+ *       NF4 : lut[c] = round(NF4_LEVELS[c] * 127)  (bitsandbytes' 16 levels;
+ *             code 0 = -1.0 -> -127, code 7 = 0.0 -> 0, code 15 = 1.0 -> 127).
+ *       INT4: uniform symmetric levels k/7, k = -7..7 -> lut[k+7] = round(k*127/7)
+ *             (codes 0..14); code 15 is never produced and maps to 0.
+ *     round() is half away from zero.
+ *   - The quantization grid IS the LUT: a value is rounded to the nearest of
+ *     the kind's int8 levels (the values the int8 hardware will multiply), so
+ *     the thresholds are the midpoints between adjacent LUT levels. A value
+ *     exactly on a midpoint takes the LOWER code (strict `y > t` compares, as
+ *     in bitsandbytes' dQuantizeNF4).
+ *   - Normalisation: for a row with absmax a and clip ratio r,
+ *         m = a * r;   s = m / 127;   inv = 127 / m;   y = w * inv
+ *     (each a single float32 operation, no fused multiply-add anywhere), and
+ *     the code is the count of thresholds t with y > t.
+ *   - Storage: two codes per byte, element 2j in the LOW nibble and element
+ *     2j+1 in the HIGH nibble; rows are padded to ceil(K/2) bytes, a padding
+ *     nibble holds the code of level 0 (code 7 for both kinds).
+ *
+ * int8 kind (ORK_KIND_INT8): codes are int8 in [-127, 127],
+ *   q = clamp(round_half_away(y), -127, 127), dequant = (float)q * s.
+ *
+ * Rows: absmax a == 0 (or a < ORK_QUANT_TINY, documented as zero) gives
+ * s = 0, every code = the zero level, and dequantizes to exact zeros.
+ *
+ * imatrix (nullable, float32 (K,), finite, >= 0): per row the ratio r is
+ *   chosen from a grid of clip ratios to minimise
+ *       E(r) = sum_k imatrix[k] * (w[n,k] - dequant_r(n,k))^2
+ *   with nearest rounding. r = 1.0 (plain absmax) is always evaluated FIRST
+ *   and a later candidate replaces the best only when strictly smaller, so
+ *   E never exceeds plain absmax and ties keep absmax. E is accumulated in
+ *   double precision in four interleaved lanes (lane = k mod 4, each lane in
+ *   increasing k, combined as (l0+l1)+(l2+l3)), with d = w - lut*s in float32,
+ *   term = (double)imatrix[k] * ((double)d * (double)d). Every SIMD variant
+ *   reproduces this order exactly. imatrix == NULL skips the search entirely,
+ *   so its output is byte-identical to plain absmax.
+ *
+ * Stochastic rounding (sr != 0): after the scale is chosen, y is rounded to
+ *   one of its two bracketing levels lo <= y < hi with P(hi) = (y-lo)/(hi-lo),
+ *   so E[dequant] = w inside the level range (values beyond the end levels
+ *   take the end level). The uniform u in [0,1) is (h >> 8) * 2^-24 with
+ *   h = ork_sr_hash(row_key, col), row_key = ork_sr_row_key(seed, row): a
+ *   counter-based generator, hence identical for any thread count and any
+ *   ISA. "up" iff u < p, p = (y - lo) / (hi - lo) in float32.
+ *
+ * Non-finite w or imatrix, negative imatrix, empty shapes, bad kinds: an error
+ * status with a message naming the element. Never an abort.
+ */
+#ifndef ORK_QUANT_H
+#define ORK_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum ork_kind { ORK_KIND_NF4 = 0, ORK_KIND_INT4 = 1, ORK_KIND_INT8 = 2 } ork_kind;
+
+#define ORK_QUANT_TINY 1e-30f /* rows with absmax below this are zero rows */
+#define ORK_QUANT_ZERO_CODE 7 /* 4-bit code of level 0 for NF4 and INT4   */
+#define ORK_QUANT_MAX_DIM ((size_t)1 << 31)
+#define ORK_QUANT_MAX_GRID 1024
+
+/* Levels of a 4-bit kind, already on the int8 LUT grid, as float32. */
+typedef struct ork_q4_grid {
+    int nlev;       /* 16 for NF4, 15 for INT4 */
+    float lev[16];  /* ascending, integer-valued: (float)lut[c] */
+    float thr[15];  /* thr[i] = (lev[i] + lev[i+1]) / 2 (exact) */
+} ork_q4_grid;
+
+/* ------------------------------------------------------ per-ISA kernels -- */
+/* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
+ * The _ref table is the oracle; every other table must be bit-identical. */
+typedef struct ork_quant_kernels {
+    const char *isa;
+    /* *amax = max |x[k]|. Returns 1 if any x is NaN/Inf (then *amax is
+     * unspecified), else 0. */
+    int (*absmax)(const float *x, size_t n, float *amax);
+    /* codes[k] = #{i < nlev-1 : x[k]*inv > g->thr[i]} */
+    void (*codes4_rtn)(const float *x, size_t n, float inv, const ork_q4_grid *g, uint8_t *codes);
+    /* stochastic rounding between bracketing levels (see contract) */
+    void (*codes4_sr)(const float *x, size_t n, float inv, const ork_q4_grid *g, uint32_t row_key,
+                      uint32_t col0, uint8_t *codes);
+    /* weighted squared error of nearest rounding at scale s (see contract) */
+    double (*werr4)(const float *x, const float *im, size_t n, float inv, float s,
+                    const ork_q4_grid *g);
+    void (*codes8_rtn)(const float *x, size_t n, float inv, int8_t *codes);
+    void (*codes8_sr)(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+                      int8_t *codes);
+    double (*werr8)(const float *x, const float *im, size_t n, float inv, float s);
+    /* out[k] = (float)lut[nibble k] * s, nibbles packed low-first */
+    void (*dequant4)(const uint8_t *packed, size_t n, const int8_t lut[16], float s, float *out);
+    void (*dequant8)(const int8_t *codes, size_t n, float s, float *out);
+} ork_quant_kernels;
+
+extern const ork_quant_kernels ork_quant_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+extern const ork_quant_kernels ork_quant_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+extern const ork_quant_kernels ork_quant_kernels_neon;
+#endif
+
+/* ---------------------------------------------------- shared definitions -- */
+static inline uint32_t ork_mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+static inline uint32_t ork_sr_row_key(uint64_t seed, uint64_t row) {
+    uint32_t k = ork_mix32((uint32_t)seed ^ 0x9e3779b9U);
+    k = ork_mix32(k ^ (uint32_t)(seed >> 32));
+    k = ork_mix32(k ^ (uint32_t)row);
+    return ork_mix32(k ^ (uint32_t)(row >> 32) ^ 0x85ebca6bU);
+}
+/* per-element hash; SIMD variants compute the same 32-bit arithmetic */
+static inline uint32_t ork_sr_hash(uint32_t row_key, uint32_t col) {
+    return ork_mix32(row_key + col * 0x9e3779b1U);
+}
+#define ORK_SR_UNIT (1.0f / 16777216.0f) /* 2^-24 */
+
+/* --------------------------------------------------------- driver API -- */
+typedef struct ork_quant_params {
+    ork_kind kind;
+    const float *imatrix; /* nullable, (K,) */
+    const float *grid;    /* nullable -> ork_quant_default_grid */
+    size_t ngrid;
+    int sr;
+    uint64_t seed;
+    int nthreads; /* <= 0: all cores */
+} ork_quant_params;
+
+/* Bytes of one quantized row: ceil(K/2) for 4-bit kinds, K for int8. */
+size_t ork_quant_row_bytes(ork_kind kind, size_t K);
+/* The kind's int8 LUT (16 entries) or NULL for int8 / unknown kinds. */
+const int8_t *ork_quant_lut(ork_kind kind);
+/* The kind's nominal float levels (NF4_LEVELS, or k/7) and their count. */
+const float *ork_quant_levels(ork_kind kind, int *nlev);
+const ork_q4_grid *ork_quant_grid(ork_kind kind);
+/* Default clip-ratio grid: 1.00, 0.99, ..., 0.60 (ORK_QUANT_DEFAULT_GRID_N
+ * ratios, r_i = (100 - i) / 100 in float32). Writes min(cap, n) ratios and
+ * returns n. */
+#define ORK_QUANT_DEFAULT_GRID_N 41
+size_t ork_quant_default_grid(float *out, size_t cap);
+
+/* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N floats. */
+ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_params *p,
+                        void *codes, float *scales, ork_err *err);
+ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales, size_t N,
+                          size_t K, float *out, int nthreads, ork_err *err);
+
+#endif /* ORK_QUANT_H */

@@ -1,0 +1,258 @@
+/* quant_avx2.c - AVX2 variants of the quant kernels, bit-identical to
+ * quant_ref.c (proven by tests/c/test_quant.c and tests/test_quant.py).
+ * Compiled with -mavx2 -mfma -ffp-contract=off (setup.py); selected at run
+ * time by cpu.c only when the CPU reports AVX2. */
+#if defined(__x86_64__) || defined(__i386__)
+#ifndef __AVX2__
+#error "quant_avx2.c must be compiled with -mavx2"
+#endif
+#include <immintrin.h>
+
+#include "quant_scalar.h"
+
+static int absmax_avx2(const float *x, size_t n, float *amax) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 fmax = _mm256_set1_ps(3.40282347e+38f);
+    __m256 m = _mm256_setzero_ps();
+    __m256 bad = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, fmax, _CMP_NLE_UQ)); /* > max or NaN */
+        m = _mm256_max_ps(m, a);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float r = 0.0f;
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > r) r = lanes[i];
+    int isbad = _mm256_movemask_ps(bad) != 0;
+    for (; k < n; k++) {
+        float a = fabsf(x[k]);
+        if (!(a <= 3.40282347e+38f)) isbad = 1;
+        if (a > r) r = a;
+    }
+    *amax = r;
+    return isbad;
+}
+
+/* 16 int32 lanes (two vectors, in order) -> 16 bytes */
+static inline __m128i pack16_u8(__m256i c0, __m256i c1) {
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(c0, c1), 0xD8);
+    return _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+}
+static inline __m128i pack16_s8(__m256i c0, __m256i c1) {
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(c0, c1), 0xD8);
+    return _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+}
+
+static inline __m256i nearest4_avx2(__m256 y, const ork_q4_grid *g) {
+    __m256i c = _mm256_setzero_si256();
+    for (int i = 0; i < g->nlev - 1; i++) {
+        __m256 m = _mm256_cmp_ps(y, _mm256_set1_ps(g->thr[i]), _CMP_GT_OQ);
+        c = _mm256_sub_epi32(c, _mm256_castps_si256(m));
+    }
+    return c;
+}
+
+static void codes4_rtn_avx2(const float *x, size_t n, float inv, const ork_q4_grid *g,
+                            uint8_t *codes) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m256i c0 = nearest4_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), g);
+        __m256i c1 = nearest4_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv), g);
+        _mm_storeu_si128((__m128i *)(codes + k), pack16_u8(c0, c1));
+    }
+    for (; k < n; k++) codes[k] = (uint8_t)ork_q4_nearest(x[k] * inv, g);
+}
+
+static inline __m256 uniform_avx2(uint32_t row_key, uint32_t col) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i c = _mm256_add_epi32(_mm256_set1_epi32((int)col), lane);
+    __m256i h = _mm256_add_epi32(_mm256_set1_epi32((int)row_key),
+                                 _mm256_mullo_epi32(c, _mm256_set1_epi32((int)0x9e3779b1U)));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x7feb352dU));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32((int)0x846ca68bU));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    __m256 u = _mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8));
+    return _mm256_mul_ps(u, _mm256_set1_ps(ORK_SR_UNIT));
+}
+
+static inline __m256i sr4_avx2(__m256 y, const ork_q4_grid *g, uint32_t row_key, uint32_t col) {
+    const int top = g->nlev - 1;
+    __m256 lo = _mm256_set1_ps(g->lev[0]);
+    __m256 hi = _mm256_set1_ps(g->lev[1]);
+    __m256i idx = _mm256_setzero_si256();
+    for (int j = 1; j < g->nlev; j++) {
+        __m256 m = _mm256_cmp_ps(y, _mm256_set1_ps(g->lev[j]), _CMP_GE_OQ);
+        lo = _mm256_blendv_ps(lo, _mm256_set1_ps(g->lev[j]), m);
+        hi = _mm256_blendv_ps(hi, _mm256_set1_ps(g->lev[j < top ? j + 1 : j]), m);
+        idx = _mm256_sub_epi32(idx, _mm256_castps_si256(m));
+    }
+    __m256 p = _mm256_div_ps(_mm256_sub_ps(y, lo), _mm256_sub_ps(hi, lo));
+    __m256 up = _mm256_cmp_ps(uniform_avx2(row_key, col), p, _CMP_LT_OQ);
+    __m256i attop = _mm256_cmpeq_epi32(idx, _mm256_set1_epi32(top));
+    __m256i upi = _mm256_andnot_si256(attop, _mm256_castps_si256(up));
+    return _mm256_sub_epi32(idx, upi);
+}
+
+static void codes4_sr_avx2(const float *x, size_t n, float inv, const ork_q4_grid *g,
+                           uint32_t row_key, uint32_t col0, uint8_t *codes) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        uint32_t c = col0 + (uint32_t)k;
+        __m256i c0 = sr4_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), g, row_key, c);
+        __m256i c1 = sr4_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv), g, row_key, c + 8);
+        _mm_storeu_si128((__m128i *)(codes + k), pack16_u8(c0, c1));
+    }
+    for (; k < n; k++) codes[k] = (uint8_t)ork_q4_sr(x[k] * inv, g, row_key, col0 + (uint32_t)k);
+}
+
+/* acc += im * (x - q)^2 over 8 elements, lanes (k..k+3) then (k+4..k+7) */
+static inline __m256d werr_acc8(__m256d acc, __m256 x, __m256 q, const float *im) {
+    __m256 d = _mm256_sub_ps(x, q);
+    __m256 vim = _mm256_loadu_ps(im);
+    __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(d));
+    __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1));
+    __m256d i0 = _mm256_cvtps_pd(_mm256_castps256_ps128(vim));
+    __m256d i1 = _mm256_cvtps_pd(_mm256_extractf128_ps(vim, 1));
+    acc = _mm256_add_pd(acc, _mm256_mul_pd(i0, _mm256_mul_pd(d0, d0)));
+    acc = _mm256_add_pd(acc, _mm256_mul_pd(i1, _mm256_mul_pd(d1, d1)));
+    return acc;
+}
+
+static double werr4_avx2(const float *x, const float *im, size_t n, float inv, float s,
+                         const ork_q4_grid *g) {
+    const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(s);
+    __m256d acc = _mm256_setzero_pd();
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 vx = _mm256_loadu_ps(x + k);
+        __m256 y = _mm256_mul_ps(vx, vinv);
+        __m256 lev = _mm256_set1_ps(g->lev[0]);
+        for (int i = 0; i < g->nlev - 1; i++) {
+            __m256 m = _mm256_cmp_ps(y, _mm256_set1_ps(g->thr[i]), _CMP_GT_OQ);
+            lev = _mm256_blendv_ps(lev, _mm256_set1_ps(g->lev[i + 1]), m);
+        }
+        acc = werr_acc8(acc, vx, _mm256_mul_ps(lev, vs), im + k);
+    }
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    for (; k < n; k++) {
+        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
+        a[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+static inline __m256 round_half_away_avx2(__m256 y) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(y, t);
+    t = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
+    t = _mm256_sub_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one));
+    return t;
+}
+static inline __m256 clamp127_avx2(__m256 v) {
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+}
+
+static void codes8_rtn_avx2(const float *x, size_t n, float inv, int8_t *codes) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m256 q0 = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv)));
+        __m256 q1 = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv)));
+        _mm_storeu_si128((__m128i *)(codes + k),
+                         pack16_s8(_mm256_cvttps_epi32(q0), _mm256_cvttps_epi32(q1)));
+    }
+    for (; k < n; k++) codes[k] = (int8_t)ork_clamp127(ork_round_half_away(x[k] * inv));
+}
+
+static inline __m256 sr8_avx2(__m256 y, uint32_t row_key, uint32_t col) {
+    y = clamp127_avx2(y);
+    __m256 lo = _mm256_round_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m256 p = _mm256_sub_ps(y, lo);
+    __m256 up = _mm256_cmp_ps(uniform_avx2(row_key, col), p, _CMP_LT_OQ);
+    return _mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+}
+
+static void codes8_sr_avx2(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+                           int8_t *codes) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        uint32_t c = col0 + (uint32_t)k;
+        __m256 q0 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), row_key, c);
+        __m256 q1 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv), row_key, c + 8);
+        _mm_storeu_si128((__m128i *)(codes + k),
+                         pack16_s8(_mm256_cvttps_epi32(q0), _mm256_cvttps_epi32(q1)));
+    }
+    for (; k < n; k++) codes[k] = (int8_t)ork_q8_sr(x[k] * inv, row_key, col0 + (uint32_t)k);
+}
+
+static double werr8_avx2(const float *x, const float *im, size_t n, float inv, float s) {
+    const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(s);
+    __m256d acc = _mm256_setzero_pd();
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 vx = _mm256_loadu_ps(x + k);
+        __m256 q = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(vx, vinv)));
+        acc = werr_acc8(acc, vx, _mm256_mul_ps(q, vs), im + k);
+    }
+    double a[4];
+    _mm256_storeu_pd(a, acc);
+    for (; k < n; k++) {
+        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
+        a[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+static inline void store8_scaled(float *out, __m128i b8, __m256 vs) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8)), vs));
+}
+
+static void dequant4_avx2(const uint8_t *packed, size_t n, const int8_t lut[16], float s,
+                          float *out) {
+    const __m128i tbl = _mm_loadu_si128((const __m128i *)lut);
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const __m256 vs = _mm256_set1_ps(s);
+    size_t k = 0;
+    for (; k + 32 <= n; k += 32) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(packed + (k >> 1)));
+        __m128i vlo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, lo4));
+        __m128i vhi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+        __m128i e0 = _mm_unpacklo_epi8(vlo, vhi); /* elements k .. k+15 */
+        __m128i e1 = _mm_unpackhi_epi8(vlo, vhi); /* elements k+16 .. k+31 */
+        store8_scaled(out + k, e0, vs);
+        store8_scaled(out + k + 8, _mm_srli_si128(e0, 8), vs);
+        store8_scaled(out + k + 16, e1, vs);
+        store8_scaled(out + k + 24, _mm_srli_si128(e1, 8), vs);
+    }
+    for (; k < n; k++) {
+        uint8_t b = packed[k >> 1];
+        int c = (k & 1) ? (b >> 4) : (b & 15);
+        out[k] = (float)lut[c] * s;
+    }
+}
+
+static void dequant8_avx2(const int8_t *codes, size_t n, float s, float *out) {
+    const __m256 vs = _mm256_set1_ps(s);
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) store8_scaled(out + k, _mm_loadl_epi64((const __m128i *)(codes + k)), vs);
+    for (; k < n; k++) out[k] = (float)codes[k] * s;
+}
+
+const ork_quant_kernels ork_quant_kernels_avx2 = {
+    "avx2",          absmax_avx2,    codes4_rtn_avx2, codes4_sr_avx2, werr4_avx2,
+    codes8_rtn_avx2, codes8_sr_avx2, werr8_avx2,      dequant4_avx2,  dequant8_avx2,
+};
+#endif
+
+/* keeps the translation unit non-empty on other architectures */
+typedef int ork_quant_avx2_tu_nonempty;

@@ -1,0 +1,73 @@
+/* quant_ref.c - scalar reference kernels: the oracle for every SIMD variant.
+ * The arithmetic of each element is defined once, in quant_scalar.h. */
+#include "quant_scalar.h"
+
+static int absmax_ref(const float *x, size_t n, float *amax) {
+    float m = 0.0f;
+    int bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        float a = fabsf(x[k]);
+        if (!(a <= 3.40282347e+38f)) bad = 1; /* NaN or Inf */
+        if (a > m) m = a;
+    }
+    *amax = m;
+    return bad;
+}
+
+static void codes4_rtn_ref(const float *x, size_t n, float inv, const ork_q4_grid *g,
+                           uint8_t *codes) {
+    for (size_t k = 0; k < n; k++) codes[k] = (uint8_t)ork_q4_nearest(x[k] * inv, g);
+}
+
+static void codes4_sr_ref(const float *x, size_t n, float inv, const ork_q4_grid *g,
+                          uint32_t row_key, uint32_t col0, uint8_t *codes) {
+    for (size_t k = 0; k < n; k++)
+        codes[k] = (uint8_t)ork_q4_sr(x[k] * inv, g, row_key, col0 + (uint32_t)k);
+}
+
+static double werr4_ref(const float *x, const float *im, size_t n, float inv, float s,
+                        const ork_q4_grid *g) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    for (size_t k = 0; k < n; k++) {
+        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
+        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void codes8_rtn_ref(const float *x, size_t n, float inv, int8_t *codes) {
+    for (size_t k = 0; k < n; k++) codes[k] = (int8_t)ork_clamp127(ork_round_half_away(x[k] * inv));
+}
+
+static void codes8_sr_ref(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+                          int8_t *codes) {
+    for (size_t k = 0; k < n; k++)
+        codes[k] = (int8_t)ork_q8_sr(x[k] * inv, row_key, col0 + (uint32_t)k);
+}
+
+static double werr8_ref(const float *x, const float *im, size_t n, float inv, float s) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    for (size_t k = 0; k < n; k++) {
+        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
+        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static void dequant4_ref(const uint8_t *packed, size_t n, const int8_t lut[16], float s,
+                         float *out) {
+    for (size_t k = 0; k < n; k++) {
+        uint8_t b = packed[k >> 1];
+        int c = (k & 1) ? (b >> 4) : (b & 15);
+        out[k] = (float)lut[c] * s;
+    }
+}
+
+static void dequant8_ref(const int8_t *codes, size_t n, float s, float *out) {
+    for (size_t k = 0; k < n; k++) out[k] = (float)codes[k] * s;
+}
+
+const ork_quant_kernels ork_quant_kernels_ref = {
+    "scalar",       absmax_ref,    codes4_rtn_ref, codes4_sr_ref, werr4_ref,
+    codes8_rtn_ref, codes8_sr_ref, werr8_ref,      dequant4_ref,  dequant8_ref,
+};

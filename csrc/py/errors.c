@@ -1,0 +1,39 @@
+#include "errors.h"
+
+static PyObject *FormatError;   /* orkpy.FormatError(ValueError) */
+static PyObject *Unavailable;   /* orkpy.UnavailableError(RuntimeError) */
+
+int orkpy_errors_init(PyObject *module) {
+    FormatError = PyErr_NewExceptionWithDoc(
+        "orkpy.FormatError", "A persisted orkpy file is malformed (bad magic, size, value).",
+        PyExc_ValueError, NULL);
+    if (!FormatError || PyModule_AddObjectRef(module, "FormatError", FormatError) < 0) return -1;
+    Unavailable = PyErr_NewExceptionWithDoc(
+        "orkpy.UnavailableError",
+        "A requested kernel or device is not available on this machine or build.",
+        PyExc_RuntimeError, NULL);
+    if (!Unavailable || PyModule_AddObjectRef(module, "UnavailableError", Unavailable) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *exception_for(ork_status st) {
+    switch (st) {
+    case ORK_EINVAL: return PyExc_ValueError;
+    case ORK_ENONFINITE: return PyExc_ValueError;
+    case ORK_ENOMEM: return PyExc_MemoryError;
+    case ORK_ETHREAD: return PyExc_RuntimeError;
+    case ORK_EFORMAT: return FormatError;
+    case ORK_EIO: return PyExc_OSError;
+    case ORK_ENOTIMPL: return PyExc_NotImplementedError;
+    case ORK_EUNAVAIL: return Unavailable;
+    default: return PyExc_RuntimeError;
+    }
+}
+
+PyObject *orkpy_raise(ork_status st, const ork_err *err) {
+    const char *msg = (err && err->msg[0]) ? err->msg : ork_status_name(st);
+    if (st == ORK_ENOMEM && !(err && err->msg[0])) return PyErr_NoMemory();
+    PyErr_SetString(exception_for(st), msg);
+    return NULL;
+}

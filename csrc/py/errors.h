@@ -1,0 +1,15 @@
+/* errors.h - the one table that maps ork_status to Python exceptions. */
+#ifndef ORKPY_ERRORS_H
+#define ORKPY_ERRORS_H
+
+#include <Python.h>
+
+#include "../ork/status.h"
+
+/* Creates orkpy's own exception classes and adds them to the module. */
+int orkpy_errors_init(PyObject *module);
+/* Sets a Python exception for st (st != ORK_OK) with err's message (or a
+ * generic one) and returns NULL, so callers can `return orkpy_raise(...)`. */
+PyObject *orkpy_raise(ork_status st, const ork_err *err);
+
+#endif

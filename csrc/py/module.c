@@ -1,0 +1,322 @@
+/* module.c - orkpy._core: the CPython/NumPy binding of the C core.
+ *
+ * Every exported function has the same shape:
+ *   1. parse arguments,
+ *   2. coerce arrays at the boundary (dtype checked, then cast to the core's
+ *      dtype, C-contiguous, aligned),
+ *   3. allocate outputs,
+ *   4. release the GIL and call the core,
+ *   5. map the status through errors.c.
+ * No numerics happen here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+#include "../ork/cpu.h"
+#include "../ork/pool.h"
+#include "../ork/quant.h"
+#include "errors.h"
+
+/* ---------------------------------------------------------- coercion -- */
+
+/* A float32, C-contiguous, aligned copy/view of `obj` with `ndim` dims.
+ * Non-floating dtypes raise TypeError; wrong ndim raises ValueError. */
+static PyArrayObject *as_float32(PyObject *obj, int ndim, const char *name) {
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (!arr) return NULL;
+    if (!PyArray_ISFLOAT(arr)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a floating-point array (float32 or float16), got dtype %S",
+                     name, (PyObject *)PyArray_DESCR(arr));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_NDIM(arr) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must be %d-D, got %d-D", name, ndim, PyArray_NDIM(arr));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)arr, NPY_FLOAT32,
+                                                           NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    Py_DECREF(arr);
+    return out;
+}
+
+/* An exact-dtype, C-contiguous array (no value-changing casts). */
+static PyArrayObject *as_exact(PyObject *obj, int typenum, int ndim, const char *name) {
+    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (!arr) return NULL;
+    if (PyArray_TYPE(arr) != typenum || PyArray_NDIM(arr) != ndim) {
+        PyArray_Descr *want = PyArray_DescrFromType(typenum);
+        PyErr_Format(PyExc_TypeError, "%s must be a %d-D %S array, got %d-D %S", name, ndim,
+                     (PyObject *)want, PyArray_NDIM(arr), (PyObject *)PyArray_DESCR(arr));
+        Py_XDECREF(want);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)arr, typenum, NPY_ARRAY_IN_ARRAY);
+    Py_DECREF(arr);
+    return out;
+}
+
+static int parse_kind(const char *s, ork_kind *kind) {
+    if (strcmp(s, "nf4") == 0) *kind = ORK_KIND_NF4;
+    else if (strcmp(s, "int4") == 0) *kind = ORK_KIND_INT4;
+    else if (strcmp(s, "int8") == 0) *kind = ORK_KIND_INT8;
+    else {
+        PyErr_Format(PyExc_ValueError, "unknown kind '%s' (expected 'nf4', 'int4' or 'int8')", s);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_threads(int threads) {
+    if (threads < 0) {
+        PyErr_Format(PyExc_ValueError, "threads must be >= 0 (0 = all cores), got %d", threads);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- quantize -- */
+
+PyDoc_STRVAR(quantize_doc,
+             "quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=0)\n"
+             "-> (codes, scales). Low level; use orkpy.quantize.");
+
+static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"w", "kind", "imatrix", "sr", "seed", "clip_grid", "threads", NULL};
+    PyObject *w_obj, *im_obj = Py_None, *grid_obj = Py_None;
+    const char *kind_s;
+    int sr = 0, threads = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|OpKOi:quantize", kwlist, &w_obj, &kind_s, &im_obj,
+                                     &sr, &seed, &grid_obj, &threads))
+        return NULL;
+    ork_quant_params p;
+    memset(&p, 0, sizeof p);
+    if (parse_kind(kind_s, &p.kind) < 0 || check_threads(threads) < 0) return NULL;
+
+    PyArrayObject *w = NULL, *im = NULL, *grid = NULL, *codes = NULL, *scales = NULL;
+    PyObject *result = NULL;
+    if (!(w = as_float32(w_obj, 2, "w"))) goto done;
+    npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
+    if (im_obj != Py_None) {
+        if (!(im = as_float32(im_obj, 1, "imatrix"))) goto done;
+        if (PyArray_DIM(im, 0) != K) {
+            PyErr_Format(PyExc_ValueError, "imatrix has %zd entries but w has K = %zd input columns",
+                         (Py_ssize_t)PyArray_DIM(im, 0), (Py_ssize_t)K);
+            goto done;
+        }
+        p.imatrix = (const float *)PyArray_DATA(im);
+    }
+    if (grid_obj != Py_None) {
+        if (!(grid = as_float32(grid_obj, 1, "clip_grid"))) goto done;
+        p.grid = (const float *)PyArray_DATA(grid);
+        p.ngrid = (size_t)PyArray_DIM(grid, 0);
+        if (p.ngrid == 0) {
+            PyErr_SetString(PyExc_ValueError, "clip_grid must not be empty");
+            goto done;
+        }
+    }
+    p.sr = sr;
+    p.seed = (uint64_t)seed;
+    p.nthreads = threads;
+
+    npy_intp cdims[2] = {N, (npy_intp)ork_quant_row_bytes(p.kind, (size_t)K)};
+    codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, p.kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8);
+    scales = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_FLOAT32);
+    if (!codes || !scales) goto done;
+
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_quantize((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, &p, PyArray_DATA(codes),
+                      (float *)PyArray_DATA(scales), &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = Py_BuildValue("(OO)", codes, scales);
+done:
+    Py_XDECREF(w);
+    Py_XDECREF(im);
+    Py_XDECREF(grid);
+    Py_XDECREF(codes);
+    Py_XDECREF(scales);
+    return result;
+}
+
+/* -------------------------------------------------------- dequantize -- */
+
+PyDoc_STRVAR(dequantize_doc, "dequantize(codes, scales, kind, K, threads=0) -> float32 (N, K)");
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"codes", "scales", "kind", "K", "threads", NULL};
+    PyObject *c_obj, *s_obj;
+    const char *kind_s;
+    Py_ssize_t K;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOsn|i:dequantize", kwlist, &c_obj, &s_obj, &kind_s, &K,
+                                     &threads))
+        return NULL;
+    ork_kind kind;
+    if (parse_kind(kind_s, &kind) < 0 || check_threads(threads) < 0) return NULL;
+    if (K <= 0) return PyErr_Format(PyExc_ValueError, "K must be positive, got %zd", K);
+    PyArrayObject *codes = NULL, *scales = NULL, *out = NULL;
+    PyObject *result = NULL;
+    if (!(codes = as_exact(c_obj, kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8, 2, "codes"))) goto done;
+    if (!(scales = as_exact(s_obj, NPY_FLOAT32, 1, "scales"))) goto done;
+    npy_intp N = PyArray_DIM(codes, 0);
+    if (PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(kind, (size_t)K) ||
+        PyArray_DIM(scales, 0) != N) {
+        PyErr_Format(PyExc_ValueError,
+                     "codes shape (%zd, %zd) and scales (%zd,) do not fit kind '%s' with K = %zd "
+                     "(expected (N, %zu) and (N,))",
+                     (Py_ssize_t)N, (Py_ssize_t)PyArray_DIM(codes, 1), (Py_ssize_t)PyArray_DIM(scales, 0),
+                     kind_s, K, ork_quant_row_bytes(kind, (size_t)K));
+        goto done;
+    }
+    npy_intp odims[2] = {N, (npy_intp)K};
+    if (!(out = (PyArrayObject *)PyArray_SimpleNew(2, odims, NPY_FLOAT32))) goto done;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_dequantize(kind, PyArray_DATA(codes), (const float *)PyArray_DATA(scales), (size_t)N,
+                        (size_t)K, (float *)PyArray_DATA(out), threads, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = (PyObject *)out;
+    out = NULL;
+done:
+    Py_XDECREF(codes);
+    Py_XDECREF(scales);
+    Py_XDECREF(out);
+    return result;
+}
+
+/* ------------------------------------------------------------ tables -- */
+
+static PyObject *py_lut(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *s = PyUnicode_AsUTF8(arg);
+    ork_kind kind;
+    if (!s || parse_kind(s, &kind) < 0) return NULL;
+    const int8_t *lut = ork_quant_lut(kind);
+    if (!lut) Py_RETURN_NONE;
+    npy_intp n = 16;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_INT8);
+    if (a) memcpy(PyArray_DATA(a), lut, 16);
+    return (PyObject *)a;
+}
+
+static PyObject *py_levels(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *s = PyUnicode_AsUTF8(arg);
+    ork_kind kind;
+    if (!s || parse_kind(s, &kind) < 0) return NULL;
+    int nlev = 0;
+    const float *lev = ork_quant_levels(kind, &nlev);
+    if (!lev) Py_RETURN_NONE;
+    npy_intp n = nlev;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    if (a) memcpy(PyArray_DATA(a), lev, (size_t)nlev * sizeof(float));
+    return (PyObject *)a;
+}
+
+static PyObject *py_default_grid(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    npy_intp n = ORK_QUANT_DEFAULT_GRID_N;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    if (a) ork_quant_default_grid((float *)PyArray_DATA(a), (size_t)n);
+    return (PyObject *)a;
+}
+
+/* ------------------------------------------------------ capabilities -- */
+
+static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    unsigned f = ork_cpu_features();
+    PyObject *avail = PyList_New(0);
+    if (!avail) return NULL;
+    for (int i = 0; i < ORK_ISA_COUNT; i++) {
+        if (!ork_isa_available((ork_isa)i)) continue;
+        PyObject *s = PyUnicode_FromString(ork_isa_name((ork_isa)i));
+        if (!s || PyList_Append(avail, s) < 0) {
+            Py_XDECREF(s);
+            Py_DECREF(avail);
+            return NULL;
+        }
+        Py_DECREF(s);
+    }
+    const char *arch =
+#if defined(__x86_64__)
+        "x86_64";
+#elif defined(__aarch64__)
+        "aarch64";
+#else
+        "other";
+#endif
+    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O},s:i,s:s}", "isa",
+                         ork_isa_name(ork_cpu_isa()), "available", avail, "forced_scalar",
+                         ork_cpu_forced_scalar() ? Py_True : Py_False, "arch", arch, "cpu_features",
+                         "avx2", (f & ORK_CPU_AVX2) ? Py_True : Py_False, "fma",
+                         (f & ORK_CPU_FMA) ? Py_True : Py_False, "neon",
+                         (f & ORK_CPU_NEON) ? Py_True : Py_False, "dotprod",
+                         (f & ORK_CPU_DOTPROD) ? Py_True : Py_False, "default_threads",
+                         ork_pool_default_threads(), "quant_kernels",
+                         ork_quant_kernels_active()->isa);
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s) return NULL;
+    const char *prev = ork_isa_name(ork_cpu_isa());
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_cpu_set_isa(s, &err);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    return PyUnicode_FromString(prev);
+}
+
+static PyMethodDef core_methods[] = {
+    {"quantize", (PyCFunction)(void (*)(void))py_quantize, METH_VARARGS | METH_KEYWORDS, quantize_doc},
+    {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
+     dequantize_doc},
+    {"lut", py_lut, METH_O, "lut(kind) -> int8[16] or None for int8"},
+    {"levels", py_levels, METH_O, "levels(kind) -> the kind's nominal float levels"},
+    {"default_grid", py_default_grid, METH_NOARGS, "default clip-ratio grid"},
+    {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
+    {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "orkpy._core", "orkpy's C core (binding layer).", -1, core_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    import_array();
+    PyObject *m = PyModule_Create(&core_module);
+    if (!m) return NULL;
+    if (orkpy_errors_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,124 @@
+"""Weight quantization: NF4, uniform int4 and per-channel int8.
+
+Weights are ``(N, K)`` arrays: N output channels, K inputs. See
+``docs/quantization.md`` for the exact contract (levels, LUTs, rounding,
+nibble order, scale search, stochastic rounding).
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _core
+
+KINDS = ("nf4", "int4", "int8")
+
+
+def _readonly(a):
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+#: The 16 bitsandbytes NF4 values (code 0 = -1.0, code 7 = 0.0, code 15 = 1.0), float32.
+NF4_LEVELS = _readonly(_core.levels("nf4"))
+#: The 15 uniform symmetric int4 levels k/7, k = -7..7 (codes 0..14), float32.
+INT4_LEVELS = _readonly(_core.levels("int4"))
+#: The default imatrix clip-ratio grid: 1.00, 0.99, ..., 0.60.
+DEFAULT_CLIP_GRID = _readonly(_core.default_grid())
+
+_LUTS = {k: (None if _core.lut(k) is None else _readonly(_core.lut(k))) for k in KINDS}
+
+
+def lut(kind):
+    """The kind's 16-entry int8 LUT (``round(level * 127)``), or None for int8."""
+    _check_kind(kind)
+    return _LUTS[kind]
+
+
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+
+def _check_threads(threads):
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None (all cores), got {threads!r}")
+    return int(threads)
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A quantized ``(N, K)`` weight.
+
+    ``codes``: for 4-bit kinds a uint8 ``(N, ceil(K/2))`` array, two codes per
+    byte, element ``2j`` in the low nibble and ``2j+1`` in the high nibble;
+    for int8 the int8 ``(N, K)`` array itself. ``scales``: float32 ``(N,)``.
+    ``lut``: the kind's int8 LUT (None for int8), so that
+    ``dequant[n, k] = lut[code[n, k]] * scales[n]`` (int8: ``codes * scales``).
+    """
+
+    kind: str
+    shape: Tuple[int, int]
+    codes: np.ndarray
+    scales: np.ndarray
+    lut: Optional[np.ndarray]
+    sr: bool = False
+    seed: int = 0
+    imatrix_used: bool = False
+
+    def dequantize(self, threads=None):
+        return dequantize(self, threads=threads)
+
+    @property
+    def nbytes(self):
+        """Bytes of codes plus scales."""
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def __repr__(self):
+        return (f"QuantizedTensor(kind={self.kind!r}, shape={self.shape}, "
+                f"nbytes={self.nbytes}, sr={self.sr}, imatrix_used={self.imatrix_used})")
+
+
+def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=None):
+    """Quantize a float32 (or float16) ``(N, K)`` weight.
+
+    kind: ``"nf4"``, ``"int4"`` (4-bit codes into an int8 LUT, per-row scale
+    ``absmax/127``) or ``"int8"`` (per-row symmetric, codes in [-127, 127]).
+
+    imatrix: optional float32 ``(K,)`` per-input-channel importance (e.g.
+    mean squared activation). Each row's scale is then chosen from the clip
+    ratios ``clip_grid`` (default :data:`DEFAULT_CLIP_GRID`; ratio 1.0, plain
+    absmax, is always tried first) to minimise
+    ``sum_k imatrix[k] * (w[n,k] - dequant[n,k])**2``. ``imatrix=None`` gives
+    output byte-identical to plain absmax.
+
+    sr: stochastic rounding between the two bracketing levels, unbiased,
+    from a counter-based generator keyed by (seed, row, column): identical for
+    any thread count and instruction set.
+
+    threads: worker threads (None = all cores). Results never depend on it.
+    """
+    _check_kind(kind)
+    if not isinstance(sr, (bool, np.bool_)):
+        raise TypeError(f"sr must be a bool, got {type(sr).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    nthreads = _check_threads(threads)
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be a 2-D (N, K) array, got shape {w.shape}")
+    codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads)
+    return QuantizedTensor(kind=kind, shape=(int(w.shape[0]), int(w.shape[1])), codes=codes,
+                           scales=scales, lut=_LUTS[kind], sr=bool(sr), seed=int(seed),
+                           imatrix_used=imatrix is not None)
+
+
+def dequantize(q, threads=None):
+    """Dequantize a :class:`QuantizedTensor` to float32 ``(N, K)``."""
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"dequantize expects a QuantizedTensor, got {type(q).__name__}")
+    _check_kind(q.kind)
+    return _core.dequantize(q.codes, q.scales, q.kind, q.shape[1], _check_threads(threads))

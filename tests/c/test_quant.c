@@ -1,0 +1,176 @@
+/* test_quant.c - C-level proof that every SIMD quant kernel available in this
+ * build (AVX2 on x86-64, NEON on aarch64 under qemu) is bit-identical to the
+ * scalar _ref oracle, kernel by kernel and through the full ork_quantize /
+ * ork_dequantize drivers (1 and 3 threads). Prints one line per failure and
+ * a closing "N passed, N failed" line; exit status 1 on any failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../csrc/ork/cpu.h"
+#include "../../csrc/ork/quant.h"
+
+static int n_pass, n_fail;
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) n_pass++;                                                                \
+        else {                                                                             \
+            n_fail++;                                                                      \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+static uint64_t rng_state = 0x1234567887654321ULL;
+static uint32_t rnd32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rnd_unit(void) { return (float)(rnd32() >> 8) * (1.0f / 16777216.0f); }
+static float rnd_normal(void) {
+    float u = rnd_unit() + 1e-7f, v = rnd_unit();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+/* a row mixing Gaussian values, heavy tails, exact levels, exact midpoints
+ * and round-half cases, in units where inv = 1 maps straight onto the grid */
+static void fill_row(float *x, size_t n, int mode) {
+    static const float specials[] = {0.0f,   -0.0f,  0.5f,  -0.5f,   1.5f,   -1.5f,  0.49999997f,
+                                     -0.49999997f, 126.5f, -126.5f, 127.0f, -127.0f, 200.0f,
+                                     -300.0f, 5.0f,  -6.0f,  109.5f, -107.5f, 63.5f,  -63.5f,
+                                     118.0f, -118.0f, 9.0f, -9.0f, 92.0f, 10.0f, -12.0f};
+    const size_t ns = sizeof specials / sizeof specials[0];
+    for (size_t k = 0; k < n; k++) {
+        float v = rnd_normal() * 40.0f;
+        if (mode == 1 && (rnd32() & 7) == 0) v *= 8.0f;
+        if ((rnd32() & 3) == 0) v = specials[rnd32() % ns];
+        if ((rnd32() & 7) == 0) v = (float)((int)(rnd32() % 255) - 127) + ((rnd32() & 1) ? 0.5f : 0.0f);
+        x[k] = v;
+    }
+}
+
+static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernels *kv) {
+    const size_t sizes[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 100, 257, 1000, 4096};
+    const float invs[] = {1.0f, 0.37f, 2.5f, 1.0f / 3.0f};
+    float *x = malloc(4096 * sizeof(float)), *im = malloc(4096 * sizeof(float));
+    float *o1 = malloc(4096 * sizeof(float)), *o2 = malloc(4096 * sizeof(float));
+    uint8_t *c1 = malloc(4096), *c2 = malloc(4096);
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        for (int mode = 0; mode < 2; mode++) {
+            fill_row(x, n, mode);
+            for (size_t k = 0; k < n; k++) im[k] = rnd_unit() * ((rnd32() & 15) ? 1.0f : 100.0f);
+            float a1, a2;
+            int b1 = ref->absmax(x, n, &a1), b2 = kv->absmax(x, n, &a2);
+            CHECK(b1 == b2 && a1 == a2, "%s absmax n=%zu", kv->isa, n);
+            for (size_t ii = 0; ii < sizeof invs / sizeof invs[0]; ii++) {
+                float inv = invs[ii], s = 1.0f / inv;
+                for (int kind = 0; kind < 2; kind++) {
+                    const ork_q4_grid *g = ork_quant_grid((ork_kind)kind);
+                    ref->codes4_rtn(x, n, inv, g, c1);
+                    kv->codes4_rtn(x, n, inv, g, c2);
+                    CHECK(memcmp(c1, c2, n) == 0, "%s codes4_rtn kind=%d n=%zu inv=%g", kv->isa, kind, n,
+                          (double)inv);
+                    uint32_t key = rnd32(), col0 = rnd32() & 0xffff;
+                    ref->codes4_sr(x, n, inv, g, key, col0, c1);
+                    kv->codes4_sr(x, n, inv, g, key, col0, c2);
+                    CHECK(memcmp(c1, c2, n) == 0, "%s codes4_sr kind=%d n=%zu", kv->isa, kind, n);
+                    double e1 = ref->werr4(x, im, n, inv, s, g), e2 = kv->werr4(x, im, n, inv, s, g);
+                    CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr4 kind=%d n=%zu %.17g vs %.17g",
+                          kv->isa, kind, n, e1, e2);
+                    /* dequant of random packed bytes */
+                    for (size_t k = 0; k < (n + 1) / 2; k++) c1[k] = (uint8_t)rnd32();
+                    ref->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o1);
+                    kv->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o2);
+                    CHECK(memcmp(o1, o2, n * sizeof(float)) == 0, "%s dequant4 n=%zu", kv->isa, n);
+                }
+                ref->codes8_rtn(x, n, inv, (int8_t *)c1);
+                kv->codes8_rtn(x, n, inv, (int8_t *)c2);
+                CHECK(memcmp(c1, c2, n) == 0, "%s codes8_rtn n=%zu inv=%g", kv->isa, n, (double)inv);
+                uint32_t key = rnd32(), col0 = rnd32() & 0xffff;
+                ref->codes8_sr(x, n, inv, key, col0, (int8_t *)c1);
+                kv->codes8_sr(x, n, inv, key, col0, (int8_t *)c2);
+                CHECK(memcmp(c1, c2, n) == 0, "%s codes8_sr n=%zu", kv->isa, n);
+                double e1 = ref->werr8(x, im, n, inv, s), e2 = kv->werr8(x, im, n, inv, s);
+                CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr8 n=%zu", kv->isa, n);
+                ref->dequant8((const int8_t *)c1, n, s, o1);
+                kv->dequant8((const int8_t *)c1, n, s, o2);
+                CHECK(memcmp(o1, o2, n * sizeof(float)) == 0, "%s dequant8 n=%zu", kv->isa, n);
+            }
+        }
+    }
+    /* non-finite detection, anywhere in the row (vector body and tail) */
+    for (size_t pos = 0; pos < 37; pos += 5) {
+        for (size_t k = 0; k < 37; k++) x[k] = rnd_normal();
+        x[pos] = (pos & 1) ? INFINITY : NAN;
+        float a;
+        CHECK(kv->absmax(x, 37, &a) == 1, "%s absmax misses non-finite at %zu", kv->isa, pos);
+    }
+    free(x); free(im); free(o1); free(o2); free(c1); free(c2);
+}
+
+/* full driver: the selected ISA against scalar, 1 vs 3 threads, every kind,
+ * with and without imatrix and SR */
+static void compare_drivers(ork_isa isa) {
+    const size_t N = 37, K = 301;
+    float *w = malloc(N * K * sizeof(float)), *im = malloc(K * sizeof(float));
+    uint8_t *c_ref = malloc(N * K), *c_v = malloc(N * K);
+    float s_ref[37], s_v[37];
+    float *d_ref = malloc(N * K * sizeof(float)), *d_v = malloc(N * K * sizeof(float));
+    for (size_t i = 0; i < N * K; i++) w[i] = rnd_normal() * 0.02f;
+    for (size_t k = 0; k < K; k++) im[k] = rnd_unit() + ((k % 50) == 0 ? 50.0f : 0.0f);
+    memset(w + 5 * K, 0, K * sizeof(float)); /* an all-zero row */
+    for (int kind = 0; kind < 3; kind++) {
+        for (int variant = 0; variant < 4; variant++) {
+            ork_quant_params p;
+            memset(&p, 0, sizeof p);
+            p.kind = (ork_kind)kind;
+            p.imatrix = (variant & 1) ? im : NULL;
+            p.sr = (variant & 2) != 0;
+            p.seed = 42;
+            ork_err err;
+            ork_cpu_set_isa("scalar", &err);
+            p.nthreads = 1;
+            ork_status st1 = ork_quantize(w, N, K, &p, c_ref, s_ref, &err);
+            ork_dequantize(p.kind, c_ref, s_ref, N, K, d_ref, 1, &err);
+            ork_cpu_set_isa(ork_isa_name(isa), &err);
+            p.nthreads = 3;
+            ork_status st2 = ork_quantize(w, N, K, &p, c_v, s_v, &err);
+            ork_dequantize(p.kind, c_v, s_v, N, K, d_v, 3, &err);
+            size_t nb = N * ork_quant_row_bytes(p.kind, K);
+            CHECK(st1 == ORK_OK && st2 == ORK_OK, "quantize status %d %d", st1, st2);
+            CHECK(memcmp(c_ref, c_v, nb) == 0 && memcmp(s_ref, s_v, sizeof s_ref) == 0,
+                  "%s driver kind=%d variant=%d codes/scales differ", ork_isa_name(isa), kind, variant);
+            CHECK(memcmp(d_ref, d_v, N * K * sizeof(float)) == 0, "%s dequantize kind=%d",
+                  ork_isa_name(isa), kind);
+            CHECK(s_ref[5] == 0.0f, "zero row scale");
+        }
+    }
+    w[3 * K + 7] = NAN;
+    ork_quant_params p;
+    memset(&p, 0, sizeof p);
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ork_quantize(w, N, K, &p, c_v, s_v, &err);
+    CHECK(st == ORK_ENONFINITE && strstr(err.msg, "[3, 7]") != NULL, "NaN report: %d '%s'", st, err.msg);
+    free(w); free(im); free(c_ref); free(c_v); free(d_ref); free(d_v);
+}
+
+int main(void) {
+    int tested = 0;
+    for (int i = 1; i < ORK_ISA_COUNT; i++) {
+        if (!ork_isa_available((ork_isa)i)) continue;
+        const ork_quant_kernels *kv = ork_quant_kernels_for((ork_isa)i);
+        printf("comparing %s against scalar\n", kv->isa);
+        compare_kernels(&ork_quant_kernels_ref, kv);
+        compare_drivers((ork_isa)i);
+        tested++;
+    }
+    CHECK(tested > 0, "no SIMD ISA available to compare");
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
