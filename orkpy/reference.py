@@ -1,0 +1,156 @@
+"""A plain-NumPy implementation of orkpy's quantization contract.
+
+It is independent of the C core (it shares only the contract in
+``docs/quantization.md``) and reproduces it bit for bit: same float32
+operations in the same order, the same four-lane double error sum, the same
+counter-based stochastic rounding. The tests use it as a second oracle and
+``bench/quant.py`` uses it as the baseline. It is slow and memory-hungry by
+design: clarity over speed.
+"""
+import numpy as np
+
+from .quant import DEFAULT_CLIP_GRID, INT4_LEVELS, NF4_LEVELS
+
+_M32 = 0xFFFFFFFF
+TINY = np.float32(1e-30)
+ZERO_CODE = 7
+
+
+def round_half_away(x):
+    """Round half away from zero, elementwise (exact, any float dtype)."""
+    x = np.asarray(x)
+    t = np.trunc(x)
+    f = x - t
+    return np.where(f >= 0.5, t + 1, np.where(f <= -0.5, t - 1, t)).astype(x.dtype)
+
+
+def lut_of(kind):
+    """The int8 LUT derived from the nominal levels: round(level * 127)."""
+    if kind == "nf4":
+        lut = round_half_away(NF4_LEVELS.astype(np.float64) * 127)
+    elif kind == "int4":
+        lut = np.concatenate([round_half_away(np.arange(-7, 8) * 127.0 / 7), [0.0]])
+    else:
+        return None
+    return lut.astype(np.int8)
+
+
+def _levels(kind):
+    lev = lut_of(kind).astype(np.float32)
+    return lev[:16] if kind == "nf4" else lev[:15]
+
+
+def _mix32(x):
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _mix32_int(x):
+    return int(_mix32(np.array([x & _M32], dtype=np.uint32))[0])
+
+
+def sr_row_key(seed, row):
+    k = _mix32_int((seed & _M32) ^ 0x9E3779B9)
+    k = _mix32_int(k ^ ((seed >> 32) & _M32))
+    k = _mix32_int(k ^ (row & _M32))
+    return _mix32_int(k ^ ((row >> 32) & _M32) ^ 0x85EBCA6B)
+
+
+def sr_uniform(seed, rows, K):
+    """u[n, k] in [0, 1): the stochastic-rounding uniforms of the contract."""
+    keys = np.array([sr_row_key(seed, int(n)) for n in rows], dtype=np.uint32)
+    cols = np.arange(K, dtype=np.uint32) * np.uint32(0x9E3779B1)
+    h = _mix32(keys[:, None] + cols[None, :])
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def _nearest(y, kind):
+    if kind == "int8":
+        return np.clip(round_half_away(y), -127, 127)
+    lev = _levels(kind)
+    thr = (lev[1:] + lev[:-1]) / np.float32(2)
+    return np.searchsorted(thr, y, side="left")  # count of thr < y; ties -> lower
+
+
+def _deq(codes, kind):
+    return codes.astype(np.float32) if kind == "int8" else _levels(kind)[codes]
+
+
+def _scale_inv(a, r):
+    m = (a * np.float32(r)).astype(np.float32)
+    return (m / np.float32(127)).astype(np.float32), (np.float32(127) / m).astype(np.float32)
+
+
+def _werr(w, im, a, r, kind):
+    s, inv = _scale_inv(a, r)
+    y = w * inv[:, None]
+    q = _deq(_nearest(y, kind), kind) * s[:, None]
+    d = (w - q).astype(np.float64)
+    terms = im.astype(np.float64)[None, :] * (d * d)
+    lanes = [terms[:, i::4].cumsum(axis=1)[:, -1] if terms[:, i::4].shape[1] else np.zeros(len(w))
+             for i in range(4)]
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+
+
+def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
+    """Return (codes, scales) exactly as orkpy.quantize stores them."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    N, K = w.shape
+    a = np.abs(w).max(axis=1)
+    zero = ~(a >= TINY)
+    a_safe = np.where(zero, np.float32(1), a).astype(np.float32)
+    r = np.ones(N, dtype=np.float32)
+    if imatrix is not None:
+        im = np.asarray(imatrix, dtype=np.float32)
+        grid = DEFAULT_CLIP_GRID if clip_grid is None else np.asarray(clip_grid, dtype=np.float32)
+        best = _werr(w, im, a_safe, np.float32(1), kind)
+        for g in grid:
+            e = _werr(w, im, a_safe, g, kind)
+            better = e < best
+            best = np.where(better, e, best)
+            r = np.where(better, g, r).astype(np.float32)
+    m = (a_safe * r).astype(np.float32)
+    s = (m / np.float32(127)).astype(np.float32)
+    inv = (np.float32(127) / m).astype(np.float32)
+    y = w * inv[:, None]
+    if not sr:
+        codes = _nearest(y, kind)
+    else:
+        u = sr_uniform(seed, range(N), K)
+        if kind == "int8":
+            yc = np.clip(y, np.float32(-127), np.float32(127))
+            lo = np.floor(yc)
+            codes = lo + (u < (yc - lo)).astype(np.float32)
+        else:
+            lev = _levels(kind)
+            i = (y[..., None] >= lev[None, None, 1:]).sum(-1)
+            top = len(lev) - 1
+            lo = lev[i]
+            hi = lev[np.minimum(i + 1, top)]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                p = (y - lo) / (hi - lo)
+            codes = i + ((u < p) & (i < top))
+    s = np.where(zero, np.float32(0), s).astype(np.float32)
+    if kind == "int8":
+        codes = np.where(zero[:, None], 0, codes).astype(np.int8)
+        return codes, s
+    codes = np.where(zero[:, None], ZERO_CODE, codes).astype(np.uint8)
+    if K % 2:
+        codes = np.concatenate([codes, np.full((N, 1), ZERO_CODE, np.uint8)], axis=1)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))).astype(np.uint8)
+    return packed, s
+
+
+def dequantize(codes, scales, kind, K):
+    """Float32 (N, K) from stored codes and scales."""
+    if kind == "int8":
+        return codes.astype(np.float32) * scales[:, None]
+    c = np.empty((codes.shape[0], codes.shape[1] * 2), dtype=np.uint8)
+    c[:, 0::2] = codes & 15
+    c[:, 1::2] = codes >> 4
+    return lut_of(kind).astype(np.float32)[c[:, :K]] * scales[:, None]
