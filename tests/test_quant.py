@@ -357,3 +357,16 @@ def test_unavailable_isa_raises_unavailable_error():
     with pytest.raises(orkpy.UnavailableError, match=missing[0]):
         orkpy.set_isa(missing[0])
     assert orkpy.capabilities()["isa"] == caps["isa"]
+
+
+def test_concurrent_python_threads_are_safe_and_identical(rng):
+    """Several Python threads in the C core at once (the GIL is released)."""
+    import concurrent.futures as cf
+    ws = [rng.standard_normal((128, 700)).astype(np.float32) for _ in range(6)]
+    im = rng.random(700).astype(np.float32)
+    serial = [orkpy.quantize(w, "nf4", imatrix=im, sr=True, seed=i) for i, w in enumerate(ws)]
+    with cf.ThreadPoolExecutor(4) as ex:
+        par = list(ex.map(lambda a: orkpy.quantize(a[1], "nf4", imatrix=im, sr=True, seed=a[0]),
+                          enumerate(ws)))
+    for a, b in zip(serial, par):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales)
