@@ -142,11 +142,8 @@ static double werr4_avx2(const float *x, const float *im, size_t n, float inv, f
     }
     double a[4];
     _mm256_storeu_pd(a, acc);
-    for (; k < n; k++) {
-        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
-        a[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (a[0] + a[1]) + (a[2] + a[3]);
+    ork_werr4_range(a, x, im, k, n, inv, s, g);
+    return ork_lanes_sum(a);
 }
 
 static inline __m256 round_half_away_avx2(__m256 y) {
@@ -206,11 +203,8 @@ static double werr8_avx2(const float *x, const float *im, size_t n, float inv, f
     }
     double a[4];
     _mm256_storeu_pd(a, acc);
-    for (; k < n; k++) {
-        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
-        a[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (a[0] + a[1]) + (a[2] + a[3]);
+    ork_werr8_range(a, x, im, k, n, inv, s);
+    return ork_lanes_sum(a);
 }
 
 static inline void store8_scaled(float *out, __m128i b8, __m256 vs) {
@@ -234,11 +228,7 @@ static void dequant4_avx2(const uint8_t *packed, size_t n, const int8_t lut[16],
         store8_scaled(out + k + 16, e1, vs);
         store8_scaled(out + k + 24, _mm_srli_si128(e1, 8), vs);
     }
-    for (; k < n; k++) {
-        uint8_t b = packed[k >> 1];
-        int c = (k & 1) ? (b >> 4) : (b & 15);
-        out[k] = (float)lut[c] * s;
-    }
+    ork_dequant4_range(packed, k, n, lut, s, out);
 }
 
 static void dequant8_avx2(const int8_t *codes, size_t n, float s, float *out) {

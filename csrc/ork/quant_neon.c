@@ -123,11 +123,8 @@ static double werr4_neon(const float *x, const float *im, size_t n, float inv, f
     double a[4];
     vst1q_f64(a, a01);
     vst1q_f64(a + 2, a23);
-    for (; k < n; k++) {
-        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
-        a[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (a[0] + a[1]) + (a[2] + a[3]);
+    ork_werr4_range(a, x, im, k, n, inv, s, g);
+    return ork_lanes_sum(a);
 }
 
 static inline float32x4_t round_half_away_neon(float32x4_t y) {
@@ -192,11 +189,8 @@ static double werr8_neon(const float *x, const float *im, size_t n, float inv, f
     double a[4];
     vst1q_f64(a, a01);
     vst1q_f64(a + 2, a23);
-    for (; k < n; k++) {
-        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
-        a[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (a[0] + a[1]) + (a[2] + a[3]);
+    ork_werr8_range(a, x, im, k, n, inv, s);
+    return ork_lanes_sum(a);
 }
 
 static inline void store16_scaled(float *out, int8x16_t v, float s) {
@@ -219,11 +213,7 @@ static void dequant4_neon(const uint8_t *packed, size_t n, const int8_t lut[16],
         store16_scaled(out + k, vzip1q_s8(vlo, vhi), s);
         store16_scaled(out + k + 16, vzip2q_s8(vlo, vhi), s);
     }
-    for (; k < n; k++) {
-        uint8_t b = packed[k >> 1];
-        int c = (k & 1) ? (b >> 4) : (b & 15);
-        out[k] = (float)lut[c] * s;
-    }
+    ork_dequant4_range(packed, k, n, lut, s, out);
 }
 
 static void dequant8_neon(const int8_t *codes, size_t n, float s, float *out) {

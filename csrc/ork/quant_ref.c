@@ -28,11 +28,8 @@ static void codes4_sr_ref(const float *x, size_t n, float inv, const ork_q4_grid
 static double werr4_ref(const float *x, const float *im, size_t n, float inv, float s,
                         const ork_q4_grid *g) {
     double acc[4] = {0.0, 0.0, 0.0, 0.0};
-    for (size_t k = 0; k < n; k++) {
-        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
-        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    ork_werr4_range(acc, x, im, 0, n, inv, s, g);
+    return ork_lanes_sum(acc);
 }
 
 static void codes8_rtn_ref(const float *x, size_t n, float inv, int8_t *codes) {
@@ -47,20 +44,13 @@ static void codes8_sr_ref(const float *x, size_t n, float inv, uint32_t row_key,
 
 static double werr8_ref(const float *x, const float *im, size_t n, float inv, float s) {
     double acc[4] = {0.0, 0.0, 0.0, 0.0};
-    for (size_t k = 0; k < n; k++) {
-        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
-        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
-    }
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    ork_werr8_range(acc, x, im, 0, n, inv, s);
+    return ork_lanes_sum(acc);
 }
 
 static void dequant4_ref(const uint8_t *packed, size_t n, const int8_t lut[16], float s,
                          float *out) {
-    for (size_t k = 0; k < n; k++) {
-        uint8_t b = packed[k >> 1];
-        int c = (k & 1) ? (b >> 4) : (b & 15);
-        out[k] = (float)lut[c] * s;
-    }
+    ork_dequant4_range(packed, 0, n, lut, s, out);
 }
 
 static void dequant8_ref(const int8_t *codes, size_t n, float s, float *out) {

@@ -57,4 +57,32 @@ static inline double ork_werr_term(float x, float q, float im) {
     return (double)im * sq;
 }
 
+/* scalar loops over [k, n), shared by the oracle and the SIMD tails */
+static inline void ork_dequant4_range(const uint8_t *packed, size_t k, size_t n, const int8_t lut[16],
+                                      float s, float *out) {
+    for (; k < n; k++) {
+        uint8_t b = packed[k >> 1];
+        int c = (k & 1) ? (b >> 4) : (b & 15);
+        out[k] = (float)lut[c] * s;
+    }
+}
+
+static inline void ork_werr4_range(double acc[4], const float *x, const float *im, size_t k, size_t n,
+                                   float inv, float s, const ork_q4_grid *g) {
+    for (; k < n; k++) {
+        float q = g->lev[ork_q4_nearest(x[k] * inv, g)] * s;
+        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+}
+
+static inline void ork_werr8_range(double acc[4], const float *x, const float *im, size_t k, size_t n,
+                                   float inv, float s) {
+    for (; k < n; k++) {
+        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
+        acc[k & 3] += ork_werr_term(x[k], q, im[k]);
+    }
+}
+
+static inline double ork_lanes_sum(const double acc[4]) { return (acc[0] + acc[1]) + (acc[2] + acc[3]); }
+
 #endif
