@@ -4,8 +4,10 @@ Rockchip RK3588 NPU.
 The hot paths live in a C core (``orkpy._core``); this package holds the
 Python policy: argument checks, dataclasses, reports and the CLI.
 """
-from ._core import FormatError, UnavailableError
+from ._core import FormatError, GGUFError, UnavailableError
 from .cpu import capabilities, set_isa, use_isa
+from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
+from .tiermap import TierEntry, TierMap, tier_map
 from .quant import (
     DEFAULT_CLIP_GRID,
     INT4_LEVELS,
@@ -16,19 +18,30 @@ from .quant import (
     lut,
     quantize,
 )
+from .safetensors import SafetensorsError, load_safetensors
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CLIP_GRID",
     "FormatError",
+    "GGML_TYPES",
+    "GGUFError",
+    "GGUFFile",
+    "TensorInfo",
+    "TierEntry",
+    "TierMap",
+    "ggml_type_info",
+    "tier_map",
     "INT4_LEVELS",
     "KINDS",
     "NF4_LEVELS",
     "QuantizedTensor",
+    "SafetensorsError",
     "UnavailableError",
     "capabilities",
     "dequantize",
+    "load_safetensors",
     "lut",
     "quantize",
     "set_isa",

@@ -20,6 +20,7 @@ typedef enum ork_status {
     ORK_EIO = 6,         /* operating-system I/O error -> OSError               */
     ORK_ENOTIMPL = 7,    /* valid request that orkpy does not implement         */
     ORK_EUNAVAIL = 8,    /* requested CPU kernel / device not present here      */
+    ORK_EGGUF = 9,       /* malformed GGUF file -> orkpy.GGUFError              */
     ORK_STATUS_COUNT
 } ork_status;
 

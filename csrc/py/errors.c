@@ -1,11 +1,14 @@
 #include "errors.h"
 
+#include <string.h>
+
 static PyObject *FormatError;   /* orkpy.FormatError(ValueError) */
 static PyObject *Unavailable;   /* orkpy.UnavailableError(RuntimeError) */
+static PyObject *GGUFError;     /* orkpy.GGUFError(FormatError) */
 
 int orkpy_errors_init(PyObject *module) {
     FormatError = PyErr_NewExceptionWithDoc(
-        "orkpy.FormatError", "A persisted orkpy file is malformed (bad magic, size, value).",
+        "orkpy.FormatError", "A file orkpy reads is malformed (bad magic, size, offset, value).",
         PyExc_ValueError, NULL);
     if (!FormatError || PyModule_AddObjectRef(module, "FormatError", FormatError) < 0) return -1;
     Unavailable = PyErr_NewExceptionWithDoc(
@@ -14,6 +17,10 @@ int orkpy_errors_init(PyObject *module) {
         PyExc_RuntimeError, NULL);
     if (!Unavailable || PyModule_AddObjectRef(module, "UnavailableError", Unavailable) < 0)
         return -1;
+    GGUFError = PyErr_NewExceptionWithDoc(
+        "orkpy.GGUFError", "A GGUF file is malformed; the message names the problem and byte offset.",
+        FormatError, NULL);
+    if (!GGUFError || PyModule_AddObjectRef(module, "GGUFError", GGUFError) < 0) return -1;
     return 0;
 }
 
@@ -27,6 +34,7 @@ static PyObject *exception_for(ork_status st) {
     case ORK_EIO: return PyExc_OSError;
     case ORK_ENOTIMPL: return PyExc_NotImplementedError;
     case ORK_EUNAVAIL: return Unavailable;
+    case ORK_EGGUF: return GGUFError;
     default: return PyExc_RuntimeError;
     }
 }
@@ -34,6 +42,10 @@ static PyObject *exception_for(ork_status st) {
 PyObject *orkpy_raise(ork_status st, const ork_err *err) {
     const char *msg = (err && err->msg[0]) ? err->msg : ork_status_name(st);
     if (st == ORK_ENOMEM && !(err && err->msg[0])) return PyErr_NoMemory();
-    PyErr_SetString(exception_for(st), msg);
+    /* messages may quote bytes from untrusted files: decode leniently */
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    if (!text) return NULL;
+    PyErr_SetObject(exception_for(st), text);
+    Py_DECREF(text);
     return NULL;
 }

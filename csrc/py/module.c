@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
@@ -19,6 +20,7 @@
 #include "../ork/cpu.h"
 #include "../ork/pool.h"
 #include "../ork/quant.h"
+#include "bindings.h"
 #include "errors.h"
 
 /* ---------------------------------------------------------- coercion -- */
@@ -293,7 +295,99 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(prev);
 }
 
+/* ------------------------------------------------ ggml dequantization -- */
+
+#include "../ork/dequant.h"
+#include "../ork/ggml_types.h"
+
+PyDoc_STRVAR(dequantize_raw_doc,
+             "dequantize_raw(raw, type_id, n, threads=0) -> float32 (n,)\n"
+             "Dequantize n elements of ggml type `type_id` from the uint8 1-D buffer `raw`,\n"
+             "which must hold exactly n / block_size * type_size bytes.");
+
+static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"raw", "type_id", "n", "threads", NULL};
+    PyObject *raw_obj;
+    long long type_ll;
+    Py_ssize_t n;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLn|i:dequantize_raw", kwlist, &raw_obj, &type_ll, &n,
+                                     &threads))
+        return NULL;
+    if (check_threads(threads) < 0) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
+    if (type_ll < 0 || type_ll > 0xffffffffLL)
+        return PyErr_Format(PyExc_ValueError, "invalid ggml type id %lld", type_ll);
+    uint32_t type_id = (uint32_t)type_ll;
+    ork_err err;
+    err.msg[0] = '\0';
+    /* a zero-length call validates the type: ORK_EINVAL for an invalid id,
+     * ORK_ENOTIMPL (NotImplementedError) for a valid but unsupported one */
+    ork_status st = ork_dequant_row(type_id, NULL, 0, NULL, &err);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    const ork_ggml_type_info *ti = ork_ggml_type(type_id);
+    if ((size_t)n % ti->block_size != 0)
+        return PyErr_Format(PyExc_ValueError, "%s: n = %zd is not a multiple of the block size %u",
+                            ti->name, n, (unsigned)ti->block_size);
+    size_t nblocks = (size_t)n / ti->block_size;
+    if (nblocks > (size_t)PY_SSIZE_T_MAX / ti->type_size)
+        return PyErr_Format(PyExc_ValueError, "%s: n = %zd is too large", ti->name, n);
+    size_t want = nblocks * ti->type_size;
+
+    PyArrayObject *raw = NULL, *out = NULL;
+    PyObject *result = NULL;
+    if (!(raw = as_exact(raw_obj, NPY_UINT8, 1, "raw"))) goto done;
+    if ((size_t)PyArray_DIM(raw, 0) != want) {
+        PyErr_Format(PyExc_ValueError,
+                     "raw has %zd bytes but %zd elements of %s need %zu (%zu blocks of %u bytes, "
+                     "block size %u)",
+                     (Py_ssize_t)PyArray_DIM(raw, 0), n, ti->name, want, nblocks,
+                     (unsigned)ti->type_size, (unsigned)ti->block_size);
+        goto done;
+    }
+    npy_intp odim = (npy_intp)n;
+    if (!(out = (PyArrayObject *)PyArray_SimpleNew(1, &odim, NPY_FLOAT32))) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_dequant_tensor(type_id, PyArray_DATA(raw), (size_t)n, (float *)PyArray_DATA(out), threads,
+                            &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = (PyObject *)out;
+    out = NULL;
+done:
+    Py_XDECREF(raw);
+    Py_XDECREF(out);
+    return result;
+}
+
+static PyObject *py_ggml_type_info(PyObject *self, PyObject *arg) {
+    (void)self;
+    long long t = PyLong_AsLongLong(arg);
+    if (t == -1 && PyErr_Occurred()) return NULL;
+    const ork_ggml_type_info *ti = (t >= 0 && t <= 0xffffffffLL) ? ork_ggml_type((uint32_t)t) : NULL;
+    if (!ti) Py_RETURN_NONE;
+    return Py_BuildValue("{s:s,s:I,s:I,s:d,s:O}", "name", ti->name, "block_size",
+                         (unsigned)ti->block_size, "type_size", (unsigned)ti->type_size,
+                         "bits_per_weight", ork_ggml_bits_per_weight((uint32_t)t), "quantized",
+                         ti->is_quantized ? Py_True : Py_False);
+}
+
+static PyObject *py_ggml_type_count(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(ORK_GGML_TYPE_COUNT);
+}
+
 static PyMethodDef core_methods[] = {
+    {"dequantize_raw", (PyCFunction)(void (*)(void))py_dequantize_raw, METH_VARARGS | METH_KEYWORDS,
+     dequantize_raw_doc},
+    {"ggml_type_info", py_ggml_type_info, METH_O,
+     "ggml_type_info(type_id) -> None or dict(name, block_size, type_size, bits_per_weight, quantized)"},
+    {"ggml_type_count", py_ggml_type_count, METH_NOARGS, "number of ggml type ids (valid ids are < this)"},
     {"quantize", (PyCFunction)(void (*)(void))py_quantize, METH_VARARGS | METH_KEYWORDS, quantize_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      dequantize_doc},
@@ -302,6 +396,7 @@ static PyMethodDef core_methods[] = {
     {"default_grid", py_default_grid, METH_NOARGS, "default clip-ratio grid"},
     {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
+    {"gguf_parse", orkpy_gguf_parse, METH_O, "gguf_parse(buffer) -> dict; validates the whole file"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,158 @@
+"""GGUF files: a strict, memory-mapped reader.
+
+``GGUFFile(path)`` validates the whole file in C (csrc/ork/gguf.c) before any
+of it is used; a malformed file raises :class:`orkpy.GGUFError` (a
+``ValueError``) naming the problem and the byte offset. Tensor data is never
+copied until you ask for floats: ``raw(name)`` is a read-only uint8 view of the
+mapping, ``tensor(name)`` dequantizes to float32 in C.
+"""
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+
+from . import _core
+from ._core import GGUFError
+
+__all__ = ["GGUFError", "GGUFFile", "TensorInfo", "ggml_type_info", "GGML_TYPES"]
+
+
+def _type_table():
+    table = {}
+    for tid in range(_core.ggml_type_count()):
+        info = _core.ggml_type_info(tid)
+        if info is not None:
+            table[tid] = info
+    return table
+
+
+#: {type_id: {"name", "block_size", "type_size", "bits_per_weight", "quantized"}} for every
+#: valid ggml type id (K-quants, IQ types, BF16, TQ, MXFP4, NVFP4, ...).
+GGML_TYPES = _type_table()
+_BY_NAME = {v["name"]: k for k, v in GGML_TYPES.items()}
+
+
+def ggml_type_info(type_):
+    """Type facts by id (int) or name ("Q4_K"); KeyError for an unknown type."""
+    if isinstance(type_, str):
+        if type_ not in _BY_NAME:
+            raise KeyError(f"unknown ggml type name {type_!r}")
+        type_ = _BY_NAME[type_]
+    if type_ not in GGML_TYPES:
+        raise KeyError(f"unknown ggml type id {type_!r}")
+    return dict(GGML_TYPES[type_], id=type_)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a GGUF file. ``shape`` is in NumPy order (``(N, K)`` for a
+    matrix: ggml's ``ne`` reversed); ``offset`` is relative to the data section
+    as stored, ``data_offset`` absolute in the file."""
+
+    name: str
+    type: str
+    type_id: int
+    shape: Tuple[int, ...]
+    offset: int
+    data_offset: int
+    nbytes: int
+
+    @property
+    def n_elements(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def bits_per_weight(self):
+        return GGML_TYPES[self.type_id]["bits_per_weight"]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+
+class GGUFFile:
+    """A validated, memory-mapped GGUF file (versions 2 and 3).
+
+    Attributes: ``path``, ``version``, ``alignment``, ``data_offset``,
+    ``metadata`` (dict; numeric arrays as NumPy arrays, string arrays as
+    lists), ``metadata_types`` (key -> GGUF value type name), ``tensors``
+    (list of :class:`TensorInfo` in file order).
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._file = open(self.path, "rb")
+        try:
+            size = os.fstat(self._file.fileno()).st_size
+            if size == 0:
+                self._map = b""
+            else:
+                self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                parsed = _core.gguf_parse(self._map)
+            except GGUFError as e:
+                raise GGUFError(f"{self.path}: {e}") from None
+        except BaseException:
+            self.close()
+            raise
+        self.version = parsed["version"]
+        self.alignment = parsed["alignment"]
+        self.data_offset = parsed["data_offset"]
+        self.metadata = {k: v for k, _, v in parsed["metadata"]}
+        self.metadata_types = {k: t for k, t, _ in parsed["metadata"]}
+        self.tensors = [
+            TensorInfo(name=name, type=GGML_TYPES[tid]["name"], type_id=tid, shape=tuple(reversed(ne)),
+                       offset=off, data_offset=doff, nbytes=nbytes)
+            for name, tid, ne, off, doff, nbytes, _info in parsed["tensors"]
+        ]
+        self._by_name = {t.name: t for t in self.tensors}
+
+    # -- access -------------------------------------------------------------
+    def tensor_info(self, name):
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def __contains__(self, name):
+        return name in self._by_name
+
+    def raw(self, name):
+        """The tensor's stored bytes: a read-only uint8 view of the mapping (no copy)."""
+        t = self.tensor_info(name)
+        a = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
+        return a
+
+    def tensor(self, name, threads=None):
+        """The tensor as float32 in NumPy shape, dequantized from its ggml type."""
+        t = self.tensor_info(name)
+        out = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads)
+        return out.reshape(t.shape)
+
+    @property
+    def architecture(self):
+        return self.metadata.get("general.architecture")
+
+    # -- lifetime -----------------------------------------------------------
+    def close(self):
+        m = getattr(self, "_map", None)
+        if isinstance(m, mmap.mmap):
+            try:
+                m.close()
+            except BufferError:
+                pass  # arrays still view the mapping; it is released with them
+        f = getattr(self, "_file", None)
+        if f is not None:
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)}, "
+                f"metadata={len(self.metadata)}, architecture={self.architecture!r})")
