@@ -6,44 +6,12 @@ import pytest
 
 import orkpy._core as C
 
-# id: (name, block_size, type_size, offsets of the fp16 scale fields in a block)
-SUPPORTED = {
-    0: ("F32", 1, 4, ()),
-    1: ("F16", 1, 2, ()),
-    30: ("BF16", 1, 2, ()),
-    2: ("Q4_0", 32, 18, (0,)),
-    3: ("Q4_1", 32, 20, (0, 2)),
-    6: ("Q5_0", 32, 22, (0,)),
-    7: ("Q5_1", 32, 24, (0, 2)),
-    8: ("Q8_0", 32, 34, (0,)),
-    10: ("Q2_K", 256, 84, (80, 82)),
-    11: ("Q3_K", 256, 110, (108,)),
-    12: ("Q4_K", 256, 144, (0, 2)),
-    13: ("Q5_K", 256, 176, (0, 2)),
-    14: ("Q6_K", 256, 210, (208,)),
-    20: ("IQ4_NL", 32, 18, (0,)),
-    23: ("IQ4_XS", 256, 136, (0,)),
-}
+from orkpy.testing import DEQUANT_TYPES as SUPPORTED
+from orkpy.testing import random_blocks as random_raw
+
 UNSUPPORTED = {16: "IQ2_XXS", 34: "TQ1_0", 39: "MXFP4", 9: "Q8_1", 15: "Q8_K", 19: "IQ1_S",
                24: "I8", 28: "F64", 40: "NVFP4"}
 INVALID = [4, 5, 31, 32, 33, 36, 37, 38, 43, 1000, 2**32 - 1]
-
-
-def random_raw(rng, type_id, nblocks, scale_lo=-4.0, scale_hi=4.0):
-    """Random block bytes; the fp16 scale fields get finite, modest values."""
-    name, bs, ts, half_offsets = SUPPORTED[type_id]
-    raw = rng.integers(0, 256, size=(nblocks, ts), dtype=np.uint8)
-    if type_id == 0:  # F32 data: finite random floats
-        raw = rng.standard_normal(nblocks).astype(np.float32).view(np.uint8).reshape(nblocks, ts)
-    elif type_id == 1:
-        raw = (rng.standard_normal(nblocks) * 10).astype(np.float16).view(np.uint8).reshape(nblocks, ts)
-    elif type_id == 30:
-        f = rng.standard_normal(nblocks).astype(np.float32)
-        raw = (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(nblocks, ts)
-    for off in half_offsets:
-        h = rng.uniform(scale_lo, scale_hi, size=nblocks).astype(np.float16)
-        raw[:, off:off + 2] = h.view(np.uint8).reshape(nblocks, 2)
-    return np.ascontiguousarray(raw.reshape(-1))
 
 
 def oracle(gguf, raw, type_id):
