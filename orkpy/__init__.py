@@ -7,6 +7,7 @@ Python policy: argument checks, dataclasses, reports and the CLI.
 from ._core import FormatError, GGUFError, UnavailableError
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
+from .packed import PackedWeight, load_packed, pack, save_packed
 from .tiermap import TierEntry, TierMap, tier_map
 from .quant import (
     DEFAULT_CLIP_GRID,
@@ -36,14 +37,18 @@ __all__ = [
     "INT4_LEVELS",
     "KINDS",
     "NF4_LEVELS",
+    "PackedWeight",
     "QuantizedTensor",
     "SafetensorsError",
     "UnavailableError",
     "capabilities",
     "dequantize",
     "load_safetensors",
+    "load_packed",
     "lut",
+    "pack",
     "quantize",
+    "save_packed",
     "set_isa",
     "use_isa",
 ]

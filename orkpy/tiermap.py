@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 from ._core import FormatError
+from ._io import atomic_write
 from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
 
 TIERS = ("int8", "int4", "float")
@@ -200,19 +201,7 @@ class TierMap:
 
 
 def _atomic_write_text(path, text):
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, [text.encode("utf-8")])
 
 
 def type_tier(ggml_type: str, threshold: float = 5.0) -> str:

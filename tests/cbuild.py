@@ -17,6 +17,8 @@ IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
 def per_file_flags(src, target):
     if src.name.endswith("_avx2.c") and target == "x86_64":
         return ["-mavx2", "-mfma"]
+    if src.name.endswith("_neondot.c") and target == "aarch64":
+        return ["-march=armv8.2-a+dotprod"]
     return []
 
 

@@ -105,3 +105,21 @@ ork_status ork_cpu_set_isa(const char *name, ork_err *err) {
 const ork_quant_kernels *ork_quant_kernels_active(void) {
     return ork_quant_kernels_for(ork_cpu_isa());
 }
+
+const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_matmul_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return &ork_matmul_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON:
+        return (ork_cpu_features() & ORK_CPU_DOTPROD) ? &ork_matmul_kernels_neondot : &ork_matmul_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_matmul_kernels *ork_matmul_kernels_active(void) {
+    return ork_matmul_kernels_for(ork_cpu_isa());
+}

@@ -9,6 +9,7 @@
 #ifndef ORK_CPU_H
 #define ORK_CPU_H
 
+#include "pack.h"
 #include "quant.h"
 #include "status.h"
 
@@ -33,5 +34,9 @@ ork_status ork_cpu_set_isa(const char *name, ork_err *err);
 
 const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa);
 const ork_quant_kernels *ork_quant_kernels_active(void);
+
+/* matmul kernels of an ISA; for neon, the sdot table when the CPU has dotprod */
+const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa);
+const ork_matmul_kernels *ork_matmul_kernels_active(void);
 
 #endif

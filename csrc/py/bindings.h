@@ -4,6 +4,25 @@
 
 #include <Python.h>
 
+#include "../ork/quant.h"
+
+/* coerce.c: boundary coercion (set a Python exception and return NULL / -1 on failure) */
+struct tagPyArrayObject;
+/* float32, C-contiguous, aligned; non-floating dtypes -> TypeError, wrong ndim -> ValueError */
+struct tagPyArrayObject *orkpy_as_float32(PyObject *obj, int ndim, const char *name);
+/* exactly this dtype and ndim, C-contiguous (no value-changing casts) */
+struct tagPyArrayObject *orkpy_as_exact(PyObject *obj, int typenum, int ndim, const char *name);
+int orkpy_parse_kind(const char *s, ork_kind *kind);
+int orkpy_check_threads(int threads);
+
+/* py_pack.c */
+PyObject *orkpy_pack(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_unpack(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg);
+
 /* gguf_parse(buffer) -> dict(version, alignment, data_offset, metadata=[(key, type, value)],
  *   tensors=[(name, type_id, ne, offset, data_offset, nbytes, info_offset)]) */
 PyObject *orkpy_gguf_parse(PyObject *self, PyObject *arg);

@@ -23,66 +23,6 @@
 #include "bindings.h"
 #include "errors.h"
 
-/* ---------------------------------------------------------- coercion -- */
-
-/* A float32, C-contiguous, aligned copy/view of `obj` with `ndim` dims.
- * Non-floating dtypes raise TypeError; wrong ndim raises ValueError. */
-static PyArrayObject *as_float32(PyObject *obj, int ndim, const char *name) {
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
-    if (!arr) return NULL;
-    if (!PyArray_ISFLOAT(arr)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a floating-point array (float32 or float16), got dtype %S",
-                     name, (PyObject *)PyArray_DESCR(arr));
-        Py_DECREF(arr);
-        return NULL;
-    }
-    if (PyArray_NDIM(arr) != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s must be %d-D, got %d-D", name, ndim, PyArray_NDIM(arr));
-        Py_DECREF(arr);
-        return NULL;
-    }
-    PyArrayObject *out = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)arr, NPY_FLOAT32,
-                                                           NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
-    Py_DECREF(arr);
-    return out;
-}
-
-/* An exact-dtype, C-contiguous array (no value-changing casts). */
-static PyArrayObject *as_exact(PyObject *obj, int typenum, int ndim, const char *name) {
-    PyArrayObject *arr = (PyArrayObject *)PyArray_FROM_O(obj);
-    if (!arr) return NULL;
-    if (PyArray_TYPE(arr) != typenum || PyArray_NDIM(arr) != ndim) {
-        PyArray_Descr *want = PyArray_DescrFromType(typenum);
-        PyErr_Format(PyExc_TypeError, "%s must be a %d-D %S array, got %d-D %S", name, ndim,
-                     (PyObject *)want, PyArray_NDIM(arr), (PyObject *)PyArray_DESCR(arr));
-        Py_XDECREF(want);
-        Py_DECREF(arr);
-        return NULL;
-    }
-    PyArrayObject *out = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)arr, typenum, NPY_ARRAY_IN_ARRAY);
-    Py_DECREF(arr);
-    return out;
-}
-
-static int parse_kind(const char *s, ork_kind *kind) {
-    if (strcmp(s, "nf4") == 0) *kind = ORK_KIND_NF4;
-    else if (strcmp(s, "int4") == 0) *kind = ORK_KIND_INT4;
-    else if (strcmp(s, "int8") == 0) *kind = ORK_KIND_INT8;
-    else {
-        PyErr_Format(PyExc_ValueError, "unknown kind '%s' (expected 'nf4', 'int4' or 'int8')", s);
-        return -1;
-    }
-    return 0;
-}
-
-static int check_threads(int threads) {
-    if (threads < 0) {
-        PyErr_Format(PyExc_ValueError, "threads must be >= 0 (0 = all cores), got %d", threads);
-        return -1;
-    }
-    return 0;
-}
-
 /* ---------------------------------------------------------- quantize -- */
 
 PyDoc_STRVAR(quantize_doc,
@@ -101,14 +41,14 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     ork_quant_params p;
     memset(&p, 0, sizeof p);
-    if (parse_kind(kind_s, &p.kind) < 0 || check_threads(threads) < 0) return NULL;
+    if (orkpy_parse_kind(kind_s, &p.kind) < 0 || orkpy_check_threads(threads) < 0) return NULL;
 
     PyArrayObject *w = NULL, *im = NULL, *grid = NULL, *codes = NULL, *scales = NULL;
     PyObject *result = NULL;
-    if (!(w = as_float32(w_obj, 2, "w"))) goto done;
+    if (!(w = orkpy_as_float32(w_obj, 2, "w"))) goto done;
     npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
     if (im_obj != Py_None) {
-        if (!(im = as_float32(im_obj, 1, "imatrix"))) goto done;
+        if (!(im = orkpy_as_float32(im_obj, 1, "imatrix"))) goto done;
         if (PyArray_DIM(im, 0) != K) {
             PyErr_Format(PyExc_ValueError, "imatrix has %zd entries but w has K = %zd input columns",
                          (Py_ssize_t)PyArray_DIM(im, 0), (Py_ssize_t)K);
@@ -117,7 +57,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
         p.imatrix = (const float *)PyArray_DATA(im);
     }
     if (grid_obj != Py_None) {
-        if (!(grid = as_float32(grid_obj, 1, "clip_grid"))) goto done;
+        if (!(grid = orkpy_as_float32(grid_obj, 1, "clip_grid"))) goto done;
         p.grid = (const float *)PyArray_DATA(grid);
         p.ngrid = (size_t)PyArray_DIM(grid, 0);
         if (p.ngrid == 0) {
@@ -170,12 +110,12 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
                                      &threads))
         return NULL;
     ork_kind kind;
-    if (parse_kind(kind_s, &kind) < 0 || check_threads(threads) < 0) return NULL;
+    if (orkpy_parse_kind(kind_s, &kind) < 0 || orkpy_check_threads(threads) < 0) return NULL;
     if (K <= 0) return PyErr_Format(PyExc_ValueError, "K must be positive, got %zd", K);
     PyArrayObject *codes = NULL, *scales = NULL, *out = NULL;
     PyObject *result = NULL;
-    if (!(codes = as_exact(c_obj, kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8, 2, "codes"))) goto done;
-    if (!(scales = as_exact(s_obj, NPY_FLOAT32, 1, "scales"))) goto done;
+    if (!(codes = orkpy_as_exact(c_obj, kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8, 2, "codes"))) goto done;
+    if (!(scales = orkpy_as_exact(s_obj, NPY_FLOAT32, 1, "scales"))) goto done;
     npy_intp N = PyArray_DIM(codes, 0);
     if (PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(kind, (size_t)K) ||
         PyArray_DIM(scales, 0) != N) {
@@ -214,7 +154,7 @@ static PyObject *py_lut(PyObject *self, PyObject *arg) {
     (void)self;
     const char *s = PyUnicode_AsUTF8(arg);
     ork_kind kind;
-    if (!s || parse_kind(s, &kind) < 0) return NULL;
+    if (!s || orkpy_parse_kind(s, &kind) < 0) return NULL;
     const int8_t *lut = ork_quant_lut(kind);
     if (!lut) Py_RETURN_NONE;
     npy_intp n = 16;
@@ -227,7 +167,7 @@ static PyObject *py_levels(PyObject *self, PyObject *arg) {
     (void)self;
     const char *s = PyUnicode_AsUTF8(arg);
     ork_kind kind;
-    if (!s || parse_kind(s, &kind) < 0) return NULL;
+    if (!s || orkpy_parse_kind(s, &kind) < 0) return NULL;
     int nlev = 0;
     const float *lev = ork_quant_levels(kind, &nlev);
     if (!lev) Py_RETURN_NONE;
@@ -315,7 +255,7 @@ static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OLn|i:dequantize_raw", kwlist, &raw_obj, &type_ll, &n,
                                      &threads))
         return NULL;
-    if (check_threads(threads) < 0) return NULL;
+    if (orkpy_check_threads(threads) < 0) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
     if (type_ll < 0 || type_ll > 0xffffffffLL)
         return PyErr_Format(PyExc_ValueError, "invalid ggml type id %lld", type_ll);
@@ -337,7 +277,7 @@ static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw)
 
     PyArrayObject *raw = NULL, *out = NULL;
     PyObject *result = NULL;
-    if (!(raw = as_exact(raw_obj, NPY_UINT8, 1, "raw"))) goto done;
+    if (!(raw = orkpy_as_exact(raw_obj, NPY_UINT8, 1, "raw"))) goto done;
     if ((size_t)PyArray_DIM(raw, 0) != want) {
         PyErr_Format(PyExc_ValueError,
                      "raw has %zd bytes but %zd elements of %s need %zu (%zu blocks of %u bytes, "
@@ -397,6 +337,15 @@ static PyMethodDef core_methods[] = {
     {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
     {"gguf_parse", orkpy_gguf_parse, METH_O, "gguf_parse(buffer) -> dict; validates the whole file"},
+    {"pack", (PyCFunction)(void (*)(void))orkpy_pack, METH_VARARGS | METH_KEYWORDS, "pack(codes, kind, N, K) -> store"},
+    {"unpack", (PyCFunction)(void (*)(void))orkpy_unpack, METH_VARARGS | METH_KEYWORDS, "unpack(store, kind, N, K) -> codes"},
+    {"matmul_int", (PyCFunction)(void (*)(void))orkpy_matmul_int, METH_VARARGS | METH_KEYWORDS,
+     "matmul_int(store, kind, N, K, xq, threads=0) -> int32 (M, N)"},
+    {"matmul", (PyCFunction)(void (*)(void))orkpy_matmul, METH_VARARGS | METH_KEYWORDS,
+     "matmul(store, kind, N, K, bscale, x, per_tensor=False, threads=0) -> float32 (M, N)"},
+    {"packed_header", (PyCFunction)(void (*)(void))orkpy_packed_header, METH_VARARGS | METH_KEYWORDS,
+     "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
+    {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
     {NULL, NULL, 0, NULL},
 };
 

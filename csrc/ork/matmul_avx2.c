@@ -1,0 +1,115 @@
+/* matmul_avx2.c - AVX2 int8 matmul kernels: LUT inflate with pshufb, int8
+ * dot products via maddubs/madd (the sign trick: |x| * sign(w, x)); exact
+ * because |x|, |w| <= 127 keeps every int16 pair sum below 32767. */
+#if defined(__x86_64__) || defined(__i386__)
+#ifndef __AVX2__
+#error "matmul_avx2.c must be compiled with -mavx2"
+#endif
+#include <immintrin.h>
+#include <string.h>
+
+#include "pack.h"
+
+/* 16 nibble bytes -> 32 int8 values in k order */
+static inline __m256i inflate32(const uint8_t *p, __m128i tbl) {
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i vlo = _mm_shuffle_epi8(tbl, _mm_and_si128(b, lo4));
+    __m128i vhi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
+    return _mm256_set_m128i(_mm_unpackhi_epi8(vlo, vhi), _mm_unpacklo_epi8(vlo, vhi));
+}
+
+static void inflate_strip_avx2(const uint8_t *nib, size_t KB, const int8_t lut[16], int8_t *strip) {
+    const __m128i tbl = _mm_loadu_si128((const __m128i *)lut);
+    for (size_t r = 0; r < KB * 32; r++)
+        _mm256_storeu_si256((__m256i *)(strip + r * 32), inflate32(nib + r * 16, tbl));
+}
+
+/* 8 int32 partial sums of x . w over 32 int8 */
+static inline __m256i dot32(__m256i xabs, __m256i xs, __m256i w) {
+    __m256i p16 = _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(w, xs));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+static inline __attribute__((unused)) int32_t hsum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 8 accumulators of 8 lanes -> 8 int32 sums, in order */
+static inline __m256i hsum8x8(const __m256i a[8]) {
+    __m256i t0 = _mm256_hadd_epi32(a[0], a[1]);
+    __m256i t1 = _mm256_hadd_epi32(a[2], a[3]);
+    __m256i t2 = _mm256_hadd_epi32(a[4], a[5]);
+    __m256i t3 = _mm256_hadd_epi32(a[6], a[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1); /* [a0 a1 a2 a3 | a0 a1 a2 a3] partials */
+    __m256i u1 = _mm256_hadd_epi32(t2, t3);
+    __m256i lo = _mm256_permute2x128_si256(u0, u1, 0x20);
+    __m256i hi = _mm256_permute2x128_si256(u0, u1, 0x31);
+    return _mm256_add_epi32(lo, hi);
+}
+
+static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
+                               int32_t *acc) {
+    size_t m = 0;
+    /* 2 activation rows x 8 weight rows per pass: 16 accumulators */
+    for (; m + 2 <= M; m += 2) {
+        const int8_t *x0 = x + m * ldx, *x1 = x0 + ldx;
+        for (size_t i0 = 0; i0 < 32; i0 += 8) {
+            __m256i a0[8], a1[8];
+            for (int r = 0; r < 8; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+            for (size_t kb = 0; kb < KB; kb++) {
+                __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
+                __m256i xs1 = _mm256_loadu_si256((const __m256i *)(x1 + kb * 32));
+                __m256i xa0 = _mm256_abs_epi8(xs0), xa1 = _mm256_abs_epi8(xs1);
+                const int8_t *w = strip + (kb * 32 + i0) * 32;
+                for (int r = 0; r < 8; r++) {
+                    __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
+                    a0[r] = _mm256_add_epi32(a0[r], dot32(xa0, xs0, wr));
+                    a1[r] = _mm256_add_epi32(a1[r], dot32(xa1, xs1, wr));
+                }
+            }
+            _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
+            _mm256_storeu_si256((__m256i *)(acc + (m + 1) * 32 + i0), hsum8x8(a1));
+        }
+    }
+    for (; m < M; m++) {
+        const int8_t *x0 = x + m * ldx;
+        for (size_t i0 = 0; i0 < 32; i0 += 8) {
+            __m256i a0[8];
+            for (int r = 0; r < 8; r++) a0[r] = _mm256_setzero_si256();
+            for (size_t kb = 0; kb < KB; kb++) {
+                __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
+                __m256i xa0 = _mm256_abs_epi8(xs0);
+                const int8_t *w = strip + (kb * 32 + i0) * 32;
+                for (int r = 0; r < 8; r++)
+                    a0[r] = _mm256_add_epi32(a0[r], dot32(xa0, xs0, _mm256_loadu_si256((const __m256i *)(w + r * 32))));
+            }
+            _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
+        }
+    }
+}
+
+static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
+                               int32_t *acc) {
+    const __m128i tbl = _mm_loadu_si128((const __m128i *)lut);
+    for (size_t i0 = 0; i0 < 32; i0 += 8) {
+        __m256i a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_si256();
+        for (size_t kb = 0; kb < KB; kb++) {
+            __m256i xs = _mm256_loadu_si256((const __m256i *)(x + kb * 32));
+            __m256i xa = _mm256_abs_epi8(xs);
+            const uint8_t *w = nib + (kb * 32 + i0) * 16;
+            for (int r = 0; r < 8; r++) a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, inflate32(w + r * 16, tbl)));
+        }
+        _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a));
+    }
+}
+
+const ork_matmul_kernels ork_matmul_kernels_avx2 = {"avx2", inflate_strip_avx2, gemm_strip_i8_avx2,
+                                                    gemv_strip_i4_avx2};
+#endif
+
+typedef int ork_matmul_avx2_tu_nonempty;

@@ -1,0 +1,84 @@
+#include "o4n1.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "pack.h"
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+
+static uint64_t store_off_for(uint64_t N) { return (ORK_O4N1_HEADER + 4 * N + 63) & ~(uint64_t)63; }
+
+ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[ORK_O4N1_HEADER], ork_err *err) {
+    if (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4 && kind != ORK_KIND_INT8)
+        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
+    if (N == 0 || K == 0 || K > ORK_PACK_MAX_K || N > ORK_PACK_MAX_N)
+        return ork_err_set(err, ORK_EINVAL, "bad packed weight shape (%llu, %llu)", (unsigned long long)N,
+                           (unsigned long long)K);
+    memset(hdr, 0, ORK_O4N1_HEADER);
+    memcpy(hdr, kind == ORK_KIND_INT8 ? "O8N1" : "O4N1", 4);
+    put32(hdr + 4, ORK_O4N1_VERSION);
+    put32(hdr + 8, (uint32_t)kind);
+    put32(hdr + 12, ORK_O4N1_HEADER);
+    put64(hdr + 16, K);
+    put64(hdr + 24, N);
+    const int8_t *lut = ork_quant_lut(kind);
+    if (lut) memcpy(hdr + 32, lut, 16);
+    put64(hdr + 48, store_off_for(N));
+    put64(hdr + 56, ork_pack_store_bytes(kind, (size_t)N, (size_t)K));
+    return ORK_OK;
+}
+
+#define BAD(...) ork_err_set(err, ORK_EFORMAT, __VA_ARGS__)
+
+ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, ork_err *err) {
+    if (!buf || !info) return ork_err_set(err, ORK_EINVAL, "o4n1_parse: NULL argument");
+    if (len < ORK_O4N1_HEADER)
+        return BAD("truncated: %zu bytes is shorter than the %d-byte header", len, ORK_O4N1_HEADER);
+    int is8;
+    if (memcmp(buf, "O4N1", 4) == 0) is8 = 0;
+    else if (memcmp(buf, "O8N1", 4) == 0) is8 = 1;
+    else return BAD("bad magic %02x %02x %02x %02x (expected 'O4N1' or 'O8N1')", buf[0], buf[1], buf[2], buf[3]);
+    uint32_t version = get32(buf + 4), kind = get32(buf + 8), hbytes = get32(buf + 12);
+    if (version != ORK_O4N1_VERSION) return BAD("unsupported version %u (this orkpy reads version %d)", version, ORK_O4N1_VERSION);
+    if (is8 ? kind != ORK_KIND_INT8 : (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4))
+        return BAD("unknown kind %u for a %s file", kind, is8 ? "O8N1" : "O4N1");
+    if (hbytes != ORK_O4N1_HEADER) return BAD("header size field is %u, expected %d", hbytes, ORK_O4N1_HEADER);
+    uint64_t K = get64(buf + 16), N = get64(buf + 24);
+    if (K == 0 || N == 0 || K > ORK_PACK_MAX_K || N > ORK_PACK_MAX_N)
+        return BAD("bad shape N = %llu, K = %llu", (unsigned long long)N, (unsigned long long)K);
+    const int8_t *lut = ork_quant_lut((ork_kind)kind);
+    static const int8_t zeros[16];
+    if (memcmp(buf + 32, lut ? lut : zeros, 16) != 0)
+        return BAD("LUT in the header does not match kind %u", kind);
+    uint64_t soff = get64(buf + 48), sbytes = get64(buf + 56);
+    if (soff != store_off_for(N)) return BAD("store offset %llu, expected %llu for N = %llu", (unsigned long long)soff,
+                                             (unsigned long long)store_off_for(N), (unsigned long long)N);
+    uint64_t want = ork_pack_store_bytes((ork_kind)kind, (size_t)N, (size_t)K);
+    if (sbytes != want) return BAD("store size %llu, expected %llu for N = %llu, K = %llu", (unsigned long long)sbytes,
+                                   (unsigned long long)want, (unsigned long long)N, (unsigned long long)K);
+    if ((uint64_t)len != soff + sbytes)
+        return BAD("file is %zu bytes but the header describes %llu (truncated or trailing data)", len,
+                   (unsigned long long)(soff + sbytes));
+    for (uint64_t n = 0; n < N; n++) {
+        uint32_t bits = get32(buf + ORK_O4N1_HEADER + 4 * n);
+        float s;
+        memcpy(&s, &bits, 4);
+        if (!isfinite(s) || s < 0.0f || (bits == 0x80000000u))
+            return BAD("scale[%llu] = %g is not a finite non-negative number", (unsigned long long)n, (double)s);
+    }
+    for (uint64_t p = ORK_O4N1_HEADER + 4 * N; p < soff; p++)
+        if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);
+    info->kind = (ork_kind)kind;
+    info->K = K;
+    info->N = N;
+    info->scales_off = ORK_O4N1_HEADER;
+    info->store_off = soff;
+    info->store_bytes = sbytes;
+    return ORK_OK;
+}

@@ -1,0 +1,42 @@
+/* o4n1.h - the persisted packed-weight formats 'O4N1' (4-bit kinds) and
+ * 'O8N1' (int8). Byte-for-byte spec: docs/o4n1.md. All little-endian.
+ *
+ *   0   4  magic 'O4N1' | 'O8N1'
+ *   4   4  u32 version = 1
+ *   8   4  u32 kind: 0 nf4, 1 int4 (O4N1); 2 int8 (O8N1)
+ *   12  4  u32 header bytes = 64 (where bscale starts)
+ *   16  8  u64 K (inputs)
+ *   24  8  u64 N (outputs)
+ *   32 16  int8 lut[16]: the kind's LUT (O4N1), all zero (O8N1)
+ *   48  8  u64 store offset = round_up(64 + 4*N, 64)
+ *   56  8  u64 store bytes  = Np*Kp/2 (O4N1) or Np*Kp (O8N1), see pack.h
+ *   64 4N  f32 bscale[N], finite and >= 0
+ *   ..     zero bytes up to the store offset
+ *   store offset: the tile store of pack.h; the file ends right after it.
+ *
+ * ork_o4n1_parse checks every field against the others and the buffer length
+ * and returns ORK_EFORMAT naming the first problem. Never reads out of bounds.
+ */
+#ifndef ORK_O4N1_H
+#define ORK_O4N1_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "status.h"
+
+#define ORK_O4N1_VERSION 1
+#define ORK_O4N1_HEADER 64
+
+typedef struct ork_o4n1_info {
+    ork_kind kind;
+    uint64_t K, N;
+    uint64_t scales_off, store_off, store_bytes;
+} ork_o4n1_info;
+
+/* The 64-byte header for a weight (writes hdr[0..63]); store offset/bytes derived. */
+ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[ORK_O4N1_HEADER], ork_err *err);
+ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, ork_err *err);
+
+#endif

@@ -1,0 +1,229 @@
+/* pack.c - tile packing and the threaded matmul drivers (see pack.h). */
+#include "pack.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "pool.h"
+
+static int is4(ork_kind k) { return k == ORK_KIND_NF4 || k == ORK_KIND_INT4; }
+
+size_t ork_pack_store_bytes(ork_kind kind, size_t N, size_t K) {
+    size_t np = ork_pack_round32(N), kp = ork_pack_round32(K);
+    return is4(kind) ? np * kp / 2 : np * kp;
+}
+
+static ork_status check_shape(ork_kind kind, size_t N, size_t K, ork_err *err) {
+    if (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4 && kind != ORK_KIND_INT8)
+        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
+    if (N == 0 || K == 0) return ork_err_set(err, ORK_EINVAL, "empty weight shape (%zu, %zu)", N, K);
+    if (K > ORK_PACK_MAX_K)
+        return ork_err_set(err, ORK_EINVAL, "K = %zu exceeds %zu (int32 accumulators could overflow)", K,
+                           ORK_PACK_MAX_K);
+    if (N > ORK_PACK_MAX_N) return ork_err_set(err, ORK_EINVAL, "N = %zu exceeds %zu", N, ORK_PACK_MAX_N);
+    return ORK_OK;
+}
+
+static uint8_t code_at(const uint8_t *codes, size_t rb, size_t n, size_t k) {
+    uint8_t b = codes[n * rb + (k >> 1)];
+    return (k & 1) ? (b >> 4) : (b & 15);
+}
+
+ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *store, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    const size_t KB = ork_pack_round32(K) / 32, NB = ork_pack_round32(N) / 32;
+    if (is4(kind)) {
+        const uint8_t *c = (const uint8_t *)codes;
+        uint8_t *s = (uint8_t *)store;
+        const size_t rb = (K + 1) / 2;
+        for (size_t nb = 0; nb < NB; nb++)
+            for (size_t kb = 0; kb < KB; kb++)
+                for (size_t i = 0; i < 32; i++) {
+                    uint8_t *row = s + ((nb * KB + kb) * 32 + i) * 16;
+                    size_t n = nb * 32 + i;
+                    for (size_t j = 0; j < 16; j++) {
+                        size_t k0 = kb * 32 + 2 * j, k1 = k0 + 1;
+                        uint8_t lo = (n < N && k0 < K) ? code_at(c, rb, n, k0) : ORK_QUANT_ZERO_CODE;
+                        uint8_t hi = (n < N && k1 < K) ? code_at(c, rb, n, k1) : ORK_QUANT_ZERO_CODE;
+                        row[j] = (uint8_t)(lo | (hi << 4));
+                    }
+                }
+    } else {
+        const int8_t *c = (const int8_t *)codes;
+        int8_t *s = (int8_t *)store;
+        for (size_t nb = 0; nb < NB; nb++)
+            for (size_t kb = 0; kb < KB; kb++)
+                for (size_t i = 0; i < 32; i++) {
+                    int8_t *row = s + ((nb * KB + kb) * 32 + i) * 32;
+                    size_t n = nb * 32 + i;
+                    for (size_t j = 0; j < 32; j++) {
+                        size_t k = kb * 32 + j;
+                        row[j] = (n < N && k < K) ? c[n * K + k] : 0;
+                    }
+                }
+    }
+    return ORK_OK;
+}
+
+ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void *codes, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    const size_t KB = ork_pack_round32(K) / 32;
+    if (is4(kind)) {
+        const uint8_t *s = (const uint8_t *)store;
+        uint8_t *c = (uint8_t *)codes;
+        const size_t rb = (K + 1) / 2;
+        memset(c, ORK_QUANT_ZERO_CODE | (ORK_QUANT_ZERO_CODE << 4), N * rb);
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++) {
+                size_t nb = n / 32, i = n % 32, kb = k / 32, j = k % 32;
+                uint8_t b = s[((nb * KB + kb) * 32 + i) * 16 + j / 2];
+                uint8_t code = (j & 1) ? (b >> 4) : (b & 15);
+                uint8_t *dst = &c[n * rb + k / 2];
+                *dst = (k & 1) ? (uint8_t)((*dst & 0x0F) | (code << 4)) : (uint8_t)((*dst & 0xF0) | code);
+            }
+    } else {
+        const int8_t *s = (const int8_t *)store;
+        int8_t *c = (int8_t *)codes;
+        for (size_t n = 0; n < N; n++)
+            for (size_t k = 0; k < K; k++) {
+                size_t nb = n / 32, i = n % 32, kb = k / 32, j = k % 32;
+                c[n * K + k] = s[((nb * KB + kb) * 32 + i) * 32 + j];
+            }
+    }
+    return ORK_OK;
+}
+
+/* ----------------------------------------------------- activations ---- */
+ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
+                                    int8_t *xq, float *ascale, ork_err *err) {
+    const ork_quant_kernels *qk = ork_quant_kernels_active();
+    float tmax = 0.0f;
+    for (size_t m = 0; m < M; m++) {
+        float a;
+        if (qk->absmax(x + m * K, K, &a)) {
+            for (size_t k = 0; k < K; k++)
+                if (!isfinite(x[m * K + k]))
+                    return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
+                                       isnan(x[m * K + k]) ? "NaN" : "Inf", m, k);
+        }
+        ascale[m] = a;
+        if (a > tmax) tmax = a;
+    }
+    for (size_t m = 0; m < M; m++) {
+        float a = per_tensor ? tmax : ascale[m];
+        int8_t *q = xq + m * ldq;
+        memset(q + K, 0, ldq - K);
+        if (!(a >= ORK_QUANT_TINY)) {
+            ascale[m] = 0.0f;
+            memset(q, 0, K);
+            continue;
+        }
+        ascale[m] = a / 127.0f;
+        qk->codes8_rtn(x + m * K, K, 127.0f / a, q);
+    }
+    return ORK_OK;
+}
+
+/* ---------------------------------------------------------- drivers --- */
+typedef struct {
+    int four;
+    const uint8_t *store;
+    const int8_t *lut;
+    size_t N, KB, M, ldx;
+    const int8_t *x;
+    int32_t *out_i;          /* int path */
+    float *out_f;            /* float path */
+    const float *ascale, *bscale;
+    const ork_matmul_kernels *mk;
+} mm_job;
+
+static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
+    const mm_job *j = (const mm_job *)ctx;
+    const size_t KB = j->KB, strip_tiles = KB * 32;
+    int32_t *acc = (int32_t *)malloc(j->M * 32 * sizeof(int32_t));
+    int8_t *buf = (j->four && j->M > 1) ? (int8_t *)malloc(strip_tiles * 32) : NULL;
+    if (!acc || (j->four && j->M > 1 && !buf)) {
+        free(acc);
+        free(buf);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for a matmul strip (M = %zu, K = %zu)", j->M, KB * 32);
+    }
+    for (size_t nb = begin; nb < end; nb++) {
+        if (j->four) {
+            const uint8_t *nib = j->store + nb * strip_tiles * 16;
+            if (j->M == 1) j->mk->gemv_strip_i4(nib, KB, j->lut, j->x, acc);
+            else {
+                j->mk->inflate_strip(nib, KB, j->lut, buf);
+                j->mk->gemm_strip_i8(buf, KB, j->x, j->ldx, j->M, acc);
+            }
+        } else {
+            j->mk->gemm_strip_i8((const int8_t *)j->store + nb * strip_tiles * 32, KB, j->x, j->ldx, j->M, acc);
+        }
+        size_t n0 = nb * 32, nn = (j->N - n0 < 32) ? j->N - n0 : 32;
+        for (size_t m = 0; m < j->M; m++) {
+            const int32_t *a = acc + m * 32;
+            if (j->out_i) memcpy(j->out_i + m * j->N + n0, a, nn * sizeof(int32_t));
+            else {
+                float as = j->ascale[m];
+                float *o = j->out_f + m * j->N + n0;
+                for (size_t i = 0; i < nn; i++) {
+                    float t = (float)a[i] * as;
+                    o[i] = t * j->bscale[n0 + i];
+                }
+            }
+        }
+    }
+    free(acc);
+    free(buf);
+    return ORK_OK;
+}
+
+static ork_status run_strips(mm_job *j, int nthreads, ork_err *err) {
+    j->mk = ork_matmul_kernels_active();
+    size_t NB = ork_pack_round32(j->N) / 32;
+    return ork_parallel_for(nthreads, NB, 1, mm_strips, j, err);
+}
+
+ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16], size_t N, size_t K,
+                          const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
+    if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
+    size_t Kp = ork_pack_round32(K);
+    int8_t *xp = (int8_t *)calloc(M * Kp, 1);
+    if (!xp) return ork_err_set(err, ORK_ENOMEM, "out of memory for padded activations");
+    for (size_t m = 0; m < M; m++) memcpy(xp + m * Kp, xq + m * K, K);
+    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, out, NULL, NULL, NULL, NULL};
+    st = run_strips(&j, nthreads, err);
+    free(xp);
+    return st;
+}
+
+ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
+                          size_t N, size_t K, const float *x, size_t M, int per_tensor, float *out,
+                          int nthreads, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
+    if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
+    size_t Kp = ork_pack_round32(K);
+    int8_t *xp = (int8_t *)malloc(M * Kp);
+    float *as = (float *)malloc(M * sizeof(float));
+    if (!xp || !as) {
+        free(xp);
+        free(as);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for quantized activations");
+    }
+    st = ork_quantize_activations(x, M, K, Kp, per_tensor, xp, as, err);
+    if (st == ORK_OK) {
+        mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, NULL, out, as, bscale, NULL};
+        st = run_strips(&j, nthreads, err);
+    }
+    free(xp);
+    free(as);
+    return st;
+}

@@ -1,0 +1,95 @@
+/* pack.h - packed weights in the RK3588 NPU's native int8 weight layout, and
+ * the int8 x int8 -> int32 matmul kernels that consume them.
+ *
+ * ------------------------------------------------------------ layout ----
+ * Source of the layout facts: RKNN's documented "native" B layout for RK3588
+ * int8 matmul, (N/32, K/32, 32, 32), as reproduced by the public reverse-
+ * engineered driver (mtx512/rk3588-npu npu_matmul.c weight_int8) and
+ * rknn_matmul_api.h (../shared/docs/npu-anchors.md §1.5, §3.3).
+ *
+ *   Kp = ceil(K / 32) * 32,  Np = ceil(N / 32) * 32,  KB = Kp / 32,  NB = Np / 32
+ *   int8 store:  int8  tile[NB][KB][32 n][32 k],  tile[nb][kb][i][j] = W[nb*32+i][kb*32+j]
+ *   4-bit store: uint8 tile[NB][KB][32 n][16],     the same 32 k of a tile row as
+ *                16 bytes, element 2j in the low nibble, 2j+1 in the high nibble,
+ *                so inflating a tile row through the kind's int8 LUT yields the
+ *                int8 tile row directly.
+ *   Padding (k >= K or n >= N) is zero: int8 0, 4-bit code 7 (LUT value 0 for
+ *   NF4 and INT4). bscale has N entries (float32, >= 0, finite).
+ *
+ * ------------------------------------------------------------ matmul ----
+ *   acc[m][n] = sum_k xq[m][k] * Wq[n][k]     (int32, exact)
+ * with Wq = lut[code] (4-bit) or the int8 code. Operands are in [-127, 127]
+ * (the quantizers never produce -128, activations are quantized to
+ * [-127, 127]), so |product| <= 16129 and K <= ORK_PACK_MAX_K keeps every
+ * partial sum inside int32: every ISA, blocking and thread count gives
+ * bit-identical accumulators.
+ *
+ * Float path (PackedWeight.matmul): activations are quantized per row
+ * (per_token) or per tensor with the int8 quantizer of quant.h (scale
+ * a = absmax/127, round half away from zero), and
+ *   y[m][n] = ((float)acc[m][n] * a[m]) * bscale[n]      (float32, no FMA)
+ * A zero activation row (absmax < 1e-30) has a = 0 and gives y = 0.
+ */
+#ifndef ORK_PACK_H
+#define ORK_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "status.h"
+
+#define ORK_PACK_TILE 32
+#define ORK_PACK_MAX_K ((size_t)131072) /* 131072 * 16129 < 2^31 */
+#define ORK_PACK_MAX_N ((size_t)1 << 24)
+
+static inline size_t ork_pack_round32(size_t x) { return (x + 31) & ~(size_t)31; }
+
+/* bytes of the tile store: Np*Kp (int8) or Np*Kp/2 (4-bit) */
+size_t ork_pack_store_bytes(ork_kind kind, size_t N, size_t K);
+
+/* Pack QuantizedTensor codes (row-major: 4-bit (N, ceil(K/2)) nibbles, int8
+ * (N, K)) into the tile store. */
+ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *store, ork_err *err);
+/* The inverse: tile store -> row-major codes (for tests and round trips). */
+ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void *codes, ork_err *err);
+
+/* ------------------------------------------------------- per-ISA kernels */
+typedef struct ork_matmul_kernels {
+    const char *isa;
+    /* inflate one 4-bit strip (KB tiles of 32x16 bytes) into int8 (KB x 32 x 32) */
+    void (*inflate_strip)(const uint8_t *nib, size_t KB, const int8_t lut[16], int8_t *strip);
+    /* acc[m*32 + i] = sum over the strip of x[m][k] * strip[kb][i][k - kb*32];
+     * x rows have stride ldx (>= KB*32, zero padded), M rows. */
+    void (*gemm_strip_i8)(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
+                          int32_t *acc);
+    /* GEMV straight from the 4-bit strip, no intermediate buffer (M = 1) */
+    void (*gemv_strip_i4)(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
+                          int32_t *acc);
+} ork_matmul_kernels;
+
+extern const ork_matmul_kernels ork_matmul_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+extern const ork_matmul_kernels ork_matmul_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+extern const ork_matmul_kernels ork_matmul_kernels_neon;
+extern const ork_matmul_kernels ork_matmul_kernels_neondot;
+#endif
+
+/* ------------------------------------------------------------ drivers */
+/* int32 out (M, N) = xq (M, K) int8 times the packed weight. */
+ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16], size_t N, size_t K,
+                          const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err);
+
+/* float32 out (M, N) from float32 x (M, K); per_tensor != 0 uses one activation scale. */
+ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
+                          size_t N, size_t K, const float *x, size_t M, int per_tensor, float *out,
+                          int nthreads, ork_err *err);
+
+/* Quantize activations: xq (M, Kp) int8 zero-padded, ascale (M) (or one value
+ * repeated when per_tensor). */
+ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
+                                    int8_t *xq, float *ascale, ork_err *err);
+
+#endif

@@ -1,0 +1,144 @@
+"""Packed weights: the int4-stored / int8-computed path.
+
+``pack(q)`` lays a :class:`~orkpy.QuantizedTensor` into the RK3588 NPU's
+native int8 weight layout, tiles of 32 outputs x 32 inputs
+(``(N/32, K/32, 32, 32)``; 4-bit kinds keep the same tile order with two codes
+per byte). ``PackedWeight.matmul`` quantizes activations to int8, multiplies in
+int8 with exact int32 accumulation and scales back; ``save_packed`` /
+``load_packed`` persist the weight as 'O4N1' (4-bit) or 'O8N1' (int8), see
+docs/o4n1.md. Layout and arithmetic contract: csrc/ork/pack.h.
+"""
+import mmap as _mmap
+import os
+
+import numpy as np
+
+from . import _core
+from ._core import FormatError
+from ._io import atomic_write
+from .quant import KINDS, QuantizedTensor, _check_threads, lut as _lut
+
+ACTIVATION_MODES = ("per_token", "per_tensor")
+
+
+class PackedWeight:
+    """A packed ``(N, K)`` weight: ``kind``, ``shape``, ``store`` (the tile
+    array: uint8 ``(N/32, K/32, 32, 16)`` for nf4/int4, int8
+    ``(N/32, K/32, 32, 32)`` for int8, padded with zeros), ``bscale``
+    (float32 ``(N,)``) and ``lut`` (int8[16] or None)."""
+
+    def __init__(self, kind, shape, store, bscale, source=None):
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
+        self.kind = kind
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.store = store
+        self.bscale = bscale
+        self.lut = _lut(kind)
+        self.source = source  # a file path when loaded
+
+    @property
+    def N(self):
+        return self.shape[0]
+
+    @property
+    def K(self):
+        return self.shape[1]
+
+    @property
+    def nbytes(self):
+        return int(self.store.nbytes + self.bscale.nbytes)
+
+    def matmul_int(self, xq, threads=None):
+        """Exact int32 accumulators ``(M, N)`` for int8 activations ``xq`` ``(M, K)``."""
+        xq = np.asarray(xq)
+        if xq.ndim == 1:
+            xq = xq[None, :]
+        return _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads))
+
+    def matmul(self, x, act="per_token", threads=None):
+        """float32 ``x`` ``(M, K)`` (or ``(K,)``) -> float32 ``(M, N)``.
+
+        Activations are quantized to int8 symmetric with one scale per row
+        (``act="per_token"``) or one for the whole input (``"per_tensor"``),
+        multiplied with int32 accumulation, and scaled by ``ascale * bscale[n]``.
+        """
+        if act not in ACTIVATION_MODES:
+            raise ValueError(f"act must be one of {ACTIVATION_MODES}, got {act!r}")
+        x = np.asarray(x)
+        vec = x.ndim == 1
+        if vec:
+            x = x[None, :]
+        y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, act == "per_tensor",
+                         _check_threads(threads))
+        return y[0] if vec else y
+
+    def codes(self):
+        """The row-major codes (as in QuantizedTensor.codes), unpacked from the tiles."""
+        return _core.unpack(self.store, self.kind, self.N, self.K)
+
+    def int8_weight(self):
+        """The int8 weight the kernels multiply: ``(N, K)`` (LUT applied for 4-bit kinds)."""
+        c = self.codes()
+        if self.kind == "int8":
+            return c
+        full = np.empty((self.N, c.shape[1] * 2), np.uint8)
+        full[:, 0::2] = c & 15
+        full[:, 1::2] = c >> 4
+        return self.lut[full[:, : self.K]]
+
+    def dequantize(self):
+        return self.int8_weight().astype(np.float32) * self.bscale[:, None]
+
+    def save(self, path):
+        save_packed(self, path)
+
+    def __repr__(self):
+        return f"PackedWeight(kind={self.kind!r}, shape={self.shape}, nbytes={self.nbytes})"
+
+
+def pack(q):
+    """Pack a QuantizedTensor into the NPU tile layout."""
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"pack expects a QuantizedTensor, got {type(q).__name__}")
+    N, K = q.shape
+    store = _core.pack(q.codes, q.kind, N, K)
+    bscale = np.ascontiguousarray(q.scales, dtype=np.float32)
+    if not np.all(np.isfinite(bscale)) or np.any(bscale < 0):
+        raise ValueError("scales must be finite and non-negative")
+    return PackedWeight(q.kind, (N, K), store, bscale)
+
+
+def save_packed(pw, path):
+    """Write an O4N1 (nf4/int4) or O8N1 (int8) file atomically."""
+    if not isinstance(pw, PackedWeight):
+        raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
+    header = _core.packed_header(pw.kind, pw.N, pw.K)
+    scales = np.ascontiguousarray(pw.bscale, dtype="<f4")
+    store_off = int.from_bytes(header[48:56], "little")
+    pad = store_off - len(header) - scales.nbytes
+    atomic_write(path, [header, scales.tobytes(), bytes(pad), np.ascontiguousarray(pw.store).tobytes()])
+
+
+def load_packed(path, mmap=True):
+    """Load an O4N1/O8N1 file; with ``mmap=True`` the store and scales are
+    read-only views of a memory map (streamed from disk on use).
+    A malformed file raises orkpy.FormatError naming the problem."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if mmap and size > 0:
+            buf = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
+        else:
+            buf = f.read()
+    try:
+        info = _core.packed_parse(buf)
+    except FormatError as e:
+        raise FormatError(f"{path}: {e}") from None
+    N, K, kind = info["N"], info["K"], info["kind"]
+    scales = np.frombuffer(buf, dtype="<f4", count=N, offset=info["scales_offset"])
+    NB, KB = (N + 31) // 32, (K + 31) // 32
+    dtype, last = (np.int8, 32) if kind == "int8" else (np.uint8, 16)
+    store = np.frombuffer(buf, dtype=dtype, count=info["store_bytes"], offset=info["store_offset"])
+    return PackedWeight(kind, (N, K), store.reshape(NB, KB, 32, last), scales.astype(np.float32, copy=False),
+                        source=path)

@@ -1,0 +1,137 @@
+/* test_matmul.c - every SIMD matmul kernel of this build (AVX2; NEON and
+ * NEON+sdot on aarch64, the latter when the CPU has dotprod) against the
+ * scalar _ref, and the drivers against a naive int64 matmul, 1 and 3 threads.
+ * Prints failures and a closing "N passed, N failed" line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../csrc/ork/cpu.h"
+#include "../../csrc/ork/pack.h"
+
+static int n_pass, n_fail;
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) n_pass++;                                                                \
+        else {                                                                             \
+            n_fail++;                                                                      \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf("\n");                                                                  \
+        }                                                                                  \
+    } while (0)
+
+static uint64_t st = 0x9E3779B97F4A7C15ULL;
+static uint32_t rnd(void) {
+    st ^= st << 13;
+    st ^= st >> 7;
+    st ^= st << 17;
+    return (uint32_t)(st >> 20);
+}
+static int8_t rnd_i8(void) { return (int8_t)((int)(rnd() % 255) - 127); } /* [-127, 127] */
+
+static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kernels *kv) {
+    printf("comparing %s against scalar\n", kv->isa);
+    const size_t KBs[] = {1, 2, 3, 7};
+    const size_t Ms[] = {1, 2, 3, 5};
+    for (size_t a = 0; a < 4; a++) {
+        size_t KB = KBs[a];
+        uint8_t *nib = malloc(KB * 32 * 16);
+        int8_t *s1 = malloc(KB * 1024), *s2 = malloc(KB * 1024);
+        int8_t lut[16];
+        for (int i = 0; i < 16; i++) lut[i] = rnd_i8();
+        for (size_t i = 0; i < KB * 32 * 16; i++) nib[i] = (uint8_t)rnd();
+        ref->inflate_strip(nib, KB, lut, s1);
+        kv->inflate_strip(nib, KB, lut, s2);
+        CHECK(memcmp(s1, s2, KB * 1024) == 0, "%s inflate KB=%zu", kv->isa, KB);
+        for (size_t b = 0; b < 4; b++) {
+            size_t M = Ms[b], ldx = KB * 32 + (b & 1) * 32;
+            int8_t *x = malloc(M * ldx);
+            for (size_t i = 0; i < M * ldx; i++) x[i] = rnd_i8();
+            if (b == 3) { /* extreme values: every product at +-127*127 */
+                for (size_t i = 0; i < M * ldx; i++) x[i] = (i & 1) ? 127 : -127;
+                for (size_t i = 0; i < KB * 1024; i++) s1[i] = (i & 2) ? 127 : -127;
+            }
+            int32_t *a1 = malloc(M * 32 * 4), *a2 = malloc(M * 32 * 4);
+            ref->gemm_strip_i8(s1, KB, x, ldx, M, a1);
+            kv->gemm_strip_i8(s1, KB, x, ldx, M, a2);
+            CHECK(memcmp(a1, a2, M * 32 * 4) == 0, "%s gemm KB=%zu M=%zu", kv->isa, KB, M);
+            ref->gemv_strip_i4(nib, KB, lut, x, a1);
+            kv->gemv_strip_i4(nib, KB, lut, x, a2);
+            CHECK(memcmp(a1, a2, 32 * 4) == 0, "%s gemv4 KB=%zu", kv->isa, KB);
+            free(x); free(a1); free(a2);
+        }
+        free(nib); free(s1); free(s2);
+    }
+}
+
+static void drivers_vs_naive(void) {
+    const size_t shapes[][3] = {{1, 45, 37}, {3, 64, 32}, {5, 100, 70}, {64, 33, 65}, {2, 1, 1}};
+    for (size_t si = 0; si < 5; si++) {
+        size_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2];
+        for (int kind = 0; kind < 3; kind++) {
+            const int8_t *lut = ork_quant_lut((ork_kind)kind);
+            size_t rb = ork_quant_row_bytes((ork_kind)kind, K);
+            uint8_t *codes = malloc(N * rb);
+            for (size_t i = 0; i < N * rb; i++) codes[i] = (uint8_t)(kind == 2 ? (uint8_t)rnd_i8() : (rnd() & 0xFF));
+            if (kind == 1) /* int4 never produces code 15 */
+                for (size_t i = 0; i < N * rb; i++) {
+                    if ((codes[i] & 15) == 15) codes[i] &= 0xF7;
+                    if ((codes[i] >> 4) == 15) codes[i] &= 0x7F;
+                }
+            void *store = malloc(ork_pack_store_bytes((ork_kind)kind, N, K));
+            ork_err err;
+            CHECK(ork_pack((ork_kind)kind, codes, N, K, store, &err) == ORK_OK, "pack");
+            uint8_t *back = malloc(N * rb);
+            ork_unpack((ork_kind)kind, store, N, K, back, &err);
+            if (kind != 2 && (K & 1)) /* padding nibble is normalised to code 7 */
+                for (size_t n = 0; n < N; n++) codes[n * rb + rb - 1] = (uint8_t)((codes[n * rb + rb - 1] & 15) | 0x70);
+            CHECK(memcmp(codes, back, N * rb) == 0, "pack/unpack round trip kind=%d", kind);
+            int8_t *x = malloc(M * K);
+            for (size_t i = 0; i < M * K; i++) x[i] = rnd_i8();
+            int32_t *o1 = malloc(M * N * 4), *o3 = malloc(M * N * 4);
+            CHECK(ork_matmul_int((ork_kind)kind, store, lut, N, K, x, M, o1, 1, &err) == ORK_OK, "mm1");
+            CHECK(ork_matmul_int((ork_kind)kind, store, lut, N, K, x, M, o3, 3, &err) == ORK_OK, "mm3");
+            int ok = 1;
+            for (size_t m = 0; m < M; m++)
+                for (size_t n = 0; n < N; n++) {
+                    long long s = 0;
+                    for (size_t k = 0; k < K; k++) {
+                        int w;
+                        if (kind == 2) w = ((const int8_t *)codes)[n * K + k];
+                        else {
+                            uint8_t b = codes[n * rb + k / 2];
+                            w = lut[(k & 1) ? (b >> 4) : (b & 15)];
+                        }
+                        s += (long long)x[m * K + k] * w;
+                    }
+                    if (s != o1[m * N + n] || s != o3[m * N + n]) ok = 0;
+                }
+            CHECK(ok, "driver vs naive int64 M=%zu K=%zu N=%zu kind=%d", M, K, N, kind);
+            free(codes); free(store); free(back); free(x); free(o1); free(o3);
+        }
+    }
+}
+
+int main(void) {
+    const ork_matmul_kernels *ref = &ork_matmul_kernels_ref;
+    int tested = 0;
+#if defined(__x86_64__)
+    if (ork_isa_available(ORK_ISA_AVX2)) { compare_tables(ref, &ork_matmul_kernels_avx2); tested++; }
+#endif
+#if defined(__aarch64__)
+    compare_tables(ref, &ork_matmul_kernels_neon);
+    tested++;
+    if (ork_cpu_features() & ORK_CPU_DOTPROD) { compare_tables(ref, &ork_matmul_kernels_neondot); tested++; }
+#endif
+    CHECK(tested > 0, "no SIMD matmul table to compare");
+    for (int i = 0; i < ORK_ISA_COUNT; i++) {
+        ork_err err;
+        if (!ork_isa_available((ork_isa)i)) continue;
+        ork_cpu_set_isa(ork_isa_name((ork_isa)i), &err);
+        printf("drivers with %s kernels (%s)\n", ork_isa_name((ork_isa)i), ork_matmul_kernels_active()->isa);
+        drivers_vs_naive();
+    }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target for the GGUF parser + dequantizers:
+#
+#   bash tests/fuzz/build.sh OUTDIR        ->  OUTDIR/fuzz_gguf
+#
+# Needs clang with the libFuzzer runtime (Debian bookworm: apt-get install
+# clang libclang-rt-14-dev). CC=clang-NN overrides the compiler.
+#
+# Running it by hand (the seed corpus is generated, never stored in the repo):
+#
+#   python3 tests/fuzz/seeds.py /tmp/gguf-corpus
+#   ASAN_OPTIONS=detect_leaks=1 OUTDIR/fuzz_gguf /tmp/gguf-corpus \
+#       -dict=tests/fuzz/gguf.dict -max_total_time=600 -rss_limit_mb=2048 -timeout=10 \
+#       -print_final_stats=1 -artifact_prefix=/tmp/gguf-crash-
+#
+# Replay a reproducer:  OUTDIR/fuzz_gguf /tmp/gguf-crash-<sha1>
+set -euo pipefail
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 2
+fi
+here="$(cd "$(dirname "$0")" && pwd)"
+core="$here/../../csrc/ork"
+out="$1"
+mkdir -p "$out"
+CC="${CC:-clang}"
+# gguf.c: the parser; ggml_types.c: the type table; dequant.c: the block
+# dequantizers (its ork_dequant_tensor calls ork_parallel_for from pool.c,
+# hence -pthread); status.c: ork_err_set.
+"$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
+  -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+  -I"$core" \
+  "$here/fuzz_gguf.c" \
+  "$core/gguf.c" "$core/ggml_types.c" "$core/dequant.c" "$core/status.c" "$core/pool.c" \
+  -pthread -lm -o "$out/fuzz_gguf"
+echo "$out/fuzz_gguf"

@@ -1,0 +1,237 @@
+"""Packed i4a8 / i8 weights: tile layout, exact int32 matmul, float matmul
+error bound, ISA/thread identity, and the O4N1/O8N1 files."""
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import orkpy
+
+SHAPES = [(1, 32, 32), (3, 45, 37), (64, 100, 70), (1, 257, 129), (3, 64, 33), (64, 31, 1)]
+
+
+def make(kind, N, K, seed=0, imatrix=False):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    im = rng.random(K).astype(np.float32) if imatrix else None
+    q = orkpy.quantize(w, kind, imatrix=im)
+    return w, q, orkpy.pack(q)
+
+
+@pytest.mark.parametrize("kind", orkpy.KINDS)
+def test_tile_layout(kind):
+    N, K = 70, 100
+    _, q, pw = make(kind, N, K)
+    t = pw.store
+    assert t.shape == (3, 4, 32, 16 if kind != "int8" else 32)
+    W = pw.int8_weight()
+    inflated = orkpy.lut(kind)[np.stack([t & 15, t >> 4], -1).reshape(3, 4, 32, 32)] if kind != "int8" else t
+    for nb in range(3):
+        for kb in range(4):
+            blk = np.zeros((32, 32), np.int8)
+            src = W[nb * 32:(nb + 1) * 32, kb * 32:(kb + 1) * 32]
+            blk[: src.shape[0], : src.shape[1]] = src
+            assert np.array_equal(inflated[nb, kb], blk)  # padding lanes are zero
+    assert np.array_equal(pw.codes(), q.codes if kind == "int8" or K % 2 == 0 else q.codes)
+
+
+@pytest.mark.parametrize("kind", orkpy.KINDS)
+@pytest.mark.parametrize("M, K, N", SHAPES)
+def test_exact_int32_accumulators(kind, M, K, N):
+    _, q, pw = make(kind, N, K, seed=M + K + N)
+    rng = np.random.default_rng(1)
+    xq = rng.integers(-127, 128, size=(M, K)).astype(np.int8)
+    want = xq.astype(np.int64) @ pw.int8_weight().astype(np.int64).T
+    got = pw.matmul_int(xq)
+    assert got.dtype == np.int32 and got.shape == (M, N)
+    assert np.array_equal(got, want)
+
+
+def test_extreme_values_do_not_overflow():
+    K, N = 4096, 64
+    q = orkpy.quantize(np.full((N, K), -1.0, np.float32), "nf4")  # every weight at -127
+    pw = orkpy.pack(q)
+    xq = np.full((2, K), 127, np.int8)
+    xq[1] = -128
+    got = pw.matmul_int(xq)
+    assert np.all(got[0] == -127 * 127 * K) and np.all(got[1] == 127 * 128 * K)
+
+
+@pytest.mark.parametrize("kind", orkpy.KINDS)
+@pytest.mark.parametrize("act", ["per_token", "per_tensor"])
+def test_float_matmul_within_activation_quantization_error(kind, act):
+    M, K, N = 64, 300, 90
+    _, q, pw = make(kind, N, K, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((M, K)).astype(np.float32) * rng.uniform(0.1, 10, (M, 1)).astype(np.float32)
+    W = q.dequantize().astype(np.float64)
+    ref = x.astype(np.float64) @ W.T
+    y = pw.matmul(x, act=act)
+    a = np.abs(x).max(1) / 127 if act == "per_token" else np.full(M, np.abs(x).max() / 127)
+    bound = 0.5 * a[:, None] * np.abs(W).sum(1)[None, :] * (1 + 1e-5) + 1e-5 * np.abs(ref) + 1e-6
+    assert np.all(np.abs(y - ref) <= bound)
+    assert np.abs(y - ref).max() < np.abs(ref).max() * 0.05
+
+
+def test_float_matmul_formula_is_bit_exact():
+    M, K, N = 5, 77, 40
+    _, q, pw = make("nf4", N, K, seed=5)
+    x = np.random.default_rng(6).standard_normal((M, K)).astype(np.float32)
+    amax = np.abs(x).max(1)
+    xq = orkpy.quantize(x, "int8").codes          # the same int8 quantizer, per row
+    a = (amax / np.float32(127)).astype(np.float32)
+    acc = pw.matmul_int(xq)
+    want = (acc.astype(np.float32) * a[:, None]).astype(np.float32) * pw.bscale[None, :]
+    assert np.array_equal(pw.matmul(x), want)
+
+
+def test_zero_activation_row_and_vector_input():
+    _, q, pw = make("int4", 33, 64)
+    x = np.zeros((2, 64), np.float32)
+    x[1, 3] = 1.0
+    y = pw.matmul(x)
+    assert np.all(y[0] == 0)
+    assert np.array_equal(pw.matmul(x[1]), y[1])
+
+
+def test_all_isas_and_thread_counts_identical():
+    caps = orkpy.capabilities()
+    for kind in orkpy.KINDS:
+        _, q, pw = make(kind, 97, 200, seed=7)
+        rng = np.random.default_rng(8)
+        for M in (1, 3, 64):
+            xq = rng.integers(-127, 128, (M, 200)).astype(np.int8)
+            x = rng.standard_normal((M, 200)).astype(np.float32)
+            with orkpy.use_isa("scalar"):
+                ref_i, ref_f = pw.matmul_int(xq, threads=1), pw.matmul(x, threads=1)
+            for isa in caps["available"]:
+                with orkpy.use_isa(isa):
+                    for t in (1, 2, 5):
+                        assert np.array_equal(pw.matmul_int(xq, threads=t), ref_i), (kind, isa, t, M)
+                        assert np.array_equal(pw.matmul(x, threads=t), ref_f)
+
+
+def test_bad_inputs():
+    _, q, pw = make("nf4", 40, 64)
+    with pytest.raises(ValueError, match=r"K = 64"):
+        pw.matmul(np.ones((2, 63), np.float32))
+    with pytest.raises(ValueError, match=r"NaN.*\[1, 5\]"):
+        x = np.ones((2, 64), np.float32)
+        x[1, 5] = np.nan
+        pw.matmul(x)
+    with pytest.raises(ValueError, match="act must be"):
+        pw.matmul(np.ones((1, 64), np.float32), act="per_channel")
+    with pytest.raises(TypeError, match="xq must be a 2-D int8"):
+        pw.matmul_int(np.ones((1, 64), np.float32))
+    with pytest.raises(TypeError, match="QuantizedTensor"):
+        orkpy.pack(np.ones((4, 4)))
+    with pytest.raises(ValueError, match="exceeds"):
+        orkpy.pack(orkpy.quantize(np.ones((1, 140000), np.float32), "int8"))
+
+
+# ------------------------------------------------------------------ O4N1 --
+
+@pytest.mark.parametrize("kind", orkpy.KINDS)
+def test_save_load_bit_identical_and_redump_byte_identical(kind, tmp_path):
+    _, q, pw = make(kind, 70, 100, seed=9, imatrix=True)
+    p1, p2 = tmp_path / "a.bin", tmp_path / "b.bin"
+    orkpy.save_packed(pw, p1)
+    assert p1.read_bytes()[:4] == (b"O8N1" if kind == "int8" else b"O4N1")
+    x = np.random.default_rng(10).standard_normal((3, 100)).astype(np.float32)
+    xq = np.random.default_rng(11).integers(-127, 128, (64, 100)).astype(np.int8)
+    for mm in (True, False):
+        lw = orkpy.load_packed(p1, mmap=mm)
+        assert lw.kind == kind and lw.shape == (70, 100)
+        assert np.array_equal(lw.matmul(x), pw.matmul(x))
+        assert np.array_equal(lw.matmul(x[:1]), pw.matmul(x[:1]))
+        assert np.array_equal(lw.matmul_int(xq), pw.matmul_int(xq))
+        assert not lw.store.flags.writeable
+        orkpy.save_packed(lw, p2)
+        assert p2.read_bytes() == p1.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.bin"]
+
+
+def test_o4n1_is_about_half_of_the_tiled_int8_dump(tmp_path):
+    _, q, pw = make("nf4", 1024, 1024, seed=12)
+    # the tiled int8 dump of the same weight: the inflated tiles and the same scales
+    codes8 = pw.int8_weight()
+    int8_dump = orkpy.PackedWeight("int8", pw.shape, orkpy._core.pack(codes8, "int8", 1024, 1024), pw.bscale)
+    assert np.array_equal(int8_dump.matmul_int(np.ones((1, 1024), np.int8)), pw.matmul_int(np.ones((1, 1024), np.int8)))
+    orkpy.save_packed(pw, tmp_path / "w.o4n1")
+    orkpy.save_packed(int8_dump, tmp_path / "w.o8n1")
+    ratio = os.path.getsize(tmp_path / "w.o4n1") / os.path.getsize(tmp_path / "w.o8n1")
+    print(f"\nO4N1 / tiled int8 dump size ratio: {ratio:.4f}")
+    assert ratio < 0.55
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    _, q, pw = make("nf4", 40, 64)
+    p = tmp_path / "w.o4n1"
+    orkpy.save_packed(pw, p)
+    before = p.read_bytes()
+    _, q2, pw2 = make("nf4", 40, 64, seed=99)
+
+    def boom(*a, **k):
+        raise OSError("simulated crash before rename")
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="simulated"):
+        orkpy.save_packed(pw2, p)
+    assert p.read_bytes() == before and os.listdir(tmp_path) == ["w.o4n1"]
+
+
+def _valid(kind="nf4", N=40, K=64):
+    _, q, pw = make(kind, N, K)
+    hdr = orkpy._core.packed_header(kind, N, K)
+    off = int.from_bytes(hdr[48:56], "little")
+    return bytearray(hdr + pw.bscale.tobytes() + bytes(off - 64 - 4 * N) + pw.store.tobytes())
+
+
+def _patch(data, off, fmt, value):
+    d = bytearray(data)
+    struct.pack_into(fmt, d, off, value)
+    return bytes(d)
+
+
+CORRUPT = {
+    "empty": (lambda: b"", r"truncated"),
+    "short header": (lambda: bytes(_valid()[:40]), r"truncated"),
+    "bad magic": (lambda: b"XXXX" + bytes(_valid()[4:]), r"bad magic"),
+    "version 2": (lambda: _patch(_valid(), 4, "<I", 2), r"unsupported version 2"),
+    "kind 7": (lambda: _patch(_valid(), 8, "<I", 7), r"unknown kind 7"),
+    "int8 kind in O4N1": (lambda: _patch(_valid(), 8, "<I", 2), r"unknown kind 2 for a O4N1"),
+    "4-bit kind in O8N1": (lambda: _patch(_valid("int8"), 8, "<I", 0), r"unknown kind 0 for a O8N1"),
+    "header size": (lambda: _patch(_valid(), 12, "<I", 32), r"header size field"),
+    "K zero": (lambda: _patch(_valid(), 16, "<Q", 0), r"bad shape"),
+    "K huge": (lambda: _patch(_valid(), 16, "<Q", 2**40), r"bad shape"),
+    "N changed": (lambda: _patch(_valid(), 24, "<Q", 70), r"store offset"),
+    "K changed": (lambda: _patch(_valid(), 16, "<Q", 100), r"store size"),
+    "lut mismatch": (lambda: _patch(_valid(), 33, "<b", 5), r"LUT"),
+    "store offset": (lambda: _patch(_valid(), 48, "<Q", 4096), r"store offset"),
+    "store bytes": (lambda: _patch(_valid(), 56, "<Q", 10), r"store size"),
+    "truncated store": (lambda: bytes(_valid()[:-1]), r"truncated or trailing"),
+    "truncated scales": (lambda: bytes(_valid()[:100]), r"truncated or trailing"),
+    "trailing data": (lambda: bytes(_valid()) + b"\0", r"truncated or trailing"),
+    "NaN scale": (lambda: _patch(_valid(), 64 + 4 * 3, "<f", float("nan")), r"scale\[3\]"),
+    "Inf scale": (lambda: _patch(_valid(), 64, "<f", float("inf")), r"scale\[0\]"),
+    "negative scale": (lambda: _patch(_valid(), 64 + 4 * 39, "<f", -1.0), r"scale\[39\]"),
+    "minus zero scale": (lambda: _patch(_valid(), 64 + 4, "<f", -0.0), r"scale\[1\]"),
+    "padding not zero": (lambda: _patch(_valid(), 64 + 4 * 40 + 2, "<B", 1), r"padding"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT), ids=lambda c: c.replace(" ", "-"))
+def test_corrupt_packed_files(tmp_path, case):
+    make_bytes, pattern = CORRUPT[case]
+    p = tmp_path / "bad.o4n1"
+    p.write_bytes(make_bytes())
+    for mm in (True, False):
+        with pytest.raises(orkpy.FormatError, match=pattern) as e:
+            orkpy.load_packed(p, mmap=mm)
+        assert str(p) in str(e.value)
+
+
+def test_valid_fixture_loads(tmp_path):
+    p = tmp_path / "ok.o4n1"
+    p.write_bytes(bytes(_valid()))
+    assert orkpy.load_packed(p).shape == (40, 64)
