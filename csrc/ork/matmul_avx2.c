@@ -94,18 +94,20 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
 
 static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
                                int32_t *acc) {
+    /* one sequential pass over the strip (tile by tile, row by row); 32 row
+     * accumulators live in L1 */
     const __m128i tbl = _mm_loadu_si128((const __m128i *)lut);
-    for (size_t i0 = 0; i0 < 32; i0 += 8) {
-        __m256i a[8];
-        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_si256();
-        for (size_t kb = 0; kb < KB; kb++) {
-            __m256i xs = _mm256_loadu_si256((const __m256i *)(x + kb * 32));
-            __m256i xa = _mm256_abs_epi8(xs);
-            const uint8_t *w = nib + (kb * 32 + i0) * 16;
-            for (int r = 0; r < 8; r++) a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, inflate32(w + r * 16, tbl)));
-        }
-        _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a));
+    __m256i a[32];
+    for (int r = 0; r < 32; r++) a[r] = _mm256_setzero_si256();
+    for (size_t kb = 0; kb < KB; kb++) {
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + kb * 32));
+        __m256i xa = _mm256_abs_epi8(xs);
+        const uint8_t *w = nib + kb * 32 * 16;
+        _mm_prefetch((const char *)(w + 4096), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + 4096 + 256), _MM_HINT_T0);
+        for (int r = 0; r < 32; r++) a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, inflate32(w + r * 16, tbl)));
     }
+    for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a + i0));
 }
 
 const ork_matmul_kernels ork_matmul_kernels_avx2 = {"avx2", inflate_strip_avx2, gemm_strip_i8_avx2,
