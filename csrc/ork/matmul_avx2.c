@@ -92,20 +92,31 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
     }
 }
 
+/* GEMV straight from nibbles. Inflation works on whole 256-bit registers: a
+ * tile row's 16 bytes are broadcast to both lanes, lane 0 looks up the low
+ * nibbles (even k) and lane 1 the high nibbles (odd k) with one vpshufb. The
+ * activations are permuted to the same (even | odd) order once per tile, so
+ * every product is the same as in k order and the int32 sums are identical. */
 static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
                                int32_t *acc) {
-    /* one sequential pass over the strip (tile by tile, row by row); 32 row
-     * accumulators live in L1 */
-    const __m128i tbl = _mm_loadu_si128((const __m128i *)lut);
+    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut));
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    const __m256i evod = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                          0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256i a[32];
     for (int r = 0; r < 32; r++) a[r] = _mm256_setzero_si256();
     for (size_t kb = 0; kb < KB; kb++) {
         __m256i xs = _mm256_loadu_si256((const __m256i *)(x + kb * 32));
+        xs = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(xs, evod), 0xD8); /* evens | odds */
         __m256i xa = _mm256_abs_epi8(xs);
         const uint8_t *w = nib + kb * 32 * 16;
         _mm_prefetch((const char *)(w + 4096), _MM_HINT_T0);
         _mm_prefetch((const char *)(w + 4096 + 256), _MM_HINT_T0);
-        for (int r = 0; r < 32; r++) a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, inflate32(w + r * 16, tbl)));
+        for (int r = 0; r < 32; r++) {
+            __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + r * 16)));
+            __m256i idx = _mm256_and_si256(_mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0), lo4);
+            a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, _mm256_shuffle_epi8(tbl, idx)));
+        }
     }
     for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a + i0));
 }
