@@ -10,7 +10,6 @@ and gguf-py, and the ratios. Outputs are checked to be bit-identical first.
 import argparse
 import os
 import sys
-import time
 
 # this file is named like the `gguf` package it measures against: keep its own folder off the path
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,16 +18,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import numpy as np
 
 import orkpy._core as C
-from orkpy.testing import DEQUANT_TYPES, random_blocks
-
-
-def best(fn, repeat):
-    t = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        t = min(t, time.perf_counter() - t0)
-    return t
+from orkpy.testing import DEQUANT_TYPES, best_time, random_blocks
 
 
 def main():
@@ -55,9 +45,9 @@ def main():
         ref = np.asarray(dequantize(raw, qt), dtype=np.float32).reshape(-1)
         assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), name
         gb = n * 4 / 1e9
-        t_all = best(lambda: C.dequantize_raw(raw, tid, n, 0), args.repeat)
-        t_one = best(lambda: C.dequantize_raw(raw, tid, n, 1), args.repeat)
-        t_ref = best(lambda: dequantize(raw, qt), 1)
+        t_all = best_time(lambda: C.dequantize_raw(raw, tid, n, 0), args.repeat)
+        t_one = best_time(lambda: C.dequantize_raw(raw, tid, n, 1), args.repeat)
+        t_ref = best_time(lambda: dequantize(raw, qt), 1)
         print(f"{name:<8}{gb / t_all:>9.2f}{gb / t_one:>10.2f}{gb / t_ref:>10.3f}"
               f"{t_ref / t_all:>11.1f}{t_ref / t_one:>11.1f}")
 

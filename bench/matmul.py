@@ -12,28 +12,19 @@ To measure streaming rather than cache hits, each call uses the next of
 several copies of the weight whose total exceeds --footprint-mb.
 """
 import argparse
-import time
 
 import numpy as np
 
 import orkpy
+from orkpy.testing import best_time
 
 SHAPES = [(4096, 4096), (2048, 6144), (6144, 2048)]  # (K, N)
-
-
-def timeit(fn, repeat):
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def copy_bandwidth(mb, repeat):
     src = np.ones(mb * 1_000_000 // 8, np.float64)
     dst = np.empty_like(src)
-    t = timeit(lambda: np.copyto(dst, src), repeat)
+    t = best_time(lambda: np.copyto(dst, src), repeat)
     return src.nbytes / t / 1e9
 
 
@@ -65,8 +56,8 @@ def main():
                 def run():
                     pws[next(it) % copies].matmul(x, threads=args.threads)
                 run()
-                t = timeit(run, args.repeat * 2)
-                t_np = timeit(lambda: x @ w.T, args.repeat)
+                t = best_time(run, args.repeat * 2)
+                t_np = best_time(lambda: x @ w.T, args.repeat)
                 gbs = pw.store.nbytes / t / 1e9
                 print(f"{K}x{N:<7}{label:<6}{M:>4}{pw.store.nbytes / 1e6:>10.1f}{t * 1e3:>9.3f}{gbs:>8.2f}"
                       f"{gbs / bw:>8.2f}{t_np * 1e3:>14.3f}{t_np / t:>9.2f}")

@@ -16,16 +16,8 @@ import time
 import numpy as np
 
 import orkpy
+from orkpy.testing import best_time
 import orkpy.reference as R
-
-
-def best_time(fn, repeat):
-    t = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        t = min(t, time.perf_counter() - t0)
-    return t
 
 
 def main():

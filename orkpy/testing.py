@@ -1,4 +1,6 @@
 """Helpers for tests and benchmarks: random ggml blocks with sane scales."""
+import time
+
 import numpy as np
 
 #: ggml type id -> (name, block_size, type_size, byte offsets of the fp16 scale fields in a block)
@@ -38,3 +40,13 @@ def random_blocks(rng, type_id, nblocks, scale_lo=-4.0, scale_hi=4.0):
         h = rng.uniform(scale_lo, scale_hi, size=nblocks).astype(np.float16)
         raw[:, off:off + 2] = h.view(np.uint8).reshape(nblocks, 2)
     return np.ascontiguousarray(raw.reshape(-1))
+
+
+def best_time(fn, repeat):
+    """Best wall time of `repeat` calls of fn() (benchmarks report ratios of these)."""
+    best = float("inf")
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -7,19 +7,9 @@
 #include <string.h>
 
 #include "../../csrc/ork/cpu.h"
+#include "check.h"
 #include "../../csrc/ork/pack.h"
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) n_pass++;                                                                \
-        else {                                                                             \
-            n_fail++;                                                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-        }                                                                                  \
-    } while (0)
 
 static uint64_t st = 0x9E3779B97F4A7C15ULL;
 static uint32_t rnd(void) {

@@ -9,19 +9,9 @@
 #include <string.h>
 
 #include "../../csrc/ork/cpu.h"
+#include "check.h"
 #include "../../csrc/ork/quant.h"
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) n_pass++;                                                                \
-        else {                                                                             \
-            n_fail++;                                                                      \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-        }                                                                                  \
-    } while (0)
 
 static uint64_t rng_state = 0x1234567887654321ULL;
 static uint32_t rnd32(void) {
