@@ -27,4 +27,8 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg);
  *   tensors=[(name, type_id, ne, offset, data_offset, nbytes, info_offset)]) */
 PyObject *orkpy_gguf_parse(PyObject *self, PyObject *arg);
 
+/* py_model.c */
+int orkpy_model_init(PyObject *module);
+PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
+
 #endif

@@ -346,6 +346,7 @@ static PyMethodDef core_methods[] = {
     {"packed_header", (PyCFunction)(void (*)(void))orkpy_packed_header, METH_VARARGS | METH_KEYWORDS,
      "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
+    {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets) -> float64 NLL per row (llama-perplexity)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -358,7 +359,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     import_array();
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    if (orkpy_errors_init(m) < 0) {
+    if (orkpy_errors_init(m) < 0 || orkpy_model_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,0 +1,228 @@
+/* model.c - the float32 forward pass (see model.h). */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pack.h"
+#include "pool.h"
+
+/* ------------------------------------------------------------ f32 gemm -- */
+/* dot of n floats in 8 interleaved lanes, combined in a fixed tree, tail last */
+static inline float dot8(const float *a, const float *b, size_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+typedef struct {
+    const float *x, *w;
+    size_t M, N, K;
+    float *y;
+} gemm_job;
+
+static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
+    (void)err;
+    const gemm_job *j = (const gemm_job *)ctx;
+    for (size_t n = begin; n < end; n++) {
+        const float *wr = j->w + n * j->K;
+        for (size_t m = 0; m < j->M; m++) j->y[m * j->N + n] = dot8(j->x + m * j->K, wr, j->K);
+    }
+    return ORK_OK;
+}
+
+ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    if (l->path == ORK_LIN_F32) {
+        gemm_job j = {x, l->w, M, l->N, l->K, y};
+        size_t chunk = 16;
+        return ork_parallel_for(nthreads, l->N, chunk, gemm_cols, &j, err);
+    }
+    return ork_matmul_f32(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->N, l->K, x, M, l->per_tensor_act, y,
+                          nthreads, err);
+}
+
+/* ------------------------------------------------------------- helpers -- */
+static void rmsnorm(const float *x, const float *w, size_t n, float eps, float *out) {
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float mean = (float)(ss / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (size_t i = 0; i < n; i++) {
+        float t = x[i] * scale;
+        out[i] = w ? t * w[i] : t;
+    }
+}
+
+static void rope(float *v, size_t n_rot, ork_rope_type type, float pos, float base, float freq_scale) {
+    const float theta_scale = powf(base, -2.0f / (float)n_rot);
+    float theta = pos * freq_scale;
+    for (size_t i0 = 0; i0 < n_rot; i0 += 2) {
+        float c = cosf(theta), s = sinf(theta);
+        size_t a = (type == ORK_ROPE_NEOX) ? i0 / 2 : i0;
+        size_t b = (type == ORK_ROPE_NEOX) ? i0 / 2 + n_rot / 2 : i0 + 1;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+        theta *= theta_scale;
+    }
+}
+
+static ork_status check_linear(const ork_linear *l, size_t N, size_t K, const char *what, size_t layer, ork_err *err) {
+    if (l->N != N || l->K != K)
+        return ork_err_set(err, ORK_EINVAL, "layer %zu %s has shape (%zu, %zu), expected (%zu, %zu)", layer, what, l->N,
+                           l->K, N, K);
+    if (l->path == ORK_LIN_F32 ? !l->w : (!l->store || !l->bscale))
+        return ork_err_set(err, ORK_EINVAL, "layer %zu %s has no weight data", layer, what);
+    return ORK_OK;
+}
+
+ork_status ork_model_check(const ork_model *m, ork_err *err) {
+    if (!m) return ork_err_set(err, ORK_EINVAL, "NULL model");
+    if (!m->n_layer || !m->n_embd || !m->n_head || !m->n_head_kv || !m->head_dim || !m->n_ff || !m->n_vocab)
+        return ork_err_set(err, ORK_EINVAL, "model has a zero dimension");
+    if (m->n_head % m->n_head_kv)
+        return ork_err_set(err, ORK_EINVAL, "n_head %zu is not a multiple of n_head_kv %zu", m->n_head, m->n_head_kv);
+    if (m->n_rot > m->head_dim || (m->n_rot & 1))
+        return ork_err_set(err, ORK_EINVAL, "rope dimension %zu must be even and <= head_dim %zu", m->n_rot, m->head_dim);
+    if (!m->tok_embd || !m->out_norm || !m->layers) return ork_err_set(err, ORK_EINVAL, "model is missing tensors");
+    if (!(m->norm_eps > 0.0f) || !(m->rope_base > 0.0f) || !(m->rope_freq_scale > 0.0f))
+        return ork_err_set(err, ORK_EINVAL, "bad norm epsilon or rope parameters");
+    ork_status st;
+    size_t qd = m->n_head * m->head_dim, kvd = m->n_head_kv * m->head_dim;
+    for (size_t i = 0; i < m->n_layer; i++) {
+        const ork_layer *L = &m->layers[i];
+        if (!L->attn_norm || !L->ffn_norm) return ork_err_set(err, ORK_EINVAL, "layer %zu is missing a norm", i);
+        if ((st = check_linear(&L->wq, qd, m->n_embd, "attn_q", i, err))) return st;
+        if ((st = check_linear(&L->wk, kvd, m->n_embd, "attn_k", i, err))) return st;
+        if ((st = check_linear(&L->wv, kvd, m->n_embd, "attn_v", i, err))) return st;
+        if ((st = check_linear(&L->wo, m->n_embd, qd, "attn_output", i, err))) return st;
+        if ((st = check_linear(&L->w_gate, m->n_ff, m->n_embd, "ffn_gate", i, err))) return st;
+        if ((st = check_linear(&L->w_up, m->n_ff, m->n_embd, "ffn_up", i, err))) return st;
+        if ((st = check_linear(&L->w_down, m->n_embd, m->n_ff, "ffn_down", i, err))) return st;
+    }
+    return check_linear(&m->output, m->n_vocab, m->n_embd, "output", m->n_layer, err);
+}
+
+/* ----------------------------------------------------------- attention -- */
+typedef struct {
+    const ork_model *m;
+    const float *q, *k, *v; /* (T, H*hd), (T, Hkv*hd) */
+    float *out;             /* (T, H*hd) */
+    size_t T;
+} attn_job;
+
+static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) {
+    const attn_job *j = (const attn_job *)ctx;
+    const ork_model *m = j->m;
+    const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, T = j->T;
+    const size_t group = m->n_head / m->n_head_kv;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *s = (float *)malloc(T * sizeof(float));
+    if (!s) return ork_err_set(err, ORK_ENOMEM, "out of memory for attention scores");
+    for (size_t h = begin; h < end; h++) {
+        size_t kh = h / group;
+        for (size_t t = 0; t < T; t++) {
+            const float *qv = j->q + t * qd + h * hd;
+            float mx = -INFINITY;
+            for (size_t u = 0; u <= t; u++) {
+                s[u] = dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
+                if (s[u] > mx) mx = s[u];
+            }
+            double sum = 0.0;
+            for (size_t u = 0; u <= t; u++) {
+                s[u] = expf(s[u] - mx);
+                sum += s[u];
+            }
+            float inv = (float)(1.0 / sum);
+            float *o = j->out + t * qd + h * hd;
+            for (size_t d = 0; d < hd; d++) o[d] = 0.0f;
+            for (size_t u = 0; u <= t; u++) {
+                const float *vv = j->v + u * kvd + kh * hd;
+                float p = s[u] * inv;
+                for (size_t d = 0; d < hd; d++) o[d] += p * vv[d];
+            }
+        }
+    }
+    free(s);
+    return ORK_OK;
+}
+
+/* ------------------------------------------------------------- forward -- */
+ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T, size_t first, float *logits,
+                             int nthreads, ork_err *err) {
+    ork_status st = ork_model_check(m, err);
+    if (st) return st;
+    if (T == 0 || first >= T) return ork_err_set(err, ORK_EINVAL, "need 0 <= first < T, got first %zu, T %zu", first, T);
+    for (size_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || (size_t)tokens[t] >= m->n_vocab)
+            return ork_err_set(err, ORK_EINVAL, "token %d at position %zu is outside the vocabulary (%zu)", tokens[t], t,
+                               m->n_vocab);
+    const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
+    size_t big = qd > F ? qd : F;
+    float *x = malloc(T * D * sizeof(float)), *h = malloc(T * D * sizeof(float));
+    float *q = malloc(T * qd * sizeof(float)), *k = malloc(T * kvd * sizeof(float)), *v = malloc(T * kvd * sizeof(float));
+    float *a = malloc(T * big * sizeof(float)), *g = malloc(T * F * sizeof(float)), *tmp = malloc(T * D * sizeof(float));
+    if (!x || !h || !q || !k || !v || !a || !g || !tmp) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory for a %zu-token forward pass", T);
+        goto done;
+    }
+    for (size_t t = 0; t < T; t++) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
+    for (size_t l = 0; l < m->n_layer; l++) {
+        const ork_layer *L = &m->layers[l];
+        for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
+        if ((st = ork_linear_apply(&L->wq, h, T, q, nthreads, err))) goto done;
+        if ((st = ork_linear_apply(&L->wk, h, T, k, nthreads, err))) goto done;
+        if ((st = ork_linear_apply(&L->wv, h, T, v, nthreads, err))) goto done;
+        for (size_t t = 0; t < T; t++) {
+            for (size_t hh = 0; hh < m->n_head; hh++) {
+                float *qh = q + t * qd + hh * hd;
+                if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
+                rope(qh, m->n_rot, m->rope_type, (float)t, m->rope_base, m->rope_freq_scale);
+            }
+            for (size_t hh = 0; hh < m->n_head_kv; hh++) {
+                float *kh = k + t * kvd + hh * hd;
+                if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
+                rope(kh, m->n_rot, m->rope_type, (float)t, m->rope_base, m->rope_freq_scale);
+            }
+        }
+        attn_job aj = {m, q, k, v, a, T};
+        if ((st = ork_parallel_for(nthreads, m->n_head, 1, attn_heads, &aj, err))) goto done;
+        if ((st = ork_linear_apply(&L->wo, a, T, tmp, nthreads, err))) goto done;
+        for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
+        for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
+        if ((st = ork_linear_apply(&L->w_gate, h, T, g, nthreads, err))) goto done;
+        if ((st = ork_linear_apply(&L->w_up, h, T, a, nthreads, err))) goto done;
+        for (size_t i = 0; i < T * F; i++) {
+            float z = g[i];
+            a[i] = (z / (1.0f + expf(-z))) * a[i];
+        }
+        if ((st = ork_linear_apply(&L->w_down, a, T, tmp, nthreads, err))) goto done;
+        for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
+    }
+    for (size_t t = first; t < T; t++) rmsnorm(x + t * D, m->out_norm, D, m->norm_eps, h + (t - first) * D);
+    st = ork_linear_apply(&m->output, h, T - first, logits, nthreads, err);
+done:
+    free(x); free(h); free(q); free(k); free(v); free(a); free(g); free(tmp);
+    return st;
+}
+
+ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,
+                        ork_err *err) {
+    for (size_t r = 0; r < rows; r++) {
+        const float *l = logits + r * n_vocab;
+        if (targets[r] < 0 || (size_t)targets[r] >= n_vocab)
+            return ork_err_set(err, ORK_EINVAL, "target %d of row %zu is outside the vocabulary", targets[r], r);
+        float mx = l[0];
+        for (size_t i = 1; i < n_vocab; i++)
+            if (l[i] > mx) mx = l[i];
+        double sum_exp = 0.0;
+        for (size_t i = 0; i < n_vocab; i++) sum_exp += expf(l[i] - mx);
+        nll[r] = -((double)(l[targets[r]] - mx) - log(sum_exp));
+    }
+    return ORK_OK;
+}

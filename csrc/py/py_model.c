@@ -1,0 +1,317 @@
+/* py_model.c - orkpy._core.ForwardModel: a model description (hyper-
+ * parameters + arrays for every tensor, each linear on its weight path) held
+ * in C structs, with the arrays kept alive by the object. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+#include "../ork/model.h"
+#include "../ork/pack.h"
+#include "bindings.h"
+#include "errors.h"
+
+typedef struct {
+    PyObject_HEAD
+    ork_model m;
+    ork_layer *layers;
+    PyObject *keep; /* list of arrays the structs point into */
+} FwdObject;
+
+static void fwd_dealloc(FwdObject *self) {
+    PyMem_Free(self->layers);
+    Py_XDECREF(self->keep);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* float32 C-contiguous array with ndim dims, kept alive by self */
+static const float *keep_f32(FwdObject *self, PyObject *obj, int ndim, const char *name, npy_intp *dims) {
+    PyArrayObject *a = orkpy_as_exact(obj, NPY_FLOAT32, ndim, name);
+    if (!a) return NULL;
+    if (PyList_Append(self->keep, (PyObject *)a) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    Py_DECREF(a);
+    if (dims)
+        for (int d = 0; d < ndim; d++) dims[d] = PyArray_DIM(a, d);
+    return (const float *)PyArray_DATA(a);
+}
+
+static int get_size(PyObject *d, const char *key, size_t *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "hparams is missing '%s'", key);
+        return -1;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    if (n < 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "hparams '%s' must be >= 0", key);
+        return -1;
+    }
+    *out = (size_t)n;
+    return 0;
+}
+
+static int get_float(PyObject *d, const char *key, float *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "hparams is missing '%s'", key);
+        return -1;
+    }
+    double x = PyFloat_AsDouble(v);
+    if (x == -1.0 && PyErr_Occurred()) return -1;
+    *out = (float)x;
+    return 0;
+}
+
+/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor) */
+static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
+    memset(l, 0, sizeof *l);
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
+        PyErr_Format(PyExc_TypeError, "%s: linear spec must be a tuple", name);
+        return -1;
+    }
+    const char *path = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+    if (!path) return -1;
+    if (strcmp(path, "f32") == 0) {
+        npy_intp dims[2];
+        l->path = ORK_LIN_F32;
+        if (!(l->w = keep_f32(self, PyTuple_GET_ITEM(spec, 1), 2, name, dims))) return -1;
+        l->N = (size_t)dims[0];
+        l->K = (size_t)dims[1];
+        return 0;
+    }
+    if (strcmp(path, "packed") == 0 && PyTuple_GET_SIZE(spec) == 7) {
+        const char *kind_s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
+        if (!kind_s || orkpy_parse_kind(kind_s, &l->kind) < 0) return -1;
+        Py_ssize_t N = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4)), K = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
+        if (N <= 0 || K <= 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: bad packed shape", name);
+            return -1;
+        }
+        int four = l->kind != ORK_KIND_INT8;
+        PyArrayObject *store = orkpy_as_exact(PyTuple_GET_ITEM(spec, 2), four ? NPY_UINT8 : NPY_INT8, 4, name);
+        if (!store) return -1;
+        int bad = (size_t)PyArray_NBYTES(store) != ork_pack_store_bytes(l->kind, (size_t)N, (size_t)K);
+        if (bad || PyList_Append(self->keep, (PyObject *)store) < 0) {
+            if (bad) PyErr_Format(PyExc_ValueError, "%s: store size does not match N = %zd, K = %zd", name, N, K);
+            Py_DECREF(store);
+            return -1;
+        }
+        Py_DECREF(store);
+        l->store = PyArray_DATA(store);
+        npy_intp bd[1];
+        if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), 1, name, bd))) return -1;
+        if (bd[0] != N) {
+            PyErr_Format(PyExc_ValueError, "%s: bscale has %zd entries, expected %zd", name, (Py_ssize_t)bd[0], N);
+            return -1;
+        }
+        l->path = ORK_LIN_PACKED;
+        l->N = (size_t)N;
+        l->K = (size_t)K;
+        l->per_tensor_act = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6));
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s: unknown linear spec '%s'", name, path);
+    return -1;
+}
+
+static const float *opt_vec(FwdObject *self, PyObject *d, const char *key) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v || v == Py_None) return NULL;
+    return keep_f32(self, v, 1, key, NULL);
+}
+
+static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"hparams", "tok_embd", "out_norm", "output", "layers", NULL};
+    PyObject *hp, *emb, *onorm, *out, *layers;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO!:ForwardModel", kwlist, &PyDict_Type, &hp, &emb, &onorm, &out,
+                                     &PyList_Type, &layers))
+        return -1;
+    Py_XDECREF(self->keep);
+    self->keep = PyList_New(0);
+    if (!self->keep) return -1;
+    ork_model *m = &self->m;
+    memset(m, 0, sizeof *m);
+    size_t rope_type = 0;
+    if (get_size(hp, "n_layer", &m->n_layer) || get_size(hp, "n_embd", &m->n_embd) || get_size(hp, "n_head", &m->n_head) ||
+        get_size(hp, "n_head_kv", &m->n_head_kv) || get_size(hp, "head_dim", &m->head_dim) ||
+        get_size(hp, "n_ff", &m->n_ff) || get_size(hp, "n_vocab", &m->n_vocab) || get_size(hp, "n_rot", &m->n_rot) ||
+        get_size(hp, "rope_type", &rope_type) || get_float(hp, "rope_base", &m->rope_base) ||
+        get_float(hp, "rope_freq_scale", &m->rope_freq_scale) || get_float(hp, "norm_eps", &m->norm_eps))
+        return -1;
+    if (rope_type != ORK_ROPE_NORM && rope_type != ORK_ROPE_NEOX) {
+        PyErr_Format(PyExc_ValueError, "unknown rope_type %zu", rope_type);
+        return -1;
+    }
+    m->rope_type = (ork_rope_type)rope_type;
+    if ((size_t)PyList_GET_SIZE(layers) != m->n_layer) {
+        PyErr_Format(PyExc_ValueError, "%zd layers given, hparams say %zu", PyList_GET_SIZE(layers), m->n_layer);
+        return -1;
+    }
+    npy_intp ed[2];
+    if (!(m->tok_embd = keep_f32(self, emb, 2, "tok_embd", ed))) return -1;
+    if ((size_t)ed[0] != m->n_vocab || (size_t)ed[1] != m->n_embd) {
+        PyErr_SetString(PyExc_ValueError, "tok_embd shape does not match (n_vocab, n_embd)");
+        return -1;
+    }
+    if (!(m->out_norm = keep_f32(self, onorm, 1, "out_norm", NULL))) return -1;
+    if (parse_linear(self, out, &m->output, "output") < 0) return -1;
+    PyMem_Free(self->layers);
+    self->layers = PyMem_Calloc(m->n_layer ? m->n_layer : 1, sizeof(ork_layer));
+    if (!self->layers) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    static const char *lin_names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+    for (size_t i = 0; i < m->n_layer; i++) {
+        PyObject *d = PyList_GET_ITEM(layers, (Py_ssize_t)i);
+        if (!PyDict_Check(d)) {
+            PyErr_Format(PyExc_TypeError, "layer %zu must be a dict", i);
+            return -1;
+        }
+        ork_layer *L = &self->layers[i];
+        ork_linear *lins[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        if (!(L->attn_norm = opt_vec(self, d, "attn_norm")) || !(L->ffn_norm = opt_vec(self, d, "ffn_norm"))) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "layer %zu is missing a norm", i);
+            return -1;
+        }
+        L->q_norm = opt_vec(self, d, "q_norm");
+        if (PyErr_Occurred()) return -1;
+        L->k_norm = opt_vec(self, d, "k_norm");
+        if (PyErr_Occurred()) return -1;
+        for (int j = 0; j < 7; j++) {
+            PyObject *spec = PyDict_GetItemString(d, lin_names[j]);
+            if (!spec) {
+                PyErr_Format(PyExc_KeyError, "layer %zu is missing '%s'", i, lin_names[j]);
+                return -1;
+            }
+            if (parse_linear(self, spec, lins[j], lin_names[j]) < 0) return -1;
+        }
+    }
+    m->layers = self->layers;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_model_check(m, &err);
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        return -1;
+    }
+    return 0;
+}
+
+static PyArrayObject *tokens_arg(PyObject *obj) {
+    PyArrayObject *t = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (!t) return NULL;
+    if (PyArray_NDIM(t) != 1 || PyArray_DIM(t, 0) < 1) {
+        PyErr_SetString(PyExc_ValueError, "tokens must be a non-empty 1-D integer array");
+        Py_DECREF(t);
+        return NULL;
+    }
+    return t;
+}
+
+static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"tokens", "first", "threads", NULL};
+    PyObject *tok_obj;
+    Py_ssize_t first = 0;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ni:forward", kwlist, &tok_obj, &first, &threads)) return NULL;
+    if (orkpy_check_threads(threads) < 0) return NULL;
+    PyArrayObject *t = tokens_arg(tok_obj);
+    if (!t) return NULL;
+    npy_intp T = PyArray_DIM(t, 0);
+    if (first < 0 || first >= T) {
+        Py_DECREF(t);
+        return PyErr_Format(PyExc_ValueError, "first must be in [0, %zd), got %zd", (Py_ssize_t)T, first);
+    }
+    npy_intp dims[2] = {T - first, (npy_intp)self->m.n_vocab};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (!out) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
+                           (float *)PyArray_DATA(out), threads, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(t);
+    if (st != ORK_OK) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)out;
+}
+
+PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *l_obj, *t_obj;
+    if (!PyArg_ParseTuple(args, "OO:nll_rows", &l_obj, &t_obj)) return NULL;
+    PyArrayObject *l = orkpy_as_exact(l_obj, NPY_FLOAT32, 2, "logits");
+    if (!l) return NULL;
+    PyArrayObject *t = tokens_arg(t_obj);
+    if (!t) {
+        Py_DECREF(l);
+        return NULL;
+    }
+    npy_intp rows = PyArray_DIM(l, 0);
+    if (PyArray_DIM(t, 0) != rows) {
+        Py_DECREF(l);
+        Py_DECREF(t);
+        return PyErr_Format(PyExc_ValueError, "%zd targets for %zd logit rows", (Py_ssize_t)PyArray_DIM(t, 0),
+                            (Py_ssize_t)rows);
+    }
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, &rows, NPY_FLOAT64);
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ORK_ENOMEM;
+    if (out) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_nll_rows((const float *)PyArray_DATA(l), (size_t)rows, (size_t)PyArray_DIM(l, 1),
+                          (const int32_t *)PyArray_DATA(t), (double *)PyArray_DATA(out), &err);
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(l);
+    Py_DECREF(t);
+    if (!out) return NULL;
+    if (st != ORK_OK) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)out;
+}
+
+static PyMethodDef fwd_methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(tokens, first=0, threads=0) -> float32 logits (T - first, n_vocab)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FwdType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.ForwardModel",
+    .tp_basicsize = sizeof(FwdObject),
+    .tp_dealloc = (destructor)fwd_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ForwardModel(hparams, tok_embd, out_norm, output, layers): the C forward pass",
+    .tp_methods = fwd_methods,
+    .tp_init = (initproc)fwd_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int orkpy_model_init(PyObject *module) {
+    if (PyType_Ready(&FwdType) < 0) return -1;
+    Py_INCREF(&FwdType);
+    if (PyModule_AddObject(module, "ForwardModel", (PyObject *)&FwdType) < 0) {
+        Py_DECREF(&FwdType);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,202 @@
+"""Models: a Llama / Qwen3 forward pass in C with a weight path per linear tensor.
+
+``load_model(path, weights="gguf")`` reads a GGUF file (architectures
+``llama`` and ``qwen3``). ``weights`` says which path each linear layer runs
+on -- one way, three spellings:
+
+- a path name for every linear tensor: ``"fp32"``, ``"gguf"``, ``"int8"``,
+  ``"nf4"`` or ``"int4"``;
+- a dict ``{tensor name: path}`` (``"default"`` sets the rest; without it the
+  rest is ``"gguf"``);
+- a :class:`~orkpy.TierMap`: int8 tier -> ``"int8"``, int4 tier -> ``int4_kind``
+  (``"nf4"`` by default), float tier -> ``"gguf"``.
+
+Paths: ``fp32`` and ``gguf`` both multiply in float32 with the tensor's
+float values (for F32/F16/BF16 files the source values; for quantized files
+the values dequantized from the file's own type, i.e. "the GGUF's native
+precision"; orkpy does not emulate llama.cpp's activation quantization).
+``int8`` / ``nf4`` / ``int4`` quantize those float values with
+:func:`orkpy.quantize` (per-channel absmax) and run the packed int8 kernels
+(w8a8 / i4a8, int8 activations per token).
+
+The linear tensors are ``attn_q, attn_k, attn_v, attn_output, ffn_gate,
+ffn_up, ffn_down`` of every block and the head ``output.weight`` (a tied
+model's head is ``token_embd.weight``; its path is still set under the name
+``output.weight``). The embedding lookup and the norms are always float32.
+
+Memory: F32 tensors are used in place from the memory-mapped file; other
+types are dequantized to float32 once (4 bytes per weight) and packed paths
+add their packed copy (1 or 0.5 byte per weight) while the float copy of a
+packed tensor is dropped. For a 1.7B-parameter model on the "gguf" path of
+an F16 file that is about 4 x 1.7e9 = 6.8 GB of float32 weights plus the
+mapped 3.4 GB file (pages of which the OS can drop); on all-int8 paths about
+1.7 GB of packed weights plus the 0.6 GB float32 embedding table.
+"""
+import os
+
+import numpy as np
+
+from . import _core
+from .gguf import GGUFFile
+from .packed import pack
+from .quant import quantize
+from .tiermap import TierMap
+
+PATHS = ("fp32", "gguf", "int8", "nf4", "int4")
+ARCHS = ("llama", "qwen3")
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_ROPE = {"llama": 0, "qwen3": 2}  # NORM, NEOX (llama.cpp's rope types)
+
+
+def _hparams(g):
+    md = g.metadata
+    arch = md.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+
+    def get(key, default=None):
+        v = md.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ValueError(f"{g.path}: metadata key '{arch}.{key}' is missing")
+        return v
+
+    n_embd = int(get("embedding_length"))
+    n_head = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", n_embd // n_head))
+    scale = 1.0
+    if md.get(f"{arch}.rope.scaling.type", "none") == "linear":
+        scale = 1.0 / float(get("rope.scaling.factor"))
+    emb = g.tensor_info("token_embd.weight")
+    return {
+        "arch": arch,
+        "n_layer": int(get("block_count")),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": int(get("attention.head_count_kv", n_head)),
+        "head_dim": head_dim,
+        "n_ff": int(get("feed_forward_length")),
+        "n_vocab": int(emb.shape[0]),
+        "n_rot": int(get("rope.dimension_count", head_dim)),
+        "rope_type": _ROPE[arch],
+        "rope_base": float(get("rope.freq_base", 10000.0)),
+        "rope_freq_scale": scale,
+        "norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "n_ctx_train": int(get("context_length", 0)),
+    }
+
+
+def linear_names(hp, tied):
+    names = [f"blk.{i}.{t}.weight" for i in range(hp["n_layer"]) for t in LINEARS]
+    return names + ["output.weight"]
+
+
+def resolve_paths(weights, names, int4_kind="nf4"):
+    """{linear tensor name: path} from the ``weights`` argument (see module doc)."""
+    if int4_kind not in ("nf4", "int4"):
+        raise ValueError(f"int4_kind must be 'nf4' or 'int4', got {int4_kind!r}")
+    if isinstance(weights, str):
+        if weights not in PATHS:
+            raise ValueError(f"unknown weight path {weights!r} (expected one of {', '.join(PATHS)})")
+        return {n: weights for n in names}
+    if isinstance(weights, TierMap):
+        out = {}
+        for n in names:
+            key = n if n in weights else ("token_embd.weight" if n == "output.weight" else n)
+            tier = weights[key] if key in weights else "float"
+            out[n] = {"int8": "int8", "int4": int4_kind, "float": "gguf"}[tier]
+        return out
+    if isinstance(weights, dict):
+        default = weights.get("default", "gguf")
+        unknown = set(weights) - set(names) - {"default"}
+        if unknown:
+            raise ValueError(f"weights names tensors that are not linear layers of this model: {sorted(unknown)[:5]}")
+        out = {n: weights.get(n, default) for n in names}
+        bad = {p for p in out.values() if p not in PATHS}
+        if bad:
+            raise ValueError(f"unknown weight path(s) {sorted(bad)} (expected one of {', '.join(PATHS)})")
+        return out
+    raise TypeError(f"weights must be a path name, a dict or a TierMap, got {type(weights).__name__}")
+
+
+def _float_tensor(g, name):
+    t = g.tensor_info(name)
+    if t.type == "F32":  # used in place, no copy
+        return g.raw(name).view(np.float32).reshape(t.shape)
+    return g.tensor(name)
+
+
+def _linear_spec(w, path, threads, per_tensor_act=False):
+    if path in ("fp32", "gguf"):
+        return ("f32", np.ascontiguousarray(w, dtype=np.float32))
+    pw = pack(quantize(w, path, threads=threads))
+    return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, per_tensor_act)
+
+
+class Model:
+    """A loaded model: ``forward(tokens, first=0)`` -> float32 logits for
+    positions ``first..T-1``; ``hparams``, ``paths`` (tensor -> weight path),
+    ``config`` (a JSON-able description), ``tokenizer`` (from the GGUF)."""
+
+    def __init__(self, path, hparams, paths, fwd, gguf, tied):
+        self.path = path
+        self.hparams = hparams
+        self.paths = paths
+        self._fwd = fwd
+        self._gguf = gguf
+        self.tied = tied
+        self._tokenizer = None
+
+    @property
+    def n_vocab(self):
+        return self.hparams["n_vocab"]
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer.from_gguf(self._gguf)
+        return self._tokenizer
+
+    @property
+    def config(self):
+        counts = {}
+        for p in self.paths.values():
+            counts[p] = counts.get(p, 0) + 1
+        return {"model": os.path.basename(self.path), "arch": self.hparams["arch"], "weight_paths": counts,
+                "tied_output": self.tied}
+
+    def forward(self, tokens, first=0, threads=None):
+        return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads))
+
+    def __repr__(self):
+        return f"Model({os.path.basename(self.path)!r}, arch={self.hparams['arch']!r}, paths={self.config['weight_paths']})"
+
+
+def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=None):
+    """Load a GGUF model with a weight path per linear tensor (see module doc)."""
+    if act not in ("per_token", "per_tensor"):
+        raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
+    g = GGUFFile(path)
+    hp = _hparams(g)
+    tied = "output.weight" not in g
+    names = linear_names(hp, tied)
+    paths = resolve_paths(weights, names, int4_kind)
+    nthreads = None if threads is None else int(threads)
+    pt = act == "per_tensor"
+    emb = _float_tensor(g, "token_embd.weight")
+    layers = []
+    for i in range(hp["n_layer"]):
+        p = f"blk.{i}."
+        L = {"attn_norm": _float_tensor(g, p + "attn_norm.weight"), "ffn_norm": _float_tensor(g, p + "ffn_norm.weight")}
+        if hp["arch"] == "qwen3":
+            L["q_norm"] = _float_tensor(g, p + "attn_q_norm.weight")
+            L["k_norm"] = _float_tensor(g, p + "attn_k_norm.weight")
+        for key, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), LINEARS):
+            name = f"{p}{t}.weight"
+            L[key] = _linear_spec(_float_tensor(g, name), paths[name], nthreads, pt)
+        layers.append(L)
+    head = emb if tied else _float_tensor(g, "output.weight")
+    out = _linear_spec(head, paths["output.weight"], nthreads, pt)
+    fwd = _core.ForwardModel({k: v for k, v in hp.items() if k not in ("arch", "n_ctx_train")}, emb,
+                             _float_tensor(g, "output_norm.weight"), out, layers)
+    return Model(os.fspath(path), hp, paths, fwd, g, tied)

@@ -1,0 +1,173 @@
+"""The C forward pass against an independent NumPy implementation on tiny
+1-layer models (llama and qwen3 layouts), hand-checkable special cases,
+causality, weight paths and bad input."""
+import numpy as np
+import pytest
+
+import orkpy
+from ggufgen import FLOAT32, STRING, UINT32, build, kv
+from orkpy.model import load_model
+
+
+def tiny_gguf(tmp_path, arch="llama", seed=0, zero_residual=False, tied=False):
+    rng = np.random.default_rng(seed)
+    D, F, H, HKV, V = 16, 24, 4, 2, 40
+    hd = 8 if arch == "qwen3" else D // H
+    T = {}
+    T["token_embd.weight"] = rng.standard_normal((V, D))
+    T["output_norm.weight"] = 1 + 0.1 * rng.standard_normal(D)
+    if not tied:
+        T["output.weight"] = rng.standard_normal((V, D)) * 0.3
+    T["blk.0.attn_norm.weight"] = 1 + 0.1 * rng.standard_normal(D)
+    T["blk.0.attn_q.weight"] = rng.standard_normal((H * hd, D)) * 0.3
+    T["blk.0.attn_k.weight"] = rng.standard_normal((HKV * hd, D)) * 0.3
+    T["blk.0.attn_v.weight"] = rng.standard_normal((HKV * hd, D)) * 0.3
+    T["blk.0.attn_output.weight"] = rng.standard_normal((D, H * hd)) * 0.3 * (0 if zero_residual else 1)
+    T["blk.0.ffn_norm.weight"] = 1 + 0.1 * rng.standard_normal(D)
+    T["blk.0.ffn_gate.weight"] = rng.standard_normal((F, D)) * 0.3
+    T["blk.0.ffn_up.weight"] = rng.standard_normal((F, D)) * 0.3
+    T["blk.0.ffn_down.weight"] = rng.standard_normal((D, F)) * 0.3 * (0 if zero_residual else 1)
+    if arch == "qwen3":
+        T["blk.0.attn_q_norm.weight"] = 1 + 0.1 * rng.standard_normal(hd)
+        T["blk.0.attn_k_norm.weight"] = 1 + 0.1 * rng.standard_normal(hd)
+    T = {k: v.astype(np.float32) for k, v in T.items()}
+    kvs = [kv("general.architecture", STRING, arch), kv(f"{arch}.block_count", UINT32, 1),
+           kv(f"{arch}.embedding_length", UINT32, D), kv(f"{arch}.feed_forward_length", UINT32, F),
+           kv(f"{arch}.attention.head_count", UINT32, H), kv(f"{arch}.attention.head_count_kv", UINT32, HKV),
+           kv(f"{arch}.attention.layer_norm_rms_epsilon", FLOAT32, 1e-5), kv(f"{arch}.context_length", UINT32, 64),
+           kv(f"{arch}.rope.freq_base", FLOAT32, 10000.0)]
+    if arch == "qwen3":
+        kvs.append(kv(f"{arch}.attention.key_length", UINT32, hd))
+    else:
+        kvs.append(kv(f"{arch}.rope.dimension_count", UINT32, hd))
+    tensors = [(n, tuple(reversed(a.shape)), 0, a.tobytes()) for n, a in T.items()]
+    data, _ = build(kvs, tensors)
+    p = tmp_path / f"tiny-{arch}.gguf"
+    p.write_bytes(data)
+    return p, T, dict(D=D, F=F, H=H, HKV=HKV, V=V, hd=hd, arch=arch)
+
+
+def np_forward(T, c, tokens, tied=False):
+    """Independent NumPy (float64) implementation of the documented forward pass."""
+    eps = 1e-5
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(v, pos, neox):
+        d = v.shape[-1]
+        out = v.copy()
+        for i in range(d // 2):
+            th = pos * 10000.0 ** (-2 * i / d)
+            a, b = (i, i + d // 2) if neox else (2 * i, 2 * i + 1)
+            out[..., a] = v[..., a] * np.cos(th) - v[..., b] * np.sin(th)
+            out[..., b] = v[..., a] * np.sin(th) + v[..., b] * np.cos(th)
+        return out
+
+    H, HKV, hd, n = c["H"], c["HKV"], c["hd"], len(tokens)
+    W = {k: v.astype(np.float64) for k, v in T.items()}
+    x = W["token_embd.weight"][tokens]
+    h = rms(x, W["blk.0.attn_norm.weight"])
+    q = (h @ W["blk.0.attn_q.weight"].T).reshape(n, H, hd)
+    k = (h @ W["blk.0.attn_k.weight"].T).reshape(n, HKV, hd)
+    v = (h @ W["blk.0.attn_v.weight"].T).reshape(n, HKV, hd)
+    neox = c["arch"] == "qwen3"
+    if neox:
+        q = rms(q, W["blk.0.attn_q_norm.weight"])
+        k = rms(k, W["blk.0.attn_k_norm.weight"])
+    for t in range(n):
+        q[t] = rope(q[t], t, neox)
+        k[t] = rope(k[t], t, neox)
+    att = np.zeros((n, H, hd))
+    for hh in range(H):
+        kh = hh // (H // HKV)
+        s = q[:, hh] @ k[:, kh].T / np.sqrt(hd)
+        s = s + np.triu(np.full((n, n), -np.inf), 1)
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        att[:, hh] = p @ v[:, kh]
+    x = x + att.reshape(n, H * hd) @ W["blk.0.attn_output.weight"].T
+    h = rms(x, W["blk.0.ffn_norm.weight"])
+    g, u = h @ W["blk.0.ffn_gate.weight"].T, h @ W["blk.0.ffn_up.weight"].T
+    x = x + (g / (1 + np.exp(-g)) * u) @ W["blk.0.ffn_down.weight"].T
+    head = W["token_embd.weight"] if tied else W["output.weight"]
+    return rms(x, W["output_norm.weight"]) @ head.T
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_forward_matches_numpy_reference(tmp_path, arch, tied):
+    p, T, c = tiny_gguf(tmp_path, arch, tied=tied)
+    m = load_model(p)
+    assert m.tied == tied and m.hparams["rope_type"] == (2 if arch == "qwen3" else 0)
+    tokens = np.array([3, 17, 5, 39, 0, 22, 22, 8, 1, 30, 12], np.int32)
+    got = m.forward(tokens)
+    want = np_forward(T, c, tokens, tied)
+    assert got.shape == (len(tokens), c["V"])
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    assert np.array_equal(m.forward(tokens, first=4), got[4:])
+
+
+def test_hand_checked_zero_residual(tmp_path):
+    """With attn_output and ffn_down zero, the block adds nothing: the logits are
+    rmsnorm(embedding) * out_norm times the head, which we compute by hand."""
+    p, T, c = tiny_gguf(tmp_path, zero_residual=True)
+    m = load_model(p)
+    e = T["token_embd.weight"][7].astype(np.float64)
+    hand = (e / np.sqrt(np.mean(e * e) + 1e-5) * T["output_norm.weight"]) @ T["output.weight"].T.astype(np.float64)
+    got = m.forward(np.array([7, 7, 7]))
+    for row in got:
+        np.testing.assert_allclose(row, hand, rtol=1e-5, atol=1e-5)
+
+
+def test_causality_and_thread_independence(tmp_path):
+    p, T, c = tiny_gguf(tmp_path, "qwen3")
+    m = load_model(p)
+    a = m.forward(np.array([1, 2, 3, 4, 5, 6]), threads=1)
+    b = m.forward(np.array([1, 2, 3, 9, 9, 9]), threads=3)
+    assert np.array_equal(a[:3], b[:3])  # earlier positions never see later tokens
+    assert not np.allclose(a[3:], b[3:])
+    assert np.array_equal(a, m.forward(np.array([1, 2, 3, 4, 5, 6]), threads=2))
+
+
+@pytest.mark.parametrize("path", ["int8", "nf4", "int4"])
+def test_packed_paths_close_to_float(tmp_path, path):
+    p, T, c = tiny_gguf(tmp_path)
+    tokens = np.arange(12) % 40
+    ref = load_model(p).forward(tokens)
+    m = load_model(p, weights=path)
+    assert set(m.paths.values()) == {path}
+    got = m.forward(tokens)
+    rel = np.abs(got - ref).mean() / np.abs(ref).mean()
+    assert rel < (0.03 if path == "int8" else 0.3)
+    assert not np.array_equal(got, ref)
+
+
+def test_weights_dict_and_tiermap(tmp_path, shared):
+    p, T, c = tiny_gguf(tmp_path)
+    m = load_model(p, weights={"default": "int8", "output.weight": "fp32"})
+    assert m.paths["output.weight"] == "fp32" and m.paths["blk.0.attn_q.weight"] == "int8"
+    with pytest.raises(ValueError, match="not linear layers"):
+        load_model(p, weights={"blk.0.attn_norm.weight": "int8"})
+    with pytest.raises(ValueError, match="unknown weight path"):
+        load_model(p, weights="int3")
+    tm = orkpy.tier_map(shared / "models/stories260K/stories260K-Q4_0.gguf")
+    m = load_model(shared / "models/stories260K/stories260K-F32.gguf", weights=tm)
+    assert all(m.paths[n] == "int8" for n in m.paths if "ffn_down" in n)
+    assert all(m.paths[n] == "nf4" for n in m.paths if "attn_q" in n)
+
+
+def test_bad_input(tmp_path):
+    p, T, c = tiny_gguf(tmp_path)
+    m = load_model(p)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        m.forward(np.array([1, 40]))
+    with pytest.raises(ValueError, match="first"):
+        m.forward(np.array([1, 2]), first=2)
+    with pytest.raises(ValueError, match="non-empty"):
+        m.forward(np.array([], np.int32))
+    bad = tmp_path / "bad.gguf"
+    data, _ = build([kv("general.architecture", STRING, "gptj")], [])
+    bad.write_bytes(data)
+    with pytest.raises(ValueError, match="not supported"):
+        load_model(bad)
