@@ -7,7 +7,9 @@ Python policy: argument checks, dataclasses, reports and the CLI.
 from ._core import FormatError, GGUFError, UnavailableError
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
+from .model import Model, load_model
 from .packed import PackedWeight, load_packed, pack, save_packed
+from .ppl import PPLResult, perplexity
 from .tiermap import TierEntry, TierMap, tier_map
 from .quant import (
     DEFAULT_CLIP_GRID,
@@ -36,7 +38,9 @@ __all__ = [
     "tier_map",
     "INT4_LEVELS",
     "KINDS",
+    "Model",
     "NF4_LEVELS",
+    "PPLResult",
     "PackedWeight",
     "QuantizedTensor",
     "SafetensorsError",
@@ -44,9 +48,11 @@ __all__ = [
     "capabilities",
     "dequantize",
     "load_safetensors",
+    "load_model",
     "load_packed",
     "lut",
     "pack",
+    "perplexity",
     "quantize",
     "save_packed",
     "set_isa",

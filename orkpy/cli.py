@@ -93,6 +93,46 @@ def _cmd_tier_map(args):
     return 0
 
 
+def read_text_like_llama_cpp(path):
+    """A text file as llama-perplexity -f reads it: UTF-8, one trailing newline dropped."""
+    with open(path, "r", encoding="utf-8", newline="") as f:
+        text = f.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _weights_arg(spec):
+    """--weights: a path name, an emit-map file, or a GGUF whose types allocate the tiers."""
+    import os
+
+    from .model import PATHS
+    from .tiermap import TierMap, tier_map
+    if spec in PATHS:
+        return spec
+    if not os.path.exists(spec):
+        raise ValueError(f"--weights {spec!r} is neither a path name ({', '.join(PATHS)}) nor a file")
+    if spec.endswith(".gguf"):
+        return tier_map(spec)
+    return TierMap.load(spec)
+
+
+def _cmd_ppl(args):
+    from .model import load_model
+    from .ppl import perplexity
+
+    model = load_model(args.model, weights=_weights_arg(args.weights), int4_kind=args.int4_kind,
+                       threads=args.threads)
+    text = read_text_like_llama_cpp(args.text)
+    r = perplexity(model, text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
+                   progress=not args.no_progress, save_logprobs=args.save_logprobs, kld_base=args.kld_base)
+    if args.json:
+        print(r.to_json(indent=2))
+    else:
+        print(f"{model}")
+        print(f"tokens {r.n_tokens}, {r.chunks} chunks of {r.n_ctx}, {r.scored} scored")
+        print(f"Final estimate: {r}")
+    return 0
+
+
 def _positive_int(s):
     v = int(s)
     if v < 1:
@@ -117,6 +157,21 @@ def build_parser():
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=_cmd_quant_report)
+    s = sub.add_parser("ppl", help="perplexity with llama-perplexity's method (and KL-divergence mode)")
+    s.add_argument("model", help="GGUF model (llama or qwen3)")
+    s.add_argument("text", help="UTF-8 text file (one trailing newline is dropped, as llama-perplexity -f)")
+    s.add_argument("--ctx", type=_positive_int, default=512)
+    s.add_argument("--chunks", type=_positive_int, default=None)
+    s.add_argument("--weights", default="gguf",
+                   help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
+    s.add_argument("--int4-kind", choices=["nf4", "int4"], default="nf4")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--save-logprobs", metavar="FILE", help="store reference log-probs for a later --kld-base")
+    s.add_argument("--kld-base", metavar="FILE", help="report KL divergence against stored reference log-probs")
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_ppl)
+
     s = sub.add_parser("gguf-info", help="header, metadata and tensor table of a GGUF file")
     s.add_argument("file")
     s.set_defaults(func=_cmd_gguf_info)

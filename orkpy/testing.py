@@ -50,3 +50,34 @@ def best_time(fn, repeat):
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def synthetic_forward_model(n_layer=2, n_embd=2048, n_ff=6144, n_head=16, n_head_kv=8, head_dim=128,
+                            n_vocab=4096, path="fp32", seed=0, threads=None):
+    """A ForwardModel with random weights and a real architecture's layer shapes
+    (defaults: Qwen3-1.7B's), every linear on ``path`` (fp32, int8, nf4, int4).
+    For benchmarks: no file, no tokenizer."""
+    from . import _core
+    from .packed import pack
+    from .quant import quantize
+
+    rng = np.random.default_rng(seed)
+
+    def lin(N, K):
+        w = (rng.standard_normal((N, K), dtype=np.float32) * 0.02).astype(np.float32)
+        if path == "fp32":
+            return ("f32", w)
+        pw = pack(quantize(w, path, threads=threads))
+        return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, False)
+
+    qd, kvd = n_head * head_dim, n_head_kv * head_dim
+    ones = np.ones(n_embd, np.float32)
+    layers = [{"attn_norm": ones, "ffn_norm": ones, "q_norm": np.ones(head_dim, np.float32),
+               "k_norm": np.ones(head_dim, np.float32), "wq": lin(qd, n_embd), "wk": lin(kvd, n_embd),
+               "wv": lin(kvd, n_embd), "wo": lin(n_embd, qd), "w_gate": lin(n_ff, n_embd),
+               "w_up": lin(n_ff, n_embd), "w_down": lin(n_embd, n_ff)} for _ in range(n_layer)]
+    hp = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim,
+          "n_ff": n_ff, "n_vocab": n_vocab, "n_rot": head_dim, "rope_type": 2, "rope_base": 1e6,
+          "rope_freq_scale": 1.0, "norm_eps": 1e-6}
+    emb = rng.standard_normal((n_vocab, n_embd), dtype=np.float32)
+    return _core.ForwardModel(hp, emb, ones, lin(n_vocab, n_embd), layers)
