@@ -40,7 +40,8 @@ ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float
     if (l->path == ORK_LIN_F32) {
         gemm_job j = {x, l->w, M, l->N, l->K, y};
         size_t chunk = 16;
-        return ork_parallel_for(nthreads, l->N, chunk, gemm_cols, &j, err);
+        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 1 << 20);
+        return ork_parallel_for(nt, l->N, chunk, gemm_cols, &j, err);
     }
     return ork_matmul_f32(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->N, l->K, x, M, l->per_tensor_act, y,
                           nthreads, err);
@@ -191,7 +192,8 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
             }
         }
         attn_job aj = {m, q, k, v, a, T};
-        if ((st = ork_parallel_for(nthreads, m->n_head, 1, attn_heads, &aj, err))) goto done;
+        int nt = ork_pool_threads_for(nthreads, (double)T * (double)T * (double)qd, 1 << 20);
+        if ((st = ork_parallel_for(nt, m->n_head, 1, attn_heads, &aj, err))) goto done;
         if ((st = ork_linear_apply(&L->wo, a, T, tmp, nthreads, err))) goto done;
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);

@@ -184,7 +184,8 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
 static ork_status run_strips(mm_job *j, int nthreads, ork_err *err) {
     j->mk = ork_matmul_kernels_active();
     size_t NB = ork_pack_round32(j->N) / 32;
-    return ork_parallel_for(nthreads, NB, 1, mm_strips, j, err);
+    int nt = ork_pool_threads_for(nthreads, (double)j->M * (double)j->N * (double)j->KB * 32.0, 1 << 20);
+    return ork_parallel_for(nt, NB, 1, mm_strips, j, err);
 }
 
 ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16], size_t N, size_t K,

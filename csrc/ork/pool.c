@@ -27,6 +27,13 @@ int ork_pool_default_threads(void) {
     return (int)n;
 }
 
+int ork_pool_threads_for(int nthreads, double work, double min_per_thread) {
+    int n = nthreads <= 0 ? ork_pool_default_threads() : nthreads;
+    double fit = min_per_thread > 0 ? work / min_per_thread : (double)n;
+    if (fit < 1.0) return 1;
+    return fit < (double)n ? (int)fit : n;
+}
+
 static void *pool_worker(void *arg) {
     pool_job *job = (pool_job *)arg;
     for (;;) {

@@ -19,6 +19,11 @@ typedef ork_status (*ork_range_fn)(void *ctx, size_t begin, size_t end, ork_err 
 /* Number of online CPUs (>= 1). */
 int ork_pool_default_threads(void);
 
+/* Threads worth starting for `work` units (e.g. multiply-adds) when each
+ * thread should get at least `min_per_thread` of them: between 1 and the
+ * requested count (<= 0: all cores). Results never depend on it. */
+int ork_pool_threads_for(int nthreads, double work, double min_per_thread);
+
 /* nthreads <= 0 means ork_pool_default_threads(). chunk 0 means 1. */
 ork_status ork_parallel_for(int nthreads, size_t n, size_t chunk, ork_range_fn fn, void *ctx,
                             ork_err *err);
