@@ -22,6 +22,7 @@ from .quant import (
     quantize,
 )
 from .safetensors import SafetensorsError, load_safetensors
+from .tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "TensorInfo",
     "TierEntry",
     "TierMap",
+    "Tokenizer",
     "ggml_type_info",
     "tier_map",
     "INT4_LEVELS",
