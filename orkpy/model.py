@@ -64,8 +64,11 @@ def _hparams(g):
     n_head = int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", n_embd // n_head))
     scale = 1.0
-    if md.get(f"{arch}.rope.scaling.type", "none") == "linear":
+    scaling = md.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
         scale = 1.0 / float(get("rope.scaling.factor"))
+    elif scaling != "none":
+        raise NotImplementedError(f"{g.path}: RoPE scaling type {scaling!r} is not implemented (none, linear)")
     emb = g.tensor_info("token_embd.weight")
     return {
         "arch": arch,

@@ -171,3 +171,35 @@ def test_bad_input(tmp_path):
     bad.write_bytes(data)
     with pytest.raises(ValueError, match="not supported"):
         load_model(bad)
+
+
+def test_rope_scaling_from_metadata(tmp_path):
+    assert load_model(_tiny_with(tmp_path, [])).hparams["rope_freq_scale"] == 1.0
+    # linear scaling divides positions by the factor; yarn is refused, not ignored
+    for typ, ok in (("linear", True), ("yarn", False)):
+        extra = [kv("llama.rope.scaling.type", STRING, typ), kv("llama.rope.scaling.factor", FLOAT32, 4.0)]
+        q = _tiny_with(tmp_path, extra)
+        if ok:
+            assert load_model(q).hparams["rope_freq_scale"] == 0.25
+        else:
+            with pytest.raises(NotImplementedError, match="yarn"):
+                load_model(q)
+
+
+def _tiny_with(tmp_path, extra_kvs):
+    rng = np.random.default_rng(0)
+    D, F, H, V = 8, 8, 2, 16
+    T = {"token_embd.weight": rng.standard_normal((V, D)), "output_norm.weight": np.ones(D),
+         "blk.0.attn_norm.weight": np.ones(D), "blk.0.ffn_norm.weight": np.ones(D),
+         "blk.0.attn_q.weight": rng.standard_normal((D, D)), "blk.0.attn_k.weight": rng.standard_normal((D, D)),
+         "blk.0.attn_v.weight": rng.standard_normal((D, D)), "blk.0.attn_output.weight": rng.standard_normal((D, D)),
+         "blk.0.ffn_gate.weight": rng.standard_normal((F, D)), "blk.0.ffn_up.weight": rng.standard_normal((F, D)),
+         "blk.0.ffn_down.weight": rng.standard_normal((D, F))}
+    kvs = [kv("general.architecture", STRING, "llama"), kv("llama.block_count", UINT32, 1),
+           kv("llama.embedding_length", UINT32, D), kv("llama.feed_forward_length", UINT32, F),
+           kv("llama.attention.head_count", UINT32, H), kv("llama.attention.layer_norm_rms_epsilon", FLOAT32, 1e-5)]
+    tensors = [(n, tuple(reversed(a.shape)), 0, a.astype(np.float32).tobytes()) for n, a in T.items()]
+    data, _ = build(kvs + extra_kvs, tensors)
+    p = tmp_path / f"scaled-{len(extra_kvs)}-{abs(hash(bytes(data))) % 10**8}.gguf"
+    p.write_bytes(data)
+    return p
