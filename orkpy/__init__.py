@@ -7,6 +7,8 @@ Python policy: argument checks, dataclasses, reports and the CLI.
 from ._core import FormatError, GGUFError, UnavailableError
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
+from .gguf_write import write_gguf
+from .imatrix import Imatrix
 from .model import Model, load_model
 from .packed import PackedWeight, load_packed, pack, save_packed
 from .ppl import PPLResult, perplexity
@@ -32,6 +34,7 @@ __all__ = [
     "GGML_TYPES",
     "GGUFError",
     "GGUFFile",
+    "Imatrix",
     "TensorInfo",
     "TierEntry",
     "TierMap",
@@ -59,4 +62,5 @@ __all__ = [
     "save_packed",
     "set_isa",
     "use_isa",
+    "write_gguf",
 ]

@@ -1,6 +1,7 @@
 """orkpy's command line: ``orkpy COMMAND ...`` or ``python -m orkpy COMMAND``."""
 import argparse
 import json
+import os
 import sys
 
 from . import __version__
@@ -133,6 +134,30 @@ def _cmd_ppl(args):
     return 0
 
 
+def _cmd_gate(args):
+    from .gate import format_gate, run_gate
+
+    synthetic = args.model is None
+    if synthetic:
+        if args.alloc or args.text:
+            raise ValueError("give MODEL ALLOC TEXT together, or none of them for the synthetic model")
+        import tempfile
+
+        from .synthetic import make_synthetic
+        paths = make_synthetic(tempfile.mkdtemp(prefix="orkpy-synthetic-"))
+        print("no model given: generated a seeded synthetic Llama-layout model (random weights; its PPL means "
+              f"nothing, it proves the pipeline) in {os.path.dirname(paths['model'])}")
+        args.model, args.alloc, args.text = paths["model"], paths["alloc"], paths["text"]
+    elif not (args.alloc and args.text):
+        raise ValueError("usage: orkpy gate MODEL_F16 ALLOC_GGUF|MAP TEXT [--calib TEXT]")
+    rows, out_dir = run_gate(args.model, args.alloc, args.text, calib_path=args.calib, n_ctx=args.ctx,
+                             chunks=args.chunks, calib_chunks=args.calib_chunks, kind=args.kind, out_dir=args.out,
+                             threads=args.threads, progress=not args.no_progress)
+    print(format_gate(rows, synthetic=synthetic))
+    print(f"models and reference log-probs in {out_dir}")
+    return 0
+
+
 def _positive_int(s):
     v = int(s)
     if v < 1:
@@ -171,6 +196,20 @@ def build_parser():
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_ppl)
+
+    s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
+    s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")
+    s.add_argument("alloc", nargs="?", help="a llama.cpp mixed GGUF (allocation oracle) or an emit-map file")
+    s.add_argument("text", nargs="?", help="evaluation text")
+    s.add_argument("--calib", help="calibration text for the imatrix (default: the evaluation text)")
+    s.add_argument("--ctx", type=_positive_int, default=256)
+    s.add_argument("--chunks", type=_positive_int, default=None)
+    s.add_argument("--calib-chunks", type=_positive_int, default=None)
+    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4")
+    s.add_argument("--out", help="folder for the quantized models (default: a temporary folder)")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=_cmd_gate)
 
     s = sub.add_parser("gguf-info", help="header, metadata and tensor table of a GGUF file")
     s.add_argument("file")

@@ -175,10 +175,33 @@ class Model:
         return f"Model({os.path.basename(self.path)!r}, arch={self.hparams['arch']!r}, paths={self.config['weight_paths']})"
 
 
+def _assemble(g, hp, spec_of, float_of=None):
+    """A ForwardModel from a GGUF's float tensors (embeddings, norms) and
+    spec_of(name) -> linear spec for every linear tensor name."""
+    float_of = float_of or (lambda name: _float_tensor(g, name))
+    emb = float_of("token_embd.weight")
+    layers = []
+    for i in range(hp["n_layer"]):
+        p = f"blk.{i}."
+        L = {"attn_norm": float_of(p + "attn_norm.weight"), "ffn_norm": float_of(p + "ffn_norm.weight")}
+        if hp["arch"] == "qwen3":
+            L["q_norm"] = float_of(p + "attn_q_norm.weight")
+            L["k_norm"] = float_of(p + "attn_k_norm.weight")
+        for key, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), LINEARS):
+            L[key] = spec_of(f"{p}{t}.weight")
+        layers.append(L)
+    return _core.ForwardModel({k: v for k, v in hp.items() if k not in ("arch", "n_ctx_train")}, emb,
+                              float_of("output_norm.weight"), spec_of("output.weight"), layers)
+
+
 def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=None):
-    """Load a GGUF model with a weight path per linear tensor (see module doc)."""
+    """Load a GGUF model with a weight path per linear tensor (see module doc),
+    or a quantized model directory written by ``QuantizedModel.save``."""
     if act not in ("per_token", "per_tensor"):
         raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
+    if os.path.isdir(path):
+        from .calibrate import load_quantized
+        return load_quantized(path, act=act)
     g = GGUFFile(path)
     hp = _hparams(g)
     tied = "output.weight" not in g
@@ -186,20 +209,9 @@ def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=N
     paths = resolve_paths(weights, names, int4_kind)
     nthreads = None if threads is None else int(threads)
     pt = act == "per_tensor"
-    emb = _float_tensor(g, "token_embd.weight")
-    layers = []
-    for i in range(hp["n_layer"]):
-        p = f"blk.{i}."
-        L = {"attn_norm": _float_tensor(g, p + "attn_norm.weight"), "ffn_norm": _float_tensor(g, p + "ffn_norm.weight")}
-        if hp["arch"] == "qwen3":
-            L["q_norm"] = _float_tensor(g, p + "attn_q_norm.weight")
-            L["k_norm"] = _float_tensor(g, p + "attn_k_norm.weight")
-        for key, t in zip(("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"), LINEARS):
-            name = f"{p}{t}.weight"
-            L[key] = _linear_spec(_float_tensor(g, name), paths[name], nthreads, pt)
-        layers.append(L)
-    head = emb if tied else _float_tensor(g, "output.weight")
-    out = _linear_spec(head, paths["output.weight"], nthreads, pt)
-    fwd = _core.ForwardModel({k: v for k, v in hp.items() if k not in ("arch", "n_ctx_train")}, emb,
-                             _float_tensor(g, "output_norm.weight"), out, layers)
-    return Model(os.fspath(path), hp, paths, fwd, g, tied)
+
+    def spec_of(name):
+        src = "token_embd.weight" if (name == "output.weight" and tied) else name
+        return _linear_spec(_float_tensor(g, src), paths[name], nthreads, pt)
+
+    return Model(os.fspath(path), hp, paths, _assemble(g, hp, spec_of), g, tied)

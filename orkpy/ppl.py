@@ -88,6 +88,8 @@ def perplexity(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, prog
                save_logprobs=None, kld_base=None, add_bos=None):
     """Perplexity of ``model`` (an :class:`orkpy.Model`) on a text or token ids."""
     t0 = time.perf_counter()
+    from .calibrate import _as_model
+    model = _as_model(model)
     if not isinstance(n_ctx, int) or n_ctx < 4 or n_ctx % 2:
         raise ValueError(f"n_ctx must be an even int >= 4, got {n_ctx!r}")
     tokens = tokens_for_ppl(model, text_or_tokens)

@@ -37,6 +37,13 @@ static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
 }
 
 ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    if (l->x2_sum) {
+        for (size_t m = 0; m < M; m++) {
+            const float *xr = x + m * l->K;
+            for (size_t k = 0; k < l->K; k++) l->x2_sum[k] += (double)xr[k] * (double)xr[k];
+        }
+        if (l->x2_count) *l->x2_count += M;
+    }
     if (l->path == ORK_LIN_F32) {
         gemm_job j = {x, l->w, M, l->N, l->K, y};
         size_t chunk = 16;

@@ -39,6 +39,11 @@ typedef struct ork_linear {
     const void *store;
     const float *bscale;
     int per_tensor_act;
+    /* optional importance statistics: when x2_sum is set, every application
+     * adds sum over rows of x[m][k]^2 to x2_sum[k] (double, rows in order)
+     * and the row count to *x2_count -- llama.cpp's imatrix in_sum2 / counts */
+    double *x2_sum;
+    uint64_t *x2_count;
 } ork_linear;
 
 typedef struct ork_layer {

@@ -20,9 +20,29 @@ typedef struct {
     ork_model m;
     ork_layer *layers;
     PyObject *keep; /* list of arrays the structs point into */
+    double *x2;     /* imatrix accumulators, all linears back to back (NULL when off) */
+    uint64_t *x2n;
 } FwdObject;
 
+/* every linear of the model, in a fixed order: layer by layer wq wk wv wo
+ * w_gate w_up w_down, then the output head */
+static size_t all_linears(FwdObject *self, ork_linear **out) {
+    size_t n = 0;
+    for (size_t i = 0; i < self->m.n_layer; i++) {
+        ork_layer *L = &self->layers[i];
+        ork_linear *ls[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int j = 0; j < 7; j++) {
+            if (out) out[n] = ls[j];
+            n++;
+        }
+    }
+    if (out) out[n] = &self->m.output;
+    return n + 1;
+}
+
 static void fwd_dealloc(FwdObject *self) {
+    PyMem_Free(self->x2);
+    PyMem_Free(self->x2n);
     PyMem_Free(self->layers);
     Py_XDECREF(self->keep);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -289,7 +309,66 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     return (PyObject *)out;
 }
 
+/* imatrix_enable(): start accumulating sum x^2 per input channel of every linear */
+static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    size_t n = all_linears(self, NULL);
+    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
+    if (!ls) return PyErr_NoMemory();
+    all_linears(self, ls);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += ls[i]->K;
+    PyMem_Free(self->x2);
+    PyMem_Free(self->x2n);
+    self->x2 = PyMem_Calloc(total ? total : 1, sizeof(double));
+    self->x2n = PyMem_Calloc(n, sizeof(uint64_t));
+    if (!self->x2 || !self->x2n) {
+        PyMem_Free(ls);
+        return PyErr_NoMemory();
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        ls[i]->x2_sum = self->x2 + off;
+        ls[i]->x2_count = &self->x2n[i];
+        off += ls[i]->K;
+    }
+    PyMem_Free(ls);
+    Py_RETURN_NONE;
+}
+
+/* imatrix_take() -> list of (sums float64 (K,), count) in all_linears order; stops accumulating */
+static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    if (!self->x2) return PyErr_Format(PyExc_RuntimeError, "imatrix collection is not enabled");
+    size_t n = all_linears(self, NULL);
+    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
+    if (!ls) return PyErr_NoMemory();
+    all_linears(self, ls);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        npy_intp K = (npy_intp)ls[i]->K;
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT64);
+        if (!a) {
+            Py_CLEAR(out);
+            break;
+        }
+        memcpy(PyArray_DATA(a), ls[i]->x2_sum, (size_t)K * sizeof(double));
+        PyList_SET_ITEM(out, (Py_ssize_t)i, Py_BuildValue("(NK)", a, (unsigned long long)*ls[i]->x2_count));
+    }
+    for (size_t i = 0; i < n; i++) ls[i]->x2_sum = NULL, ls[i]->x2_count = NULL;
+    PyMem_Free(ls);
+    PyMem_Free(self->x2);
+    PyMem_Free(self->x2n);
+    self->x2 = NULL;
+    self->x2n = NULL;
+    return out;
+}
+
 static PyMethodDef fwd_methods[] = {
+    {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
+     "start accumulating sum x^2 per input channel of every linear"},
+    {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,
+     "-> [(sums, count)] per linear (layer-major: wq wk wv wo w_gate w_up w_down, then output); stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(tokens, first=0, threads=0) -> float32 logits (T - first, n_vocab)"},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,335 @@
+"""Calibration and whole-model quantization.
+
+The product's workflow: the fp16 source supplies the weights, a llama.cpp
+mixed GGUF supplies only the allocation (its per-tensor types -> int8 / int4
+tiers; its quantized bytes are never used), an importance matrix gathered in
+the forward pass chooses the scales, and the result is persisted, reloaded and
+gated by perplexity.
+
+- ``collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None)``: sum of
+  squared input activations per input channel of every linear, accumulated
+  inside the C forward pass (llama.cpp's ``in_sum2`` / ``counts``; every token
+  of every chunk counts; the first token of a chunk is BOS when the vocabulary
+  adds one; the head is left out, as llama-imatrix does by default).
+- ``quantize_model(source, alloc, imatrix=None, kind="nf4", ...)``: int8-tier
+  linears -> per-channel int8, int4-tier linears -> NF4 (or uniform int4), both
+  with imatrix-chosen scales; embeddings and norms stay float.
+- ``QuantizedModel.save(dir)``: ``manifest.json`` (tensor -> tier, kind, file,
+  sha256; source / allocation / imatrix hashes; settings), one O4N1/O8N1 blob
+  per linear, and ``float.gguf`` (the source's metadata, embeddings, norms),
+  written to a temporary directory and renamed into place.
+  ``orkpy.load_model(dir)`` verifies every checksum and refuses a mismatch.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+from ._core import FormatError
+from .gguf import GGUFFile
+from .model import LINEARS, Model, _assemble, _float_tensor, _hparams, linear_names
+from .packed import PackedWeight, load_packed, pack, save_packed
+from .quant import quantize
+from .tiermap import TierMap, tier_map
+
+MANIFEST = "manifest.json"
+FORMAT = "orkpy-quantized-model"
+VERSION = 1
+_FLOAT_SOURCE = {"F32", "F16", "BF16"}
+
+
+def _progress(total, desc, enabled, unit):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr)
+    except ImportError:
+        return None
+
+
+def sha256_file(path, bufsize=1 << 22):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(bufsize)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _as_model(model):
+    if isinstance(model, QuantizedModel):
+        return model.to_model()
+    if not isinstance(model, Model):
+        raise TypeError(f"expected an orkpy.Model or QuantizedModel, got {type(model).__name__}")
+    return model
+
+
+# ---------------------------------------------------------------- imatrix --
+
+def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, progress=True):
+    """Importance matrix of every linear weight (except the head) on a text."""
+    from .imatrix import Imatrix
+    from .ppl import tokens_for_ppl
+
+    model = _as_model(model)
+    tokens = tokens_for_ppl(model, text_or_tokens)
+    if not isinstance(n_ctx, int) or n_ctx < 2:
+        raise ValueError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
+    n_chunk = len(tokens) // n_ctx
+    if chunks is not None:
+        if not isinstance(chunks, int) or chunks < 1:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        n_chunk = min(n_chunk, chunks)
+    if n_chunk < 1:
+        raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    fwd = model._fwd
+    fwd.imatrix_enable()
+    bar = _progress(n_chunk, "imatrix", progress, "chunk")
+    try:
+        for c in range(n_chunk):
+            chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
+            if bos is not None:
+                chunk[0] = bos
+            fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        stats = fwd.imatrix_take()
+        if bar is not None:
+            bar.close()
+    names = [f"blk.{i}.{t}.weight" for i in range(model.hparams["n_layer"]) for t in LINEARS]
+    im = Imatrix()
+    for name, (sums, count) in zip(names, stats[:-1]):  # the head (last) is left out
+        im.add(name, sums, int(count))
+    im.chunks = n_chunk
+    im.chunk_size = n_ctx
+    return im
+
+
+# ------------------------------------------------------ whole-model quant --
+
+class QuantizedModel:
+    """Linear weights quantized per tier (``tensors``: name -> PackedWeight), the
+    float source they came from, and the settings; ``save``, ``to_model``."""
+
+    def __init__(self, source, tensors, tiers, settings, hashes, double_quant):
+        self.source = source
+        self.tensors = tensors
+        self.tiers = tiers
+        self.settings = settings
+        self.hashes = hashes
+        self.double_quant = double_quant
+        self._model = None
+
+    def result_bytes(self):
+        out = {"int8": 0, "int4": 0}
+        for name, pw in self.tensors.items():
+            out["int8" if pw.kind == "int8" else "int4"] += pw.nbytes
+        return out
+
+    def int8_share(self):
+        b = self.result_bytes()
+        t = b["int8"] + b["int4"]
+        return b["int8"] / t if t else 0.0
+
+    def to_model(self, act="per_token"):
+        if self._model is None:
+            g = GGUFFile(self.source)
+            hp = _hparams(g)
+            pt = act == "per_tensor"
+
+            def spec_of(name):
+                pw = self.tensors[name]
+                return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
+            paths = {n: pw.kind for n, pw in self.tensors.items()}
+            self._model = Model(self.source, hp, paths, _assemble(g, hp, spec_of), g,
+                                "output.weight" not in g)
+        return self._model
+
+    def save(self, path, overwrite=False):
+        """Write the model directory atomically (temp dir + rename)."""
+        from .gguf_write import metadata_triples, write_gguf
+
+        path = os.path.abspath(os.fspath(path))
+        if os.path.exists(path) and not overwrite:
+            raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
+        parent = os.path.dirname(path)
+        tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+        try:
+            entries = {}
+            for name, pw in self.tensors.items():
+                fn = name + (".o8n1" if pw.kind == "int8" else ".o4n1")
+                save_packed(pw, os.path.join(tmp, fn))
+                entries[name] = {"tier": self.tiers[name], "kind": pw.kind, "file": fn, "shape": list(pw.shape),
+                                 "sha256": sha256_file(os.path.join(tmp, fn))}
+            g = GGUFFile(self.source)
+            floats = []
+            for t in g.tensors:
+                if len(t.shape) == 1 or t.name == "token_embd.weight":
+                    a = _float_tensor(g, t.name)
+                    floats.append((t.name, a.astype(np.float16) if t.type == "F16" else np.asarray(a, np.float32)))
+            write_gguf(os.path.join(tmp, "float.gguf"), metadata_triples(g), floats)
+            manifest = {
+                "format": FORMAT, "version": VERSION,
+                "source": {"file": os.path.basename(self.source), "sha256": self.hashes["source"]},
+                "alloc": self.hashes["alloc"],
+                "imatrix": self.hashes["imatrix"],
+                "double_quant": self.double_quant,
+                "settings": self.settings,
+                "float_file": {"file": "float.gguf", "sha256": sha256_file(os.path.join(tmp, "float.gguf"))},
+                "int8_share": self.int8_share(),
+                "tensors": entries,
+            }
+            from ._io import atomic_write
+            atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
+            if os.path.exists(path):
+                old = path + f".old-{os.getpid()}"
+                os.replace(path, old)
+                os.replace(tmp, path)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+    def __repr__(self):
+        return (f"QuantizedModel({os.path.basename(self.source)!r}, {len(self.tensors)} linears, "
+                f"int8 share {self.int8_share():.1%}{', DOUBLE-QUANT' if self.double_quant else ''})")
+
+
+def _alloc_map(alloc, threshold):
+    if isinstance(alloc, TierMap):
+        return alloc, {"kind": "tiermap", "source": alloc.source, "threshold": alloc.threshold}
+    alloc = os.fspath(alloc)
+    if alloc.endswith(".gguf"):
+        return tier_map(alloc, threshold=threshold), {"kind": "gguf", "file": os.path.basename(alloc),
+                                                      "sha256": sha256_file(alloc), "threshold": threshold}
+    tm = TierMap.load(alloc)
+    return tm, {"kind": "emit-map", "file": os.path.basename(alloc), "sha256": sha256_file(alloc),
+                "threshold": tm.threshold}
+
+
+def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, threshold=5.0, threads=None,
+                   progress=True, clip_grid=None, log=None):
+    """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
+    fp16 source, a quantized GGUF = the double-quant comparison) with the tiers
+    of ``alloc`` (a TierMap, a mixed GGUF or an emit-map file)."""
+    from .imatrix import Imatrix
+
+    if kind not in ("nf4", "int4"):
+        raise ValueError(f"kind must be 'nf4' or 'int4' (the int4 tier's codebook), got {kind!r}")
+    if imatrix is not None and not isinstance(imatrix, Imatrix):
+        imatrix = Imatrix.load(imatrix)
+    log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
+    source = os.fspath(source)
+    tm, alloc_info = _alloc_map(alloc, threshold)
+    g = GGUFFile(source)
+    hp = _hparams(g)
+    tied = "output.weight" not in g
+    names = linear_names(hp, tied)
+    src_types = {t.name: t.type for t in g.tensors}
+    quantized_src = sorted({src_types[n if n in src_types else "token_embd.weight"] for n in names} - _FLOAT_SOURCE)
+    double_quant = bool(quantized_src)
+    if double_quant:
+        log("!" * 78 + f"\n!! DOUBLE QUANT: the source {os.path.basename(source)} holds quantized tensors "
+            f"({', '.join(quantized_src)}).\n!! They are dequantized and quantized AGAIN. This is the comparison "
+            "configuration,\n!! not the product's path (fp16 is the source; a mixed GGUF only allocates).\n" + "!" * 78)
+    tensors, tiers = {}, {}
+    bar = _progress(len(names), "quantize", progress, "tensor")
+    for name in names:
+        src = "token_embd.weight" if (name == "output.weight" and tied) else name
+        key = name if name in tm else ("token_embd.weight" if name == "output.weight" else name)
+        if key not in tm:
+            raise ValueError(f"allocation has no entry for {name!r}: is it for this model?")
+        w = _float_tensor(g, src)
+        if tuple(tm.entries[key].shape) != tuple(w.shape):
+            raise ValueError(f"allocation shape {tm.entries[key].shape} of {key!r} differs from the source's "
+                             f"{w.shape}: the allocation file is for a different model")
+        tier = tm[key]
+        qkind = {"int8": "int8", "int4": kind}.get(tier)
+        if qkind is None:
+            raise ValueError(f"{name!r} has tier {tier!r}; linear layers must be int8 or int4")
+        im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
+        q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads)
+        tensors[name] = pack(q)
+        tiers[name] = tier
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),
+                "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid]}
+    hashes = {"source": sha256_file(source), "alloc": alloc_info,
+              "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
+    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant)
+    log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
+        f"{qm.int8_share():.1%}")
+    return qm
+
+
+def load_quantized(path, act="per_token"):
+    """A Model from a saved QuantizedModel directory; every checksum is verified."""
+    path = os.fspath(path)
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{mpath}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{mpath}: not an orkpy quantized model manifest")
+    if manifest.get("version") != VERSION:
+        raise FormatError(f"{mpath}: unsupported manifest version {manifest.get('version')!r}")
+    try:
+        entries = manifest["tensors"]
+        float_file = manifest["float_file"]
+        files = [(float_file["file"], float_file["sha256"])] + [(e["file"], e["sha256"]) for e in entries.values()]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise FormatError(f"{mpath}: manifest is missing a field ({e})") from None
+    for fn, digest in files:
+        if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
+            raise FormatError(f"{mpath}: bad file name {fn!r}")
+        fp = os.path.join(path, fn)
+        if not os.path.isfile(fp):
+            raise FormatError(f"{path}: {fn} is missing")
+        if sha256_file(fp) != digest:
+            raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
+    g = GGUFFile(os.path.join(path, float_file["file"]))
+    hp = _hparams(g)
+    names = linear_names(hp, "output.weight" not in g)
+    missing = [n for n in names if n not in entries]
+    if missing:
+        raise FormatError(f"{mpath}: no entry for {missing[0]!r}")
+    pt = act == "per_tensor"
+    packed = {}
+    for n in names:
+        pw = load_packed(os.path.join(path, entries[n]["file"]))
+        if list(pw.shape) != list(entries[n]["shape"]) or pw.kind != entries[n]["kind"]:
+            raise FormatError(f"{path}: {entries[n]['file']} does not match its manifest entry")
+        packed[n] = pw
+
+    def spec_of(name):
+        pw = packed[name]
+        return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
+    paths = {n: packed[n].kind for n in names}
+    m = Model(path, hp, paths, _assemble(g, hp, spec_of), g, "output.weight" not in g)
+    m.manifest = manifest
+    return m
+
+
+__all__ = ["QuantizedModel", "collect_imatrix", "load_quantized", "quantize_model", "sha256_file",
+           "PackedWeight"]
