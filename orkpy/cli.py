@@ -134,6 +134,31 @@ def _cmd_ppl(args):
     return 0
 
 
+def _cmd_imatrix(args):
+    from .calibrate import collect_imatrix
+    from .model import load_model
+
+    model = load_model(args.model, threads=args.threads)
+    im = collect_imatrix(model, read_text_like_llama_cpp(args.text), n_ctx=args.ctx, chunks=args.chunks,
+                         threads=args.threads, progress=not args.no_progress)
+    im.datasets = [os.path.basename(args.text)]
+    im.save(args.output, format="dat" if args.output.endswith(".dat") else "gguf")
+    print(f"imatrix of {len(im.names())} tensors over {im.chunks} chunks of {args.ctx} -> {args.output}")
+    return 0
+
+
+def _cmd_quantize(args):
+    from .calibrate import quantize_model
+
+    qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
+                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress)
+    out = qm.save(args.output, overwrite=args.overwrite)
+    b = qm.result_bytes()
+    print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
+          f"int8 share of weight storage {qm.int8_share():.1%})")
+    return 0
+
+
 def _cmd_gate(args):
     from .gate import format_gate, run_gate
 
@@ -196,6 +221,30 @@ def build_parser():
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_ppl)
+
+    s = sub.add_parser("imatrix", help="collect an importance matrix in the forward pass")
+    s.add_argument("model")
+    s.add_argument("text")
+    s.add_argument("-o", "--output", required=True, help="FILE.gguf (llama.cpp's GGUF imatrix) or FILE.dat (legacy)")
+    s.add_argument("--ctx", type=_positive_int, default=512)
+    s.add_argument("--chunks", type=_positive_int, default=None)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=_cmd_imatrix)
+
+    s = sub.add_parser("quantize", help="quantize a model: fp16 source + allocation (+ imatrix) -> model directory")
+    s.add_argument("source", help="F32/F16/BF16 GGUF (a quantized GGUF here means double-quant, said loudly)")
+    s.add_argument("--alloc", required=True, help="a llama.cpp mixed GGUF (types only) or an emit-map file")
+    s.add_argument("--imatrix", help="imatrix file (.dat or GGUF, llama.cpp's or orkpy's)")
+    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4")
+    s.add_argument("--sr", action="store_true", help="stochastic rounding")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threshold", type=float, default=5.0)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("-o", "--output", required=True, help="output model directory")
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=_cmd_quantize)
 
     s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
     s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")
