@@ -5,6 +5,7 @@ The hot paths live in a C core (``orkpy._core``); this package holds the
 Python policy: argument checks, dataclasses, reports and the CLI.
 """
 from ._core import FormatError, GGUFError, UnavailableError
+from .calibrate import QuantizedModel, collect_imatrix, quantize_model
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
 from .gguf_write import write_gguf
@@ -47,10 +48,12 @@ __all__ = [
     "NF4_LEVELS",
     "PPLResult",
     "PackedWeight",
+    "QuantizedModel",
     "QuantizedTensor",
     "SafetensorsError",
     "UnavailableError",
     "capabilities",
+    "collect_imatrix",
     "dequantize",
     "load_safetensors",
     "load_model",
@@ -59,6 +62,7 @@ __all__ = [
     "pack",
     "perplexity",
     "quantize",
+    "quantize_model",
     "save_packed",
     "set_isa",
     "use_isa",

@@ -11,7 +11,11 @@ gated by perplexity.
   inside the C forward pass (llama.cpp's ``in_sum2`` / ``counts``; every token
   of every chunk counts; the first token of a chunk is BOS when the vocabulary
   adds one; the head is left out, as llama-imatrix does by default).
-- ``quantize_model(source, alloc, imatrix=None, kind="nf4", ...)``: int8-tier
+- ``quantize_model(source, alloc, imatrix=None, kind="nf4", ...)``: the source
+  is an F32/F16/BF16 GGUF or a Hugging Face safetensors checkpoint (Llama /
+  Qwen3 tensor names; llama's q/k rows are permuted as llama.cpp's converter
+  does; the architecture and tokenizer then come from the allocation GGUF,
+  whose tensor data is never used). int8-tier
   linears -> per-channel int8, int4-tier linears -> NF4 (or uniform int4), both
   with imatrix-chosen scales; embeddings and norms stay float.
 - ``QuantizedModel.save(dir)``: ``manifest.json`` (tensor -> tier, kind, file,
@@ -59,6 +63,16 @@ def sha256_file(path, bufsize=1 << 22):
             if not b:
                 break
             h.update(b)
+    return h.hexdigest()
+
+
+def _dir_hash(path):
+    """sha256 over the sorted (name, sha256) of a checkpoint directory's files"""
+    h = hashlib.sha256()
+    for fn in sorted(os.listdir(path)):
+        fp = os.path.join(path, fn)
+        if os.path.isfile(fp):
+            h.update(fn.encode() + b"\0" + sha256_file(fp).encode())
     return h.hexdigest()
 
 
@@ -113,14 +127,115 @@ def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None,
     return im
 
 
+# ---------------------------------------------------------------- sources --
+
+_HF_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def hf_to_gguf_name(name):
+    """Hugging Face Llama/Qwen3 tensor name -> llama.cpp's GGUF name (None if unknown)."""
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    parts = name.split(".")
+    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers" and parts[-1] == "weight":
+        key = ".".join(parts[3:-1])
+        if key in _HF_NAMES:
+            return f"blk.{parts[2]}.{_HF_NAMES[key]}.weight"
+    return None
+
+
+def llama_permute_qk(w, n_head):
+    """llama.cpp's row permutation of a Hugging Face q/k projection for NORM RoPE
+    (convert_hf_to_gguf: reshape (n_head, 2, hd/2, K), swap axes 1 and 2)."""
+    N = w.shape[0]
+    return w.reshape(n_head, 2, N // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class _GGUFSource:
+    """Float tensors and metadata of a GGUF source."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.g = GGUFFile(self.path)
+        self.hp = _hparams(self.g)
+        self.tied = "output.weight" not in self.g
+        self.meta = self.g
+
+    def type_of(self, name):
+        return self.g.tensor_info(name).type
+
+    def tensor(self, name):
+        return _float_tensor(self.g, name)
+
+    def float_names(self):
+        return [t.name for t in self.g.tensors if len(t.shape) == 1 or t.name == "token_embd.weight"]
+
+
+class _SafetensorsSource:
+    """A Hugging Face checkpoint (Llama / Qwen3 names) as a source; the
+    architecture's hyper-parameters and the tokenizer come from a GGUF of the
+    same model (the allocation file), whose tensor data is not used."""
+
+    def __init__(self, path, meta_gguf):
+        from .safetensors import load_safetensors
+
+        self.path = os.fspath(path)
+        st = load_safetensors(self.path)
+        self.meta = meta_gguf
+        self.hp = _hparams(meta_gguf)
+        self.arrays = {}
+        for k, v in st.items():
+            gname = hf_to_gguf_name(k)
+            if gname is None:
+                raise ValueError(f"{self.path}: tensor {k!r} is not a Llama/Qwen3 weight orkpy knows")
+            if self.hp["arch"] == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+                nh = self.hp["n_head"] if gname.endswith("attn_q.weight") else self.hp["n_head_kv"]
+                v = llama_permute_qk(np.asarray(v), nh)
+            self.arrays[gname] = v
+        self.tied = "output.weight" not in self.arrays
+        for t in meta_gguf.tensors:
+            if t.name not in self.arrays:
+                raise ValueError(f"{self.path}: no tensor for {t.name!r} (the allocation file is for another model?)")
+            if tuple(self.arrays[t.name].shape) != t.shape:
+                raise ValueError(f"{self.path}: {t.name} has shape {self.arrays[t.name].shape}, the allocation "
+                                 f"file says {t.shape}: it is for a different model")
+
+    def type_of(self, name):
+        return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(self.arrays[name].dtype, "BF16")
+
+    def tensor(self, name):
+        return np.ascontiguousarray(self.arrays[name], dtype=np.float32)
+
+    def float_names(self):
+        return [n for n, a in self.arrays.items() if a.ndim == 1 or n == "token_embd.weight"]
+
+
+def _open_source(source, alloc_path):
+    source = os.fspath(source)
+    if source.endswith(".gguf"):
+        return _GGUFSource(source)
+    if alloc_path is None or not str(alloc_path).endswith(".gguf"):
+        raise ValueError("a safetensors source needs a GGUF of the same model as the allocation (it supplies "
+                         "the hyper-parameters and the tokenizer)")
+    return _SafetensorsSource(source, GGUFFile(alloc_path))
+
+
 # ------------------------------------------------------ whole-model quant --
 
 class QuantizedModel:
     """Linear weights quantized per tier (``tensors``: name -> PackedWeight), the
     float source they came from, and the settings; ``save``, ``to_model``."""
 
-    def __init__(self, source, tensors, tiers, settings, hashes, double_quant):
+    def __init__(self, source, tensors, tiers, settings, hashes, double_quant, src=None):
         self.source = source
+        self._src = src if src is not None else _GGUFSource(source)
         self.tensors = tensors
         self.tiers = tiers
         self.settings = settings
@@ -141,16 +256,15 @@ class QuantizedModel:
 
     def to_model(self, act="per_token"):
         if self._model is None:
-            g = GGUFFile(self.source)
-            hp = _hparams(g)
+            src = self._src
             pt = act == "per_tensor"
 
             def spec_of(name):
                 pw = self.tensors[name]
                 return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
             paths = {n: pw.kind for n, pw in self.tensors.items()}
-            self._model = Model(self.source, hp, paths, _assemble(g, hp, spec_of), g,
-                                "output.weight" not in g)
+            self._model = Model(self.source, src.hp, paths, _assemble(None, src.hp, spec_of, src.tensor),
+                                src.meta, src.tied)
         return self._model
 
     def save(self, path, overwrite=False):
@@ -172,13 +286,12 @@ class QuantizedModel:
                 save_packed(pw, os.path.join(tmp, fn))
                 entries[name] = {"tier": self.tiers[name], "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                                  "sha256": sha256_file(os.path.join(tmp, fn))}
-            g = GGUFFile(self.source)
+            src = self._src
             floats = []
-            for t in g.tensors:
-                if len(t.shape) == 1 or t.name == "token_embd.weight":
-                    a = _float_tensor(g, t.name)
-                    floats.append((t.name, a.astype(np.float16) if t.type == "F16" else np.asarray(a, np.float32)))
-            write_gguf(os.path.join(tmp, "float.gguf"), metadata_triples(g), floats)
+            for name in src.float_names():
+                a = src.tensor(name)
+                floats.append((name, a.astype(np.float16) if src.type_of(name) == "F16" else np.asarray(a, np.float32)))
+            write_gguf(os.path.join(tmp, "float.gguf"), metadata_triples(src.meta), floats)
             manifest = {
                 "format": FORMAT, "version": VERSION,
                 "source": {"file": os.path.basename(self.source), "sha256": self.hashes["source"]},
@@ -235,12 +348,11 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
     source = os.fspath(source)
     tm, alloc_info = _alloc_map(alloc, threshold)
-    g = GGUFFile(source)
-    hp = _hparams(g)
-    tied = "output.weight" not in g
+    src = _open_source(source, None if isinstance(alloc, TierMap) else alloc)
+    hp, tied = src.hp, src.tied
     names = linear_names(hp, tied)
-    src_types = {t.name: t.type for t in g.tensors}
-    quantized_src = sorted({src_types[n if n in src_types else "token_embd.weight"] for n in names} - _FLOAT_SOURCE)
+    quantized_src = sorted({src.type_of("token_embd.weight" if (n == "output.weight" and tied) else n)
+                            for n in names} - _FLOAT_SOURCE)
     double_quant = bool(quantized_src)
     if double_quant:
         log("!" * 78 + f"\n!! DOUBLE QUANT: the source {os.path.basename(source)} holds quantized tensors "
@@ -249,11 +361,11 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
     tensors, tiers = {}, {}
     bar = _progress(len(names), "quantize", progress, "tensor")
     for name in names:
-        src = "token_embd.weight" if (name == "output.weight" and tied) else name
+        src_name = "token_embd.weight" if (name == "output.weight" and tied) else name
         key = name if name in tm else ("token_embd.weight" if name == "output.weight" else name)
         if key not in tm:
             raise ValueError(f"allocation has no entry for {name!r}: is it for this model?")
-        w = _float_tensor(g, src)
+        w = src.tensor(src_name)
         if tuple(tm.entries[key].shape) != tuple(w.shape):
             raise ValueError(f"allocation shape {tm.entries[key].shape} of {key!r} differs from the source's "
                              f"{w.shape}: the allocation file is for a different model")
@@ -271,9 +383,9 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
         bar.close()
     settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),
                 "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid]}
-    hashes = {"source": sha256_file(source), "alloc": alloc_info,
+    hashes = {"source": sha256_file(source) if os.path.isfile(source) else _dir_hash(source), "alloc": alloc_info,
               "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
-    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant)
+    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src)
     log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
         f"{qm.int8_share():.1%}")
     return qm

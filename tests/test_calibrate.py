@@ -129,3 +129,46 @@ def test_quantize_model_bad_input(shared, tmp_path):
         quantize_model(shared / ST / "stories260K-F16.gguf", other, progress=False, log=lambda m: None)
     with pytest.raises(TypeError, match="Model"):
         collect_imatrix("not a model", "text")
+
+
+def _to_hf(g):
+    """An HF-style checkpoint of a llama GGUF: names mapped back, q/k un-permuted."""
+    from orkpy.calibrate import _HF_NAMES
+    inv = {v: k for k, v in _HF_NAMES.items()}
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    hp = orkpy.model._hparams(g)
+    out = {}
+    for t in g.tensors:
+        a = g.tensor(t.name)
+        if t.name in top:
+            out[top[t.name]] = a
+            continue
+        _, i, key, _ = t.name.split(".")
+        if key in ("attn_q", "attn_k"):
+            nh = hp["n_head"] if key == "attn_q" else hp["n_head_kv"]
+            a = a.reshape(nh, a.shape[0] // nh // 2, 2, a.shape[1]).swapaxes(1, 2).reshape(a.shape)
+        out[f"model.layers.{i}.{inv[key]}.weight"] = np.ascontiguousarray(a)
+    return out
+
+
+def test_safetensors_source_equals_gguf_source(shared, tmp_path):
+    st_np = pytest.importorskip("safetensors.numpy")
+    src = shared / ST / "stories260K-F32.gguf"
+    alloc = shared / ST / "stories260K-Q4_0.gguf"
+    d = tmp_path / "hf"
+    d.mkdir()
+    st_np.save_file(_to_hf(orkpy.GGUFFile(src)), str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    a = quantize_model(src, alloc, progress=False, log=lambda m: None)
+    b = quantize_model(d, alloc, progress=False, log=lambda m: None)
+    assert a.tensors.keys() == b.tensors.keys()
+    for n in a.tensors:
+        assert np.array_equal(a.tensors[n].store, b.tensors[n].store), n
+        assert np.array_equal(a.tensors[n].bscale, b.tensors[n].bscale), n
+    toks = np.arange(1, 100)
+    assert np.array_equal(a.to_model().forward(toks), b.to_model().forward(toks))
+    out = b.save(tmp_path / "q")
+    assert np.array_equal(orkpy.load_model(out).forward(toks), a.to_model().forward(toks))
+    with pytest.raises(ValueError, match="needs a GGUF"):
+        quantize_model(d, orkpy.tier_map(alloc), progress=False, log=lambda m: None)
