@@ -159,6 +159,23 @@ def _cmd_quantize(args):
     return 0
 
 
+def _cmd_ffn_sweep(args):
+    from .ffn import sweep
+
+    rows, stats = sweep(args.model, read_text_like_llama_cpp(args.text), read_text_like_llama_cpp(args.calib),
+                        n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks, threads=args.threads,
+                        log=lambda m: print(m, file=sys.stderr))
+    print("gmax per layer: " + ", ".join(f"{i}: {s['gmax']:.3f}" for i, s in enumerate(stats)))
+    print(f"{'mode':<18}{'exact layers':<22}{'PPL':>9}{'+/-':>9}{'KL':>11}{'s':>7}")
+    for r in rows:
+        print(f"{r['mode']:<18}{str(r['exact_layers']):<22}{r['ppl']:>9.4f}{r['ppl_err']:>9.4f}{r['kl']:>11.6f}"
+              f"{r['wall_s']:>7.1f}")
+    if args.json:
+        from ._io import atomic_write
+        atomic_write(args.json, [("\n".join(json.dumps(r) for r in rows) + "\n").encode()])
+    return 0
+
+
 def _cmd_gate(args):
     from .gate import format_gate, run_gate
 
@@ -245,6 +262,17 @@ def build_parser():
     s.add_argument("--overwrite", action="store_true")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=_cmd_quantize)
+
+    s = sub.add_parser("ffn-sweep", help="the fused int8 SwiGLU chain: every mode, ablation and sprinkle, PPL + KL")
+    s.add_argument("model")
+    s.add_argument("text")
+    s.add_argument("--calib", required=True, help="calibration text for the prep pass")
+    s.add_argument("--ctx", type=_positive_int, default=256)
+    s.add_argument("--chunks", type=_positive_int, default=None)
+    s.add_argument("--calib-chunks", type=_positive_int, default=None)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--json", help="write one JSON row per configuration (JSON lines)")
+    s.set_defaults(func=_cmd_ffn_sweep)
 
     s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
     s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ffn_chain.h"
 #include "pack.h"
 #include "pool.h"
 
@@ -204,8 +205,14 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
         if ((st = ork_linear_apply(&L->wo, a, T, tmp, nthreads, err))) goto done;
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
+        if (L->ffn) {
+            if ((st = ork_ffn_chain(L, L->ffn, h, T, tmp, nthreads, err))) goto done;
+            for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
+            continue;
+        }
         if ((st = ork_linear_apply(&L->w_gate, h, T, g, nthreads, err))) goto done;
         if ((st = ork_linear_apply(&L->w_up, h, T, a, nthreads, err))) goto done;
+        if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
         for (size_t i = 0; i < T * F; i++) {
             float z = g[i];
             a[i] = (z / (1.0f + expf(-z))) * a[i];

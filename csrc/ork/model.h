@@ -46,10 +46,17 @@ typedef struct ork_linear {
     uint64_t *x2_count;
 } ork_linear;
 
+struct ork_ffn_params;
+struct ork_ffn_stats;
+
 typedef struct ork_layer {
     const float *attn_norm, *ffn_norm;
     const float *q_norm, *k_norm; /* (head_dim) or NULL */
     ork_linear wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* optional: run the FFN on the NPU chain model (ffn_chain.h) instead of per-op */
+    const struct ork_ffn_params *ffn;
+    /* optional: collect prep-pass statistics of the per-op FFN */
+    struct ork_ffn_stats *ffn_stats;
 } ork_layer;
 
 typedef struct ork_model {

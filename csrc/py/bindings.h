@@ -30,5 +30,7 @@ PyObject *orkpy_gguf_parse(PyObject *self, PyObject *arg);
 /* py_model.c */
 int orkpy_model_init(PyObject *module);
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
+PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
+PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
 
 #endif

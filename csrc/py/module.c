@@ -347,6 +347,8 @@ static PyMethodDef core_methods[] = {
      "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
     {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets) -> float64 NLL per row (llama-perplexity)"},
+    {"ffn_lut", orkpy_ffn_lut, METH_O, "ffn_lut(step) -> (int16[1024], scale): the chain's SiLU LUT"},
+    {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,6 +10,7 @@
 
 #include <string.h>
 
+#include "../ork/ffn_chain.h"
 #include "../ork/model.h"
 #include "../ork/pack.h"
 #include "bindings.h"
@@ -22,6 +23,8 @@ typedef struct {
     PyObject *keep; /* list of arrays the structs point into */
     double *x2;     /* imatrix accumulators, all linears back to back (NULL when off) */
     uint64_t *x2n;
+    ork_ffn_params *ffn;   /* per-layer FFN chain settings (owned) */
+    ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
 } FwdObject;
 
 /* every linear of the model, in a fixed order: layer by layer wq wk wv wo
@@ -40,7 +43,18 @@ static size_t all_linears(FwdObject *self, ork_linear **out) {
     return n + 1;
 }
 
+static void free_stats(FwdObject *self) {
+    if (self->stats) {
+        for (size_t i = 0; i < self->m.n_layer; i++) PyMem_Free(self->stats[i].s_absmax_ch);
+        PyMem_Free(self->stats);
+        self->stats = NULL;
+    }
+    for (size_t i = 0; self->layers && i < self->m.n_layer; i++) self->layers[i].ffn_stats = NULL;
+}
+
 static void fwd_dealloc(FwdObject *self) {
+    free_stats(self);
+    PyMem_Free(self->ffn);
     PyMem_Free(self->x2);
     PyMem_Free(self->x2n);
     PyMem_Free(self->layers);
@@ -364,7 +378,173 @@ static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
     return out;
 }
 
+static const char *const ffn_mode_names[8] = {NULL, "fused", "exact_silu", "fp32_silu_out", "exact_lut_input",
+                                              "asym_zero_point", "per_channel_out", "unfused"};
+
+/* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
+static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
+    Py_ssize_t li;
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "nO:set_ffn", &li, &d)) return NULL;
+    if (li < 0 || (size_t)li >= self->m.n_layer)
+        return PyErr_Format(PyExc_IndexError, "layer %zd out of range (model has %zu)", li, self->m.n_layer);
+    if (!self->ffn) {
+        self->ffn = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_params));
+        if (!self->ffn) return PyErr_NoMemory();
+    }
+    ork_layer *L = &self->layers[li];
+    if (d == Py_None) {
+        L->ffn = NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "FFN settings must be a dict or None");
+    ork_ffn_params p;
+    memset(&p, 0, sizeof p);
+    const char *mode = PyUnicode_AsUTF8(PyDict_GetItemString(d, "mode") ? PyDict_GetItemString(d, "mode") : Py_None);
+    if (!mode) return NULL;
+    int found = 0;
+    for (int i = 1; i < 8; i++)
+        if (strcmp(mode, ffn_mode_names[i]) == 0) {
+            p.mode = (ork_ffn_mode)i;
+            found = 1;
+        }
+    if (!found) return PyErr_Format(PyExc_ValueError, "unknown FFN chain mode '%s'", mode);
+    if (get_float(d, "lut_step", &p.lut_step) || get_float(d, "s_scale", &p.s_scale) ||
+        get_float(d, "u_scale", &p.u_scale) || get_float(d, "p_scale", &p.p_scale))
+        return NULL;
+    PyObject *zp = PyDict_GetItemString(d, "zp");
+    if (zp) {
+        long z = PyLong_AsLong(zp);
+        if (z == -1 && PyErr_Occurred()) return NULL;
+        if (z < -128 || z > 127) return PyErr_Format(PyExc_ValueError, "zero point %ld outside int8", z);
+        p.zp = (int32_t)z;
+    }
+    PyObject *ch = PyDict_GetItemString(d, "s_scale_ch");
+    if (ch && ch != Py_None) {
+        npy_intp dims[1];
+        if (!(p.s_scale_ch = keep_f32(self, ch, 1, "s_scale_ch", dims))) return NULL;
+        if ((size_t)dims[0] != self->m.n_ff) return PyErr_Format(PyExc_ValueError, "s_scale_ch must have n_ff entries");
+    }
+    if (!(p.lut_step > 0) || !(p.u_scale > 0) || !(p.p_scale > 0) || (p.mode != ORK_FFN_PER_CHANNEL_OUT && !(p.s_scale > 0)))
+        return PyErr_Format(PyExc_ValueError, "FFN chain scales must be positive and finite");
+    const ork_linear *ls[3] = {&L->w_gate, &L->w_up, &L->w_down};
+    for (int i = 0; i < 3; i++)
+        if (ls[i]->path != ORK_LIN_PACKED)
+            return PyErr_Format(PyExc_ValueError, "layer %zd: the FFN chain needs packed gate/up/down weights", li);
+    self->ffn[li] = p;
+    L->ffn = &self->ffn[li];
+    Py_RETURN_NONE;
+}
+
+static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    free_stats(self);
+    self->stats = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_stats));
+    if (!self->stats) return PyErr_NoMemory();
+    for (size_t i = 0; i < self->m.n_layer; i++) {
+        self->stats[i].s_absmax_ch = PyMem_Calloc(self->m.n_ff, sizeof(float));
+        if (!self->stats[i].s_absmax_ch) {
+            free_stats(self);
+            return PyErr_NoMemory();
+        }
+        self->stats[i].smin = 0.0f;
+        self->layers[i].ffn_stats = &self->stats[i];
+    }
+    Py_RETURN_NONE;
+}
+
+/* -> list per layer of dict(gmax, smin, smax, umax, pmax, n, s_absmax_ch, hist); stops collecting */
+static PyObject *fwd_ffn_stats_take(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    if (!self->stats) return PyErr_Format(PyExc_RuntimeError, "FFN statistics are not enabled");
+    PyObject *out = PyList_New((Py_ssize_t)self->m.n_layer);
+    for (size_t i = 0; out && i < self->m.n_layer; i++) {
+        ork_ffn_stats *s = &self->stats[i];
+        npy_intp nf = (npy_intp)self->m.n_ff, nh = ORK_FFN_HIST;
+        PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &nf, NPY_FLOAT32);
+        PyArrayObject *hist = (PyArrayObject *)PyArray_SimpleNew(1, &nh, NPY_UINT64);
+        if (!ch || !hist) {
+            Py_XDECREF(ch);
+            Py_XDECREF(hist);
+            Py_CLEAR(out);
+            break;
+        }
+        memcpy(PyArray_DATA(ch), s->s_absmax_ch, (size_t)nf * sizeof(float));
+        memcpy(PyArray_DATA(hist), s->hist, sizeof s->hist);
+        PyList_SET_ITEM(out, (Py_ssize_t)i,
+                        Py_BuildValue("{s:d,s:d,s:d,s:d,s:d,s:K,s:N,s:N}", "gmax", (double)s->gmax, "smin", (double)s->smin,
+                                      "smax", (double)s->smax, "umax", (double)s->umax, "pmax", (double)s->pmax, "n",
+                                      (unsigned long long)s->n, "s_absmax_ch", ch, "hist", hist));
+    }
+    free_stats(self);
+    return out;
+}
+
+static PyObject *py_ffn_hist_edges(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    npy_intp n = ORK_FFN_HIST + 1;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT64);
+    if (!a) return NULL;
+    double *e = (double *)PyArray_DATA(a);
+    for (int i = 0; i <= ORK_FFN_HIST; i++) e[i] = ork_ffn_hist_edge(i);
+    e[0] = 0.0;
+    return (PyObject *)a;
+}
+
+PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg) {
+    (void)self;
+    double step = PyFloat_AsDouble(arg);
+    if (step == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(step > 0)) return PyErr_Format(PyExc_ValueError, "LUT step must be positive");
+    npy_intp n = ORK_FFN_LUT;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_INT16);
+    if (!a) return NULL;
+    float sc;
+    ork_ffn_make_lut((float)step, (int16_t *)PyArray_DATA(a), &sc);
+    return Py_BuildValue("(Nd)", a, (double)sc);
+}
+
+PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused) { return py_ffn_hist_edges(self, unused); }
+
+/* ffn_apply(layer, h) -> y: one layer's FFN chain on given normed inputs (tests, debugging) */
+static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
+    Py_ssize_t li;
+    PyObject *h_obj;
+    if (!PyArg_ParseTuple(args, "nO:ffn_apply", &li, &h_obj)) return NULL;
+    if (li < 0 || (size_t)li >= self->m.n_layer) return PyErr_Format(PyExc_IndexError, "layer %zd out of range", li);
+    const ork_layer *L = &self->layers[li];
+    if (!L->ffn) return PyErr_Format(PyExc_ValueError, "layer %zd has no FFN chain set", li);
+    PyArrayObject *h = orkpy_as_exact(h_obj, NPY_FLOAT32, 2, "h");
+    if (!h) return NULL;
+    if ((size_t)PyArray_DIM(h, 1) != self->m.n_embd || PyArray_DIM(h, 0) < 1) {
+        Py_DECREF(h);
+        return PyErr_Format(PyExc_ValueError, "h must have shape (T, n_embd)");
+    }
+    npy_intp dims[2] = {PyArray_DIM(h, 0), (npy_intp)self->m.n_embd};
+    PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ORK_ENOMEM;
+    if (y) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_ffn_chain(L, L->ffn, (const float *)PyArray_DATA(h), (size_t)dims[0], (float *)PyArray_DATA(y), 0, &err);
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(h);
+    if (!y) return NULL;
+    if (st != ORK_OK) {
+        Py_DECREF(y);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)y;
+}
+
 static PyMethodDef fwd_methods[] = {
+    {"ffn_apply", (PyCFunction)fwd_ffn_apply, METH_VARARGS, "ffn_apply(layer, h) -> the layer's FFN chain output"},
+    {"set_ffn", (PyCFunction)fwd_set_ffn, METH_VARARGS, "set_ffn(layer, settings or None): FFN chain mode of a layer"},
+    {"ffn_stats_enable", (PyCFunction)fwd_ffn_stats_enable, METH_NOARGS, "start collecting prep-pass FFN statistics"},
+    {"ffn_stats_take", (PyCFunction)fwd_ffn_stats_take, METH_NOARGS, "-> per-layer FFN statistics; stops"},
     {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
      "start accumulating sum x^2 per input channel of every linear"},
     {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,

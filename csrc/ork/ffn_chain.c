@@ -1,0 +1,133 @@
+/* ffn_chain.c - the fused int8 SwiGLU chain and its ablations (ffn_chain.h). */
+#include "ffn_chain.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pack.h"
+#include "quant_scalar.h"
+
+static inline float silu(float z) { return z / (1.0f + expf(-z)); }
+static inline float f16r(float x) { return (float)(_Float16)x; } /* round to fp16 (nearest even) */
+static inline float clamp_i8(float v, float lo) { return v > 127.0f ? 127.0f : (v < lo ? lo : v); }
+
+void ork_ffn_make_lut(float lut_step, int16_t lut[ORK_FFN_LUT], float *lut_scale) {
+    float mx = 0.0f;
+    for (int i = 0; i < ORK_FFN_LUT; i++) {
+        float v = fabsf(silu((float)(i - 512) * lut_step));
+        if (v > mx) mx = v;
+    }
+    float sc = mx > 0.0f ? mx / 32767.0f : 1.0f;
+    for (int i = 0; i < ORK_FFN_LUT; i++)
+        lut[i] = (int16_t)ork_round_half_away(silu((float)(i - 512) * lut_step) / sc);
+    *lut_scale = sc;
+}
+
+static inline float silu_lut(float g, float inv_step, const int16_t *lut, float lut_scale) {
+    float r = ork_round_half_away(g * inv_step) + 512.0f;
+    int idx = r < 0.0f ? 0 : (r > 1023.0f ? 1023 : (int)r);
+    return (float)lut[idx] * lut_scale;
+}
+
+int ork_ffn_hist_bin(float v) {
+    if (!(v >= 9.5367431640625e-07f)) return 0; /* 2^-20 */
+    int e;
+    float m = frexpf(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+    int b = (e - 1 + 20) * 64 + (int)((m * 2.0f - 1.0f) * 64.0f);
+    return b < 0 ? 0 : (b >= ORK_FFN_HIST ? ORK_FFN_HIST - 1 : b);
+}
+
+double ork_ffn_hist_edge(int bin) {
+    return ldexp(1.0 + (double)(bin % 64) / 64.0, bin / 64 - 20);
+}
+
+void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t T, size_t F) {
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < F; n++) {
+            float gv = g[t * F + n], uv = u[t * F + n], sv = silu(gv), pv = fabsf(sv * uv);
+            if (fabsf(gv) > s->gmax) s->gmax = fabsf(gv);
+            if (sv < s->smin) s->smin = sv;
+            if (sv > s->smax) s->smax = sv;
+            if (fabsf(uv) > s->umax) s->umax = fabsf(uv);
+            if (pv > s->pmax) s->pmax = pv;
+            if (s->s_absmax_ch && fabsf(sv) > s->s_absmax_ch[n]) s->s_absmax_ch[n] = fabsf(sv);
+            s->hist[ork_ffn_hist_bin(fabsf(sv))]++;
+            s->n++;
+        }
+}
+
+ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const float *h, size_t T, float *y,
+                         int nthreads, ork_err *err) {
+    const ork_linear *lg = &L->w_gate, *lu = &L->w_up, *ld = &L->w_down;
+    if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
+        return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed (int8/nf4/int4) gate, up and down weights");
+    if (!(p->lut_step > 0.0f) || !(p->s_scale > 0.0f || p->mode == ORK_FFN_PER_CHANNEL_OUT) || !(p->u_scale > 0.0f) ||
+        !(p->p_scale > 0.0f))
+        return ork_err_set(err, ORK_EINVAL, "FFN chain scales must be positive (run the prep pass first)");
+    if (p->mode == ORK_FFN_PER_CHANNEL_OUT && !p->s_scale_ch)
+        return ork_err_set(err, ORK_EINVAL, "per_channel_out needs per-channel scales");
+    const size_t D = lg->K, F = lg->N;
+    const size_t Dp = ork_pack_round32(D), Fp = ork_pack_round32(F);
+    ork_status st = ORK_OK;
+    int8_t *hq = malloc(T * Dp), *pq = malloc(T * F);
+    float *a = malloc(T * sizeof(float)), *pf = malloc(T * F * sizeof(float));
+    int32_t *G = malloc(T * F * sizeof(int32_t)), *U = malloc(T * F * sizeof(int32_t));
+    int32_t *Y = malloc(T * ld->N * sizeof(int32_t));
+    (void)Fp;
+    if (!hq || !pq || !a || !pf || !G || !U || !Y) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory for the FFN chain (T = %zu)", T);
+        goto done;
+    }
+    if ((st = ork_quantize_activations(h, T, D, Dp, 0, hq, a, err))) goto done;
+    /* compact the padded rows for ork_matmul_int (it pads itself) */
+    for (size_t t = 1; t < T; t++) memmove(hq + t * D, hq + t * Dp, D);
+    if ((st = ork_matmul_int(lg->kind, lg->store, ork_quant_lut(lg->kind), F, D, hq, T, G, nthreads, err))) goto done;
+    if ((st = ork_matmul_int(lu->kind, lu->store, ork_quant_lut(lu->kind), F, D, hq, T, U, nthreads, err))) goto done;
+    int16_t lut[ORK_FFN_LUT];
+    float lut_scale;
+    ork_ffn_make_lut(p->lut_step, lut, &lut_scale);
+    const float inv_step = 1.0f / p->lut_step;
+    const int int_path = p->mode == ORK_FFN_FUSED || p->mode == ORK_FFN_EXACT_LUT_INPUT || p->mode == ORK_FFN_ASYM_ZP ||
+                         p->mode == ORK_FFN_PER_CHANNEL_OUT;
+    const float m = (p->s_scale * p->u_scale) / p->p_scale;
+    for (size_t t = 0; t < T; t++)
+        for (size_t n = 0; n < F; n++) {
+            size_t i = t * F + n;
+            float g = ((float)G[i] * a[t]) * lg->bscale[n];
+            float u = ((float)U[i] * a[t]) * lu->bscale[n];
+            switch (p->mode) {
+            case ORK_FFN_EXACT_SILU: pf[i] = silu(g) * u; break;
+            case ORK_FFN_FP32_SILU_OUT: pf[i] = silu_lut(g, inv_step, lut, lut_scale) * u; break;
+            case ORK_FFN_UNFUSED: pf[i] = f16r(f16r(silu(f16r(g))) * f16r(u)); break;
+            default: break;
+            }
+            if (!int_path) continue;
+            float s = (p->mode == ORK_FFN_EXACT_LUT_INPUT) ? silu(g) : silu_lut(g, inv_step, lut, lut_scale);
+            float uq = clamp_i8(ork_round_half_away(u / p->u_scale), -127.0f);
+            float mm = m;
+            int32_t sq;
+            if (p->mode == ORK_FFN_ASYM_ZP) {
+                float q = ork_round_half_away(s / p->s_scale) + (float)p->zp;
+                sq = (int32_t)clamp_i8(q, -128.0f) - p->zp;
+            } else if (p->mode == ORK_FFN_PER_CHANNEL_OUT) {
+                sq = (int32_t)clamp_i8(ork_round_half_away(s / p->s_scale_ch[n]), -127.0f);
+                mm = (p->s_scale_ch[n] * p->u_scale) / p->p_scale;
+            } else {
+                sq = (int32_t)clamp_i8(ork_round_half_away(s / p->s_scale), -127.0f);
+            }
+            int32_t P = sq * (int32_t)uq;
+            pq[i] = (int8_t)clamp_i8(ork_round_half_away((float)P * mm), -127.0f);
+        }
+    if (int_path) {
+        if ((st = ork_matmul_int(ld->kind, ld->store, ork_quant_lut(ld->kind), ld->N, F, pq, T, Y, nthreads, err)))
+            goto done;
+        for (size_t t = 0; t < T; t++)
+            for (size_t d = 0; d < ld->N; d++) y[t * ld->N + d] = ((float)Y[t * ld->N + d] * p->p_scale) * ld->bscale[d];
+    } else {
+        st = ork_linear_apply(ld, pf, T, y, nthreads, err);
+    }
+done:
+    free(hq); free(pq); free(a); free(pf); free(G); free(U); free(Y);
+    return st;
+}

@@ -1,0 +1,169 @@
+"""The NPU's fused int8 SwiGLU chain as a weight/activation path of the
+forward pass, its ablations, the prep pass and the per-layer "sprinkle".
+The arithmetic contract is csrc/ork/ffn_chain.h.
+
+    model = orkpy.load_model("m.gguf", weights="int8")     # gate/up/down must be packed
+    stats = prep(model, calib_tokens, n_ctx=256)            # gmax, max|silu|, ... per layer
+    configure(model, stats, "fused")                        # every layer on the fused chain
+    configure(model, stats, sprinkle(stats, "auto"))        # exact fp32 SiLU on the high-gmax layers
+
+Modes: ``baseline`` (per-op w8a8, float SiLU: the chain is off), ``fused``,
+``exact_silu``, ``fp32_silu_out``, ``exact_lut_input``, ``clip_pct_<P>``,
+``asym_zero_point``, ``per_channel_out``, ``unfused``.
+
+Scales from the prep pass (per layer): LUT step ``gmax / 511``; SiLU output
+``s_scale = 1.15 * max|silu| / 127`` (clip_pct_P: the P-th percentile of
+|silu| / 127, values above it clip); up ``u_scale = max|u| / 127``; product
+``p_scale = max|silu * u| / 127``; asym_zero_point ``(smax - smin) / 255`` with
+its zero point; per_channel_out ``1.15 * max|silu|[n] / 127``.
+
+Sprinkle: the layers whose gate range is largest run ``exact_silu`` and the
+rest ``fused``. Selection by a fixed gmax threshold, the top-K layers by
+gmax, or ``auto``: ``gmax > median + c * MAD`` over the model's layers with
+``c = AUTO_C`` -- chosen from the stories260K sweep (bench/ffn_sweep.py) where
+it picks the outlier layers without hand-set thresholds; ties keep the
+lower layer index, so the choice is deterministic.
+"""
+import math
+
+import numpy as np
+
+from . import _core
+
+MODES = ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point",
+         "per_channel_out", "unfused")
+AUTO_C = 3.0
+MARGIN = 1.15
+
+
+def prep(model, tokens, n_ctx=256, chunks=None, threads=None):
+    """Run the per-op model over calibration tokens and return per-layer FFN
+    statistics (gmax = max|gate| for free, max|silu|, max|up|, ...)."""
+    from .ppl import tokens_for_ppl
+    tokens = tokens_for_ppl(model, tokens)
+    fwd = model._fwd
+    n_chunk = len(tokens) // n_ctx
+    if chunks is not None:
+        n_chunk = min(n_chunk, int(chunks))
+    if n_chunk < 1:
+        raise ValueError(f"need at least n_ctx = {n_ctx} calibration tokens")
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    for i in range(model.hparams["n_layer"]):
+        fwd.set_ffn(i, None)
+    fwd.ffn_stats_enable()
+    try:
+        for c in range(n_chunk):
+            chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
+            if bos is not None:
+                chunk[0] = bos
+            fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
+    finally:
+        stats = fwd.ffn_stats_take()
+    return stats
+
+
+def silu_percentile(stat, pct):
+    """Upper edge of the histogram bin holding the pct-th percentile of |silu|."""
+    edges = _core.ffn_hist_edges()
+    c = np.cumsum(stat["hist"])
+    k = int(np.searchsorted(c, c[-1] * pct / 100.0))
+    return float(edges[min(k + 1, len(edges) - 1)])
+
+
+def layer_params(stat, mode):
+    """Chain settings of one layer for a mode (see the module doc)."""
+    smax_abs = max(abs(stat["smin"]), stat["smax"])
+    p = {"mode": mode, "lut_step": stat["gmax"] / 511.0, "s_scale": MARGIN * smax_abs / 127.0,
+         "u_scale": stat["umax"] / 127.0, "p_scale": stat["pmax"] / 127.0}
+    if mode.startswith("clip_pct_"):
+        pct = float(mode[len("clip_pct_"):])
+        if not 0 < pct < 100:
+            raise ValueError(f"clip percentile must be in (0, 100), got {pct}")
+        p["mode"] = "fused"
+        p["s_scale"] = silu_percentile(stat, pct) / 127.0
+    elif mode == "asym_zero_point":
+        s = (stat["smax"] - stat["smin"]) / 255.0
+        p["s_scale"] = s
+        p["zp"] = int(-128 - math.floor(stat["smin"] / s + 0.5) if stat["smin"] / s >= 0 else
+                      -128 - math.ceil(stat["smin"] / s - 0.5))
+    elif mode == "per_channel_out":
+        p["s_scale_ch"] = np.maximum(stat["s_absmax_ch"] * MARGIN / 127.0, 1e-12).astype(np.float32)
+    elif mode not in MODES:
+        raise ValueError(f"unknown FFN mode {mode!r} (expected one of {', '.join(MODES)} or clip_pct_<P>)")
+    return p
+
+
+def sprinkle(stats, select="auto", c=AUTO_C):
+    """Per-layer modes: 'exact_silu' on the selected layers, 'fused' elsewhere.
+    select: "auto" (median + c * MAD of gmax), an int K (top-K by gmax), a float
+    threshold on gmax, or an explicit list of layer indices."""
+    g = np.array([s["gmax"] for s in stats])
+    if isinstance(select, str) and select == "auto":
+        med = float(np.median(g))
+        mad = float(np.median(np.abs(g - med)))
+        exact = [i for i in range(len(g)) if g[i] > med + c * mad]
+    elif isinstance(select, (int, np.integer)) and not isinstance(select, bool):
+        order = sorted(range(len(g)), key=lambda i: (-g[i], i))
+        exact = sorted(order[: int(select)])
+    elif isinstance(select, float):
+        exact = [i for i in range(len(g)) if g[i] > select]
+    elif isinstance(select, (list, tuple)):
+        exact = sorted(int(i) for i in select)
+    else:
+        raise ValueError(f"bad sprinkle selection {select!r}")
+    return ["exact_silu" if i in exact else "fused" for i in range(len(g))]
+
+
+def configure(model, stats, modes):
+    """Set every layer's FFN mode: one mode name for all layers or a list per layer."""
+    n = model.hparams["n_layer"]
+    if isinstance(modes, str):
+        modes = [modes] * n
+    if len(modes) != n:
+        raise ValueError(f"{len(modes)} modes for {n} layers")
+    for i, mode in enumerate(modes):
+        model._fwd.set_ffn(i, None if mode == "baseline" else layer_params(stats[i], mode))
+    return modes
+
+
+SWEEP_CLIPS = (99.9, 99.5, 99.0)
+
+
+def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=None, threads=None, progress=False,
+          log=None):
+    """Every configuration of the issue's sweep; rows of dict(mode, exact_layers, ppl, ppl_err, kl, wall_s)."""
+    import os
+    import tempfile
+    import time
+
+    from .model import load_model
+    from .ppl import perplexity
+
+    log = log or (lambda m: None)
+    ref_lp = os.path.join(tempfile.mkdtemp(prefix="orkpy-ffn-"), "ref.npz")
+    ref = load_model(model_path, weights="gguf")
+    perplexity(ref, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
+    m = load_model(model_path, weights="int8")
+    stats = prep(m, m.tokenizer.encode(calib_text), n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
+    n = m.hparams["n_layer"]
+    rows = []
+
+    def run(label, modes):
+        t0 = time.perf_counter()
+        modes = configure(m, stats, modes)
+        r = perplexity(m, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, kld_base=ref_lp)
+        exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")]
+        rows.append({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
+                     "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0})
+        log(f"{label:<18} exact {str(exact):<20} PPL {r.ppl:.4f} KL {r.kld['mean']:.6f}")
+
+    for mode in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input"):
+        run(mode, mode)
+    for pct in SWEEP_CLIPS:
+        run(f"clip_pct_{pct:g}", f"clip_pct_{pct:g}")
+    for mode in ("asym_zero_point", "per_channel_out", "unfused"):
+        run(mode, mode)
+    for k in range(n + 1):
+        run("sprinkle", sprinkle(stats, k))
+    run("sprinkle_auto", sprinkle(stats, "auto"))
+    return rows, stats

@@ -1,0 +1,146 @@
+"""The fused int8 SwiGLU chain: integer steps against a NumPy reference,
+sprinkle identities, selection rules, modes, bad input."""
+import json
+
+import numpy as np
+import pytest
+
+import orkpy
+import orkpy._core as C
+from orkpy import ffn
+from orkpy.cli import main, read_text_like_llama_cpp
+from orkpy.reference import round_half_away
+
+ST = "models/stories260K/stories260K-F32.gguf"
+
+
+@pytest.fixture(scope="module")
+def setup(shared):
+    m = orkpy.load_model(shared / ST, weights="int8")
+    text = read_text_like_llama_cpp(shared / "text" / "tinystories-val-B.txt")
+    toks = m.tokenizer.encode(text)
+    stats = ffn.prep(m, toks[: 256 * 30], n_ctx=256)
+    return m, toks, stats
+
+
+def _pw(m, i, name):
+    g = orkpy.GGUFFile(m.path)
+    w = g.tensor(f"blk.{i}.{name}.weight")
+    return orkpy.pack(orkpy.quantize(w, "int8"))
+
+
+def np_chain(h, pg, pu, pd, p, lut, lut_scale):
+    """NumPy reference of the fused chain (ffn_chain.h), float32 step by step."""
+    f32 = np.float32
+    q = orkpy.quantize(h, "int8")
+    hq, a = q.codes, q.scales
+    G, U = pg.matmul_int(hq), pu.matmul_int(hq)
+    g = (G.astype(f32) * a[:, None]).astype(f32) * pg.bscale[None, :]
+    u = (U.astype(f32) * a[:, None]).astype(f32) * pu.bscale[None, :]
+    inv = f32(1) / f32(p["lut_step"])
+    idx = np.clip(round_half_away((g * inv).astype(f32)) + f32(512), 0, 1023).astype(np.int64)
+    s = lut[idx].astype(f32) * f32(lut_scale)
+    ss, us, ps = f32(p["s_scale"]), f32(p["u_scale"]), f32(p["p_scale"])
+    sq = np.clip(round_half_away((s / ss).astype(f32)), -127, 127).astype(np.int32)
+    uq = np.clip(round_half_away((u / us).astype(f32)), -127, 127).astype(np.int32)
+    m = f32(ss * us) / ps
+    pq = np.clip(round_half_away(((sq * uq).astype(f32) * m).astype(f32)), -127, 127).astype(np.int8)
+    Y = pd.matmul_int(pq)
+    return (Y.astype(f32) * ps).astype(f32) * pd.bscale[None, :], pq
+
+
+def test_fused_integer_steps_match_numpy_reference(setup):
+    m, toks, stats = setup
+    ffn.configure(m, stats, "fused")
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((37, 64)).astype(np.float32) * 1.5
+    for layer in range(m.hparams["n_layer"]):
+        p = ffn.layer_params(stats[layer], "fused")
+        lut, lut_scale = C.ffn_lut(p["lut_step"])
+        want, pq = np_chain(h, _pw(m, layer, "ffn_gate"), _pw(m, layer, "ffn_up"), _pw(m, layer, "ffn_down"), p, lut,
+                            lut_scale)
+        got = m._fwd.ffn_apply(layer, h)
+        assert np.array_equal(got, want), layer
+        assert np.abs(pq.astype(int)).max() > 20  # the requantized product actually uses the int8 range
+
+
+def test_lut_is_silu():
+    lut, sc = C.ffn_lut(0.02)
+    x = (np.arange(1024) - 512) * np.float32(0.02)
+    silu = x / (1 + np.exp(-x))
+    assert np.abs(lut * sc - silu).max() <= sc  # within one LUT quantum
+    assert lut.dtype == np.int16 and lut[512] == 0
+
+
+def test_sprinkle_identities(setup):
+    m, toks, stats = setup
+    n = m.hparams["n_layer"]
+    chunk = toks[:256]
+    ffn.configure(m, stats, "exact_silu")
+    exact = m.forward(chunk)
+    ffn.configure(m, stats, "fused")
+    fused = m.forward(chunk)
+    ffn.configure(m, stats, "baseline")
+    base = m.forward(chunk)
+    ffn.configure(m, stats, ffn.sprinkle(stats, n))
+    assert np.array_equal(m.forward(chunk), exact)      # all layers exact == exact_silu
+    ffn.configure(m, stats, ffn.sprinkle(stats, 0))
+    assert np.array_equal(m.forward(chunk), fused)      # none exact == fused
+    assert np.array_equal(exact, base)                  # the exact path is the per-op path
+    assert not np.array_equal(fused, exact)
+
+
+def test_selection_rules_deterministic(setup):
+    m, toks, stats = setup
+    g = [s["gmax"] for s in stats]
+    top2 = ffn.sprinkle(stats, 2)
+    assert sorted(i for i, md in enumerate(top2) if md == "exact_silu") == sorted(np.argsort(g)[-2:].tolist())
+    assert ffn.sprinkle(stats, "auto") == ffn.sprinkle(stats, "auto")
+    thr = ffn.sprinkle(stats, float(np.median(g)))
+    assert [md == "exact_silu" for md in thr] == [x > np.median(g) for x in g]
+    fake = [{"gmax": v} for v in (1.0, 1.1, 0.9, 1.05, 9.0, 1.0)]
+    assert ffn.sprinkle(fake, "auto") == ["fused"] * 4 + ["exact_silu", "fused"]
+
+
+@pytest.mark.parametrize("mode", ["fp32_silu_out", "exact_lut_input", "clip_pct_99.5", "asym_zero_point",
+                                  "per_channel_out", "unfused"])
+def test_every_mode_runs_and_differs_from_fused(setup, mode):
+    m, toks, stats = setup
+    chunk = toks[:128]
+    ffn.configure(m, stats, "fused")
+    fused = m.forward(chunk)
+    ffn.configure(m, stats, mode)
+    out = m.forward(chunk)
+    assert np.all(np.isfinite(out)) and not np.array_equal(out, fused)
+
+
+def test_bad_input(setup, shared):
+    m, toks, stats = setup
+    with pytest.raises(ValueError, match="unknown FFN mode"):
+        ffn.configure(m, stats, "fused9")
+    with pytest.raises(ValueError, match="percentile"):
+        ffn.configure(m, stats, "clip_pct_100")
+    f32 = orkpy.load_model(shared / ST)  # float weights: the chain needs packed ones
+    with pytest.raises(ValueError, match="packed"):
+        ffn.configure(f32, stats, "fused")
+    with pytest.raises(ValueError, match="modes for"):
+        ffn.configure(m, stats, ["fused"])
+
+
+@pytest.mark.gate
+def test_ffn_sweep_cli(shared, tmp_path, capsys):
+    out = tmp_path / "sweep.jsonl"
+    text = str(shared / "text" / "tinystories-val-B.txt")
+    assert main(["ffn-sweep", str(shared / ST), text, "--calib", text, "--chunks", "20", "--calib-chunks", "40",
+                 "--json", str(out)]) == 0
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    modes = [r["mode"] for r in rows]
+    for want in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "clip_pct_99.9",
+                 "clip_pct_99.5", "clip_pct_99", "asym_zero_point", "per_channel_out", "unfused", "sprinkle_auto"):
+        assert want in modes
+    sprinkles = [r for r in rows if r["mode"] == "sprinkle"]
+    assert [len(r["exact_layers"]) for r in sprinkles] == list(range(6))
+    by = {r["mode"]: r for r in rows}
+    assert by["exact_silu"]["ppl"] == by["baseline"]["ppl"] == sprinkles[-1]["ppl"]
+    assert sprinkles[0]["ppl"] == by["fused"]["ppl"]
+    assert set(rows[0]) == {"mode", "exact_layers", "ppl", "ppl_err", "kl", "wall_s"}
