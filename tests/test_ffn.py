@@ -99,7 +99,13 @@ def test_selection_rules_deterministic(setup):
     thr = ffn.sprinkle(stats, float(np.median(g)))
     assert [md == "exact_silu" for md in thr] == [x > np.median(g) for x in g]
     fake = [{"gmax": v} for v in (1.0, 1.1, 0.9, 1.05, 9.0, 1.0)]
-    assert ffn.sprinkle(fake, "auto") == ["fused"] * 4 + ["exact_silu", "fused"]
+    # median 1.025, MAD 0.05: c = 1 -> threshold 1.075, c = 3 -> 1.175
+    assert ffn.sprinkle(fake, "auto") == ["fused", "exact_silu", "fused", "fused", "exact_silu", "fused"]
+    assert ffn.sprinkle(fake, "auto", c=3.0) == ["fused"] * 4 + ["exact_silu", "fused"]
+    assert ffn.AUTO_C == 1.0
+    # on stories260K the automatic choice is the two layers with the largest gmax
+    auto = [i for i, md in enumerate(ffn.sprinkle(stats, "auto")) if md == "exact_silu"]
+    assert auto == sorted(np.argsort(g)[-2:].tolist())
 
 
 @pytest.mark.parametrize("mode", ["fp32_silu_out", "exact_lut_input", "clip_pct_99.5", "asym_zero_point",
