@@ -241,7 +241,7 @@ class QuantizedModel:
         self.settings = settings
         self.hashes = hashes
         self.double_quant = double_quant
-        self._model = None
+        self._models = {}
 
     def result_bytes(self):
         out = {"int8": 0, "int4": 0}
@@ -255,7 +255,10 @@ class QuantizedModel:
         return b["int8"] / t if t else 0.0
 
     def to_model(self, act="per_token"):
-        if self._model is None:
+        """A Model running the packed weights (cached per activation mode)."""
+        if act not in ("per_token", "per_tensor"):
+            raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
+        if act not in self._models:
             src = self._src
             pt = act == "per_tensor"
 
@@ -263,9 +266,9 @@ class QuantizedModel:
                 pw = self.tensors[name]
                 return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
             paths = {n: pw.kind for n, pw in self.tensors.items()}
-            self._model = Model(self.source, src.hp, paths, _assemble(None, src.hp, spec_of, src.tensor),
-                                src.meta, src.tied)
-        return self._model
+            self._models[act] = Model(self.source, src.hp, paths, _assemble(None, src.hp, spec_of, src.tensor),
+                                      src.meta, src.tied)
+        return self._models[act]
 
     def save(self, path, overwrite=False):
         """Write the model directory atomically (temp dir + rename)."""

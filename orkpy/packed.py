@@ -103,7 +103,7 @@ def pack(q):
         raise TypeError(f"pack expects a QuantizedTensor, got {type(q).__name__}")
     N, K = q.shape
     store = _core.pack(q.codes, q.kind, N, K)
-    bscale = np.ascontiguousarray(q.scales, dtype=np.float32)
+    bscale = np.ascontiguousarray(q.scales, dtype=np.float32) + np.float32(0)  # -0.0 -> +0.0
     if not np.all(np.isfinite(bscale)) or np.any(bscale < 0):
         raise ValueError("scales must be finite and non-negative")
     return PackedWeight(q.kind, (N, K), store, bscale)

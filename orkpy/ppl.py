@@ -57,14 +57,18 @@ class PPLResult:
         return s
 
 
-def tokens_for_ppl(model, text_or_tokens):
+def tokens_for_ppl(model, text_or_tokens, add_bos=None):
     """int32 token ids: a str is tokenized with the model's own tokenizer (BOS as
-    the vocabulary says); an int array is used as given."""
+    the vocabulary says, or as add_bos says); an int array is used as given."""
     if isinstance(text_or_tokens, str):
-        return np.asarray(model.tokenizer.encode(text_or_tokens), dtype=np.int32)
+        special = model.tokenizer.add_bos if add_bos is None else bool(add_bos)
+        return np.asarray(model.tokenizer.encode(text_or_tokens, add_special=special), dtype=np.int32)
     t = np.asarray(text_or_tokens)
     if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
         raise TypeError("text_or_tokens must be a str or a 1-D integer array of token ids")
+    if t.size and (t.min() < 0 or t.max() >= model.n_vocab):
+        bad = int(np.flatnonzero((t < 0) | (t >= model.n_vocab))[0])
+        raise ValueError(f"token id {int(t[bad])} at index {bad} is outside the vocabulary ({model.n_vocab})")
     return t.astype(np.int32)
 
 
@@ -92,7 +96,7 @@ def perplexity(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, prog
     model = _as_model(model)
     if not isinstance(n_ctx, int) or n_ctx < 4 or n_ctx % 2:
         raise ValueError(f"n_ctx must be an even int >= 4, got {n_ctx!r}")
-    tokens = tokens_for_ppl(model, text_or_tokens)
+    tokens = tokens_for_ppl(model, text_or_tokens, add_bos)
     if add_bos is None:
         add_bos = model.tokenizer.add_bos
     n = len(tokens)

@@ -94,6 +94,10 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
     if (!m) return ork_err_set(err, ORK_EINVAL, "NULL model");
     if (!m->n_layer || !m->n_embd || !m->n_head || !m->n_head_kv || !m->head_dim || !m->n_ff || !m->n_vocab)
         return ork_err_set(err, ORK_EINVAL, "model has a zero dimension");
+    if (m->n_layer > 4096 || m->n_head > 65536 || m->n_head_kv > 65536 || m->head_dim > 65536 || m->n_embd > ((size_t)1 << 20) ||
+        m->n_ff > ((size_t)1 << 22) || m->n_vocab > ((size_t)1 << 24))
+        return ork_err_set(err, ORK_EINVAL, "model dimensions out of range (layers %zu, heads %zu/%zu x %zu, embd %zu, ff %zu, vocab %zu)",
+                           m->n_layer, m->n_head, m->n_head_kv, m->head_dim, m->n_embd, m->n_ff, m->n_vocab);
     if (m->n_head % m->n_head_kv)
         return ork_err_set(err, ORK_EINVAL, "n_head %zu is not a multiple of n_head_kv %zu", m->n_head, m->n_head_kv);
     if (m->n_rot > m->head_dim || (m->n_rot & 1))

@@ -74,6 +74,9 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     }
     for (uint64_t p = ORK_O4N1_HEADER + 4 * N; p < soff; p++)
         if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);
+    if (kind == ORK_KIND_INT8)
+        for (uint64_t p = soff; p < soff + sbytes; p++)
+            if (buf[p] == 0x80) return BAD("int8 store holds -128 at offset %llu (codes must be in [-127, 127])", (unsigned long long)p);
     info->kind = (ork_kind)kind;
     info->K = K;
     info->N = N;

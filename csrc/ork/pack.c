@@ -54,6 +54,10 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
     } else {
         const int8_t *c = (const int8_t *)codes;
         int8_t *s = (int8_t *)store;
+        for (size_t i = 0; i < N * K; i++)
+            if (c[i] == -128)
+                return ork_err_set(err, ORK_EINVAL, "int8 weight code -128 at [%zu, %zu]: codes must be in [-127, 127]",
+                                   i / K, i % K);
         for (size_t nb = 0; nb < NB; nb++)
             for (size_t kb = 0; kb < KB; kb++)
                 for (size_t i = 0; i < 32; i++) {

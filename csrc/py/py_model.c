@@ -8,6 +8,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "../ork/ffn_chain.h"
@@ -25,7 +26,27 @@ typedef struct {
     uint64_t *x2n;
     ork_ffn_params *ffn;   /* per-layer FFN chain settings (owned) */
     ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
+    PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
 } FwdObject;
+
+/* Take the model's lock without holding the GIL while waiting (so a forward
+ * running in another thread can finish), then hold the GIL again. */
+static int fwd_lock(FwdObject *self) {
+    if (!self->lock) {
+        self->lock = PyThread_allocate_lock();
+        if (!self->lock) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    return 0;
+}
+static void fwd_unlock(FwdObject *self) { PyThread_release_lock(self->lock); }
 
 /* every linear of the model, in a fixed order: layer by layer wq wk wv wo
  * w_gate w_up w_down, then the output head */
@@ -53,6 +74,7 @@ static void free_stats(FwdObject *self) {
 }
 
 static void fwd_dealloc(FwdObject *self) {
+    if (self->lock) PyThread_free_lock(self->lock);
     free_stats(self);
     PyMem_Free(self->ffn);
     PyMem_Free(self->x2);
@@ -100,6 +122,10 @@ static int get_float(PyObject *d, const char *key, float *out) {
     double x = PyFloat_AsDouble(v);
     if (x == -1.0 && PyErr_Occurred()) return -1;
     *out = (float)x;
+    if (!isfinite(*out)) {
+        PyErr_Format(PyExc_ValueError, "'%s' = %g is not a finite float32", key, x);
+        return -1;
+    }
     return 0;
 }
 
@@ -167,7 +193,10 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO!:ForwardModel", kwlist, &PyDict_Type, &hp, &emb, &onorm, &out,
                                      &PyList_Type, &layers))
         return -1;
-    Py_XDECREF(self->keep);
+    if (self->keep) {
+        PyErr_SetString(PyExc_RuntimeError, "a ForwardModel cannot be initialised twice");
+        return -1;
+    }
     self->keep = PyList_New(0);
     if (!self->keep) return -1;
     ork_model *m = &self->m;
@@ -240,7 +269,25 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
 }
 
 static PyArrayObject *tokens_arg(PyObject *obj) {
-    PyArrayObject *t = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_O(obj);
+    if (!raw) return NULL;
+    if (PyArray_SIZE(raw) > 0 && !PyArray_ISINTEGER(raw)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be integers, got dtype %S", (PyObject *)PyArray_DESCR(raw));
+        Py_DECREF(raw);
+        return NULL;
+    }
+    PyArrayObject *wide = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)raw, NPY_INT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    Py_DECREF(raw);
+    if (!wide) return NULL;
+    const int64_t *w = (const int64_t *)PyArray_DATA(wide);
+    for (npy_intp i = 0; i < PyArray_SIZE(wide); i++)
+        if (w[i] < 0 || w[i] > 0x7fffffff) {
+            PyErr_Format(PyExc_ValueError, "token id %lld at index %zd is out of range", (long long)w[i], (Py_ssize_t)i);
+            Py_DECREF(wide);
+            return NULL;
+        }
+    PyArrayObject *t = (PyArrayObject *)PyArray_FROM_OTF((PyObject *)wide, NPY_INT32, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    Py_DECREF(wide);
     if (!t) return NULL;
     if (PyArray_NDIM(t) != 1 || PyArray_DIM(t, 0) < 1) {
         PyErr_SetString(PyExc_ValueError, "tokens must be a non-empty 1-D integer array");
@@ -273,10 +320,16 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
+    if (fwd_lock(self) < 0) {
+        Py_DECREF(t);
+        Py_DECREF(out);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
                            (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
+    fwd_unlock(self);
     Py_DECREF(t);
     if (st != ORK_OK) {
         Py_DECREF(out);
@@ -324,8 +377,12 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
 }
 
 /* imatrix_enable(): start accumulating sum x^2 per input channel of every linear */
-static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
+static PyObject *fwd_imatrix_enable_unlocked(FwdObject *self, PyObject *unused) {
     (void)unused;
+    for (size_t i = 0; i < self->m.n_layer; i++)
+        if (self->layers[i].ffn)
+            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect the imatrix on the "
+                                "per-op model (set every layer's FFN mode to baseline first)", i);
     size_t n = all_linears(self, NULL);
     ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
     if (!ls) return PyErr_NoMemory();
@@ -351,7 +408,7 @@ static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
 }
 
 /* imatrix_take() -> list of (sums float64 (K,), count) in all_linears order; stops accumulating */
-static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
+static PyObject *fwd_imatrix_take_unlocked(FwdObject *self, PyObject *unused) {
     (void)unused;
     if (!self->x2) return PyErr_Format(PyExc_RuntimeError, "imatrix collection is not enabled");
     size_t n = all_linears(self, NULL);
@@ -382,7 +439,7 @@ static const char *const ffn_mode_names[8] = {NULL, "fused", "exact_silu", "fp32
                                               "asym_zero_point", "per_channel_out", "unfused"};
 
 /* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
-static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
+static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t li;
     PyObject *d;
     if (!PyArg_ParseTuple(args, "nO:set_ffn", &li, &d)) return NULL;
@@ -436,7 +493,7 @@ static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
+static PyObject *fwd_ffn_stats_enable_unlocked(FwdObject *self, PyObject *unused) {
     (void)unused;
     free_stats(self);
     self->stats = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_stats));
@@ -454,7 +511,7 @@ static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
 }
 
 /* -> list per layer of dict(gmax, smin, smax, umax, pmax, n, s_absmax_ch, hist); stops collecting */
-static PyObject *fwd_ffn_stats_take(FwdObject *self, PyObject *unused) {
+static PyObject *fwd_ffn_stats_take_unlocked(FwdObject *self, PyObject *unused) {
     (void)unused;
     if (!self->stats) return PyErr_Format(PyExc_RuntimeError, "FFN statistics are not enabled");
     PyObject *out = PyList_New((Py_ssize_t)self->m.n_layer);
@@ -508,7 +565,7 @@ PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg) {
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused) { return py_ffn_hist_edges(self, unused); }
 
 /* ffn_apply(layer, h) -> y: one layer's FFN chain on given normed inputs (tests, debugging) */
-static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
+static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t li;
     PyObject *h_obj;
     if (!PyArg_ParseTuple(args, "nO:ffn_apply", &li, &h_obj)) return NULL;
@@ -538,6 +595,48 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
         return orkpy_raise(st, &err);
     }
     return (PyObject *)y;
+}
+
+static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_imatrix_enable_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_imatrix_take_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_ffn_stats_enable_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_ffn_stats_take(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_ffn_stats_take_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_set_ffn_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_ffn_apply_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
 }
 
 static PyMethodDef fwd_methods[] = {
