@@ -47,7 +47,7 @@ class BuildExt(build_ext):
             compiler._compile = original
 
 
-core_sources = sorted(glob.glob("csrc/ork/*.c"))
+core_sources = sorted(glob.glob("csrc/ork/*.c") + glob.glob("csrc/ork/npu/*.c"))
 binding_sources = sorted(glob.glob("csrc/py/*.c"))
 
 ext = Extension(

@@ -176,6 +176,13 @@ def _cmd_ffn_sweep(args):
     return 0
 
 
+def _cmd_npu_dump(args):
+    from .npu import dump, read_commands
+
+    print(dump(read_commands(args.file)))
+    return 0
+
+
 def _cmd_gate(args):
     from .gate import format_gate, run_gate
 
@@ -273,6 +280,10 @@ def build_parser():
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--json", help="write one JSON row per configuration (JSON lines)")
     s.set_defaults(func=_cmd_ffn_sweep)
+
+    s = sub.add_parser("npu-dump", help="decode an RK3588 NPU register command buffer into a listing")
+    s.add_argument("file", help="little-endian binary qwords, or text with one hex qword per line")
+    s.set_defaults(func=_cmd_npu_dump)
 
     s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
     s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")

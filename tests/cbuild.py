@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CORE = sorted((ROOT / "csrc" / "ork").glob("*.c"))
+CORE = sorted((ROOT / "csrc" / "ork").glob("*.c")) + sorted((ROOT / "csrc" / "ork" / "npu").glob("*.c"))
 FLAGS = ["-std=c11", "-O2", "-D_GNU_SOURCE", "-ffp-contract=off", "-Wall", "-Wextra",
          "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Werror"]
 CROSS_CC = "aarch64-linux-gnu-gcc"

@@ -33,4 +33,8 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
 
+/* py_npu.c */
+PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_names(PyObject *self, PyObject *args);
+
 #endif

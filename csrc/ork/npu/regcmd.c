@@ -1,0 +1,163 @@
+/* regcmd.c - see regcmd.h. Written from the published facts; no code from
+ * the GPL reverse-engineering projects. */
+#include "regcmd.h"
+
+#include <string.h>
+
+#define CBUF_BANKS 12u
+#define CBUF_BANK_BYTES 32768u
+
+typedef struct {
+    uint32_t target, reg;
+    const char *name;
+} reg_name;
+
+static const reg_name names[] = {
+    {ORK_NPU_PC, 0x0008, "PC_OPERATION_ENABLE"}, {ORK_NPU_PC, 0x0010, "PC_BASE_ADDRESS"},
+    {ORK_NPU_PC, 0x0014, "PC_REGISTER_AMOUNTS"}, {ORK_NPU_CNA, 0x100c, "CNA_CONV_CON1"},
+    {ORK_NPU_CNA, 0x1010, "CNA_CONV_CON2"},      {ORK_NPU_CNA, 0x1014, "CNA_CONV_CON3"},
+    {ORK_NPU_CNA, 0x1020, "CNA_DATA_SIZE0"},     {ORK_NPU_CNA, 0x1024, "CNA_DATA_SIZE1"},
+    {ORK_NPU_CNA, 0x1028, "CNA_DATA_SIZE2"},     {ORK_NPU_CNA, 0x102c, "CNA_DATA_SIZE3"},
+    {ORK_NPU_CNA, 0x1030, "CNA_WEIGHT_SIZE0"},   {ORK_NPU_CNA, 0x1034, "CNA_WEIGHT_SIZE1"},
+    {ORK_NPU_CNA, 0x1038, "CNA_WEIGHT_SIZE2"},   {ORK_NPU_CNA, 0x1040, "CNA_CBUF_CON0"},
+    {ORK_NPU_CNA, 0x1044, "CNA_CBUF_CON1"},      {ORK_NPU_CNA, 0x104c, "CNA_CVT_CON0"},
+    {ORK_NPU_CNA, 0x1050, "CNA_CVT_CON1"},       {ORK_NPU_CNA, 0x1054, "CNA_CVT_CON2"},
+    {ORK_NPU_CNA, 0x1058, "CNA_CVT_CON3"},       {ORK_NPU_CNA, 0x105c, "CNA_CVT_CON4"},
+    {ORK_NPU_CNA, 0x1060, "CNA_FC_CON0"},        {ORK_NPU_CNA, 0x1064, "CNA_FC_CON1"},
+    {ORK_NPU_CNA, 0x1068, "CNA_PAD_CON0"},       {ORK_NPU_CNA, 0x1070, "CNA_FEATURE_DATA_ADDR"},
+    {ORK_NPU_CNA, 0x1074, "CNA_FC_CON2"},        {ORK_NPU_CNA, 0x1078, "CNA_DMA_CON0"},
+    {ORK_NPU_CNA, 0x107c, "CNA_DMA_CON1"},       {ORK_NPU_CNA, 0x1080, "CNA_DMA_CON2"},
+    {ORK_NPU_CNA, 0x1084, "CNA_FC_DATA_SIZE0"},  {ORK_NPU_CNA, 0x1088, "CNA_FC_DATA_SIZE1"},
+    {ORK_NPU_CNA, 0x1100, "CNA_DCOMP_CTRL"},     {ORK_NPU_CNA, 0x1104, "CNA_DCOMP_REGNUM"},
+    {ORK_NPU_CNA, 0x1110, "CNA_DCOMP_ADDR0"},    {ORK_NPU_CNA, 0x1180, "CNA_CVT_CON5"},
+    {ORK_NPU_CNA, 0x1184, "CNA_PAD_CON1"},       {ORK_NPU_CORE, 0x3010, "CORE_MISC_CFG"},
+    {ORK_NPU_CORE, 0x3014, "CORE_DATAOUT_SIZE_0"}, {ORK_NPU_CORE, 0x3018, "CORE_DATAOUT_SIZE_1"},
+    {ORK_NPU_CORE, 0x301c, "CORE_CLIP_TRUNCATE"}, {ORK_NPU_DPU, 0x4004, "DPU_S_POINTER"},
+    {ORK_NPU_DPU, 0x400c, "DPU_FEATURE_MODE_CFG"}, {ORK_NPU_DPU, 0x4010, "DPU_DATA_FORMAT"},
+    {ORK_NPU_DPU, 0x4014, "DPU_OFFSET_PEND"},    {ORK_NPU_DPU, 0x4020, "DPU_DST_BASE_ADDR"},
+    {ORK_NPU_DPU, 0x4024, "DPU_DST_SURF_STRIDE"}, {ORK_NPU_DPU, 0x4030, "DPU_DATA_CUBE_WIDTH"},
+    {ORK_NPU_DPU, 0x4034, "DPU_DATA_CUBE_HEIGHT"}, {ORK_NPU_DPU, 0x4038, "DPU_DATA_CUBE_NOTCH"},
+    {ORK_NPU_DPU, 0x403c, "DPU_DATA_CUBE_CHANNEL"}, {ORK_NPU_DPU, 0x4040, "DPU_BS_CFG"},
+    {ORK_NPU_DPU, 0x4050, "DPU_BS_OW_CFG"},      {ORK_NPU_DPU, 0x4058, "DPU_WDMA_SIZE_0"},
+    {ORK_NPU_DPU, 0x405c, "DPU_WDMA_SIZE_1"},    {ORK_NPU_DPU, 0x4060, "DPU_BN_CFG"},
+    {ORK_NPU_DPU, 0x4070, "DPU_EW_CFG"},         {ORK_NPU_DPU, 0x4078, "DPU_EW_CVT_SCALE_VALUE"},
+    {ORK_NPU_DPU, 0x4084, "DPU_OUT_CVT_SCALE"},  {ORK_NPU_DPU, 0x4088, "DPU_OUT_CVT_SHIFT"},
+    {ORK_NPU_DPU, 0x40c0, "DPU_SURFACE_ADD"},
+};
+
+const char *ork_npu_target_name(uint32_t t) {
+    switch (t) {
+    case ORK_NPU_PC: return "PC";
+    case ORK_NPU_CNA: return "CNA";
+    case ORK_NPU_CORE: return "CORE";
+    case ORK_NPU_DPU: return "DPU";
+    case ORK_NPU_DPU_RDMA: return "DPU_RDMA";
+    case 0x4001: return "PPU";
+    case 0x8001: return "PPU_RDMA";
+    case ORK_NPU_MARK: return "MARK";
+    case ORK_NPU_OPEN: return "OP_EN";
+    case 0: return "NOP";
+    default: return NULL;
+    }
+}
+
+const char *ork_npu_reg_name(uint32_t target, uint32_t reg) {
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].target == target && names[i].reg == reg) return names[i].name;
+    if (target == ORK_NPU_OPEN && reg == 0x0008) return "PC_OPERATION_ENABLE";
+    return NULL;
+}
+
+ork_status ork_npu_matmul_task(const ork_npu_matmul *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err) {
+    if (!d || !out) return ork_err_set(err, ORK_EINVAL, "npu_matmul_task: NULL argument");
+    const int fp16 = d->dtype == ORK_NPU_FP16_FP32;
+    if (d->dtype != ORK_NPU_INT8_INT32 && !fp16) return ork_err_set(err, ORK_EINVAL, "unknown NPU matmul dtype");
+    const uint32_t M = d->M, K = d->K, N = d->N, esz = fp16 ? 2 : 1;
+    if (M == 0 || K == 0 || N == 0 || !(M == 1 || M % 4 == 0) || K % 32 || N % (fp16 ? 16u : 32u) || K > 8192 ||
+        N > 8192 || M > 2047)
+        return ork_err_set(err, ORK_EINVAL,
+                           "matmul %ux%ux%u outside this task's limits (M = 1 or M %% 4 == 0, M < 2048; K %% 32 == 0; "
+                           "N %% %u == 0; K, N <= 8192)", M, K, N, fp16 ? 16u : 32u);
+    uint64_t feature_bytes = (uint64_t)M * K * esz;
+    uint32_t data_bank = (uint32_t)((feature_bytes + CBUF_BANK_BYTES - 1) / CBUF_BANK_BYTES);
+    if (data_bank > CBUF_BANKS - 1)
+        return ork_err_set(err, ORK_EINVAL, "feature data of %ux%u needs %u CBUF banks (at most 11)", M, K, data_bank);
+    if ((uint64_t)K * esz > CBUF_BANK_BYTES)
+        return ork_err_set(err, ORK_EINVAL, "one kernel of K = %u does not fit a CBUF bank", K);
+    const uint32_t weight_bank = CBUF_BANKS - data_bank;
+    const uint32_t in_prec = fp16 ? 2 : 0, proc_prec = in_prec, out_prec = fp16 ? 5 : 4; /* precision enum */
+    const uint32_t out_size_e = fp16 ? 3 : 7, surf_mul = fp16 ? 4 : 8;
+    const uint32_t entries = fp16 ? (K + 31) / 32 : (K + 63) / 64;
+    size_t n = 0;
+#define E(t, r, v) out[n++] = ork_npu_qword((t), (r), (uint32_t)(v))
+    E(ORK_NPU_DPU, 0x4004, 0xe); /* S_POINTER: pp mode, executer/pointer ping-pong */
+    E(ORK_NPU_CNA, 0x100c, proc_prec << 7 | in_prec << 4);      /* CONV_CON1, conv_mode direct */
+    E(ORK_NPU_CNA, 0x1010, (M + 1) << 4);                        /* CONV_CON2: feature grains */
+    E(ORK_NPU_CNA, 0x1014, 0x9);                                 /* CONV_CON3: strides 1 */
+    E(ORK_NPU_CNA, 0x1020, 1u << 16 | M);                        /* DATA_SIZE0: width 1, height M */
+    E(ORK_NPU_CNA, 0x1024, (K - 1) << 16 | K);                   /* DATA_SIZE1: channels */
+    E(ORK_NPU_CNA, 0x1028, 1);                                   /* DATA_SIZE2: output width */
+    E(ORK_NPU_CNA, 0x102c, M);                                   /* DATA_SIZE3: atomics */
+    E(ORK_NPU_CNA, 0x1030, K * N * esz);                         /* WEIGHT_SIZE0: bytes */
+    E(ORK_NPU_CNA, 0x1034, K * esz);                             /* WEIGHT_SIZE1: bytes per kernel */
+    E(ORK_NPU_CNA, 0x1038, 1u << 24 | 1u << 16 | N);             /* WEIGHT_SIZE2: 1x1 kernels, N */
+    E(ORK_NPU_CNA, 0x1040, weight_bank << 4 | data_bank);        /* CBUF_CON0 */
+    E(ORK_NPU_CNA, 0x1044, entries);                             /* CBUF_CON1: data entries */
+    E(ORK_NPU_CNA, 0x104c, 0xb);                                 /* CVT_CON0: bypass */
+    for (uint32_t r = 0x1050; r <= 0x105c; r += 4) E(ORK_NPU_CNA, r, 1u << 16); /* CVT_CON1..4: scale 1 */
+    for (uint32_t r = 0x1060; r <= 0x1068; r += 4) E(ORK_NPU_CNA, r, 0);        /* FC_CON0/1, PAD_CON0 */
+    E(ORK_NPU_CNA, 0x1070, d->in_addr);                          /* FEATURE_DATA_ADDR */
+    E(ORK_NPU_CNA, 0x1074, 0);                                   /* FC_CON2 */
+    E(ORK_NPU_CNA, 0x1078, 15u << 16 | 15u);                     /* DMA_CON0: bursts */
+    E(ORK_NPU_CNA, 0x107c, 4);                                   /* DMA_CON1: line stride */
+    E(ORK_NPU_CNA, 0x1080, (M - 4) & 0x0fffffffu);               /* DMA_CON2: surface stride (28 bits) */
+    E(ORK_NPU_CNA, 0x1084, 1u << 16 | M);                        /* FC_DATA_SIZE0 */
+    E(ORK_NPU_CNA, 0x1088, K);                                   /* FC_DATA_SIZE1 */
+    E(ORK_NPU_CNA, 0x1100, 0);                                   /* DCOMP_CTRL */
+    E(ORK_NPU_CNA, 0x1104, 0);                                   /* DCOMP_REGNUM */
+    E(ORK_NPU_CNA, 0x1110, d->w_addr);                           /* DCOMP_ADDR0: weights */
+    for (uint32_t r = 0x1140; r <= 0x117c; r += 4) E(ORK_NPU_CNA, r, 0);        /* DCOMP_AMOUNT0..15 */
+    E(ORK_NPU_CNA, 0x1180, 0);                                   /* CVT_CON5 */
+    E(ORK_NPU_CNA, 0x1184, 0);                                   /* PAD_CON1 */
+    E(ORK_NPU_CORE, 0x3010, proc_prec << 8 | (fp16 ? 1u : 0u));  /* MISC_CFG: qd_en for fp16 */
+    E(ORK_NPU_CORE, 0x3014, (M - 1) << 16);                      /* DATAOUT_SIZE_0 */
+    E(ORK_NPU_CORE, 0x3018, N - 1);                              /* DATAOUT_SIZE_1 */
+    E(ORK_NPU_CORE, 0x301c, 0);                                  /* CLIP_TRUNCATE */
+    E(ORK_NPU_CORE, 0x3030, 0);                                  /* (undocumented, 0) */
+    E(ORK_NPU_DPU, 0x400c, 15u << 5 | 2u << 1);                  /* FEATURE_MODE_CFG: burst, output mode */
+    E(ORK_NPU_DPU, 0x4010, out_prec << 29 | in_prec << 26 | proc_prec); /* DATA_FORMAT */
+    E(ORK_NPU_DPU, 0x4014, 0);                                   /* OFFSET_PEND */
+    E(ORK_NPU_DPU, 0x4020, d->out_addr);                         /* DST_BASE_ADDR */
+    E(ORK_NPU_DPU, 0x4024, M << 4);                              /* DST_SURF_STRIDE */
+    E(ORK_NPU_DPU, 0x4030, 0);                                   /* DATA_CUBE_WIDTH - 1 */
+    E(ORK_NPU_DPU, 0x4034, M - 1);                               /* DATA_CUBE_HEIGHT - 1 */
+    E(ORK_NPU_DPU, 0x4038, 0);                                   /* DATA_CUBE_NOTCH */
+    E(ORK_NPU_DPU, 0x403c, (N - 1) << 16 | (N - 1));             /* DATA_CUBE_CHANNEL */
+    E(ORK_NPU_DPU, 0x4040, 0x53);                                /* BS_CFG: bypass */
+    for (uint32_t r = 0x4044; r <= 0x404c; r += 4) E(ORK_NPU_DPU, r, 0);
+    E(ORK_NPU_DPU, 0x4050, out_size_e << 8 | out_size_e << 5 | out_size_e << 2 | 1u << 1); /* BS_OW_CFG */
+    E(ORK_NPU_DPU, 0x4054, 0);                                   /* BS_OW_OP */
+    E(ORK_NPU_DPU, 0x4058, N - 1);                               /* WDMA_SIZE_0 */
+    E(ORK_NPU_DPU, 0x405c, (M - 1) << 16);                       /* WDMA_SIZE_1 */
+    E(ORK_NPU_DPU, 0x4060, 0x53);                                /* BN_CFG: bypass */
+    for (uint32_t r = 0x4064; r <= 0x406c; r += 4) E(ORK_NPU_DPU, r, 0);
+    E(ORK_NPU_DPU, 0x4070, 0x383);                               /* EW_CFG: bypass */
+    E(ORK_NPU_DPU, 0x4074, 0);
+    E(ORK_NPU_DPU, 0x4078, 1);                                   /* EW_CVT_SCALE_VALUE */
+    E(ORK_NPU_DPU, 0x407c, 0);
+    E(ORK_NPU_DPU, 0x4080, 0);
+    E(ORK_NPU_DPU, 0x4084, 1);                                   /* OUT_CVT_SCALE (fp32tofp16 off) */
+    E(ORK_NPU_DPU, 0x4088, 0);                                   /* OUT_CVT_SHIFT */
+    for (uint32_t r = 0x4090; r <= 0x40ac; r += 4) E(ORK_NPU_DPU, r, 0);        /* EW_OP_VALUE 0..7 */
+    E(ORK_NPU_DPU, 0x40c0, (M * surf_mul) << 4);                 /* SURFACE_ADD */
+    E(ORK_NPU_DPU, 0x40c4, 0);
+    for (uint32_t r = 0x4100; r <= 0x412c; r += 4) E(ORK_NPU_DPU, r, 0);        /* LUT registers */
+    /* single-task tail */
+    out[n++] = 0;
+    E(ORK_NPU_PC, 0x0014, 0);                                    /* PC_REGISTER_AMOUNTS: no next task */
+    out[n++] = (uint64_t)ORK_NPU_MARK << 48;
+    E(ORK_NPU_OPEN, 0x0008, 0xd);                                /* operation enable */
+#undef E
+    if (n != ORK_NPU_TASK_QWORDS) return ork_err_set(err, ORK_EINVAL, "internal: task has %zu qwords", n);
+    return ORK_OK;
+}

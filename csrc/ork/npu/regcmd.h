@@ -1,0 +1,62 @@
+/* regcmd.h - RK3588 NPU register command streams: the 64-bit encoding, a
+ * decoder for listings, and the register body of one int8 (or fp16) matmul
+ * task. First slice of the NPU layer (planner, emulator and device backends
+ * are not written yet).
+ *
+ * Encoding (RK3588 TRM part 1, "RKNN_pc_register_amounts"; the same in every
+ * public implementation, ../shared/docs/npu-anchors.md §1.3):
+ *   qword = (u64)target << 48 | (u64)value32 << 16 | reg16
+ *   targets: PC 0x0101, CNA 0x0201, CORE 0x0801, DPU 0x1001, DPU_RDMA 0x2001,
+ *            PPU 0x4001, PPU_RDMA 0x8001; 0x0041 marker before op-enable 0x0081.
+ * A single task is the 104-qword body below + the 4-qword tail
+ *   0, (PC 0x0014 = 0), 0x0041..., (0x0081 0x0008 = enable 0xd).
+ * Register values of the matmul body (a 1x1 direct convolution with feature
+ * cube H = M, W = 1, C = K and N kernels) follow the facts of npu-anchors.md
+ * §1.4 and are checked against the captured streams in
+ * ../shared/docs/npu/golden-matmul-regcmd.txt (tests/test_npu_regcmd.py).
+ */
+#ifndef ORK_NPU_REGCMD_H
+#define ORK_NPU_REGCMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../status.h"
+
+#define ORK_NPU_PC 0x0101u
+#define ORK_NPU_CNA 0x0201u
+#define ORK_NPU_CORE 0x0801u
+#define ORK_NPU_DPU 0x1001u
+#define ORK_NPU_DPU_RDMA 0x2001u
+#define ORK_NPU_MARK 0x0041u
+#define ORK_NPU_OPEN 0x0081u
+
+#define ORK_NPU_TASK_BODY 104
+#define ORK_NPU_TASK_QWORDS 108
+
+static inline uint64_t ork_npu_qword(uint32_t target, uint32_t reg, uint32_t value) {
+    return ((uint64_t)(target & 0xffffu) << 48) | ((uint64_t)value << 16) | (uint64_t)(reg & 0xffffu);
+}
+static inline uint32_t ork_npu_target(uint64_t q) { return (uint32_t)(q >> 48); }
+static inline uint32_t ork_npu_value(uint64_t q) { return (uint32_t)(q >> 16); }
+static inline uint32_t ork_npu_reg(uint64_t q) { return (uint32_t)(q & 0xffffu); }
+
+typedef enum { ORK_NPU_INT8_INT32 = 0, ORK_NPU_FP16_FP32 = 1 } ork_npu_dtype;
+
+typedef struct ork_npu_matmul {
+    ork_npu_dtype dtype;
+    uint32_t M, K, N;
+    uint32_t in_addr, w_addr, out_addr; /* 32-bit NPU (IOMMU) addresses */
+} ork_npu_matmul;
+
+/* The 108 qwords of one stand-alone matmul task (body + single-task tail).
+ * Checks the per-task limits this slice supports: M == 1 or M % 4 == 0,
+ * K % 32 == 0, N % 16 == 0 (int8: N % 32 == 0), K, N <= 8192, the feature
+ * data within 11 CBUF banks and one kernel's weights within one bank. */
+ork_status ork_npu_matmul_task(const ork_npu_matmul *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err);
+
+/* Block name of a target ("CNA", ...) or NULL; register name or NULL. */
+const char *ork_npu_target_name(uint32_t target);
+const char *ork_npu_reg_name(uint32_t target, uint32_t reg);
+
+#endif
