@@ -86,6 +86,31 @@ def _as_model(model):
 
 # ---------------------------------------------------------------- imatrix --
 
+def calibration_chunks(model, tokens, n_ctx, chunks=None):
+    """(count, iterator) over the non-overlapping n_ctx-token chunks of
+    ``tokens`` (at most ``chunks``), the first token of each replaced by BOS
+    when the vocabulary adds one -- llama.cpp's convention for imatrix and
+    perplexity runs. Every token of a chunk is used."""
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 2:
+        raise ValueError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
+    n_chunk = len(tokens) // n_ctx
+    if chunks is not None:
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        n_chunk = min(n_chunk, chunks)
+    if n_chunk < 1:
+        raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
+    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+
+    def it():
+        for c in range(n_chunk):
+            chunk = np.array(tokens[c * n_ctx:(c + 1) * n_ctx], dtype=np.int32)
+            if bos is not None:
+                chunk[0] = bos
+            yield chunk
+    return n_chunk, it()
+
+
 def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, progress=True):
     """Importance matrix of every linear weight (except the head) on a text."""
     from .imatrix import Imatrix
@@ -93,24 +118,12 @@ def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None,
 
     model = _as_model(model)
     tokens = tokens_for_ppl(model, text_or_tokens)
-    if not isinstance(n_ctx, int) or n_ctx < 2:
-        raise ValueError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
-    n_chunk = len(tokens) // n_ctx
-    if chunks is not None:
-        if not isinstance(chunks, int) or chunks < 1:
-            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
-        n_chunk = min(n_chunk, chunks)
-    if n_chunk < 1:
-        raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
-    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
+    n_chunk, chunk_iter = calibration_chunks(model, tokens, n_ctx, chunks)
     fwd = model._fwd
     fwd.imatrix_enable()
     bar = _progress(n_chunk, "imatrix", progress, "chunk")
     try:
-        for c in range(n_chunk):
-            chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
-            if bos is not None:
-                chunk[0] = bos
+        for chunk in chunk_iter:
             fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
             if bar is not None:
                 bar.update(1)

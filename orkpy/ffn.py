@@ -43,23 +43,16 @@ MARGIN = 1.15
 def prep(model, tokens, n_ctx=256, chunks=None, threads=None):
     """Run the per-op model over calibration tokens and return per-layer FFN
     statistics (gmax = max|gate| for free, max|silu|, max|up|, ...)."""
+    from .calibrate import calibration_chunks
     from .ppl import tokens_for_ppl
     tokens = tokens_for_ppl(model, tokens)
+    _, chunk_iter = calibration_chunks(model, tokens, n_ctx, None if chunks is None else int(chunks))
     fwd = model._fwd
-    n_chunk = len(tokens) // n_ctx
-    if chunks is not None:
-        n_chunk = min(n_chunk, int(chunks))
-    if n_chunk < 1:
-        raise ValueError(f"need at least n_ctx = {n_ctx} calibration tokens")
-    bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
     for i in range(model.hparams["n_layer"]):
         fwd.set_ffn(i, None)
     fwd.ffn_stats_enable()
     try:
-        for c in range(n_chunk):
-            chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
-            if bos is not None:
-                chunk[0] = bos
+        for chunk in chunk_iter:
             fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
     finally:
         stats = fwd.ffn_stats_take()
