@@ -105,3 +105,21 @@ def test_to_model_caches_per_activation_mode(shared):
     assert not np.array_equal(a.forward(toks), b.forward(toks))
     with pytest.raises(ValueError, match="act"):
         qm.to_model(act="bogus")
+
+
+def test_set_ffn_releases_replaced_arrays_and_names_missing_keys(shared):
+    import sys
+    from orkpy import ffn
+    m = orkpy.load_model(shared / ST, weights="int8")
+    st = ffn.prep(m, np.random.default_rng(0).integers(3, 512, 512), n_ctx=64, chunks=2)
+    p = ffn.layer_params(st[0], "per_channel_out")
+    a = np.ascontiguousarray(p["s_scale_ch"])
+    before = sys.getrefcount(a)
+    m._fwd.set_ffn(0, dict(p, s_scale_ch=a))
+    assert sys.getrefcount(a) == before + 1          # held while in use
+    m._fwd.set_ffn(0, dict(p, s_scale_ch=a.copy()))
+    assert sys.getrefcount(a) == before              # released when replaced
+    with pytest.raises(ValueError, match="'mode'"):
+        m._fwd.set_ffn(0, {"lut_step": 1.0})
+    with pytest.raises(ValueError, match="missing 'u_scale'"):
+        m._fwd.set_ffn(0, {"mode": "fused", "lut_step": 0.1, "s_scale": 0.1, "p_scale": 0.1})

@@ -25,6 +25,7 @@ typedef struct {
     double *x2;     /* imatrix accumulators, all linears back to back (NULL when off) */
     uint64_t *x2n;
     ork_ffn_params *ffn;   /* per-layer FFN chain settings (owned) */
+    PyObject **ffn_keep;   /* per-layer array behind ffn[i].s_scale_ch (owned references) */
     ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
     PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
 } FwdObject;
@@ -75,6 +76,10 @@ static void free_stats(FwdObject *self) {
 
 static void fwd_dealloc(FwdObject *self) {
     if (self->lock) PyThread_free_lock(self->lock);
+    if (self->ffn_keep) {
+        for (size_t i = 0; i < self->m.n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
+        PyMem_Free(self->ffn_keep);
+    }
     free_stats(self);
     PyMem_Free(self->ffn);
     PyMem_Free(self->x2);
@@ -447,7 +452,8 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
         return PyErr_Format(PyExc_IndexError, "layer %zd out of range (model has %zu)", li, self->m.n_layer);
     if (!self->ffn) {
         self->ffn = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_params));
-        if (!self->ffn) return PyErr_NoMemory();
+        self->ffn_keep = PyMem_Calloc(self->m.n_layer, sizeof(PyObject *));
+        if (!self->ffn || !self->ffn_keep) return PyErr_NoMemory();
     }
     ork_layer *L = &self->layers[li];
     if (d == Py_None) {
@@ -457,8 +463,14 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
     if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "FFN settings must be a dict or None");
     ork_ffn_params p;
     memset(&p, 0, sizeof p);
-    const char *mode = PyUnicode_AsUTF8(PyDict_GetItemString(d, "mode") ? PyDict_GetItemString(d, "mode") : Py_None);
+    PyObject *mode_obj = PyDict_GetItemString(d, "mode");
+    if (!mode_obj || !PyUnicode_Check(mode_obj)) return PyErr_Format(PyExc_ValueError, "FFN settings need a 'mode' string");
+    const char *mode = PyUnicode_AsUTF8(mode_obj);
     if (!mode) return NULL;
+    static const char *const required[4] = {"lut_step", "s_scale", "u_scale", "p_scale"};
+    for (int i = 0; i < 4; i++)
+        if (!PyDict_GetItemString(d, required[i]))
+            return PyErr_Format(PyExc_ValueError, "FFN settings are missing '%s'", required[i]);
     int found = 0;
     for (int i = 1; i < 8; i++)
         if (strcmp(mode, ffn_mode_names[i]) == 0) {
@@ -477,18 +489,29 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
         p.zp = (int32_t)z;
     }
     PyObject *ch = PyDict_GetItemString(d, "s_scale_ch");
+    PyArrayObject *ch_arr = NULL;
     if (ch && ch != Py_None) {
-        npy_intp dims[1];
-        if (!(p.s_scale_ch = keep_f32(self, ch, 1, "s_scale_ch", dims))) return NULL;
-        if ((size_t)dims[0] != self->m.n_ff) return PyErr_Format(PyExc_ValueError, "s_scale_ch must have n_ff entries");
+        if (!(ch_arr = orkpy_as_exact(ch, NPY_FLOAT32, 1, "s_scale_ch"))) return NULL;
+        if ((size_t)PyArray_DIM(ch_arr, 0) != self->m.n_ff) {
+            Py_DECREF(ch_arr);
+            return PyErr_Format(PyExc_ValueError, "s_scale_ch must have n_ff entries");
+        }
+        p.s_scale_ch = (const float *)PyArray_DATA(ch_arr);
     }
     if (!(p.lut_step > 0) || !(p.u_scale > 0) || !(p.p_scale > 0) || (p.mode != ORK_FFN_PER_CHANNEL_OUT && !(p.s_scale > 0)))
+    {
+        Py_XDECREF(ch_arr);
         return PyErr_Format(PyExc_ValueError, "FFN chain scales must be positive and finite");
+    }
     const ork_linear *ls[3] = {&L->w_gate, &L->w_up, &L->w_down};
     for (int i = 0; i < 3; i++)
         if (ls[i]->path != ORK_LIN_PACKED)
+        {
+            Py_XDECREF(ch_arr);
             return PyErr_Format(PyExc_ValueError, "layer %zd: the FFN chain needs packed gate/up/down weights", li);
+        }
     self->ffn[li] = p;
+    Py_XSETREF(self->ffn_keep[li], (PyObject *)ch_arr); /* the previous array (if any) is released */
     L->ffn = &self->ffn[li];
     Py_RETURN_NONE;
 }
