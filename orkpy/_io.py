@@ -1,6 +1,7 @@
 """Atomic file writing: a temp file in the target's folder, fsync, rename.
 A crash mid-write never leaves a half file under the final name."""
 import os
+import sys
 
 
 def atomic_write(path, chunks):
@@ -27,3 +28,14 @@ def atomic_write(path, chunks):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def progress_bar(total, desc, enabled=True, unit="it"):
+    """A tqdm bar on stderr when tqdm is installed and enabled, else None."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr)

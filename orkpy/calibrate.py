@@ -33,6 +33,7 @@ import sys
 import numpy as np
 
 from ._core import FormatError
+from ._io import progress_bar
 from .gguf import GGUFFile
 from .model import LINEARS, Model, _assemble, _float_tensor, _hparams, linear_names
 from .packed import PackedWeight, load_packed, pack, save_packed
@@ -43,16 +44,6 @@ MANIFEST = "manifest.json"
 FORMAT = "orkpy-quantized-model"
 VERSION = 1
 _FLOAT_SOURCE = {"F32", "F16", "BF16"}
-
-
-def _progress(total, desc, enabled, unit):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr)
-    except ImportError:
-        return None
 
 
 def sha256_file(path, bufsize=1 << 22):
@@ -121,7 +112,7 @@ def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None,
     n_chunk, chunk_iter = calibration_chunks(model, tokens, n_ctx, chunks)
     fwd = model._fwd
     fwd.imatrix_enable()
-    bar = _progress(n_chunk, "imatrix", progress, "chunk")
+    bar = progress_bar(n_chunk, "imatrix", progress, "chunk")
     try:
         for chunk in chunk_iter:
             fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
@@ -375,7 +366,7 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
             f"({', '.join(quantized_src)}).\n!! They are dequantized and quantized AGAIN. This is the comparison "
             "configuration,\n!! not the product's path (fp16 is the source; a mixed GGUF only allocates).\n" + "!" * 78)
     tensors, tiers = {}, {}
-    bar = _progress(len(names), "quantize", progress, "tensor")
+    bar = progress_bar(len(names), "quantize", progress, "tensor")
     for name in names:
         src_name = "token_embd.weight" if (name == "output.weight" and tied) else name
         key = name if name in tm else ("token_embd.weight" if name == "output.weight" else name)

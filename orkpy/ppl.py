@@ -18,7 +18,6 @@ same tokens (like ``llama-perplexity --kl-divergence``).
 """
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -26,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
+from ._io import progress_bar
 
 __all__ = ["PPLResult", "perplexity", "tokens_for_ppl"]
 
@@ -72,16 +72,6 @@ def tokens_for_ppl(model, text_or_tokens, add_bos=None):
     return t.astype(np.int32)
 
 
-def _progress(total, desc, enabled):
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr)
-    except ImportError:
-        return None
-
-
 def _log_softmax(logits):
     lg = logits.astype(np.float64)
     mx = lg.max(axis=1, keepdims=True)
@@ -120,7 +110,7 @@ def perplexity(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, prog
             raise ValueError(f"{kld_base}: reference tokens differ from this text's tokens")
     nlls, saved, kl, same = [], [], [], []
     chunk_ppl = []
-    bar = _progress(n_chunk, "perplexity", progress)
+    bar = progress_bar(n_chunk, "perplexity", progress, "chunk")
     for c in range(n_chunk):
         chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
         if bos is not None:

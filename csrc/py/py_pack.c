@@ -106,8 +106,6 @@ PyObject *orkpy_unpack(PyObject *self, PyObject *args, PyObject *kw) {
     return (PyObject *)codes;
 }
 
-static const int8_t *kind_lut(ork_kind kind) { return ork_quant_lut(kind); }
-
 PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"store", "kind", "N", "K", "xq", "threads", NULL};
@@ -136,7 +134,7 @@ PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_matmul_int(kind, PyArray_DATA(store), kind_lut(kind), (size_t)N, (size_t)K,
+    st = ork_matmul_int(kind, PyArray_DATA(store), ork_quant_lut(kind), (size_t)N, (size_t)K,
                         (const int8_t *)PyArray_DATA(x), (size_t)M, (int32_t *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
@@ -185,7 +183,7 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_matmul_f32(kind, PyArray_DATA(store), kind_lut(kind), (const float *)PyArray_DATA(bs), (size_t)N,
+    st = ork_matmul_f32(kind, PyArray_DATA(store), ork_quant_lut(kind), (const float *)PyArray_DATA(bs), (size_t)N,
                         (size_t)K, (const float *)PyArray_DATA(x), (size_t)M, per_tensor,
                         (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
