@@ -4,7 +4,8 @@ Rockchip RK3588 NPU.
 The hot paths live in a C core (``orkpy._core``); this package holds the
 Python policy: argument checks, dataclasses, reports and the CLI.
 """
-from ._core import FormatError, GGUFError, UnavailableError
+from ._core import (FormatError, GGUFError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError,
+                    UnavailableError)
 from .calibrate import QuantizedModel, collect_imatrix, quantize_model
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
@@ -34,6 +35,10 @@ __all__ = [
     "FormatError",
     "GGML_TYPES",
     "GGUFError",
+    "NPUCommandError",
+    "NPUError",
+    "NPUTimeoutError",
+    "NPUUnavailableError",
     "GGUFFile",
     "Imatrix",
     "TensorInfo",

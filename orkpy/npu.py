@@ -1,16 +1,171 @@
-"""The RK3588 NPU layer, first slice: the register-command encoding, the
-register body of one matmul task, and a decoder for listings (``orkpy
-npu-dump``). The C side is csrc/ork/npu/regcmd.{h,c}.
+"""The RK3588 NPU layer: int8 x int8 -> int32 matmuls planned into tasks,
+packed into the NPU's layouts, encoded as PC-chained register commands and
+run by a backend:
 
-Not written yet (see the issue): the task planner (splitting large matmuls,
-PC chaining), operand packing, the strict emulator, and the rknpu / rocket
-device backends. There is no RK3588 board here, so nothing in this module has
-run on hardware; its matmul bodies are checked against captured register
-streams (../shared/docs/npu/golden-matmul-regcmd.txt).
+  ``emu``     a strict emulator of the command stream (any machine);
+  ``rknpu``   the vendor kernel driver (/dev/dri/*, driver "rknpu");
+  ``rocket``  the mainline accel driver (/dev/accel/*, Linux 6.18+).
+
+One C pipeline (csrc/ork/npu: plan.c, regcmd.c, backend.c) produces the same
+bytes for every backend; the device backends differ only in the ioctls.
+
+There is no RK3588 board here: the rknpu and rocket paths have run only
+against the fake kernel (``Device(backend, fake_kernel=backend)``), which
+checks each driver's documented contract and executes the submitted commands
+with the emulator. The emulator's semantics are the published facts
+(../shared/docs/npu-anchors.md); tests/board/run_board.py checks them on a
+board.
+
+    >>> import numpy as np, orkpy.npu as npu
+    >>> a = np.ones((4, 64), np.int8); b = np.ones((32, 64), np.int8)
+    >>> int(npu.matmul(a, b)[0, 0])
+    64
 """
+import threading
+
 import numpy as np
 
 from . import _core
+from ._core import NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
+
+BACKENDS = ("emu", "rknpu", "rocket")
+FAKE_HANG = 1
+FAKE_NO_DEVICE = 2
+
+
+def unavailable():
+    """{backend: reason} for every backend that cannot be opened here."""
+    out = {}
+    for b in BACKENDS:
+        why = _core.npu_probe(b)
+        if why is not None:
+            out[b] = why
+    return out
+
+
+def available():
+    """Names of the backends this machine has ("emu" always)."""
+    bad = unavailable()
+    return [b for b in BACKENDS if b not in bad]
+
+
+def plan(M, K, N, *, max_m=0, max_k=0, max_n=0):
+    """The task split of an (M, K) x (K, N) int8 matmul: a dict with n_tasks,
+    nm / nk / nn tiles, buffer sizes (in_bytes, w_bytes, out_bytes,
+    cmd_bytes), macs and the per-task list. max_* lower the per-task caps
+    (to force chains in tests)."""
+    return _core.npu_plan(M, K, N, max_m, max_k, max_n)
+
+
+def plan_commands(M, K, N, cmd_addr, in_addr, w_addr, out_addr, *, max_m=0, max_k=0, max_n=0):
+    """uint64 command buffer of a whole plan (tasks chained through their PC tails)."""
+    return _core.npu_plan_emit(M, K, N, cmd_addr, in_addr, w_addr, out_addr, max_m, max_k, max_n)
+
+
+def layout(op, M, K, N, array, *, max_m=0, max_k=0, max_n=0):
+    """Operand layouts of a plan: op is pack_input (A (M, K) int8 -> uint8),
+    pack_weights (B (N, K) int8 -> uint8), unpack_input, unpack_weights,
+    unpack_output (uint8 -> int32 (M, N), K tiles summed)."""
+    return _core.npu_layout(op, M, K, N, array, max_m, max_k, max_n)
+
+
+def emulate(buffers, first_addr, amount, task_number=1):
+    """Run the strict emulator over command bytes in ``buffers`` ([(npu_address,
+    writable uint8 array)]). Raises NPUCommandError on anything not modelled."""
+    return _core.npu_emulate(buffers, first_addr, amount, task_number)
+
+
+def pc_amount(body_qwords):
+    """PC_REGISTER_AMOUNTS for a task body of this many qwords."""
+    return (body_qwords + 4 + 1) // 2 - 1
+
+
+class Device:
+    """An open NPU backend.
+
+    ``Device("emu")`` always works; ``Device("rknpu")`` / ``Device("rocket")``
+    open the real driver or raise NPUUnavailableError saying why;
+    ``fake_kernel="rknpu"`` (or "rocket") runs the device backend against the
+    fake kernel instead (tests). Weights are uploaded once (``upload``) and
+    reused for any number of rows.
+    """
+
+    def __init__(self, backend="emu", *, fake_kernel=None, emu_base=0, timeout_ms=10000):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown NPU backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+        self.backend = backend
+        self._dev = _core.NPUDevice(backend, fake_kernel, emu_base, timeout_ms)
+
+    def upload(self, b, *, max_m=0, max_k=0, max_n=0):
+        """b: an int8 (N, K) array or a PackedWeight (its int8 values: the
+        codes of int8, the LUT values of nf4/int4; scales stay on the host)."""
+        from .packed import PackedWeight
+
+        if isinstance(b, PackedWeight):
+            N, K = b.shape
+            return self._dev.upload_packed(b.kind, np.ascontiguousarray(b.store).reshape(-1).view(np.uint8),
+                                           np.asarray(b.lut, dtype=np.int8), N, K, max_m, max_k, max_n)
+        return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n)
+
+    def matmul(self, a, b, **opts):
+        """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a
+        PackedWeight, or an int8 (N, K) array, uploaded for this call)."""
+        w = b if isinstance(b, _core.NPUWeight) else self.upload(b, **opts)
+        a = _int8_matrix(a, "a")
+        return self._dev.matmul(w, a)
+
+    def info(self):
+        return self._dev.info()
+
+    def set_faults(self, bits):
+        self._dev.set_faults(bits)
+
+    def close(self):
+        self._dev.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _int8_matrix(x, name):
+    x = np.asarray(x)
+    if x.dtype != np.int8:
+        raise TypeError(f"{name} must be an int8 array, got {x.dtype}")
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got {x.ndim}-D")
+    return np.ascontiguousarray(x)
+
+
+_default = {}
+_default_lock = threading.Lock()
+
+
+def open_device(backend="emu", **kw):
+    """A new Device (see Device)."""
+    return Device(backend, **kw)
+
+
+def matmul(a, b, backend="emu"):
+    """int32 (M, N) = a (M, K) int8 x b (PackedWeight or int8 (N, K)) through a
+    backend (one shared device per backend)."""
+    with _default_lock:
+        dev = _default.get(backend)
+        if dev is None:
+            dev = _default[backend] = Device(backend)
+    return dev.matmul(a, b)
+
+
+def use_npu(model, device="emu", *, kinds=("int8", "nf4", "int4")):
+    """Run a model's packed linear layers of the given kinds through an NPU
+    backend (the weights' int8 values are uploaded once). Output stays
+    bit-identical to the CPU path whenever the int32 accumulators are. Returns
+    the number of linears routed. ``use_npu(model, None)`` routes them back."""
+    return model._use_npu(device if device is None or isinstance(device, Device) else Device(device), kinds)
 
 
 def matmul_task(M, K, N, in_addr, w_addr, out_addr, dtype="int8"):

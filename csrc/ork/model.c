@@ -37,6 +37,25 @@ static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
     return ORK_OK;
 }
 
+/* a packed linear whose int8 matmul runs outside (model.h int_mm) */
+static ork_status linear_external(const ork_linear *l, const float *x, size_t M, float *y, ork_err *err) {
+    const size_t Kp = ork_pack_round32(l->K);
+    int8_t *xq = (int8_t *)malloc(M * Kp);
+    float *as = (float *)malloc(M * sizeof(float));
+    int32_t *acc = (int32_t *)malloc(M * l->N * sizeof(int32_t));
+    ork_status st = ORK_OK;
+    if (!xq || !as || !acc) st = ork_err_set(err, ORK_ENOMEM, "out of memory for an external matmul");
+    if (!st) st = ork_quantize_activations(x, M, l->K, Kp, l->per_tensor_act, xq, as, err);
+    if (!st) st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err);
+    if (!st)
+        for (size_t m = 0; m < M; m++)
+            for (size_t n = 0; n < l->N; n++) y[m * l->N + n] = ((float)acc[m * l->N + n] * as[m]) * l->bscale[n];
+    free(xq);
+    free(as);
+    free(acc);
+    return st;
+}
+
 ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
     if (l->x2_sum) {
         for (size_t m = 0; m < M; m++) {
@@ -51,6 +70,7 @@ ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float
         int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 1 << 20);
         return ork_parallel_for(nt, l->N, chunk, gemm_cols, &j, err);
     }
+    if (l->int_mm) return linear_external(l, x, M, y, err);
     return ork_matmul_f32(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->N, l->K, x, M, l->per_tensor_act, y,
                           nthreads, err);
 }

@@ -31,6 +31,11 @@ typedef enum { ORK_ROPE_NORM = 0, ORK_ROPE_NEOX = 2 } ork_rope_type;
 
 typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
 
+/* An external int8 matmul for a packed linear (an NPU backend):
+ * acc (M, N) int32 = xq (M rows, stride ldq >= K, zero padded) times the
+ * linear's int8 weight values. */
+typedef ork_status (*ork_int_mm_fn)(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err);
+
 typedef struct ork_linear {
     ork_lin_path path;
     size_t N, K;
@@ -44,6 +49,12 @@ typedef struct ork_linear {
      * and the row count to *x2_count -- llama.cpp's imatrix in_sum2 / counts */
     double *x2_sum;
     uint64_t *x2_count;
+    /* optional (ORK_LIN_PACKED only): when int_mm is set, the int8 matmul
+     * runs there instead of the CPU kernels; activation quantization and the
+     * float scaling ((float)acc * a[m]) * bscale[n] are the same, so the
+     * output is bit-identical whenever the int32 accumulators are. */
+    ork_int_mm_fn int_mm;
+    void *int_mm_ctx;
 } ork_linear;
 
 struct ork_ffn_params;

@@ -21,6 +21,11 @@ typedef enum ork_status {
     ORK_ENOTIMPL = 7,    /* valid request that orkpy does not implement         */
     ORK_EUNAVAIL = 8,    /* requested CPU kernel / device not present here      */
     ORK_EGGUF = 9,       /* malformed GGUF file -> orkpy.GGUFError              */
+    ORK_ENPUUNAVAIL = 10, /* NPU backend not usable here -> orkpy.NPUUnavailableError */
+    ORK_ENPU = 11,       /* NPU driver / device call failed -> orkpy.NPUError   */
+    ORK_ETIMEDOUT = 12,  /* NPU job did not finish in time -> orkpy.NPUTimeoutError */
+    ORK_ENPUCMD = 13,    /* command stream or driver contract the emulator / fake
+                            kernel does not accept -> orkpy.NPUCommandError    */
     ORK_STATUS_COUNT
 } ork_status;
 

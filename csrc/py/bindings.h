@@ -4,6 +4,7 @@
 
 #include <Python.h>
 
+#include "../ork/model.h"
 #include "../ork/quant.h"
 
 /* coerce.c: boundary coercion (set a Python exception and return NULL / -1 on failure) */
@@ -36,5 +37,13 @@ PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
 /* py_npu.c */
 PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_names(PyObject *self, PyObject *args);
+PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg);
+int orkpy_npu_init(PyObject *module);
+/* the forward-pass hook of an NPUWeight (model.h ork_int_mm_fn); -1 + exception if obj is not a live NPUWeight */
+int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K);
 
 #endif

@@ -5,6 +5,10 @@
 static PyObject *FormatError;   /* orkpy.FormatError(ValueError) */
 static PyObject *Unavailable;   /* orkpy.UnavailableError(RuntimeError) */
 static PyObject *GGUFError;     /* orkpy.GGUFError(FormatError) */
+static PyObject *NPUError;      /* orkpy.NPUError(RuntimeError) */
+static PyObject *NPUUnavailable; /* orkpy.NPUUnavailableError(NPUError, UnavailableError) */
+static PyObject *NPUTimeout;    /* orkpy.NPUTimeoutError(NPUError, TimeoutError) */
+static PyObject *NPUCommand;    /* orkpy.NPUCommandError(NPUError) */
 
 int orkpy_errors_init(PyObject *module) {
     FormatError = PyErr_NewExceptionWithDoc(
@@ -21,6 +25,30 @@ int orkpy_errors_init(PyObject *module) {
         "orkpy.GGUFError", "A GGUF file is malformed; the message names the problem and byte offset.",
         FormatError, NULL);
     if (!GGUFError || PyModule_AddObjectRef(module, "GGUFError", GGUFError) < 0) return -1;
+    NPUError = PyErr_NewExceptionWithDoc(
+        "orkpy.NPUError", "An NPU driver or device call failed; the message names the call and errno.",
+        PyExc_RuntimeError, NULL);
+    if (!NPUError || PyModule_AddObjectRef(module, "NPUError", NPUError) < 0) return -1;
+    PyObject *bases = PyTuple_Pack(2, NPUError, Unavailable);
+    if (!bases) return -1;
+    NPUUnavailable = PyErr_NewExceptionWithDoc(
+        "orkpy.NPUUnavailableError",
+        "The requested NPU backend is not usable here (no device, driver or libdrm); the message says why.",
+        bases, NULL);
+    Py_DECREF(bases);
+    if (!NPUUnavailable || PyModule_AddObjectRef(module, "NPUUnavailableError", NPUUnavailable) < 0) return -1;
+    bases = PyTuple_Pack(2, NPUError, PyExc_TimeoutError);
+    if (!bases) return -1;
+    NPUTimeout = PyErr_NewExceptionWithDoc("orkpy.NPUTimeoutError", "An NPU job did not finish within its timeout.",
+                                           bases, NULL);
+    Py_DECREF(bases);
+    if (!NPUTimeout || PyModule_AddObjectRef(module, "NPUTimeoutError", NPUTimeout) < 0) return -1;
+    NPUCommand = PyErr_NewExceptionWithDoc(
+        "orkpy.NPUCommandError",
+        "A command stream or driver call the strict emulator / fake kernel does not accept (unmodelled "
+        "register or value, broken PC chain, violated driver contract).",
+        NPUError, NULL);
+    if (!NPUCommand || PyModule_AddObjectRef(module, "NPUCommandError", NPUCommand) < 0) return -1;
     return 0;
 }
 
@@ -35,6 +63,10 @@ static PyObject *exception_for(ork_status st) {
     case ORK_ENOTIMPL: return PyExc_NotImplementedError;
     case ORK_EUNAVAIL: return Unavailable;
     case ORK_EGGUF: return GGUFError;
+    case ORK_ENPUUNAVAIL: return NPUUnavailable;
+    case ORK_ENPU: return NPUError;
+    case ORK_ETIMEDOUT: return NPUTimeout;
+    case ORK_ENPUCMD: return NPUCommand;
     default: return PyExc_RuntimeError;
     }
 }

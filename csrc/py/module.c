@@ -350,6 +350,15 @@ static PyMethodDef core_methods[] = {
     {"npu_matmul_task", (PyCFunction)(void (*)(void))orkpy_npu_matmul_task, METH_VARARGS | METH_KEYWORDS,
      "npu_matmul_task(dtype, M, K, N, in_addr, w_addr, out_addr) -> uint64[108] register commands"},
     {"npu_names", orkpy_npu_names, METH_VARARGS, "npu_names(target, reg) -> (block name, register name)"},
+    {"npu_plan", (PyCFunction)(void (*)(void))orkpy_npu_plan, METH_VARARGS | METH_KEYWORDS,
+     "npu_plan(M, K, N, max_m=0, max_k=0, max_n=0) -> dict: the task split and buffer sizes"},
+    {"npu_plan_emit", (PyCFunction)(void (*)(void))orkpy_npu_plan_emit, METH_VARARGS | METH_KEYWORDS,
+     "npu_plan_emit(M, K, N, cmd_addr, in_addr, w_addr, out_addr, ...) -> uint64 chained command buffer"},
+    {"npu_layout", (PyCFunction)(void (*)(void))orkpy_npu_layout, METH_VARARGS | METH_KEYWORDS,
+     "npu_layout(op, M, K, N, array, ...) -> packed buffer or unpacked matrix"},
+    {"npu_emulate", (PyCFunction)(void (*)(void))orkpy_npu_emulate, METH_VARARGS | METH_KEYWORDS,
+     "npu_emulate(buffers, first_addr, amount, task_number) -> stats; runs the strict emulator"},
+    {"npu_probe", orkpy_npu_probe, METH_O, "npu_probe(backend) -> None if usable here, else the reason"},
     {"ffn_lut", orkpy_ffn_lut, METH_O, "ffn_lut(step) -> (int16[1024], scale): the chain's SiLU LUT"},
     {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
     {NULL, NULL, 0, NULL},
@@ -364,7 +373,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     import_array();
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    if (orkpy_errors_init(m) < 0 || orkpy_model_init(m) < 0) {
+    if (orkpy_errors_init(m) < 0 || orkpy_model_init(m) < 0 || orkpy_npu_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

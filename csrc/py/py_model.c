@@ -28,6 +28,7 @@ typedef struct {
     PyObject **ffn_keep;   /* per-layer array behind ffn[i].s_scale_ch (owned references) */
     ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
     PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
+    PyObject **npu_keep;     /* per linear (all_linears order): the NPUWeight it runs on, or NULL */
 } FwdObject;
 
 /* Take the model's lock without holding the GIL while waiting (so a forward
@@ -79,6 +80,11 @@ static void fwd_dealloc(FwdObject *self) {
     if (self->ffn_keep) {
         for (size_t i = 0; i < self->m.n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
         PyMem_Free(self->ffn_keep);
+    }
+    if (self->npu_keep) {
+        size_t n = all_linears(self, NULL);
+        for (size_t i = 0; i < n; i++) Py_XDECREF(self->npu_keep[i]);
+        PyMem_Free(self->npu_keep);
     }
     free_stats(self);
     PyMem_Free(self->ffn);
@@ -620,6 +626,53 @@ static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     return (PyObject *)y;
 }
 
+/* set_npu(index, NPUWeight or None): run linear `index` (all_linears order)
+ * through an NPU backend; the weight must hold that linear's int8 values */
+static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
+    Py_ssize_t idx;
+    PyObject *wo;
+    if (!PyArg_ParseTuple(args, "nO:set_npu", &idx, &wo)) return NULL;
+    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
+    size_t n = all_linears(self, NULL);
+    if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
+    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
+    if (!ls) return PyErr_NoMemory();
+    all_linears(self, ls);
+    ork_linear *l = ls[idx];
+    PyMem_Free(ls);
+    if (!self->npu_keep) {
+        self->npu_keep = PyMem_Calloc(n, sizeof(PyObject *));
+        if (!self->npu_keep) return PyErr_NoMemory();
+    }
+    if (wo == Py_None) {
+        l->int_mm = NULL;
+        l->int_mm_ctx = NULL;
+        Py_CLEAR(self->npu_keep[idx]);
+        Py_RETURN_NONE;
+    }
+    if (l->path != ORK_LIN_PACKED)
+        return PyErr_Format(PyExc_ValueError, "linear %zd is a float32 linear: only packed int8/nf4/int4 linears run on the NPU",
+                            idx);
+    ork_int_mm_fn fn;
+    void *ctx;
+    size_t N, K;
+    if (orkpy_npu_weight_hook(wo, &fn, &ctx, &N, &K) < 0) return NULL;
+    if (N != l->N || K != l->K)
+        return PyErr_Format(PyExc_ValueError, "NPU weight is (%zu, %zu) but linear %zd is (%zu, %zu)", N, K, idx, l->N, l->K);
+    Py_INCREF(wo);
+    Py_XSETREF(self->npu_keep[idx], wo);
+    l->int_mm = fn;
+    l->int_mm_ctx = ctx;
+    Py_RETURN_NONE;
+}
+
+static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_set_npu_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
+}
+
 static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
     if (fwd_lock(self) < 0) return NULL;
     PyObject *r = fwd_imatrix_enable_unlocked(self, unused);
@@ -663,6 +716,8 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
 }
 
 static PyMethodDef fwd_methods[] = {
+    {"set_npu", (PyCFunction)fwd_set_npu, METH_VARARGS,
+     "set_npu(index, NPUWeight or None): run a packed linear's int8 matmul on an NPU backend"},
     {"ffn_apply", (PyCFunction)fwd_ffn_apply, METH_VARARGS, "ffn_apply(layer, h) -> the layer's FFN chain output"},
     {"set_ffn", (PyCFunction)fwd_set_ffn, METH_VARARGS, "set_ffn(layer, settings or None): FFN chain mode of a layer"},
     {"ffn_stats_enable", (PyCFunction)fwd_ffn_stats_enable, METH_NOARGS, "start collecting prep-pass FFN statistics"},

@@ -8,7 +8,10 @@
 
 #include <string.h>
 
+#include "../ork/model.h"
 #include "../ork/npu/regcmd.h"
+#include "../ork/pack.h"
+#include "pythread.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -19,7 +22,7 @@ PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw) {
     unsigned long long M, K, N, in_a, w_a, out_a;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sKKKKKK:npu_matmul_task", kwlist, &dt, &M, &K, &N, &in_a, &w_a, &out_a))
         return NULL;
-    ork_npu_matmul d;
+    ork_npu_matmul_desc d;
     if (strcmp(dt, "int8") == 0) d.dtype = ORK_NPU_INT8_INT32;
     else if (strcmp(dt, "fp16") == 0) d.dtype = ORK_NPU_FP16_FP32;
     else return PyErr_Format(PyExc_ValueError, "dtype must be 'int8' (-> int32) or 'fp16' (-> fp32), got '%s'", dt);
@@ -51,4 +54,640 @@ PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "II:npu_names", &target, &reg)) return NULL;
     const char *t = ork_npu_target_name(target), *r = ork_npu_reg_name(target, reg);
     return Py_BuildValue("(zz)", t, r);
+}
+
+/* ------------------------------------------------------------------------
+ * Planner, layouts and the emulator as functions; NPUDevice / NPUWeight
+ * objects over csrc/ork/npu/backend.h (a device is used by one thread at a
+ * time: each object has a lock, taken without the GIL).
+ * ------------------------------------------------------------------------ */
+#include "../ork/npu/backend.h"
+#include "../ork/npu/emu.h"
+#include "../ork/npu/fake_kernel.h"
+#include "../ork/npu/plan.h"
+
+static int u32_arg(long long v, const char *name, uint32_t *out) {
+    if (v < 0 || v > 0xffffffffLL) {
+        PyErr_Format(PyExc_ValueError, "%s must be in [0, 2^32), got %lld", name, v);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int make_plan(long long M, long long K, long long N, long long mm, long long mk, long long mn, ork_npu_plan *p) {
+    uint32_t m, k, n;
+    ork_npu_plan_opts o;
+    if (u32_arg(M, "M", &m) || u32_arg(K, "K", &k) || u32_arg(N, "N", &n) || u32_arg(mm, "max_m", &o.max_m) ||
+        u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n))
+        return -1;
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ork_npu_plan_make(m, k, n, &o, p, &err);
+    if (st) {
+        orkpy_raise(st, &err);
+        return -1;
+    }
+    return 0;
+}
+
+#define PLAN_KW "M", "K", "N", "max_m", "max_k", "max_n"
+
+PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {PLAN_KW, NULL};
+    long long M, K, N, mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLL|LLL:npu_plan", kwlist, &M, &K, &N, &mm, &mk, &mn)) return NULL;
+    ork_npu_plan p;
+    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    PyObject *tasks = PyList_New(p.n_tasks);
+    if (!tasks) goto fail;
+    for (uint32_t t = 0; t < p.n_tasks; t++) {
+        const ork_npu_task_desc *d = &p.tasks[t];
+        PyObject *row = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K}", "m0", d->m0, "Mt", d->Mt, "Mp", d->Mp,
+                                      "k0", d->k0, "Kt", d->Kt, "n0", d->n0, "Nt", d->Nt, "in_off",
+                                      (unsigned long long)d->in_off, "w_off", (unsigned long long)d->w_off, "out_off",
+                                      (unsigned long long)d->out_off, "cmd_off", (unsigned long long)d->cmd_off);
+        if (!row) {
+            Py_DECREF(tasks);
+            goto fail;
+        }
+        PyList_SET_ITEM(tasks, t, row);
+    }
+    PyObject *r = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:N}", "M", p.M, "K", p.K, "N",
+                                p.N, "Kp", p.Kp, "Np", p.Np, "nm", p.nm, "nk", p.nk, "nn", p.nn, "n_tasks", p.n_tasks,
+                                "in_bytes", (unsigned long long)p.in_bytes, "w_bytes", (unsigned long long)p.w_bytes,
+                                "out_bytes", (unsigned long long)p.out_bytes, "cmd_bytes",
+                                (unsigned long long)p.cmd_bytes, "macs", (unsigned long long)p.macs, "tasks", tasks);
+    ork_npu_plan_free(&p);
+    return r;
+fail:
+    ork_npu_plan_free(&p);
+    return NULL;
+}
+
+PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"M", "K", "N", "cmd_addr", "in_addr", "w_addr", "out_addr", "max_m", "max_k", "max_n", NULL};
+    long long M, K, N, ca, ia, wa, oa, mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLLLLL|LLL:npu_plan_emit", kwlist, &M, &K, &N, &ca, &ia, &wa, &oa, &mm,
+                                     &mk, &mn))
+        return NULL;
+    uint32_t c, i, w, o;
+    if (u32_arg(ca, "cmd_addr", &c) || u32_arg(ia, "in_addr", &i) || u32_arg(wa, "w_addr", &w) ||
+        u32_arg(oa, "out_addr", &o))
+        return NULL;
+    ork_npu_plan p;
+    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    npy_intp n = (npy_intp)(p.cmd_bytes / 8);
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64);
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = a ? ork_npu_plan_emit(&p, c, i, w, o, (uint64_t *)PyArray_DATA(a), &err) : ORK_OK;
+    ork_npu_plan_free(&p);
+    if (!a) return NULL;
+    if (st) {
+        Py_DECREF(a);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)a;
+}
+
+/* npu_layout(op, M, K, N, array, max_m, max_k, max_n): op "pack_input" (A int8 (M,K) -> uint8 buffer),
+ * "unpack_input", "pack_weights" (B int8 (N,K)), "unpack_weights", "unpack_output" (uint8 -> int32 (M,N)) */
+PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"op", "M", "K", "N", "array", "max_m", "max_k", "max_n", NULL};
+    const char *op;
+    long long M, K, N, mm = 0, mk = 0, mn = 0;
+    PyObject *obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLLLO|LLL:npu_layout", kwlist, &op, &M, &K, &N, &obj, &mm, &mk, &mn))
+        return NULL;
+    ork_npu_plan p;
+    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    PyArrayObject *in = NULL, *out = NULL;
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ORK_OK;
+    int pack_in = !strcmp(op, "pack_input"), pack_w = !strcmp(op, "pack_weights");
+    if (pack_in || pack_w) {
+        in = orkpy_as_exact(obj, NPY_INT8, 2, pack_in ? "A" : "B");
+        if (!in) goto fail;
+        npy_intp rows = pack_in ? (npy_intp)p.M : (npy_intp)p.N;
+        if (PyArray_DIM(in, 0) != rows || PyArray_DIM(in, 1) != (npy_intp)p.K) {
+            PyErr_Format(PyExc_ValueError, "%s must have shape (%zd, %u)", pack_in ? "A" : "B", (Py_ssize_t)rows, p.K);
+            goto fail;
+        }
+        npy_intp n = (npy_intp)(pack_in ? p.in_bytes : p.w_bytes);
+        out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8);
+        if (!out) goto fail;
+        st = pack_in ? ork_npu_pack_input(&p, (const int8_t *)PyArray_DATA(in), p.K, (uint8_t *)PyArray_DATA(out), &err)
+                     : ork_npu_pack_weights(&p, (const int8_t *)PyArray_DATA(in), p.K, (uint8_t *)PyArray_DATA(out), &err);
+    } else if (!strcmp(op, "unpack_input") || !strcmp(op, "unpack_weights") || !strcmp(op, "unpack_output")) {
+        int ui = op[7] == 'i', uw = op[7] == 'w';
+        in = orkpy_as_exact(obj, NPY_UINT8, 1, "buffer");
+        if (!in) goto fail;
+        uint64_t need = ui ? p.in_bytes : uw ? p.w_bytes : p.out_bytes;
+        if ((uint64_t)PyArray_DIM(in, 0) != need) {
+            PyErr_Format(PyExc_ValueError, "buffer must have %llu bytes for this plan, got %zd", (unsigned long long)need,
+                         (Py_ssize_t)PyArray_DIM(in, 0));
+            goto fail;
+        }
+        npy_intp dims[2] = {uw ? (npy_intp)p.N : (npy_intp)p.M, (ui || uw) ? (npy_intp)p.K : (npy_intp)p.N};
+        out = (PyArrayObject *)PyArray_ZEROS(2, dims, (ui || uw) ? NPY_INT8 : NPY_INT32, 0);
+        if (!out) goto fail;
+        const uint8_t *b = (const uint8_t *)PyArray_DATA(in);
+        st = ui ? ork_npu_unpack_input(&p, b, (int8_t *)PyArray_DATA(out), &err)
+           : uw ? ork_npu_unpack_weights(&p, b, (int8_t *)PyArray_DATA(out), &err)
+                : ork_npu_unpack_output(&p, b, (int32_t *)PyArray_DATA(out), &err);
+    } else {
+        PyErr_Format(PyExc_ValueError, "unknown layout op '%s'", op);
+        goto fail;
+    }
+    Py_DECREF(in);
+    ork_npu_plan_free(&p);
+    if (st) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)out;
+fail:
+    Py_XDECREF(in);
+    Py_XDECREF(out);
+    ork_npu_plan_free(&p);
+    return NULL;
+}
+
+/* npu_emulate(buffers=[(addr, uint8 array (writable)), ...], first_addr, amount, task_number) -> dict */
+typedef struct {
+    size_t n;
+    uint32_t addr[64];
+    uint64_t size[64];
+    uint8_t *ptr[64];
+} emu_bufs;
+
+static void *emu_bufs_map(void *ctx, uint32_t addr, uint64_t len) {
+    emu_bufs *b = (emu_bufs *)ctx;
+    for (size_t i = 0; i < b->n; i++)
+        if (addr >= b->addr[i] && (uint64_t)addr - b->addr[i] + len <= b->size[i]) return b->ptr[i] + (addr - b->addr[i]);
+    return NULL;
+}
+
+PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"buffers", "first_addr", "amount", "task_number", NULL};
+    PyObject *bufs;
+    long long fa, am, tn;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLL:npu_emulate", kwlist, &bufs, &fa, &am, &tn)) return NULL;
+    uint32_t first, amount, tasks;
+    if (u32_arg(fa, "first_addr", &first) || u32_arg(am, "amount", &amount) || u32_arg(tn, "task_number", &tasks))
+        return NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence of (address, uint8 array)");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 64) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "at most 64 buffers");
+    }
+    emu_bufs eb;
+    eb.n = 0;
+    PyArrayObject *arrs[64];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        long long addr;
+        PyObject *arr;
+        if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || u32_arg(addr, "buffer address", &eb.addr[i])) goto fail;
+        if (!PyArray_Check(arr) || PyArray_TYPE((PyArrayObject *)arr) != NPY_UINT8 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)arr) || !PyArray_ISWRITEABLE((PyArrayObject *)arr)) {
+            PyErr_SetString(PyExc_TypeError, "each buffer must be a writable C-contiguous uint8 array");
+            goto fail;
+        }
+        arrs[i] = (PyArrayObject *)arr;
+        eb.ptr[i] = (uint8_t *)PyArray_DATA(arrs[i]);
+        eb.size[i] = (uint64_t)PyArray_NBYTES(arrs[i]);
+        eb.n++;
+    }
+    ork_npu_mem mem = {&eb, emu_bufs_map};
+    ork_npu_emu_stats stats;
+    memset(&stats, 0, sizeof stats);
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_emu_run(&mem, first, amount, tasks, NULL, &stats, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(seq);
+    if (st) return orkpy_raise(st, &err);
+    return Py_BuildValue("{s:K,s:K,s:K}", "tasks", (unsigned long long)stats.tasks, "qwords",
+                         (unsigned long long)stats.qwords, "macs", (unsigned long long)stats.macs);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    ork_npu_backend_kind k;
+    if (!strcmp(name, "emu")) k = ORK_NPU_BE_EMU;
+    else if (!strcmp(name, "rknpu")) k = ORK_NPU_BE_RKNPU;
+    else if (!strcmp(name, "rocket")) k = ORK_NPU_BE_ROCKET;
+    else return PyErr_Format(PyExc_ValueError, "unknown NPU backend '%s' (emu, rknpu, rocket)", name);
+    char why[256] = "";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ork_npu_probe(k, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (rc == 0) Py_RETURN_NONE;
+    return PyUnicode_FromString(why);
+}
+
+/* ---------------------------------------------------------- NPUDevice --- */
+typedef struct {
+    PyObject_HEAD
+    ork_npu_dev *dev;
+    ork_fake_kernel *fake;
+    PyThread_type_lock lock;
+    uint32_t timeout_ms;
+} DevObject;
+
+typedef struct {
+    PyObject_HEAD
+    DevObject *owner; /* strong reference */
+    ork_npu_weight w;
+    int live;
+} WeightObject;
+
+static void dev_lock(DevObject *d) {
+    if (!PyThread_acquire_lock(d->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(d->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"backend", "fake_kernel", "emu_base", "timeout_ms", NULL};
+    const char *be, *fake = NULL;
+    long long base = 0, tmo = 10000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zLL:NPUDevice", kwlist, &be, &fake, &base, &tmo)) return -1;
+    if (self->dev) {
+        PyErr_SetString(PyExc_RuntimeError, "NPUDevice is already open");
+        return -1;
+    }
+    uint32_t ebase, t;
+    if (u32_arg(base, "emu_base", &ebase) || u32_arg(tmo, "timeout_ms", &t)) return -1;
+    if (t == 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout_ms must be > 0");
+        return -1;
+    }
+    ork_npu_backend_kind k;
+    if (!strcmp(be, "emu")) k = ORK_NPU_BE_EMU;
+    else if (!strcmp(be, "rknpu")) k = ORK_NPU_BE_RKNPU;
+    else if (!strcmp(be, "rocket")) k = ORK_NPU_BE_ROCKET;
+    else {
+        PyErr_Format(PyExc_ValueError, "unknown NPU backend '%s' (emu, rknpu, rocket)", be);
+        return -1;
+    }
+    ork_err err;
+    err.msg[0] = 0;
+    const ork_npu_sys *sys = NULL;
+    if (fake) {
+        if (k == ORK_NPU_BE_EMU || strcmp(fake, be)) {
+            PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
+            return -1;
+        }
+        ork_status st = ork_fake_kernel_new(k == ORK_NPU_BE_RKNPU ? ORK_FAKE_RKNPU : ORK_FAKE_ROCKET, &self->fake, &err);
+        if (st) {
+            orkpy_raise(st, &err);
+            return -1;
+        }
+        sys = ork_fake_kernel_sys(self->fake);
+    }
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->timeout_ms = t;
+    ork_status st;
+    ork_npu_dev *dev = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_dev_open(k, sys, ebase, &dev, &err);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        orkpy_raise(st, &err);
+        return -1;
+    }
+    self->dev = dev;
+    return 0;
+}
+
+static void dev_dealloc(DevObject *self) {
+    if (self->dev) ork_npu_dev_close(self->dev);
+    if (self->fake) ork_fake_kernel_free(self->fake);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int dev_check(DevObject *self) {
+    if (!self->dev) {
+        PyErr_SetString(PyExc_ValueError, "the NPU device is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyTypeObject WeightType;
+
+static PyObject *new_weight(DevObject *self) {
+    WeightObject *w = PyObject_New(WeightObject, &WeightType);
+    if (!w) return NULL;
+    memset(&w->w, 0, sizeof w->w);
+    w->live = 0;
+    Py_INCREF(self);
+    w->owner = self;
+    return (PyObject *)w;
+}
+
+/* upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight */
+static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"B", "max_m", "max_k", "max_n", NULL};
+    PyObject *obj;
+    long long mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:upload", kwlist, &obj, &mm, &mk, &mn) || dev_check(self)) return NULL;
+    ork_npu_plan_opts o;
+    if (u32_arg(mm, "max_m", &o.max_m) || u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n)) return NULL;
+    PyArrayObject *b = orkpy_as_exact(obj, NPY_INT8, 2, "B");
+    if (!b) return NULL;
+    npy_intp N = PyArray_DIM(b, 0), K = PyArray_DIM(b, 1);
+    if (N <= 0 || K <= 0 || N > 0xffffffffLL || K > 0xffffffffLL) {
+        Py_DECREF(b);
+        return PyErr_Format(PyExc_ValueError, "B must be a non-empty (N, K) int8 matrix");
+    }
+    WeightObject *w = (WeightObject *)new_weight(self);
+    if (!w) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    dev_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_weight_upload_i8(self->dev, (const int8_t *)PyArray_DATA(b), (uint32_t)N, (uint32_t)K, (size_t)K, &o,
+                                  &w->w, &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(self->lock);
+    Py_DECREF(b);
+    if (st) {
+        Py_DECREF(w);
+        return orkpy_raise(st, &err);
+    }
+    w->live = 1;
+    return (PyObject *)w;
+}
+
+/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0) -> NPUWeight */
+static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", NULL};
+    const char *ks;
+    PyObject *so, *lo;
+    long long N, K, mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLL:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn) ||
+        dev_check(self))
+        return NULL;
+    ork_kind kind;
+    ork_npu_plan_opts o;
+    uint32_t n, k;
+    if (orkpy_parse_kind(ks, &kind) || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || u32_arg(mm, "max_m", &o.max_m) ||
+        u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n))
+        return NULL;
+    PyArrayObject *s = orkpy_as_exact(so, NPY_UINT8, 1, "store");
+    if (!s) return NULL;
+    PyArrayObject *l = orkpy_as_exact(lo, NPY_INT8, 1, "lut");
+    if (!l) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    size_t need = ork_pack_store_bytes(kind, n, k);
+    if (n == 0 || k == 0 || (size_t)PyArray_DIM(s, 0) != need || PyArray_DIM(l, 0) != 16) {
+        Py_DECREF(s);
+        Py_DECREF(l);
+        return PyErr_Format(PyExc_ValueError, "store must have %zu bytes for a %s (%u, %u) weight and lut 16 entries", need,
+                            ks, n, k);
+    }
+    WeightObject *w = (WeightObject *)new_weight(self);
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ORK_OK;
+    if (w) {
+        dev_lock(self);
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_npu_weight_upload_store(self->dev, kind, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
+                                         &err);
+        Py_END_ALLOW_THREADS
+        PyThread_release_lock(self->lock);
+    }
+    Py_DECREF(s);
+    Py_DECREF(l);
+    if (!w) return NULL;
+    if (st) {
+        Py_DECREF(w);
+        return orkpy_raise(st, &err);
+    }
+    w->live = 1;
+    return (PyObject *)w;
+}
+
+/* matmul(weight, A int8 (M, K)) -> int32 (M, N) */
+static PyObject *dev_matmul(DevObject *self, PyObject *args) {
+    PyObject *wo, *ao;
+    if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
+    WeightObject *w = (WeightObject *)wo;
+    if (w->owner != self || !w->live) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
+    PyArrayObject *a = orkpy_as_exact(ao, NPY_INT8, 2, "A");
+    if (!a) return NULL;
+    npy_intp M = PyArray_DIM(a, 0);
+    if (PyArray_DIM(a, 1) != (npy_intp)w->w.K || M <= 0 || M > (npy_intp)ORK_NPU_MAX_TOTAL_M) {
+        PyErr_Format(PyExc_ValueError, "A must be (M, %u) int8 with 1 <= M <= %u, got (%zd, %zd)", w->w.K,
+                     ORK_NPU_MAX_TOTAL_M, (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
+        Py_DECREF(a);
+        return NULL;
+    }
+    npy_intp dims[2] = {M, (npy_intp)w->w.N};
+    PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32);
+    if (!c) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    dev_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_matmul(self->dev, &w->w, (const int8_t *)PyArray_DATA(a), (uint32_t)M, (size_t)w->w.K,
+                        (int32_t *)PyArray_DATA(c), self->timeout_ms, &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(self->lock);
+    Py_DECREF(a);
+    if (st) {
+        Py_DECREF(c);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)c;
+}
+
+static PyObject *dev_info(DevObject *self, PyObject *unused) {
+    (void)unused;
+    if (dev_check(self)) return NULL;
+    ork_npu_dev_info i;
+    ork_npu_dev_get_info(self->dev, &i);
+    PyObject *r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
+                                "submits", (unsigned long long)i.submits, "tasks", (unsigned long long)i.tasks,
+                                "bytes_to_device", (unsigned long long)i.bytes_to_device, "bytes_from_device",
+                                (unsigned long long)i.bytes_from_device, "timeout_ms", self->timeout_ms);
+    if (r && self->fake) {
+        ork_fake_stats s;
+        ork_fake_kernel_get_stats(self->fake, &s);
+        PyObject *f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls,
+                                    "submits", (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks,
+                                    "refused", (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos,
+                                    "mapped", (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs,
+                                    "last_error", ork_fake_kernel_last_error(self->fake), "trace",
+                                    ork_fake_kernel_trace(self->fake));
+        if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) {
+            Py_XDECREF(f);
+            Py_DECREF(r);
+            return NULL;
+        }
+        Py_DECREF(f);
+    }
+    return r;
+}
+
+static PyObject *dev_set_faults(DevObject *self, PyObject *arg) {
+    if (!self->fake) return PyErr_Format(PyExc_ValueError, "set_faults needs a device opened on a fake kernel");
+    unsigned long v = PyLong_AsUnsignedLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    dev_lock(self);
+    ork_fake_kernel_set_faults(self->fake, (unsigned)v);
+    PyThread_release_lock(self->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *dev_close(DevObject *self, PyObject *unused) {
+    (void)unused;
+    if (self->dev) {
+        dev_lock(self);
+        ork_npu_dev_close(self->dev);
+        self->dev = NULL;
+        PyThread_release_lock(self->lock);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef dev_methods[] = {
+    {"upload", (PyCFunction)(void (*)(void))dev_upload, METH_VARARGS | METH_KEYWORDS,
+     "upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight resident on the device"},
+    {"upload_packed", (PyCFunction)(void (*)(void))dev_upload_packed, METH_VARARGS | METH_KEYWORDS,
+     "upload_packed(kind, store, lut, N, K, ...) -> NPUWeight from a PackedWeight tile store"},
+    {"matmul", (PyCFunction)dev_matmul, METH_VARARGS, "matmul(weight, A int8 (M, K)) -> int32 (M, N)"},
+    {"info", (PyCFunction)dev_info, METH_NOARGS, "-> dict: backend, node, counters (+ fake kernel state)"},
+    {"set_faults", (PyCFunction)dev_set_faults, METH_O, "set_faults(bits): inject faults into the fake kernel"},
+    {"close", (PyCFunction)dev_close, METH_NOARGS, "release the device (weights become unusable)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject DevType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUDevice",
+    .tp_basicsize = sizeof(DevObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "NPUDevice(backend, fake_kernel=None, emu_base=0, timeout_ms=10000): an open NPU backend",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)dev_init,
+    .tp_dealloc = (destructor)dev_dealloc,
+    .tp_methods = dev_methods,
+};
+
+static void weight_dealloc(WeightObject *self) {
+    if (self->live && self->owner && self->owner->dev) {
+        dev_lock(self->owner);
+        ork_npu_weight_free(self->owner->dev, &self->w);
+        PyThread_release_lock(self->owner->lock);
+    }
+    Py_XDECREF(self->owner);
+    PyObject_Free(self);
+}
+
+static PyObject *weight_shape(WeightObject *self, void *c) {
+    (void)c;
+    return Py_BuildValue("(II)", self->w.N, self->w.K);
+}
+static PyObject *weight_addr(WeightObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLong(self->w.bo.dma);
+}
+static PyObject *weight_nbytes(WeightObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLongLong(self->w.bo.size);
+}
+
+static PyGetSetDef weight_getset[] = {{"shape", (getter)weight_shape, NULL, "(N, K)", NULL},
+                                      {"npu_address", (getter)weight_addr, NULL, "32-bit NPU address", NULL},
+                                      {"nbytes", (getter)weight_nbytes, NULL, "device buffer bytes", NULL},
+                                      {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject WeightType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUWeight",
+    .tp_basicsize = sizeof(WeightObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A weight matrix resident in an NPU device buffer (made by NPUDevice.upload*)",
+    .tp_dealloc = (destructor)weight_dealloc,
+    .tp_getset = weight_getset,
+};
+
+/* The forward-pass hook (model.h ork_linear.int_mm): run the int8 matmul of
+ * a packed linear on the weight's device. Called without the GIL. */
+static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
+    WeightObject *w = (WeightObject *)ctx;
+    DevObject *d = w->owner;
+    if (!d->dev || !w->live) return ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
+    if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
+    PyThread_acquire_lock(d->lock, WAIT_LOCK);
+    ork_status st = ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
+    PyThread_release_lock(d->lock);
+    return st;
+}
+
+int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K) {
+    if (!PyObject_TypeCheck(obj, &WeightType)) {
+        PyErr_SetString(PyExc_TypeError, "expected an orkpy._core.NPUWeight");
+        return -1;
+    }
+    WeightObject *w = (WeightObject *)obj;
+    if (!w->live || !w->owner->dev) {
+        PyErr_SetString(PyExc_ValueError, "the NPU weight's device is closed");
+        return -1;
+    }
+    *fn = weight_int_mm;
+    *ctx = w;
+    *N = w->w.N;
+    *K = w->w.K;
+    return 0;
+}
+
+int orkpy_npu_init(PyObject *module) {
+    if (PyType_Ready(&DevType) < 0 || PyType_Ready(&WeightType) < 0) return -1;
+    Py_INCREF(&DevType);
+    if (PyModule_AddObject(module, "NPUDevice", (PyObject *)&DevType) < 0) {
+        Py_DECREF(&DevType);
+        return -1;
+    }
+    Py_INCREF(&WeightType);
+    if (PyModule_AddObject(module, "NPUWeight", (PyObject *)&WeightType) < 0) {
+        Py_DECREF(&WeightType);
+        return -1;
+    }
+    return 0;
 }

@@ -68,7 +68,17 @@ const char *ork_npu_reg_name(uint32_t target, uint32_t reg) {
     return NULL;
 }
 
-ork_status ork_npu_matmul_task(const ork_npu_matmul *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err) {
+ork_status ork_npu_task_tail(uint64_t out[4], uint32_t next_addr, uint32_t next_body, ork_err *err) {
+    if (next_body && (next_addr & 0xfu))
+        return ork_err_set(err, ORK_EINVAL, "next task address 0x%08x is not 16-byte aligned", next_addr);
+    out[0] = next_body ? ork_npu_qword(ORK_NPU_PC, 0x0010, next_addr) : 0;     /* PC_BASE_ADDRESS */
+    out[1] = ork_npu_qword(ORK_NPU_PC, 0x0014, next_body ? ork_npu_pc_amount(next_body) : 0);
+    out[2] = (uint64_t)ORK_NPU_MARK << 48;
+    out[3] = ork_npu_qword(ORK_NPU_OPEN, 0x0008, 0xd);                         /* op-enable */
+    return ORK_OK;
+}
+
+ork_status ork_npu_matmul_task(const ork_npu_matmul_desc *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err) {
     if (!d || !out) return ork_err_set(err, ORK_EINVAL, "npu_matmul_task: NULL argument");
     const int fp16 = d->dtype == ORK_NPU_FP16_FP32;
     if (d->dtype != ORK_NPU_INT8_INT32 && !fp16) return ork_err_set(err, ORK_EINVAL, "unknown NPU matmul dtype");
@@ -152,12 +162,9 @@ ork_status ork_npu_matmul_task(const ork_npu_matmul *d, uint64_t out[ORK_NPU_TAS
     E(ORK_NPU_DPU, 0x40c0, (M * surf_mul) << 4);                 /* SURFACE_ADD */
     E(ORK_NPU_DPU, 0x40c4, 0);
     for (uint32_t r = 0x4100; r <= 0x412c; r += 4) E(ORK_NPU_DPU, r, 0);        /* LUT registers */
-    /* single-task tail */
-    out[n++] = 0;
-    E(ORK_NPU_PC, 0x0014, 0);                                    /* PC_REGISTER_AMOUNTS: no next task */
-    out[n++] = (uint64_t)ORK_NPU_MARK << 48;
-    E(ORK_NPU_OPEN, 0x0008, 0xd);                                /* operation enable */
 #undef E
+    ork_npu_task_tail(out + n, 0, 0, NULL); /* single-task tail */
+    n += 4;
     if (n != ORK_NPU_TASK_QWORDS) return ork_err_set(err, ORK_EINVAL, "internal: task has %zu qwords", n);
     return ORK_OK;
 }

@@ -47,13 +47,28 @@ typedef struct ork_npu_matmul {
     ork_npu_dtype dtype;
     uint32_t M, K, N;
     uint32_t in_addr, w_addr, out_addr; /* 32-bit NPU (IOMMU) addresses */
-} ork_npu_matmul;
+} ork_npu_matmul_desc;
 
 /* The 108 qwords of one stand-alone matmul task (body + single-task tail).
  * Checks the per-task limits this slice supports: M == 1 or M % 4 == 0,
  * K % 32 == 0, N % 16 == 0 (int8: N % 32 == 0), K, N <= 8192, the feature
  * data within 11 CBUF banks and one kernel's weights within one bank. */
-ork_status ork_npu_matmul_task(const ork_npu_matmul *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err);
+ork_status ork_npu_matmul_task(const ork_npu_matmul_desc *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err);
+
+/* PC_REGISTER_AMOUNTS / PC_DATA_AMOUNT for a task of `body` qwords: the PC
+ * fetches (amount + 1) * 2 qwords = the body + the 4-qword tail (rounded up
+ * to an even count). The vendor driver computes the first task's value as
+ * (regcfg_amount + 4 + 1) / 2 - 1 (rknpu_job.c, scale 2 on RK3588); a
+ * captured RKNN chain shows the same value in the tails (108 -> 55,
+ * npu-anchors.md §1.3). Mesa's rocket driver writes a different value
+ * (ALIGN((count - 4) / 2, 2)); which one the PC honours under rocket is an
+ * open question only a board can answer. */
+static inline uint32_t ork_npu_pc_amount(uint32_t body) { return (body + 4u + 1u) / 2u - 1u; }
+
+/* Rewrite the 4-qword tail at out[0..3]: the last task of a chain (next_body
+ * == 0: PC_REGISTER_AMOUNTS = 0) or a link to the next task's commands at
+ * next_addr (16-byte aligned) with next_body body qwords. */
+ork_status ork_npu_task_tail(uint64_t out[4], uint32_t next_addr, uint32_t next_body, ork_err *err);
 
 /* Block name of a target ("CNA", ...) or NULL; register name or NULL. */
 const char *ork_npu_target_name(uint32_t target);

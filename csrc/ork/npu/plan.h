@@ -1,0 +1,107 @@
+/* plan.h - planning an int8 x int8 -> int32 matmul on the RK3588 NPU:
+ * splitting into tasks within the per-task limits, the operand layouts of
+ * every task's buffers, and emitting the PC-chained register commands.
+ *
+ * ---------------------------------------------------------------- problem --
+ *   C[m][n] = sum_k A[m][k] * B[n][k]      A (M, K) int8, B (N, K) int8, C int32
+ * (B is a weight matrix with one row per output channel, as PackedWeight.)
+ *
+ * ------------------------------------------------------- per-task limits --
+ * One task is the 1x1 direct convolution of regcmd.h with H = Mt, W = 1,
+ * C = Kt, Nt kernels (npu-anchors.md §1.4-1.6, mtx512 test limits):
+ *   Mt == 1 or Mt % 4 == 0, Mt <= 2044 (11-bit height);  Kt % 32 == 0,
+ *   Kt <= 8192 (RKNN splits K > 8192 the same way);  Nt % 32 == 0,
+ *   Nt <= 8192 (13-bit DPU channel field);  Mt * Kt <= 11 CBUF banks of 32 KiB
+ *   (one bank is always left for weights);  Kt <= one bank (a kernel's weights).
+ * Tile sizes can be lowered (ork_npu_plan_opts) to force chains in tests.
+ *
+ * ------------------------------------------------------------- splitting --
+ *   Kp = round32(K), Np = round32(N); K is split into nk = ceil(Kp / max_k)
+ *   near-equal tiles (multiples of 32), N into nn = ceil(Np / max_n) tiles
+ *   (multiples of 32). M == 1 is one row; otherwise Mp = round4(M) is split
+ *   into nm tiles (multiples of 4) with Mt * Kt_max <= 11 banks.
+ *   Task order: m tile (outer), n tile, k tile (inner). Task t writes its
+ *   own output block; K tiles of the same (m, n) are summed on the host in
+ *   int32 (exact: |C| <= K * 128 * 128 < 2^31 for K <= ORK_NPU_MAX_K).
+ *
+ * ---------------------------------------------------------------- buffers --
+ * Four buffers, every block starting at a multiple of 64 bytes:
+ *   input   one block per (m tile, k tile): NC1HWC2 int8, C2 = 16,
+ *           blk[(k / 16) * Mp_t + m][k % 16] = A[m0 + m][k0 + k]
+ *   weights one block per (n tile, k tile): (Nt/32, Kt/32, 32, 32) int8,
+ *           blk[nb][kb][i][j] = B[n0 + nb*32 + i][k0 + kb*32 + j]. With one K
+ *           tile the blocks of consecutive n tiles are contiguous and the
+ *           whole buffer is exactly the PackedWeight int8 tile store (pack.h).
+ *           Weights do not depend on M: upload once, run any M.
+ *   output  one block per task: NC1HWC2 int32, C2 = 4,
+ *           blk[(n / 4) * Mp_t + m][n % 4] = partial C over the task's K tile
+ *   regcmd  108 qwords (864 bytes, 16-aligned) per task: the body of
+ *           regcmd.h and a tail that links to the next task (PC_BASE_ADDRESS,
+ *           PC_REGISTER_AMOUNTS = ork_npu_pc_amount(104)); the last task ends
+ *           the chain. Padding lanes (k >= K, n >= N, m >= M) are zero in the
+ *           operands, so they add nothing.
+ */
+#ifndef ORK_NPU_PLAN_H
+#define ORK_NPU_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../quant.h"
+#include "../status.h"
+
+#define ORK_NPU_MAX_M 2044u
+#define ORK_NPU_MAX_KT 8192u
+#define ORK_NPU_MAX_NT 8192u
+#define ORK_NPU_MAX_K 131071u /* host int32 sum of K tiles stays exact */
+#define ORK_NPU_MAX_N (1u << 24)
+#define ORK_NPU_MAX_TOTAL_M (1u << 20)
+#define ORK_NPU_FEATURE_BYTES (11u * 32768u)
+#define ORK_NPU_ALIGN 64u
+
+typedef struct ork_npu_plan_opts {
+    uint32_t max_m, max_k, max_n; /* 0 = the hardware limit; else lower caps (rounded to 4 / 32) */
+} ork_npu_plan_opts;
+
+typedef struct ork_npu_task_desc {
+    uint32_t m0, Mt, Mp; /* rows [m0, m0 + Mt) of A, Mp >= Mt rows in the task (1 or % 4) */
+    uint32_t k0, Kt;     /* K slice [k0, k0 + Kt), Kt % 32 == 0 (may cover padding) */
+    uint32_t n0, Nt;     /* N slice, Nt % 32 == 0 */
+    uint32_t mi, ki, ni; /* tile indices */
+    uint64_t in_off, w_off, out_off, cmd_off; /* byte offsets in the four buffers */
+} ork_npu_task_desc;
+
+typedef struct ork_npu_plan {
+    uint32_t M, K, N, Kp, Np;
+    uint32_t nm, nk, nn, n_tasks;
+    uint64_t in_bytes, w_bytes, out_bytes, cmd_bytes;
+    uint64_t macs; /* sum over tasks of Mp * Kt * Nt (what the NPU computes) */
+    ork_npu_task_desc *tasks; /* n_tasks entries, owned */
+} ork_npu_plan;
+
+ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_plan_opts *opts, ork_npu_plan *p,
+                             ork_err *err);
+void ork_npu_plan_free(ork_npu_plan *p);
+
+/* The chained command buffer (cmd_bytes / 8 qwords) for the given 32-bit NPU
+ * addresses of the four buffers; every address must be 64-byte aligned and
+ * every buffer must fit below 4 GiB. */
+ork_status ork_npu_plan_emit(const ork_npu_plan *p, uint32_t cmd_addr, uint32_t in_addr, uint32_t w_addr,
+                             uint32_t out_addr, uint64_t *cmds, ork_err *err);
+
+/* ------------------------------------------------------------ layouts --- */
+/* A (M, K) int8 with row stride lda -> the input buffer (in_bytes). */
+ork_status ork_npu_pack_input(const ork_npu_plan *p, const int8_t *A, size_t lda, uint8_t *buf, ork_err *err);
+/* B (N, K) int8 with row stride ldb -> the weight buffer (w_bytes). */
+ork_status ork_npu_pack_weights(const ork_npu_plan *p, const int8_t *B, size_t ldb, uint8_t *buf, ork_err *err);
+/* A PackedWeight tile store of kind (N, K) (pack.h) -> the weight buffer; a
+ * 4-bit store is inflated through lut (the int8 values the CPU kernels use). */
+ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, const void *store, const int8_t lut[16],
+                                      uint8_t *buf, ork_err *err);
+/* The output buffer -> C (M, N) int32 row-major (K tiles summed). */
+ork_status ork_npu_unpack_output(const ork_npu_plan *p, const uint8_t *buf, int32_t *C, ork_err *err);
+/* Inverse layouts, for round-trip tests and debugging. */
+ork_status ork_npu_unpack_input(const ork_npu_plan *p, const uint8_t *buf, int8_t *A, ork_err *err);
+ork_status ork_npu_unpack_weights(const ork_npu_plan *p, const uint8_t *buf, int8_t *B, ork_err *err);
+
+#endif
