@@ -270,8 +270,10 @@ class QuantizedModel:
                 pw = self.tensors[name]
                 return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
             paths = {n: pw.kind for n, pw in self.tensors.items()}
-            self._models[act] = Model(self.source, src.hp, paths, _assemble(None, src.hp, spec_of, src.tensor),
-                                      src.meta, src.tied)
+            specs = {}
+            self._models[act] = Model(self.source, src.hp, paths,
+                                      _assemble(None, src.hp, spec_of, src.tensor, record=specs), src.meta, src.tied,
+                                      specs)
         return self._models[act]
 
     def save(self, path, overwrite=False):
@@ -445,7 +447,8 @@ def load_quantized(path, act="per_token"):
         pw = packed[name]
         return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
     paths = {n: packed[n].kind for n in names}
-    m = Model(path, hp, paths, _assemble(g, hp, spec_of), g, "output.weight" not in g)
+    specs = {}
+    m = Model(path, hp, paths, _assemble(g, hp, spec_of, record=specs), g, "output.weight" not in g, specs)
     m.manifest = manifest
     return m
 

@@ -140,8 +140,10 @@ class Model:
     positions ``first..T-1``; ``hparams``, ``paths`` (tensor -> weight path),
     ``config`` (a JSON-able description), ``tokenizer`` (from the GGUF)."""
 
-    def __init__(self, path, hparams, paths, fwd, gguf, tied):
+    def __init__(self, path, hparams, paths, fwd, gguf, tied, specs=None):
         self.path = path
+        self._specs = specs  # {linear name: spec given to the forward model}
+        self._npu = None
         self.hparams = hparams
         self.paths = paths
         self._fwd = fwd
@@ -171,14 +173,41 @@ class Model:
     def forward(self, tokens, first=0, threads=None):
         return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads))
 
+    def _use_npu(self, device, kinds):
+        if self._specs is None:
+            raise ValueError("this model does not record its linear layers; load it with load_model()")
+        from .packed import _lut
+        names = linear_names(self.hparams, self.tied)
+        routed = 0
+        for i, name in enumerate(names):
+            spec = self._specs[name]
+            if device is None or spec[0] != "packed" or spec[1] not in kinds:
+                self._fwd.set_npu(i, None)
+                continue
+            _, kind, store, bscale, N, K, _ = spec
+            w = device._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8),
+                                          np.asarray(_lut(kind), dtype=np.int8), N, K)
+            self._fwd.set_npu(i, w)
+            routed += 1
+        self._npu = device
+        return routed
+
     def __repr__(self):
         return f"Model({os.path.basename(self.path)!r}, arch={self.hparams['arch']!r}, paths={self.config['weight_paths']})"
 
 
-def _assemble(g, hp, spec_of, float_of=None):
+def _assemble(g, hp, spec_of, float_of=None, record=None):
     """A ForwardModel from a GGUF's float tensors (embeddings, norms) and
-    spec_of(name) -> linear spec for every linear tensor name."""
+    spec_of(name) -> linear spec for every linear tensor name (recorded in the
+    dict ``record`` when given)."""
     float_of = float_of or (lambda name: _float_tensor(g, name))
+    if record is not None:
+        inner = spec_of
+
+        def spec_of(name):
+            record[name] = inner(name)
+            return record[name]
+
     emb = float_of("token_embd.weight")
     layers = []
     for i in range(hp["n_layer"]):
@@ -214,4 +243,5 @@ def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=N
         src = "token_embd.weight" if (name == "output.weight" and tied) else name
         return _linear_spec(_float_tensor(g, src), paths[name], nthreads, pt)
 
-    return Model(os.fspath(path), hp, paths, _assemble(g, hp, spec_of), g, tied)
+    specs = {}
+    return Model(os.fspath(path), hp, paths, _assemble(g, hp, spec_of, record=specs), g, tied, specs)

@@ -79,6 +79,9 @@ static ork_status execute(const ork_npu_mem *mem, const reg_set *s, const regfil
                                task_addr, nm(ork_npu_target(want[i]), ork_npu_reg(want[i]), b1, sizeof b1),
                                j < 0 ? 0 : f->val[j], d.M, d.K, d.N, ork_npu_value(want[i]));
     }
+    if ((d.in_addr | d.w_addr | d.out_addr) & 0xfu) /* orkpy aligns to 64; unaligned DMA is not modelled */
+        return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x: operand address not 16-byte aligned (feature "
+                           "0x%08x, weights 0x%08x, output 0x%08x)", task_addr, d.in_addr, d.w_addr, d.out_addr);
     const uint32_t M = d.M, K = d.K, N = d.N;
     const int8_t *fe = (const int8_t *)mem->map(mem->ctx, d.in_addr, (uint64_t)M * K);
     const int8_t *we = (const int8_t *)mem->map(mem->ctx, d.w_addr, (uint64_t)N * K);

@@ -25,6 +25,7 @@ typedef struct {
     int mapped_at_offset;       /* rknpu: MEM_MAP done */
     int mapped;                 /* mmap count */
     int pending;                /* rocket: job writing it not yet waited for */
+    int stale;                  /* at submit: CPU view differs from the device view */
 } fbo;
 
 struct ork_fake_kernel {
@@ -36,6 +37,7 @@ struct ork_fake_kernel {
     uint32_t next_handle;
     uint64_t next_dma; /* rocket: upward from 0; rknpu: downward from 4 GiB */
     int needs_reset;
+    uint32_t stale_handle; /* first non-synced buffer the NPU touched in the current submit */
     int64_t clock;
     ork_fake_stats st;
     char last[256];
@@ -84,11 +86,16 @@ static int coherent(const ork_fake_kernel *k, const fbo *b) {
     return k->persona == ORK_FAKE_RKNPU && !(b->flags & ORK_RKNPU_MEM_CACHEABLE);
 }
 
+/* the NPU's view of memory; a non-coherent buffer whose CPU view differs
+ * from the device view is recorded (the CPU wrote it and did not sync) */
 static void *dev_map(void *ctx, uint32_t addr, uint64_t len) {
     ork_fake_kernel *k = (ork_fake_kernel *)ctx;
     for (int i = 0; i < MAX_BOS; i++) {
         fbo *b = &k->bos[i];
-        if (b->live && addr >= b->dma && (uint64_t)addr - b->dma + len <= b->size) return b->dev_mem + (addr - b->dma);
+        if (b->live && addr >= b->dma && (uint64_t)addr - b->dma + len <= b->size) {
+            if (b->stale && !k->stale_handle) k->stale_handle = b->handle;
+            return b->dev_mem + (addr - b->dma);
+        }
     }
     return NULL;
 }
@@ -194,8 +201,18 @@ static int rknpu_submit(ork_fake_kernel *k, ork_rknpu_submit *s) {
     ork_npu_mem mem = {k, dev_map};
     ork_err e;
     e.msg[0] = 0;
+    k->stale_handle = 0;
+    for (int i = 0; i < MAX_BOS; i++) {
+        fbo *b = &k->bos[i];
+        b->stale = b->live && b->cpu_mem != b->dev_mem && memcmp(b->cpu_mem, b->dev_mem, b->size) != 0;
+    }
     ork_status st = ork_npu_emu_run(&mem, (uint32_t)first.regcmd_addr, ork_npu_pc_amount(first.regcfg_amount),
                                     s->task_number, visited, NULL, &e);
+    if (k->stale_handle) {
+        free(visited);
+        return refuse(k, EINVAL, "the NPU used cacheable buffer %u whose CPU writes were not synced (MEM_SYNC TO_DEVICE)",
+                      k->stale_handle);
+    }
     if (st) {
         free(visited);
         return refuse(k, EPROTO, "%s", e.msg);
@@ -423,7 +440,6 @@ static int f_close(void *ctx, int fd) {
 }
 static int f_ioctl(void *ctx, int fd, unsigned long req, void *arg) {
     ork_fake_kernel *k = (ork_fake_kernel *)ctx;
-    k->last[0] = 0;
     k->st.ioctls++;
     if (fd != FD_BASE + 1 || !k->fd_open[1]) return refuse(k, EBADF, "ioctl on fd %d, which is not the open NPU node", fd);
     if (!arg) return refuse(k, EFAULT, "ioctl with a NULL argument");

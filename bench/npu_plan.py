@@ -1,0 +1,187 @@
+"""NPU decode plan for Qwen3-1.7B at M=1 (one token): the task split and the
+bytes every int8 x int8 -> int32 matmul moves, the decode rate that traffic
+allows at a given DRAM bandwidth (a roofline ESTIMATE, not a measurement: no
+board here), next to RKLLM's published RK3588 figures, and the host cost of
+planning + emitting the register commands of one token.
+
+    python bench/npu_plan.py [--gguf PATH] [--repeat 20] [--bandwidth 33.8 25 20]
+
+Bytes per matmul = weights (w_bytes) + packed input (in_bytes) + int32 output
+(out_bytes) + register commands (cmd_bytes), from orkpy.npu.plan(). Only the
+matmuls are counted: the KV cache, attention, norms and the embedding row are
+not. Dimensions come from --gguf (default: the shared Qwen3 skeleton); a file
+that names itself a skeleton is width-scaled, so only its layout (block count,
+head_dim, tied output) is taken from it and the widths are Qwen3-1.7B's
+published ones (hidden 2048, ffn 6144, 16/8 heads, vocab 151936).
+
+Planner timing: plan() + plan_commands() for every matmul of one token (each
+Device.matmul re-plans and re-emits in C), best of --repeat, against a
+baseline measured in the same run: numpy.copyto of one decoder layer's int8
+weight bytes (what the NPU must stream per layer, copied here by the host CPU).
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+import orkpy.npu as npu
+from orkpy.testing import best_time
+
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
+DEFAULT_GGUF = os.path.join(SHARED, "models", "qwen3-skeleton", "qwen3-skel-tied-F16.gguf")
+
+# Qwen3-1.7B's published config (used when the GGUF is absent or width-scaled)
+QWEN3_1_7B = dict(hidden=2048, ffn=6144, layers=28, n_head=16, n_head_kv=8, head_dim=128, vocab=151936, tied=True)
+
+# airockchip/rknn-llm v1.3.0 benchmark.md, RK3588, w8a8, seqlen 128, 64 new tokens, max CPU/NPU freq
+# (via ../shared/docs/npu-anchors.md section 3.2). Qwen3 1.7B itself is not in that table.
+RKLLM = [("Qwen2.5 1.5B", 16.69), ("InternLM2 1.8B", 15.45), ("Qwen3-VL 2B (LLM part)", 14.98),
+         ("Qwen3.5 2B", 13.59)]
+
+BYTES = ("w_bytes", "in_bytes", "out_bytes", "cmd_bytes")
+QWORDS_PER_TASK = 108  # 104 body + 4 tail
+NPU_MAC_PER_CYCLE, NPU_HZ = 1024, 1.0e9  # per core, int8 (npu-anchors.md section 5)
+SUBMIT_S = 0.218e-3  # one tiny submit on the vendor driver (allbilly multicore.md, npu-anchors.md section 5)
+
+
+def model_dims(path):
+    """(dims dict, description of where each came from)."""
+    d = dict(QWEN3_1_7B)
+    if not path or not os.path.exists(path):
+        return d, f"Qwen3-1.7B published config (no GGUF at {path})"
+    from orkpy.gguf import GGUFFile
+
+    g = GGUFFile(path)
+    try:
+        md, arch = g.metadata, g.architecture
+        name = str(md.get("general.name", ""))
+        f = dict(layers=int(md[f"{arch}.block_count"]), hidden=int(md[f"{arch}.embedding_length"]),
+                 ffn=int(md[f"{arch}.feed_forward_length"]), n_head=int(md[f"{arch}.attention.head_count"]),
+                 n_head_kv=int(md[f"{arch}.attention.head_count_kv"]))
+        f["head_dim"] = int(md.get(f"{arch}.attention.key_length", f["hidden"] // f["n_head"]))
+        f["vocab"] = g.tensor_info("token_embd.weight").shape[0]
+        f["tied"] = "output.weight" not in g
+    finally:
+        g.close()
+    src = os.path.relpath(path)
+    if "skeleton" in name.lower():
+        d.update(layers=f["layers"], head_dim=f["head_dim"], tied=f["tied"])
+        widths = ", ".join(f"{k} {f[k]}" for k in ("hidden", "ffn", "n_head", "n_head_kv", "vocab"))
+        return d, (f"{src} ('{name}', arch {arch}) is width-scaled ({widths}): layers, head_dim and tied "
+                   f"output read from it; hidden/ffn/heads/vocab are Qwen3-1.7B's published values")
+    d.update(f)
+    return d, f"{src} ('{name}', arch {arch}): all dimensions read from its metadata"
+
+
+def shapes(d):
+    """[(name, K, N, count per token)] of the M=1 matmuls of one decode step."""
+    h, q, kv = d["hidden"], d["n_head"] * d["head_dim"], d["n_head_kv"] * d["head_dim"]
+    L = d["layers"]
+    return [("attn_q", h, q, L), ("attn_k", h, kv, L), ("attn_v", h, kv, L), ("attn_output", q, h, L),
+            ("ffn_gate", h, d["ffn"], L), ("ffn_up", h, d["ffn"], L), ("ffn_down", d["ffn"], h, L),
+            ("lm_head" + (" (tied)" if d["tied"] else ""), h, d["vocab"], 1)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", default=DEFAULT_GGUF, help="Qwen3 GGUF to read dimensions from")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--bandwidth", type=float, nargs="+", default=[33.8, 25.0, 20.0], help="GB/s")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+
+    d, src = model_dims(args.gguf)
+    print(f"Qwen3-1.7B decode (M=1) on the RK3588 NPU planner, int8 x int8 -> int32")
+    print(f"dims: {src}")
+    print(f"      hidden {d['hidden']}, ffn {d['ffn']}, {d['layers']} layers, {d['n_head']} q / "
+          f"{d['n_head_kv']} kv heads x {d['head_dim']}, vocab {d['vocab']}, "
+          f"{'tied' if d['tied'] else 'untied'} lm_head")
+    print()
+    hdr = (f"{'matmul':<16}{'K':>6}{'N':>8}{'tasks':>6}{'cmd qw':>8}{'weights B':>15}{'in B':>9}{'out B':>11}"
+           f"{'cmd B':>9}{'bytes/call':>15}{'x':>5}{'MB/token':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    sh = shapes(d)
+    tot = dict.fromkeys(BYTES, 0)
+    calls = tasks = macs = 0
+    for name, K, N, cnt in sh:
+        p = npu.plan(1, K, N)
+        assert p["cmd_bytes"] == p["n_tasks"] * QWORDS_PER_TASK * 8, p
+        per = sum(p[k] for k in BYTES)
+        for k in BYTES:
+            tot[k] += p[k] * cnt
+        calls += cnt
+        tasks += p["n_tasks"] * cnt
+        macs += p["macs"] * cnt
+        print(f"{name:<16}{K:>6}{N:>8}{p['n_tasks']:>6}{p['cmd_bytes'] // 8:>8}{p['w_bytes']:>15,}"
+              f"{p['in_bytes']:>9,}{p['out_bytes']:>11,}{p['cmd_bytes']:>9,}{per:>15,}{cnt:>5}{per * cnt / 1e6:>10.2f}")
+    total = sum(tot.values())
+    print("-" * len(hdr))
+    print(f"{'per token':<16}{'':>14}{tasks:>6}{tot['cmd_bytes'] // 8:>8,}{tot['w_bytes']:>15,}"
+          f"{tot['in_bytes']:>9,}{tot['out_bytes']:>11,}{tot['cmd_bytes']:>9,}{total:>15,}{calls:>5}{total / 1e6:>10.2f}")
+    print(f"  {calls} matmul calls ({tasks} NPU tasks) per token; weights are {tot['w_bytes'] / total:.2%} of the "
+          f"bytes; {macs / 1e9:.3f} GMAC/token")
+    print()
+
+    print("ESTIMATE: bandwidth bound, no compute/submit overhead (bytes/token above / DRAM bandwidth; "
+          "not measured, no board here)")
+    print(f"  33.8 GB/s = RK3588 theoretical: LPDDR4x-4224 (DMC 2112 MHz) x 64 bit (npu-anchors.md section 5, "
+          f"an inference there)")
+    hdr2 = f"  {'DRAM GB/s':>10}{'ms/token':>10}{'tok/s':>8}"
+    print(hdr2)
+    for bw in args.bandwidth:
+        s = total / (bw * 1e9)
+        print(f"  {bw:>10.1f}{s * 1e3:>10.2f}{1 / s:>8.2f}")
+    t_compute = macs / (NPU_MAC_PER_CYCLE * NPU_HZ)
+    print(f"  compute floor for reference: {macs / 1e9:.3f} GMAC / (1024 int8 MAC/cycle x 1 GHz, one core) = "
+          f"{t_compute * 1e3:.2f} ms/token")
+    bw0 = args.bandwidth[0]
+    s_sub = total / (bw0 * 1e9) + calls * SUBMIT_S
+    print(f"  ESTIMATE with submit overhead: + {calls} submits x 0.218 ms (one tiny vendor-driver submit, "
+          f"allbilly multicore.md) at {bw0:g} GB/s -> {s_sub * 1e3:.2f} ms/token, {1 / s_sub:.2f} tok/s")
+    print()
+    print("published RKLLM decode on RK3588 (airockchip/rknn-llm v1.3.0 benchmark.md, w8a8, seqlen 128, 64 new "
+          "tokens, max freq; measured by Rockchip)")
+    print("  Qwen3 1.7B itself is NOT in that table; the nearest models listed:")
+    for name, tps in RKLLM:
+        print(f"  {name:<24}{tps:>7.2f} tok/s")
+    print("  (other models, so no ratio is taken; npu-anchors.md section 5 derives >= 25.8 GB/s effective weight "
+          "streaming from the Qwen2.5 1.5B figure: compare with the 25 GB/s row)")
+    print()
+
+    # ---- planner + command emission, one token's matmuls, against a host copy of one layer's weights
+    def plan_all():
+        for _, K, N, cnt in sh:
+            for _ in range(cnt):
+                npu.plan(1, K, N)
+
+    def emit_all():
+        for _, K, N, cnt in sh:
+            for _ in range(cnt):
+                npu.plan_commands(1, K, N, 0x00100000, 0x10000000, 0x20000000, 0x30000000)
+
+    layer_w = sum(npu.plan(1, K, N)["w_bytes"] for _, K, N, cnt in sh if cnt == d["layers"])
+    src_w = np.ones(layer_w, np.int8)
+    dst_w = np.empty_like(src_w)
+    np.copyto(dst_w, src_w)
+    t_copy = best_time(lambda: np.copyto(dst_w, src_w), args.repeat)
+    t_plan = best_time(plan_all, args.repeat)
+    t_emit = best_time(emit_all, args.repeat)
+    s_roof = total / (bw0 * 1e9)
+    print(f"host planning cost per token ({calls} calls, best of {args.repeat}); baseline: numpy.copyto of one "
+          f"decoder layer's int8 weights ({layer_w / 1e6:.1f} MB) on this host, {layer_w / t_copy / 1e9:.2f} GB/s")
+    hdr3 = f"  {'what':<36}{'ms/token':>10}{'x baseline':>12}{'x est. token':>14}"
+    print(hdr3)
+    print("  " + "-" * (len(hdr3) - 2))
+    print(f"  {'baseline: copy one layer weights':<36}{t_copy * 1e3:>10.3f}{1.0:>12.3f}{t_copy / s_roof:>14.4f}")
+    print(f"  {'plan() (Python dicts)':<36}{t_plan * 1e3:>10.3f}{t_plan / t_copy:>12.3f}{t_plan / s_roof:>14.4f}")
+    print(f"  {'plan_commands() (plan + emit)':<36}{t_emit * 1e3:>10.3f}{t_emit / t_copy:>12.3f}"
+          f"{t_emit / s_roof:>14.4f}")
+    print(f"  ('x est. token' = fraction of the {bw0:g} GB/s bandwidth-bound token time, {s_roof * 1e3:.2f} ms; "
+          f"host here is {os.uname().machine}, not the RK3588's A76)")
+    print(f"total runtime {time.perf_counter() - t_start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

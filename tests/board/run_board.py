@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Board check for orkpy's RK3588 NPU layer: the golden int8 x int8 -> int32
+matmuls on each device backend (rknpu, rocket), on the strict emulator (emu)
+and in NumPy, compared bit for bit; fixtures saved for later comparison.
+
+    python tests/board/run_board.py [--backend {rknpu,rocket,all}] [--out DIR]
+                                    [--quick] [--fake] [--allow-missing]
+
+For every shape (seeded random int8 operands over the full range -128..127):
+  - NumPy reference (float64 matmul, exact here: |sums| <= 128*128*8192 < 2**53),
+  - emu and every device backend: weights uploaded once, --calls activations
+    run against them (the table shows the best call's ms); each output must
+    equal the reference exactly, and the devices' outputs must equal emu's,
+  - the fixture's command buffer (plan_commands at fixed addresses, written to
+    <name>.regcmd.bin too) is run through orkpy.npu.emulate on the packed
+    operands and must give the reference as well.
+
+Fixtures: <out>/<name>.json per shape and <out>/board-run.json (environment,
+device info, summary), each written atomically (temporary file + os.replace).
+
+--fake runs rknpu and rocket against orkpy's fake kernels (executed by the
+emulator), so the script runs on any machine; that is how CI tests it.
+
+Exit status: 0 all equal; 1 a mismatch or an error; 2 no requested device
+backend can be opened (0 instead with --allow-missing; nothing is run then).
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import orkpy
+import orkpy.npu as npu
+
+DEVICE_BACKENDS = ("rknpu", "rocket")
+
+# (M, K, N, max_n): the golden shapes. Single tasks from mtx512's test suite, then PC-chained
+# multi-task plans (M split, N split forced by max_n, M split with a short last tile).
+GOLDEN = [
+    (1, 4096, 4096, 0),
+    (4, 64, 32, 0),
+    (544, 544, 4096, 0),
+    (64, 8192, 8192, 0),
+    (1, 8192, 8192, 1024),
+    (544, 4096, 512, 0),
+]
+QUICK_MACS = 1 << 27  # --quick: shapes with at most this many MACs
+
+# fixed NPU addresses for the fixture's command buffer (in/w/out as in npu/golden-matmul-regcmd.txt)
+FIXED = {"cmd": 0x00100000, "in": 0x10000000, "w": 0x20000000, "out": 0x30000000}
+
+
+def shape_name(M, K, N, max_n):
+    return f"int8_{M}x{K}x{N}" + (f"_maxn{max_n}" if max_n else "")
+
+
+def sha256(x):
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def out_sha256(c):
+    """SHA-256 of an int32 (M, N) result as little-endian C-order bytes."""
+    return sha256(np.ascontiguousarray(c, dtype="<i4"))
+
+
+def write_atomic(path, data):
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path, obj):
+    write_atomic(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
+
+
+def inputs(seed, M, K, N, calls):
+    """Activations [a_0 .. a_{calls-1}] (M, K) and weights b (N, K), int8, from one generator."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(-128, 128, (N, K), dtype=np.int8)
+    a = [rng.integers(-128, 128, (M, K), dtype=np.int8) for _ in range(calls)]
+    return a, b
+
+
+def reference(a, b, chunk=1024):
+    """int32 a @ b.T via float64 (exact for these magnitudes), in N chunks to bound memory."""
+    af = a.astype(np.float64)
+    out = np.empty((a.shape[0], b.shape[0]), np.int32)
+    for n0 in range(0, b.shape[0], chunk):
+        r = af @ b[n0:n0 + chunk].astype(np.float64).T
+        assert np.abs(r).max(initial=0) < 2**31
+        out[:, n0:n0 + chunk] = r.astype(np.int32)
+    return out
+
+
+def emulate_fixture(cmd, a, b, M, K, N, max_n, p):
+    """Run the fixture's command buffer through the strict emulator on packed a, b."""
+    cb = np.ascontiguousarray(cmd).view(np.uint8).copy()
+    pa = np.array(npu.layout("pack_input", M, K, N, a, max_n=max_n), dtype=np.uint8)
+    pb = np.array(npu.layout("pack_weights", M, K, N, b, max_n=max_n), dtype=np.uint8)
+    out = np.zeros(p["out_bytes"], np.uint8)
+    npu.emulate([(FIXED["cmd"], cb), (FIXED["in"], pa), (FIXED["w"], pb), (FIXED["out"], out)], FIXED["cmd"],
+                npu.pc_amount(104), p["n_tasks"])
+    return npu.layout("unpack_output", M, K, N, out, max_n=max_n)
+
+
+def device_info(dev):
+    info = dict(dev.info())
+    fk = info.get("fake_kernel")
+    if isinstance(fk, dict):
+        info["fake_kernel"] = {k: v for k, v in fk.items() if k != "trace"}
+    return info
+
+
+def fake_tasks(dev):
+    fk = dev.info().get("fake_kernel")
+    return fk.get("tasks") if isinstance(fk, dict) else None
+
+
+def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
+    """Upload b once, run every activation; a result dict."""
+    r = {"label": label, "calls": []}
+    try:
+        t0 = time.perf_counter()
+        w = dev.upload(b, max_n=max_n)
+        r["upload_ms"] = (time.perf_counter() - t0) * 1e3
+        r["w_addr"] = f"0x{w.npu_address:08x}"
+        info0 = dev.info()
+        fk0 = fake_tasks(dev)
+        for i, (a, ref) in enumerate(zip(a_list, refs)):
+            t0 = time.perf_counter()
+            c = dev.matmul(a, w)
+            ms = (time.perf_counter() - t0) * 1e3
+            ok = c.dtype == np.int32 and c.shape == ref.shape and np.array_equal(c, ref)
+            call = {"ms": ms, "sha256": out_sha256(c), "equal_reference": bool(ok)}
+            if not ok and c.shape == ref.shape:
+                bad = np.argwhere(c != ref)
+                call["n_diff"] = int(len(bad))
+                if len(bad):
+                    m, n = (int(x) for x in bad[0])
+                    call["first_diff"] = {"m": m, "n": n, "got": int(c[m, n]), "want": int(ref[m, n])}
+            elif not ok:
+                call["got_shape"], call["got_dtype"] = list(c.shape), str(c.dtype)
+            r["calls"].append(call)
+        info1 = dev.info()
+        r["submits"] = info1["submits"] - info0["submits"]
+        r["tasks"] = info1["tasks"] - info0["tasks"]
+        fk1 = fake_tasks(dev)
+        if fk0 is not None and fk1 is not None:
+            r["fake_kernel_tasks"] = fk1 - fk0
+        del w
+    except Exception as e:  # a device failure is a result, not a crash: finish the table
+        r["error"] = f"{type(e).__name__}: {e}{timeout_note if isinstance(e, npu.NPUTimeoutError) else ''}"
+    r["ok"] = "error" not in r and len(r["calls"]) == len(refs) and all(c["equal_reference"] for c in r["calls"])
+    return r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("rknpu", "rocket", "all"), default="all",
+                    help="device backend(s) to check (all: every one this machine has)")
+    ap.add_argument("--out", default="npu-board-fixtures", help="fixture directory (created)")
+    ap.add_argument("--fake", action="store_true", help="run rknpu/rocket against orkpy's fake kernels")
+    ap.add_argument("--quick", action="store_true", help=f"only the small shapes (<= {QUICK_MACS} MACs)")
+    ap.add_argument("--allow-missing", action="store_true",
+                    help="exit 0 (running nothing) when no requested device backend is present")
+    ap.add_argument("--seed", type=int, default=20240601, help="base seed; shape i uses seed + i")
+    ap.add_argument("--calls", type=int, default=2, help="activations run per uploaded weight")
+    ap.add_argument("--timeout-ms", type=int, default=10000)
+    args = ap.parse_args(argv)
+    if args.calls < 1:
+        ap.error("--calls must be >= 1")
+
+    wanted = list(DEVICE_BACKENDS) if args.backend == "all" else [args.backend]
+    missing = npu.unavailable()
+    if args.fake:
+        backends, skipped = wanted, {}
+    else:
+        backends = [b for b in wanted if b not in missing]
+        skipped = {b: missing[b] for b in wanted if b in missing}
+    for b, why in skipped.items():
+        print(f"{b}: unavailable: {why}", file=sys.stderr if not backends else sys.stdout)
+    if not backends:
+        print(f"no NPU device backend to check ({', '.join(wanted)}); nothing was run. "
+              f"Use --fake to exercise the fake kernels, or --allow-missing to exit 0.", file=sys.stderr)
+        return 0 if args.allow_missing else 2
+
+    shapes = [(i, s) for i, s in enumerate(GOLDEN) if not args.quick or s[0] * s[1] * s[2] <= QUICK_MACS]
+    os.makedirs(args.out, exist_ok=True)
+    mode = "fake kernel" if args.fake else "device"
+    devs = {"emu": npu.Device("emu", timeout_ms=args.timeout_ms)}
+    open_errors = {}
+    for b in backends:
+        try:
+            devs[b] = npu.Device(b, fake_kernel=b if args.fake else None, timeout_ms=args.timeout_ms)
+        except Exception as e:
+            open_errors[b] = f"{type(e).__name__}: {e}"
+    labels = {b: b + ("(fake)" if args.fake and b != "emu" else "") for b in ["emu"] + backends}
+
+    print(f"orkpy {getattr(orkpy, '__version__', '?')} NPU board check: {', '.join(backends)} ({mode}) vs emu vs "
+          f"NumPy (float64); {len(shapes)} shape(s), {args.calls} call(s) each, seed {args.seed}; out {args.out}")
+    hdr = (f"{'shape':<26}{'tasks':>6}  {'backend':<14}{'upload ms':>11}{'matmul ms':>11}  {'vs numpy':<9}"
+           f"{'vs emu':<8}{'sha256':<14}")
+    print(hdr)
+    print("-" * len(hdr))
+    for b, e in open_errors.items():
+        print(f"{'(open)':<26}{'':>6}  {labels[b]:<14}{'':>22}  ERROR {e}")
+
+    all_ok = not open_errors
+    summary = []
+    written = []
+    for idx, (M, K, N, max_n) in shapes:
+        name = shape_name(M, K, N, max_n)
+        seed = args.seed + idx
+        p = npu.plan(M, K, N, max_n=max_n)
+        a_list, b = inputs(seed, M, K, N, args.calls)
+        refs = [reference(a, b) for a in a_list]
+        ref_sha = [out_sha256(r) for r in refs]
+        cmd = np.asarray(npu.plan_commands(M, K, N, FIXED["cmd"], FIXED["in"], FIXED["w"], FIXED["out"],
+                                           max_n=max_n), dtype=np.uint64)
+        try:
+            emu_fix = emulate_fixture(cmd, a_list[0], b, M, K, N, max_n, p)
+            fixture_ok = bool(np.array_equal(emu_fix, refs[0]))
+            fixture_err = None
+        except Exception as e:
+            fixture_ok, fixture_err = False, f"{type(e).__name__}: {e}"
+
+        results = {}
+        for be, dev in devs.items():
+            results[be] = run_backend(labels[be], dev, a_list, b, max_n, refs,
+                                      f" (--timeout-ms {args.timeout_ms})")
+        emu_sha = [c["sha256"] for c in results["emu"]["calls"]]
+        shape_ok = fixture_ok
+        first = True
+        for be, r in results.items():
+            vs_emu = "-" if be == "emu" else ("ok" if [c["sha256"] for c in r["calls"]] == emu_sha
+                                              and results["emu"]["ok"] and r["ok"] else "DIFF")
+            r["equal_emu"] = None if be == "emu" else vs_emu == "ok"
+            shape_ok = shape_ok and r["ok"] and vs_emu != "DIFF"
+            col = f"{name:<26}{p['n_tasks']:>6}" if first else f"{'':<26}{'':>6}"
+            first = False
+            if "error" in r:
+                print(f"{col}  {r['label']:<14}{'':>22}  ERROR {r['error']}")
+                continue
+            ms = min(c["ms"] for c in r["calls"])
+            vs_np = "ok" if r["ok"] else "MISMATCH"
+            print(f"{col}  {r['label']:<14}{r['upload_ms']:>11.2f}{ms:>11.2f}  {vs_np:<9}{vs_emu:<8}"
+                  f"{r['calls'][0]['sha256'][:12]:<14}")
+            for i, c in enumerate(r["calls"]):
+                if not c["equal_reference"]:
+                    print(f"{'':<34}call {i}: {json.dumps({k: v for k, v in c.items() if k != 'sha256'})}")
+        print(f"{'':<34}{'fixture cmds':<14}{'':>22}  "
+              f"{('ok' if fixture_ok else 'MISMATCH' + (' ' + fixture_err if fixture_err else '')):<9}"
+              f"{'(emulate() of the saved command buffer)'}")
+        all_ok = all_ok and shape_ok
+
+        fixture = {
+            "name": name, "M": M, "K": K, "N": N, "max_m": 0, "max_k": 0, "max_n": max_n,
+            "seed": seed,
+            "inputs": ("numpy.random.default_rng(seed): b = integers(-128, 128, (N, K), dtype=int8), then "
+                       "calls x a = integers(-128, 128, (M, K), dtype=int8)"),
+            "a_sha256": [sha256(a) for a in a_list], "b_sha256": sha256(b),
+            "plan": {k: v for k, v in p.items() if k != "tasks"},
+            "tasks": p["tasks"],
+            "commands": {
+                "addresses": {k: f"0x{v:08x}" for k, v in FIXED.items()},
+                "address_source": ("fixed: the backends do not expose the cmd/in/out NPU addresses they "
+                                   "used (only each weight's npu_address, in results.*.w_addr)"),
+                "qwords": [f"{int(q):016x}" for q in cmd],
+                "sha256": sha256(cmd.astype("<u8")),
+                "bin": name + ".regcmd.bin",
+                "emulated_equal_reference": fixture_ok,
+                **({"emulate_error": fixture_err} if fixture_err else {}),
+            },
+            "output": "int32 (M, N), SHA-256 of its little-endian C-order bytes",
+            "reference_sha256": ref_sha,
+            "results": {be: {**{k: v for k, v in r.items() if k != "label"}, "fake": bool(args.fake and be != "emu")}
+                        for be, r in results.items()},
+            "ok": shape_ok,
+        }
+        write_atomic(os.path.join(args.out, name + ".regcmd.bin"), cmd.astype("<u8").tobytes())
+        write_json(os.path.join(args.out, name + ".json"), fixture)
+        written += [name + ".json", name + ".regcmd.bin"]
+        summary.append({"name": name, "n_tasks": p["n_tasks"], "ok": shape_ok})
+        del a_list, b, refs
+
+    run = {
+        "tool": "tests/board/run_board.py",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "orkpy": getattr(orkpy, "__version__", None), "numpy": np.__version__, "python": platform.python_version(),
+        "uname": list(platform.uname()),
+        "mode": mode, "backends": backends, "unavailable": missing, "open_errors": open_errors,
+        "devices": {b: device_info(d) for b, d in devs.items()},
+        "shapes": summary, "files": written, "ok": all_ok,
+    }
+    for d in devs.values():
+        d.close()
+    write_json(os.path.join(args.out, "board-run.json"), run)
+    print("-" * len(hdr))
+    bad = [s["name"] for s in summary if not s["ok"]] + [f"open {b}" for b in open_errors]
+    print(f"{'ALL EQUAL' if all_ok else 'FAILED: ' + ', '.join(bad)}; fixtures in {args.out}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
