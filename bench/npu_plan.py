@@ -4,7 +4,7 @@ allows at a given DRAM bandwidth (a roofline ESTIMATE, not a measurement: no
 board here), next to RKLLM's published RK3588 figures, and the host cost of
 planning + emitting the register commands of one token.
 
-    python bench/npu_plan.py [--gguf PATH] [--repeat 20] [--bandwidth 33.8 25 20]
+    python bench/npu_plan.py [--gguf PATH] [--repeat 50] [--bandwidth 33.8 25 20]
 
 Bytes per matmul = weights (w_bytes) + packed input (in_bytes) + int32 output
 (out_bytes) + register commands (cmd_bytes), from orkpy.npu.plan(). Only the
@@ -86,13 +86,13 @@ def shapes(d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=DEFAULT_GGUF, help="Qwen3 GGUF to read dimensions from")
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--bandwidth", type=float, nargs="+", default=[33.8, 25.0, 20.0], help="GB/s")
     args = ap.parse_args()
     t_start = time.perf_counter()
 
     d, src = model_dims(args.gguf)
-    print(f"Qwen3-1.7B decode (M=1) on the RK3588 NPU planner, int8 x int8 -> int32")
+    print("Qwen3-1.7B decode (M=1) on the RK3588 NPU planner, int8 x int8 -> int32")
     print(f"dims: {src}")
     print(f"      hidden {d['hidden']}, ffn {d['ffn']}, {d['layers']} layers, {d['n_head']} q / "
           f"{d['n_head_kv']} kv heads x {d['head_dim']}, vocab {d['vocab']}, "
@@ -119,7 +119,8 @@ def main():
     total = sum(tot.values())
     print("-" * len(hdr))
     print(f"{'per token':<16}{'':>14}{tasks:>6}{tot['cmd_bytes'] // 8:>8,}{tot['w_bytes']:>15,}"
-          f"{tot['in_bytes']:>9,}{tot['out_bytes']:>11,}{tot['cmd_bytes']:>9,}{total:>15,}{calls:>5}{total / 1e6:>10.2f}")
+          f"{tot['in_bytes']:>9,}{tot['out_bytes']:>11,}{tot['cmd_bytes']:>9,}{total:>15,}{calls:>5}"
+          f"{total / 1e6:>10.2f}")
     print(f"  {calls} matmul calls ({tasks} NPU tasks) per token; weights are {tot['w_bytes'] / total:.2%} of the "
           f"bytes; {macs / 1e9:.3f} GMAC/token")
     print()

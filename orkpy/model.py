@@ -186,6 +186,7 @@ class Model:
                 continue
             _, kind, store, bscale, N, K, _ = spec
             w = device._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8),
+                                          np.zeros(16, np.int8) if _lut(kind) is None else
                                           np.asarray(_lut(kind), dtype=np.int8), N, K)
             self._fwd.set_npu(i, w)
             routed += 1

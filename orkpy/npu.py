@@ -104,7 +104,7 @@ class Device:
         if isinstance(b, PackedWeight):
             N, K = b.shape
             return self._dev.upload_packed(b.kind, np.ascontiguousarray(b.store).reshape(-1).view(np.uint8),
-                                           np.asarray(b.lut, dtype=np.int8), N, K, max_m, max_k, max_n)
+                                           _lut16(b.lut), N, K, max_m, max_k, max_n)
         return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n)
 
     def matmul(self, a, b, **opts):
@@ -128,6 +128,10 @@ class Device:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _lut16(lut):
+    return np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)
 
 
 def _int8_matrix(x, name):

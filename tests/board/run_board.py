@@ -143,7 +143,7 @@ def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
     try:
         t0 = time.perf_counter()
         w = dev.upload(b, max_n=max_n)
-        r["upload_ms"] = (time.perf_counter() - t0) * 1e3
+        r["upload_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         r["w_addr"] = f"0x{w.npu_address:08x}"
         info0 = dev.info()
         fk0 = fake_tasks(dev)
@@ -152,7 +152,7 @@ def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
             c = dev.matmul(a, w)
             ms = (time.perf_counter() - t0) * 1e3
             ok = c.dtype == np.int32 and c.shape == ref.shape and np.array_equal(c, ref)
-            call = {"ms": ms, "sha256": out_sha256(c), "equal_reference": bool(ok)}
+            call = {"ms": round(ms, 3), "sha256": out_sha256(c), "equal_reference": bool(ok)}
             if not ok and c.shape == ref.shape:
                 bad = np.argwhere(c != ref)
                 call["n_diff"] = int(len(bad))

@@ -1,0 +1,105 @@
+"""tests/board/run_board.py, the RK3588 board check, run here against the fake
+kernels (--fake): exit status, fixtures, and the no-device path."""
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import orkpy.npu as npu
+
+SCRIPT = pathlib.Path(__file__).resolve().parent / "board" / "run_board.py"
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("run_board", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fake_quick_writes_fixtures(tmp_path):
+    out = tmp_path / "fixtures"
+    r = run("--fake", "--quick", "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ALL EQUAL" in r.stdout
+
+    mod = load_script()
+    quick = [s for s in mod.GOLDEN if s[0] * s[1] * s[2] <= mod.QUICK_MACS]
+    assert len(quick) >= 3 and any(npu.plan(M, K, N, max_n=mn)["n_tasks"] > 1 for M, K, N, mn in quick)
+
+    run_info = json.loads((out / "board-run.json").read_text())
+    assert run_info["ok"] is True and run_info["mode"] == "fake kernel"
+    assert run_info["backends"] == ["rknpu", "rocket"]
+    assert [s["name"] for s in run_info["shapes"]] == [mod.shape_name(*s) for s in quick]
+
+    for M, K, N, max_n in quick:
+        name = mod.shape_name(M, K, N, max_n)
+        fx = json.loads((out / f"{name}.json").read_text())
+        assert (fx["M"], fx["K"], fx["N"], fx["max_n"]) == (M, K, N, max_n)
+        assert fx["ok"] is True
+        assert set(fx["results"]) == {"emu", "rknpu", "rocket"}
+        n_tasks = fx["plan"]["n_tasks"]
+        for be, res in fx["results"].items():
+            assert res["ok"] and res["fake"] == (be != "emu")
+            assert [c["sha256"] for c in res["calls"]] == fx["reference_sha256"]
+            assert res["tasks"] == n_tasks * len(res["calls"])
+        # the saved command buffer: 108 qwords per task, the .bin equal to the JSON, both equal to a re-emit
+        cmd = fx["commands"]
+        q = np.array([int(x, 16) for x in cmd["qwords"]], dtype=np.uint64)
+        assert len(q) == n_tasks * 108 and cmd["emulated_equal_reference"] is True
+        assert np.array_equal(np.fromfile(out / cmd["bin"], dtype="<u8"), q)
+        a = {k: int(v, 16) for k, v in cmd["addresses"].items()}
+        again = npu.plan_commands(M, K, N, a["cmd"], a["in"], a["w"], a["out"], max_n=max_n)
+        assert np.array_equal(np.asarray(again, dtype=np.uint64), q)
+        # the inputs are reproducible from the recorded seed
+        a_list, b = mod.inputs(fx["seed"], M, K, N, len(fx["a_sha256"]))
+        assert [mod.sha256(x) for x in a_list] == fx["a_sha256"] and mod.sha256(b) == fx["b_sha256"]
+    assert not list(out.glob("*.tmp")), "temporary files left behind"
+
+
+@pytest.mark.parametrize("backend", ["rknpu", "rocket"])
+def test_missing_device_exits_2(tmp_path, backend):
+    why = npu.unavailable().get(backend)
+    if why is None:
+        pytest.skip(f"a {backend} device is present on this machine")
+    out = tmp_path / "fixtures"
+    r = run("--backend", backend, "--out", out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{backend}: unavailable: {why}" in r.stderr
+    assert not out.exists(), "nothing should be written when nothing ran"
+    r = run("--backend", backend, "--out", out, "--allow-missing")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert backend in r.stderr
+
+
+def test_mismatch_exits_1(tmp_path, monkeypatch, capsys):
+    mod = load_script()
+    real = npu.Device.matmul
+
+    def off_by_one(self, a, b, **kw):
+        c = real(self, a, b, **kw)
+        if self.backend == "rocket":
+            c = c.copy()
+            c[-1, -1] += 1
+        return c
+
+    monkeypatch.setattr(npu.Device, "matmul", off_by_one)
+    rc = mod.main(["--fake", "--quick", "--backend", "rocket", "--out", str(tmp_path), "--calls", "1"])
+    text = capsys.readouterr().out
+    assert rc == 1
+    assert "MISMATCH" in text and "FAILED" in text
+    fx = json.loads((tmp_path / "int8_4x64x32.json").read_text())
+    assert fx["ok"] is False and fx["results"]["emu"]["ok"] is True
+    call = fx["results"]["rocket"]["calls"][0]
+    assert call["n_diff"] == 1 and call["first_diff"] == {"m": 3, "n": 31, "got": call["first_diff"]["want"] + 1,
+                                                          "want": call["first_diff"]["want"]}
+    assert fx["results"]["rocket"]["equal_emu"] is False

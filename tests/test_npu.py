@@ -1,0 +1,409 @@
+"""The NPU layer end to end: planner, layouts, chained command streams, the
+strict emulator, the rknpu / rocket device backends over the fake kernel, and
+the forward pass through an NPU backend. No RK3588 board here: every device
+path below runs against the fake kernel (csrc/ork/npu/fake_kernel.c)."""
+import subprocess
+
+import numpy as np
+import pytest
+
+import orkpy
+from orkpy import npu
+from orkpy.packed import pack
+from orkpy.quant import quantize
+
+BACKENDS = [("emu", None), ("rknpu", "rknpu"), ("rocket", "rocket")]
+IDS = ["emu", "fake-rknpu", "fake-rocket"]
+
+
+def ref(a, b):
+    # float64 is exact here: |sum| < 2^53
+    return (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int64)
+
+
+def rand(rng, *shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+@pytest.fixture(scope="module", params=BACKENDS, ids=IDS)
+def dev(request):
+    be, fk = request.param
+    d = npu.Device(be, fake_kernel=fk)
+    yield d
+    d.close()
+
+
+# (M, K, N, caps): the issue's M in {1, 4, 64, 544}, K and N up to 8192, and
+# multi-task chains (natural splits of M or K, and forced small tiles)
+SHAPES = [
+    (1, 4096, 4096, {}),
+    (4, 64, 32, {}),
+    (1, 8192, 8192, {}),
+    (4, 8192, 8192, {}),
+    (64, 8192, 1024, {}),          # 2 M tiles (44-row cap at K = 8192)
+    (544, 544, 4096, {}),
+    (544, 4096, 512, {}),          # 7 M tiles
+    (544, 2048, 8192, {}),         # 4 M tiles, N = 8192 in one task
+    (4, 10000, 96, {}),            # K > 8192: 2 K tiles summed on the host
+    (3, 100, 50, {}),              # nothing aligned
+    (64, 777, 333, dict(max_m=16, max_k=256, max_n=64)),  # 4 x 4 x 6 = 96 chained tasks
+    (1, 8192, 8192, dict(max_n=1024)),                    # 8 chained tasks
+]
+
+
+@pytest.mark.parametrize("M,K,N,caps", SHAPES, ids=[f"{m}x{k}x{n}{'-caps' if c else ''}" for m, k, n, c in SHAPES])
+def test_exact_int32(dev, M, K, N, caps):
+    rng = np.random.default_rng(M * 7919 + K * 31 + N)
+    a, b = rand(rng, M, K), rand(rng, N, K)
+    w = dev.upload(b, **caps)
+    c = dev.matmul(a, w)
+    assert c.dtype == np.int32 and c.shape == (M, N)
+    assert np.array_equal(c, ref(a, b))
+    p = npu.plan(M, K, N, **caps)
+    if caps or M * K > 11 * 32768 or K > 8192:
+        assert p["n_tasks"] > 1
+
+
+def test_extremes_and_reuse(dev):
+    """-128 * -128 everywhere at K = 8192 (the int32 range the NPU must hold), and
+    one uploaded weight reused for several M."""
+    a = np.full((4, 8192), -128, np.int8)
+    b = np.full((32, 8192), -128, np.int8)
+    assert (dev.matmul(a, b) == 8192 * 16384).all()
+    rng = np.random.default_rng(5)
+    b = rand(rng, 96, 320)
+    w = dev.upload(b)
+    for M in (1, 4, 7, 64):
+        a = rand(rng, M, 320)
+        assert np.array_equal(dev.matmul(a, w), ref(a, b))
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4", "int4"])
+def test_packed_weight_matches_cpu_kernels(dev, kind):
+    """A PackedWeight runs on the NPU with its int8 values (LUT-inflated for
+    4-bit): the int32 accumulators equal the CPU kernels' exactly."""
+    rng = np.random.default_rng(11)
+    pw = pack(quantize(rng.standard_normal((200, 300)).astype(np.float32), kind))
+    xq = rng.integers(-127, 128, (9, 300), dtype=np.int8)
+    assert np.array_equal(dev.matmul(xq, pw), pw.matmul_int(xq))
+
+
+@pytest.mark.parametrize("base", [0x1000, 0xF0000000])
+def test_emu_address_bases(base):
+    """Fake NPU addresses low (like rocket, from 0x1000) and near the top of
+    the 32-bit space (like the vendor IOMMU)."""
+    d = npu.Device("emu", emu_base=base)
+    rng = np.random.default_rng(3)
+    a, b = rand(rng, 64, 1000), rand(rng, 300, 1000)
+    assert np.array_equal(d.matmul(a, b, max_n=64), ref(a, b))
+    assert d.upload(b).npu_address >= base
+
+
+def test_module_matmul_and_available():
+    rng = np.random.default_rng(0)
+    a, b = rand(rng, 4, 64), rand(rng, 32, 64)
+    assert np.array_equal(npu.matmul(a, b), ref(a, b))
+    assert "emu" in npu.available()
+    why = npu.unavailable()
+    for be in ("rknpu", "rocket"):  # no board here
+        assert be not in npu.available() and be in why[be]
+
+
+@pytest.mark.parametrize("be", ["rknpu", "rocket"])
+def test_missing_device_raises(be):
+    with pytest.raises(orkpy.NPUUnavailableError, match=be) as e:
+        npu.Device(be)
+    assert isinstance(e.value, orkpy.UnavailableError) and isinstance(e.value, orkpy.NPUError)
+
+
+def test_bad_arguments():
+    d = npu.Device("emu")
+    with pytest.raises(ValueError, match="backend"):
+        npu.Device("cuda")
+    with pytest.raises(TypeError, match="int8"):
+        d.matmul(np.zeros((4, 64), np.float32), np.zeros((32, 64), np.int8))
+    w = d.upload(np.zeros((32, 64), np.int8))
+    with pytest.raises(ValueError, match=r"\(M, 64\)"):
+        d.matmul(np.zeros((4, 65), np.int8), w)
+    with pytest.raises(ValueError, match="another NPU device"):
+        npu.Device("emu").matmul(np.zeros((4, 64), np.int8), w)
+    with pytest.raises(ValueError, match="fake_kernel"):
+        npu.Device("rknpu", fake_kernel="rocket")
+    with pytest.raises(ValueError, match="K = "):
+        npu.plan(4, 200000, 32)
+    with pytest.raises(ValueError, match="empty"):
+        npu.plan(0, 64, 32)
+    d.close()
+    with pytest.raises(ValueError, match="closed"):
+        d.upload(np.zeros((32, 64), np.int8))
+
+
+# ------------------------------------------------------------ planner -----
+@pytest.mark.parametrize("M,K,N,caps", [(1, 8192, 8192, {}), (544, 8192, 8192, {}), (5, 20000, 100, {}),
+                                        (64, 777, 333, dict(max_m=16, max_k=256, max_n=64)), (2047, 64, 32, {})])
+def test_plan_covers_once_within_limits(M, K, N, caps):
+    p = npu.plan(M, K, N, **caps)
+    for t in p["tasks"]:
+        Mp, Kt, Nt = t["Mp"], t["Kt"], t["Nt"]
+        assert (Mp == 1 or Mp % 4 == 0) and Mp <= 2044 and Kt % 32 == 0 and Kt <= 8192 and Nt % 32 == 0 and Nt <= 8192
+        assert Mp * Kt <= 11 * 32768
+        assert t["Mt"] <= Mp and t["in_off"] % 64 == 0 and t["w_off"] % 64 == 0 and t["out_off"] % 64 == 0
+    # the tasks are the product of m, k and n tiles, each combination once, and
+    # the tiles of each axis partition it
+    combos = [((t["m0"], t["Mt"]), (t["k0"], t["Kt"]), (t["n0"], t["Nt"])) for t in p["tasks"]]
+    assert len(set(combos)) == len(combos)
+    for axis, total in ((0, M), (1, p["Kp"]), (2, p["Np"])):
+        tiles = sorted({c[axis] for c in combos})
+        assert tiles[0][0] == 0 and sum(n for _, n in tiles) == total
+        assert all(a[0] + a[1] == b[0] for a, b in zip(tiles, tiles[1:]))
+    assert len(combos) == p["nm"] * p["nk"] * p["nn"]
+    assert p["cmd_bytes"] == 864 * p["n_tasks"]
+
+
+def test_plan_chain_tails():
+    """Each task's tail links to the next task (PC_BASE_ADDRESS = its address,
+    PC_REGISTER_AMOUNTS = (104 + 4 + 1) // 2 - 1 = 53), the last one ends the
+    chain exactly like the single-task tail, and every body is the
+    stand-alone task body of its tile."""
+    caps = dict(max_m=16, max_k=256, max_n=64)
+    M, K, N = 40, 600, 150
+    base = dict(cmd_addr=0x100000, in_addr=0x200000, w_addr=0x400000, out_addr=0x800000)
+    q = npu.plan_commands(M, K, N, *base.values(), **caps).reshape(-1, 108)
+    p = npu.plan(M, K, N, **caps)
+    assert q.shape[0] == p["n_tasks"] == 3 * 3 * 3
+    for i, t in enumerate(p["tasks"]):
+        body = npu.matmul_task(t["Mp"], t["Kt"], t["Nt"], base["in_addr"] + t["in_off"], base["w_addr"] + t["w_off"],
+                               base["out_addr"] + t["out_off"])
+        assert np.array_equal(q[i, :104], body[:104])
+        if i + 1 < len(p["tasks"]):
+            nxt = base["cmd_addr"] + p["tasks"][i + 1]["cmd_off"]
+            assert q[i, 104] == (0x0101 << 48) | (nxt << 16) | 0x0010
+            assert q[i, 105] == (0x0101 << 48) | (npu.pc_amount(104) << 16) | 0x0014
+        else:
+            assert np.array_equal(q[i, 104:], body[104:])
+        assert q[i, 106] == 0x0041 << 48 and q[i, 107] == 0x0081_0000_000D_0008
+    assert npu.pc_amount(104) == 53 and npu.pc_amount(108) == 55  # driver formula; 108 -> 55 as the RKNN capture
+
+
+# ------------------------------------------------------------ layouts -----
+@pytest.mark.parametrize("M,K,N,caps", [(1, 100, 50, {}), (13, 300, 70, dict(max_m=4, max_k=64, max_n=32)),
+                                        (64, 9000, 40, {})])
+def test_layout_round_trips_and_zero_padding(M, K, N, caps):
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, M, K), rand(rng, N, K)
+    a[a == 0] = 1
+    b[b == 0] = 1
+    ib = npu.layout("pack_input", M, K, N, a, **caps)
+    wb = npu.layout("pack_weights", M, K, N, b, **caps)
+    assert np.array_equal(npu.layout("unpack_input", M, K, N, ib, **caps), a)
+    assert np.array_equal(npu.layout("unpack_weights", M, K, N, wb, **caps), b)
+    # every padding lane and gap is zero: nonzero bytes are exactly the operands
+    # (input blocks are shared by the N tiles, weight blocks by the M tiles)
+    assert np.count_nonzero(ib) == M * K and np.count_nonzero(wb) == N * K
+
+
+def test_feature_and_output_layouts_are_nc1hwc2():
+    """Feature C2 = 16 for int8: A[m][k] at ((k // 16) * M + m) * 16 + k % 16;
+    output C2 = 4 int32: C[m][n] at ((n // 4) * M + m) * 4 + n % 4 (npu-anchors §1.5)."""
+    M, K, N = 8, 64, 32
+    a = (np.arange(M * K) % 251 - 125).astype(np.int8).reshape(M, K)
+    ib = npu.layout("pack_input", M, K, N, a)
+    m, k = np.meshgrid(np.arange(M), np.arange(K), indexing="ij")
+    assert np.array_equal(ib.view(np.int8)[((k // 16) * M + m) * 16 + k % 16], a)
+    out = np.zeros(M * N * 4, np.uint8)
+    C = np.arange(M * N, dtype=np.int32).reshape(M, N)
+    m, n = np.meshgrid(np.arange(M), np.arange(N), indexing="ij")
+    out.view(np.int32)[((n // 4) * M + m) * 4 + n % 4] = C
+    assert np.array_equal(npu.layout("unpack_output", M, K, N, out), C)
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_weight_buffer_is_the_packed_tile_store(kind):
+    """With one K tile the NPU weight buffer is the PackedWeight tile order
+    (N/32, K/32, 32, 32): for int8 byte for byte the same store."""
+    rng = np.random.default_rng(2)
+    pw = pack(quantize(rng.standard_normal((100, 200)).astype(np.float32), kind))
+    d = npu.Device("emu")
+    w = d.upload(pw)
+    codes = pw.matmul_int(np.eye(200, dtype=np.int8)).T.astype(np.int8)  # the int8 values, (N, K)
+    buf = npu.layout("pack_weights", 1, 200, 100, codes)
+    if kind == "int8":
+        assert np.array_equal(buf.view(np.int8)[:pw.store.size], pw.store.reshape(-1).view(np.int8))
+    a = rand(rng, 3, 200)
+    assert np.array_equal(d.matmul(a, w), ref(a, codes))
+
+
+# ------------------------------------------------------------ emulator ----
+def _single_task(M=4, K=64, N=32):
+    rng = np.random.default_rng(4)
+    a, b = rand(rng, M, K), rand(rng, N, K)
+    cmd_addr, in_addr, w_addr, out_addr = 0x1000, 0x2000, 0x4000, 0x8000
+    q = npu.plan_commands(M, K, N, cmd_addr, in_addr, w_addr, out_addr)
+    bufs = {"cmd": (cmd_addr, q.view(np.uint8).copy()),
+            "in": (in_addr, npu.layout("pack_input", M, K, N, a).copy()),
+            "w": (w_addr, npu.layout("pack_weights", M, K, N, b).copy()),
+            "out": (out_addr, np.zeros(M * N * 4, np.uint8))}
+    return a, b, q, bufs
+
+
+def _run(bufs, q=None, amount=53, tasks=1):
+    if q is not None:
+        bufs = dict(bufs, cmd=(bufs["cmd"][0], np.asarray(q, np.uint64).view(np.uint8).copy()))
+    return npu.emulate(list(bufs.values()), bufs["cmd"][0], amount, tasks), bufs
+
+
+def test_emulator_runs_the_stream():
+    a, b, q, bufs = _single_task()
+    stats, bufs = _run(bufs)
+    assert stats == {"tasks": 1, "qwords": 108, "macs": 4 * 64 * 32}
+    assert np.array_equal(npu.layout("unpack_output", 4, 64, 32, bufs["out"][1]), ref(a, b))
+
+
+def test_emulator_refuses_every_single_value_change():
+    """Strict: adding 1 to the value of any of the 104 body qwords is refused
+    (a constant the model does not know, a size inconsistent with the others,
+    an unaligned or unmapped address) -- never silently reinterpreted."""
+    a, b, q, bufs = _single_task()
+    accepted = []
+    for i in range(104):
+        m = q.copy()
+        m[i] = np.uint64(int(m[i]) + (1 << 16))
+        try:
+            _run(bufs, m)
+            accepted.append(i)
+        except orkpy.NPUCommandError:
+            pass
+    assert accepted == []
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda q: q.__setitem__(13, (0x0201 << 48) | (0xA << 16) | 0x104C), "CNA_CVT_CON0"),
+    (lambda q: q.__setitem__(20, (0x0201 << 48) | 0x1234), "not modelled"),
+    (lambda q: q.__setitem__(20, (0x2001 << 48) | 0x5004), "DPU_RDMA 0x5004"),
+    (lambda q: q.__setitem__(20, (0x4001 << 48) | 0x6004), "not modelled"),
+    (lambda q: q.__setitem__(106, 0), "without the 0x0041 marker"),
+    (lambda q: q.__setitem__(107, 0x0081_0000_001D_0008), "op-enable"),
+    (lambda q: q.__setitem__(105, (0x0101 << 48) | 0x0018), "PC register 0x0018"),
+    (lambda q: q.__setitem__(slice(1, 2), (0x0201 << 48) | (0x120 << 16) | 0x100C), "CNA_CONV_CON1"),  # fp16 input
+])
+def test_emulator_refuses_unmodelled(mutate, match):
+    a, b, q, bufs = _single_task()
+    m = q.copy()
+    mutate(m)
+    with pytest.raises(orkpy.NPUCommandError, match=match):
+        _run(bufs, m)
+
+
+def test_emulator_refuses_fp16_task_and_broken_chains():
+    a, b, q, bufs = _single_task()
+    fp16 = npu.matmul_task(4, 64, 32, 0x2000, 0x4000, 0x8000, "fp16")
+    with pytest.raises(orkpy.NPUCommandError, match="needs"):
+        _run(bufs, fp16)
+    with pytest.raises(orkpy.NPUCommandError, match="chain ends after task 1 of 2"):
+        _run(bufs, q, tasks=2)
+    with pytest.raises(orkpy.NPUCommandError, match="without op-enable"):
+        _run(bufs, q, amount=51)  # the PC would fetch only 104 qwords
+    with pytest.raises(orkpy.NPUCommandError, match="outside the mapped"):
+        _run(bufs, q, amount=60)
+    m = q.copy()
+    m[57] = (0x1001 << 48) | (0x9000 << 16) | 0x4020  # output address off the end of every buffer
+    with pytest.raises(orkpy.NPUCommandError, match="outside the mapped buffers"):
+        _run(bufs, m)
+
+
+# ------------------------------------------------------------ fake kernel --
+@pytest.mark.parametrize("be", ["rknpu", "rocket"])
+def test_fake_kernel_hang_is_a_timeout_and_recovers(be):
+    d = npu.Device(be, fake_kernel=be, timeout_ms=50)
+    rng = np.random.default_rng(9)
+    a, b = rand(rng, 4, 64), rand(rng, 32, 64)
+    w = d.upload(b)
+    d.set_faults(npu.FAKE_HANG)
+    with pytest.raises(orkpy.NPUTimeoutError, match="50 ms"):
+        d.matmul(a, w)
+    d.set_faults(0)
+    assert np.array_equal(d.matmul(a, w), ref(a, b))
+    trace = d.info()["fake_kernel"]["trace"].split()
+    if be == "rknpu":  # the backend reset the core after the timed-out submit
+        i = max(j for j, c in enumerate(trace) if c == "RKNPU_SUBMIT")
+        assert "RKNPU_ACTION" in trace[:i][-3:] or trace.count("RKNPU_ACTION") >= 2
+
+
+@pytest.mark.parametrize("be", ["rknpu", "rocket"])
+def test_fake_kernel_call_order_and_cleanup(be):
+    d = npu.Device(be, fake_kernel=be)
+    rng = np.random.default_rng(10)
+    a, b = rand(rng, 64, 1000), rand(rng, 300, 1000)
+    assert np.array_equal(d.matmul(a, b, max_n=64, max_k=256), ref(a, b))
+    info = d.info()
+    fk = info["fake_kernel"]
+    trace = fk["trace"].split()
+    assert fk["refused"] == 0 and info["node"] in ("/dev/dri/renderD128", "/dev/accel/accel0")
+    submit = "RKNPU_SUBMIT" if be == "rknpu" else "ROCKET_SUBMIT"
+    i = trace.index(submit)
+    if be == "rknpu":
+        assert trace[:3] == ["open", "DRM_IOCTL_VERSION", "RKNPU_ACTION"]
+        assert trace[:i].count("RKNPU_MEM_SYNC(TO_DEVICE)") >= 3 and trace[i + 1] == "RKNPU_MEM_SYNC(FROM_DEVICE)"
+    else:
+        assert trace[i - 1] == "ROCKET_FINI_BO" and trace[i + 1] == "ROCKET_PREP_BO"
+    assert fk["tasks"] == npu.plan(64, 1000, 300, max_n=64, max_k=256)["n_tasks"]
+    d.close()
+
+
+# ------------------------------------------------------------ ABI ---------
+def test_uapi_abi_asserts_compile_x86_and_aarch64(tmp_path):
+    """The _Static_asserts on struct sizes, offsets and ioctl numbers hold on
+    x86_64 and on aarch64 (cross compiler); with libdrm the numbers also equal
+    drm.h's DRM_IOWR/DRM_IOW (and DRM_IOCTL_GEM_CLOSE)."""
+    import shutil
+    from cbuild import ROOT
+    src = tmp_path / "abi.c"
+    src.write_text('#include "ork/npu/uapi.h"\nint main(void) { return 0; }\n')
+    for cc in ("gcc", "aarch64-linux-gnu-gcc"):
+        if cc != "gcc" and shutil.which(cc) is None:
+            pytest.fail("aarch64-linux-gnu-gcc missing (apt-get install gcc-aarch64-linux-gnu)")
+        subprocess.run([cc, "-std=c11", "-Werror", "-I", str(ROOT / "csrc"), "-c", str(src), "-o",
+                        str(tmp_path / f"{cc}.o")], check=True)
+    bad = tmp_path / "bad.c"  # the asserts can fail: a struct one field short is caught
+    bad.write_text('#define uint64_t uint32_t\n#include <stdint.h>\n#undef uint64_t\n'
+                   '#include "ork/npu/uapi.h"\nint main(void) { return 0; }\n')
+    r = subprocess.run(["gcc", "-std=c11", "-I", str(ROOT / "csrc"), "-c", str(bad), "-o", str(tmp_path / "b.o")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "static assertion failed" in r.stderr
+    import os
+    if os.path.exists("/usr/include/libdrm/drm.h"):
+        drm = tmp_path / "drm.c"
+        drm.write_text('#include "ork/npu/uapi.h"\n#include <drm.h>\n'
+                       '_Static_assert(ORK_DRM_IOCTL_GEM_CLOSE == DRM_IOCTL_GEM_CLOSE, "gem close");\n'
+                       '_Static_assert(ORK_RKNPU_IOCTL_SUBMIT == DRM_IOWR(DRM_COMMAND_BASE + 1, ork_rknpu_submit), "s");\n'
+                       '_Static_assert(ORK_ROCKET_IOCTL_PREP_BO == DRM_IOW(DRM_COMMAND_BASE + 2, ork_rocket_prep_bo), "p");\n'
+                       'int main(void) { return 0; }\n')
+        subprocess.run(["gcc", "-std=c11", "-Werror", "-I", str(ROOT / "csrc"), "-I/usr/include/libdrm", "-c", str(drm),
+                        "-o", str(tmp_path / "d.o")], check=True)
+
+
+def test_built_with_libdrm():
+    """CI installs libdrm-dev, so the device backends are compiled in: their
+    'unavailable' reason is the missing device, not the build."""
+    for why in npu.unavailable().values():
+        assert "without libdrm" not in why
+
+
+# ------------------------------------------------------------ forward -----
+@pytest.mark.parametrize("be,fk", BACKENDS, ids=IDS)
+def test_forward_through_npu_is_bit_identical(shared, be, fk):
+    from orkpy.model import load_model
+    m = load_model(str(shared / "models" / "stories260K" / "stories260K-F16.gguf"),
+                   weights={"default": "nf4", "blk.0.attn_v.weight": "int8", "blk.1.ffn_down.weight": "int8",
+                            "output.weight": "gguf"})
+    toks = (np.arange(1, 97) * 37) % 512
+    cpu = m.forward(toks)
+    d = npu.Device(be, fake_kernel=fk)
+    assert npu.use_npu(m, d) == 35  # 5 layers x 7 linears; the float head stays on the CPU
+    out = m.forward(toks)
+    assert np.array_equal(out, cpu)
+    assert d.info()["submits"] == 35
+    assert npu.use_npu(m, d, kinds=("int8",)) == 2
+    assert np.array_equal(m.forward(toks), cpu)
+    npu.use_npu(m, None)
+    assert np.array_equal(m.forward(toks), cpu)
