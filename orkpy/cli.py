@@ -22,6 +22,10 @@ def _cmd_info(args):
     print(f"available ISAs:  {', '.join(caps['available'])}")
     print(f"forced scalar:   {caps['forced_scalar']} (set {caps['force_scalar_env']}=1 to force)")
     print(f"default threads: {caps['default_threads']}")
+    from .npu import BACKENDS, unavailable
+    why = unavailable()
+    for b in BACKENDS:
+        print(f"npu {b + ':':<12} {'available' if b not in why else 'unavailable - ' + why[b]}")
     return 0
 
 
@@ -183,6 +187,28 @@ def _cmd_npu_dump(args):
     return 0
 
 
+def _cmd_npu_plan(args):
+    from .npu import dump, plan, plan_commands
+
+    caps = dict(max_m=args.max_m, max_k=args.max_k, max_n=args.max_n)
+    p = plan(args.M, args.K, args.N, **caps)
+    if args.json:
+        print(json.dumps(p, indent=1))
+        return 0
+    print(f"int8 matmul ({args.M} x {args.K}) x ({args.K} x {args.N}) -> int32: {p['n_tasks']} task(s) "
+          f"(m {p['nm']} x k {p['nk']} x n {p['nn']}), {p['cmd_bytes'] // 8} command qwords")
+    print(f"buffers: input {p['in_bytes']} B, weights {p['w_bytes']} B, output {p['out_bytes']} B, "
+          f"commands {p['cmd_bytes']} B; {p['macs']} MACs on the NPU")
+    print(f"{'task':>5} {'m0':>6} {'Mt':>5} {'Mp':>5} {'k0':>6} {'Kt':>5} {'n0':>6} {'Nt':>5}")
+    for i, t in enumerate(p["tasks"][:args.limit]):
+        print(f"{i:5d} {t['m0']:6d} {t['Mt']:5d} {t['Mp']:5d} {t['k0']:6d} {t['Kt']:5d} {t['n0']:6d} {t['Nt']:5d}")
+    if len(p["tasks"]) > args.limit:
+        print(f"  ... {len(p['tasks']) - args.limit} more")
+    if args.dump:
+        print(dump(plan_commands(args.M, args.K, args.N, 0x100000, 0x1000000, 0x10000000, 0x40000000, **caps)))
+    return 0
+
+
 def _cmd_gate(args):
     from .gate import format_gate, run_gate
 
@@ -284,6 +310,17 @@ def build_parser():
     s = sub.add_parser("npu-dump", help="decode an RK3588 NPU register command buffer into a listing")
     s.add_argument("file", help="little-endian binary qwords, or text with one hex qword per line")
     s.set_defaults(func=_cmd_npu_dump)
+
+    s = sub.add_parser("npu-plan", help="how an int8 matmul is split into NPU tasks (and its command stream)")
+    s.add_argument("M", type=_positive_int)
+    s.add_argument("K", type=_positive_int)
+    s.add_argument("N", type=_positive_int)
+    for cap in ("max_m", "max_k", "max_n"):
+        s.add_argument("--" + cap.replace("_", "-"), dest=cap, type=int, default=0, help="lower per-task cap (tests)")
+    s.add_argument("--limit", type=_positive_int, default=20, help="tasks listed (default 20)")
+    s.add_argument("--dump", action="store_true", help="also print the chained command listing")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_npu_plan)
 
     s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
     s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")

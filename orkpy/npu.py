@@ -110,7 +110,12 @@ class Device:
     def matmul(self, a, b, **opts):
         """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a
         PackedWeight, or an int8 (N, K) array, uploaded for this call)."""
-        w = b if isinstance(b, _core.NPUWeight) else self.upload(b, **opts)
+        if isinstance(b, _core.NPUWeight):
+            if opts:
+                raise ValueError(f"tile caps {sorted(opts)} are fixed when a weight is uploaded; pass them to upload()")
+            w = b
+        else:
+            w = self.upload(b, **opts)
         a = _int8_matrix(a, "a")
         return self._dev.matmul(w, a)
 

@@ -125,6 +125,8 @@ def test_bad_arguments():
     w = d.upload(np.zeros((32, 64), np.int8))
     with pytest.raises(ValueError, match=r"\(M, 64\)"):
         d.matmul(np.zeros((4, 65), np.int8), w)
+    with pytest.raises(ValueError, match="fixed when a weight is uploaded"):
+        d.matmul(np.zeros((4, 64), np.int8), w, max_n=32)
     with pytest.raises(ValueError, match="another NPU device"):
         npu.Device("emu").matmul(np.zeros((4, 64), np.int8), w)
     with pytest.raises(ValueError, match="fake_kernel"):
@@ -407,3 +409,15 @@ def test_forward_through_npu_is_bit_identical(shared, be, fk):
     assert np.array_equal(m.forward(toks), cpu)
     npu.use_npu(m, None)
     assert np.array_equal(m.forward(toks), cpu)
+
+
+def test_cli_npu_plan(capsys):
+    from orkpy.cli import main
+    assert main(["npu-plan", "544", "8192", "8192", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "13 task(s) (m 13 x k 1 x n 1)" in out and "... 11 more" in out
+    assert main(["npu-plan", "4", "64", "64", "--max-n", "32", "--dump"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("OP_EN.PC_OPERATION_ENABLE") == 2 and "PC.PC_BASE_ADDRESS" in out
+    assert main(["info"]) == 0
+    assert "npu emu:         available" in capsys.readouterr().out
