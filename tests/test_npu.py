@@ -326,9 +326,71 @@ def test_fake_kernel_hang_is_a_timeout_and_recovers(be):
     d.set_faults(0)
     assert np.array_equal(d.matmul(a, w), ref(a, b))
     trace = d.info()["fake_kernel"]["trace"].split()
-    if be == "rknpu":  # the backend reset the core after the timed-out submit
-        i = max(j for j, c in enumerate(trace) if c == "RKNPU_SUBMIT")
-        assert "RKNPU_ACTION" in trace[:i][-3:] or trace.count("RKNPU_ACTION") >= 2
+    if be == "rknpu":  # the core is reset once: right after the timed-out submit, never at open
+        assert trace.count("RKNPU_ACTION") == 1
+        assert trace[trace.index("RKNPU_ACTION") - 1] == "RKNPU_SUBMIT"
+    else:  # the timed-out job's buffers are dropped, never reused while it may still run
+        assert trace.count("GEM_CLOSE") >= 3
+
+
+@pytest.mark.parametrize("be", ["rknpu", "rocket"])
+def test_dropped_job_is_an_error_not_stale_output(be):
+    """rocket's SUBMIT returns 0 even when a job fails (npu-anchors §2.2): the
+    output buffer is filled with a value no task can produce before every
+    submit, so a job that never ran is an NPUError, not the previous result."""
+    d = npu.Device(be, fake_kernel=be)
+    rng = np.random.default_rng(12)
+    a, b = rand(rng, 4, 64), rand(rng, 32, 64)
+    w = d.upload(b)
+    assert np.array_equal(d.matmul(a, w), ref(a, b))
+    d.set_faults(4)  # ORK_FAKE_DROP
+    with pytest.raises(orkpy.NPUError, match="did not write its output"):
+        d.matmul(a, w)
+    d.set_faults(0)
+    assert np.array_equal(d.matmul(a, w), ref(a, b))
+
+
+@pytest.mark.parametrize("be,fk", BACKENDS, ids=IDS)
+def test_close_frees_weights_and_refuses_reuse(be, fk):
+    d = npu.Device(be, fake_kernel=fk)
+    w = d.upload(np.ones((64, 128), np.int8))
+    d.upload(np.ones((32, 64), np.int8))  # dropped at once: its buffer is freed
+    if fk:
+        assert d.info()["fake_kernel"]["live_bos"] == 1
+    d.close()
+    if fk:  # closing freed the live weight's buffer too
+        assert d.info()["fake_kernel"]["live_bos"] == 0 and d.info()["fake_kernel"]["mapped"] == 0
+    with pytest.raises(ValueError, match="closed"):
+        d.matmul(np.ones((4, 128), np.int8), w)
+    with pytest.raises(RuntimeError, match="initialised once"):
+        d._dev.__init__("emu")
+    del w
+
+
+def test_emulate_argument_checks():
+    a, b, q, bufs = _single_task()
+    with pytest.raises(TypeError, match="tuple"):
+        npu.emulate([list(bufs["cmd"])], 0x1000, 53)
+    with pytest.raises(ValueError, match="crosses the 32-bit"):
+        npu.emulate([(0xFFFFFE00, np.zeros(1024, np.uint8))], 0xFFFFFE00, 53)
+    with pytest.raises(TypeError, match="writable"):
+        npu.emulate([(0x1000, np.zeros(8, np.int32))], 0x1000, 53)
+
+
+def test_emulator_refuses_misaligned_chain_link():
+    caps = dict(max_n=32)
+    q = npu.plan_commands(4, 64, 64, 0x1000, 0x2000, 0x4000, 0x8000, **caps)
+    rng = np.random.default_rng(4)
+    a, b = rand(rng, 4, 64), rand(rng, 64, 64)
+    bufs = [(0x1000, q.view(np.uint8).copy()), (0x2000, npu.layout("pack_input", 4, 64, 64, a, **caps).copy()),
+            (0x4000, npu.layout("pack_weights", 4, 64, 64, b, **caps).copy()), (0x8000, np.zeros(4 * 64 * 4, np.uint8))]
+    npu.emulate(bufs, 0x1000, 53, 2)
+    assert np.array_equal(npu.layout("unpack_output", 4, 64, 64, bufs[3][1], **caps), ref(a, b))
+    m = q.copy()
+    m[104] = np.uint64(int(m[104]) + (4 << 16))  # PC_BASE_ADDRESS + 4
+    bufs[0] = (0x1000, m.view(np.uint8).copy())
+    with pytest.raises(orkpy.NPUCommandError, match="not 16-byte aligned"):
+        npu.emulate(bufs, 0x1000, 53, 2)
 
 
 @pytest.mark.parametrize("be", ["rknpu", "rocket"])
@@ -344,7 +406,7 @@ def test_fake_kernel_call_order_and_cleanup(be):
     submit = "RKNPU_SUBMIT" if be == "rknpu" else "ROCKET_SUBMIT"
     i = trace.index(submit)
     if be == "rknpu":
-        assert trace[:3] == ["open", "DRM_IOCTL_VERSION", "RKNPU_ACTION"]
+        assert trace[:3] == ["open", "DRM_IOCTL_VERSION", "RKNPU_MEM_CREATE"]  # no reset at open
         assert trace[:i].count("RKNPU_MEM_SYNC(TO_DEVICE)") >= 3 and trace[i + 1] == "RKNPU_MEM_SYNC(FROM_DEVICE)"
     else:
         assert trace[i - 1] == "ROCKET_FINI_BO" and trace[i + 1] == "ROCKET_PREP_BO"
@@ -421,3 +483,19 @@ def test_cli_npu_plan(capsys):
     assert out.count("OP_EN.PC_OPERATION_ENABLE") == 2 and "PC.PC_BASE_ADDRESS" in out
     assert main(["info"]) == 0
     assert "npu emu:         available" in capsys.readouterr().out
+
+
+def test_fused_ffn_chain_runs_its_matmuls_on_the_npu(shared):
+    """The fused SwiGLU chain's gate/up/down int8 matmuls go through the NPU
+    backend too (not silently back to the CPU kernels): same logits, one
+    submit per linear."""
+    from orkpy import ffn
+    from orkpy.model import load_model
+    m = load_model(str(shared / "models" / "stories260K" / "stories260K-F16.gguf"), weights="int8")
+    toks = (np.arange(1, 129) * 53) % 512
+    ffn.configure(m, ffn.prep(m, toks, n_ctx=64), "fused")
+    cpu = m.forward(toks[:64])
+    d = npu.Device("emu")
+    assert npu.use_npu(m, d) == 36
+    assert np.array_equal(m.forward(toks[:64]), cpu)
+    assert d.info()["submits"] == 36

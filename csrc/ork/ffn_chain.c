@@ -57,6 +57,13 @@ void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t 
         }
 }
 
+/* the int8 matmul of a packed linear: through its external backend (model.h
+ * int_mm, e.g. an NPU) when set, else the CPU kernels; xq rows of K bytes */
+static ork_status lin_int(const ork_linear *l, const int8_t *xq, size_t M, int32_t *acc, int nthreads, ork_err *err) {
+    if (l->int_mm) return l->int_mm(l->int_mm_ctx, xq, M, l->K, acc, err);
+    return ork_matmul_int(l->kind, l->store, ork_quant_lut(l->kind), l->N, l->K, xq, M, acc, nthreads, err);
+}
+
 ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const float *h, size_t T, float *y,
                          int nthreads, ork_err *err) {
     const ork_linear *lg = &L->w_gate, *lu = &L->w_up, *ld = &L->w_down;
@@ -82,8 +89,8 @@ ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const floa
     if ((st = ork_quantize_activations(h, T, D, Dp, 0, hq, a, err))) goto done;
     /* compact the padded rows for ork_matmul_int (it pads itself) */
     for (size_t t = 1; t < T; t++) memmove(hq + t * D, hq + t * Dp, D);
-    if ((st = ork_matmul_int(lg->kind, lg->store, ork_quant_lut(lg->kind), F, D, hq, T, G, nthreads, err))) goto done;
-    if ((st = ork_matmul_int(lu->kind, lu->store, ork_quant_lut(lu->kind), F, D, hq, T, U, nthreads, err))) goto done;
+    if ((st = lin_int(lg, hq, T, G, nthreads, err))) goto done;
+    if ((st = lin_int(lu, hq, T, U, nthreads, err))) goto done;
     int16_t lut[ORK_FFN_LUT];
     float lut_scale;
     ork_ffn_make_lut(p->lut_step, lut, &lut_scale);
@@ -120,8 +127,7 @@ ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const floa
             pq[i] = (int8_t)clamp_i8(ork_round_half_away((float)P * mm), -127.0f);
         }
     if (int_path) {
-        if ((st = ork_matmul_int(ld->kind, ld->store, ork_quant_lut(ld->kind), ld->N, F, pq, T, Y, nthreads, err)))
-            goto done;
+        if ((st = lin_int(ld, pq, T, Y, nthreads, err))) goto done;
         for (size_t t = 0; t < T; t++)
             for (size_t d = 0; d < ld->N; d++) y[t * ld->N + d] = ((float)Y[t * ld->N + d] * p->p_scale) * ld->bscale[d];
     } else {

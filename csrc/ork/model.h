@@ -32,8 +32,8 @@ typedef enum { ORK_ROPE_NORM = 0, ORK_ROPE_NEOX = 2 } ork_rope_type;
 typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
 
 /* An external int8 matmul for a packed linear (an NPU backend):
- * acc (M, N) int32 = xq (M rows, stride ldq >= K, zero padded) times the
- * linear's int8 weight values. */
+ * acc (M, N) int32 = xq (M rows of K values, row stride ldq >= K) times the
+ * linear's int8 weight values. The fused FFN chain (ffn_chain.c) uses it too. */
 typedef ork_status (*ork_int_mm_fn)(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err);
 
 typedef struct ork_linear {

@@ -143,7 +143,13 @@ PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
     PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64);
     ork_err err;
     err.msg[0] = 0;
-    ork_status st = a ? ork_npu_plan_emit(&p, c, i, w, o, (uint64_t *)PyArray_DATA(a), &err) : ORK_OK;
+    ork_status st = ORK_OK;
+    if (a) {
+        uint64_t *q = (uint64_t *)PyArray_DATA(a);
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_npu_plan_emit(&p, c, i, w, o, q, &err);
+        Py_END_ALLOW_THREADS
+    }
     ork_npu_plan_free(&p);
     if (!a) return NULL;
     if (st) {
@@ -181,8 +187,11 @@ PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
         npy_intp n = (npy_intp)(pack_in ? p.in_bytes : p.w_bytes);
         out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8);
         if (!out) goto fail;
-        st = pack_in ? ork_npu_pack_input(&p, (const int8_t *)PyArray_DATA(in), p.K, (uint8_t *)PyArray_DATA(out), &err)
-                     : ork_npu_pack_weights(&p, (const int8_t *)PyArray_DATA(in), p.K, (uint8_t *)PyArray_DATA(out), &err);
+        const int8_t *src = (const int8_t *)PyArray_DATA(in);
+        uint8_t *dst = (uint8_t *)PyArray_DATA(out);
+        Py_BEGIN_ALLOW_THREADS
+        st = pack_in ? ork_npu_pack_input(&p, src, p.K, dst, &err) : ork_npu_pack_weights(&p, src, p.K, dst, &err);
+        Py_END_ALLOW_THREADS
     } else if (!strcmp(op, "unpack_input") || !strcmp(op, "unpack_weights") || !strcmp(op, "unpack_output")) {
         int ui = op[7] == 'i', uw = op[7] == 'w';
         in = orkpy_as_exact(obj, NPY_UINT8, 1, "buffer");
@@ -197,9 +206,12 @@ PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
         out = (PyArrayObject *)PyArray_ZEROS(2, dims, (ui || uw) ? NPY_INT8 : NPY_INT32, 0);
         if (!out) goto fail;
         const uint8_t *b = (const uint8_t *)PyArray_DATA(in);
-        st = ui ? ork_npu_unpack_input(&p, b, (int8_t *)PyArray_DATA(out), &err)
-           : uw ? ork_npu_unpack_weights(&p, b, (int8_t *)PyArray_DATA(out), &err)
-                : ork_npu_unpack_output(&p, b, (int32_t *)PyArray_DATA(out), &err);
+        void *dst = PyArray_DATA(out);
+        Py_BEGIN_ALLOW_THREADS
+        st = ui ? ork_npu_unpack_input(&p, b, (int8_t *)dst, &err)
+           : uw ? ork_npu_unpack_weights(&p, b, (int8_t *)dst, &err)
+                : ork_npu_unpack_output(&p, b, (int32_t *)dst, &err);
+        Py_END_ALLOW_THREADS
     } else {
         PyErr_Format(PyExc_ValueError, "unknown layout op '%s'", op);
         goto fail;
@@ -256,15 +268,25 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
         PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
         long long addr;
         PyObject *arr;
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
+            PyErr_SetString(PyExc_TypeError, "each buffer must be a tuple (npu_address, uint8 array)");
+            goto fail;
+        }
         if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || u32_arg(addr, "buffer address", &eb.addr[i])) goto fail;
         if (!PyArray_Check(arr) || PyArray_TYPE((PyArrayObject *)arr) != NPY_UINT8 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)arr) || !PyArray_ISWRITEABLE((PyArrayObject *)arr)) {
             PyErr_SetString(PyExc_TypeError, "each buffer must be a writable C-contiguous uint8 array");
             goto fail;
         }
+        eb.size[i] = (uint64_t)PyArray_NBYTES((PyArrayObject *)arr);
+        if ((uint64_t)eb.addr[i] + eb.size[i] > ((uint64_t)1 << 32)) {
+            PyErr_Format(PyExc_ValueError, "buffer at 0x%08x of %llu bytes crosses the 32-bit NPU address space",
+                         eb.addr[i], (unsigned long long)eb.size[i]);
+            goto fail;
+        }
+        Py_INCREF(arr); /* held while the GIL is released */
         arrs[i] = (PyArrayObject *)arr;
         eb.ptr[i] = (uint8_t *)PyArray_DATA(arrs[i]);
-        eb.size[i] = (uint64_t)PyArray_NBYTES(arrs[i]);
         eb.n++;
     }
     ork_npu_mem mem = {&eb, emu_bufs_map};
@@ -276,11 +298,13 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
     Py_BEGIN_ALLOW_THREADS
     st = ork_npu_emu_run(&mem, first, amount, tasks, NULL, &stats, &err);
     Py_END_ALLOW_THREADS
+    for (size_t i = 0; i < eb.n; i++) Py_DECREF(arrs[i]);
     Py_DECREF(seq);
     if (st) return orkpy_raise(st, &err);
     return Py_BuildValue("{s:K,s:K,s:K}", "tasks", (unsigned long long)stats.tasks, "qwords",
                          (unsigned long long)stats.qwords, "macs", (unsigned long long)stats.macs);
 fail:
+    for (size_t i = 0; i < eb.n; i++) Py_DECREF(arrs[i]);
     Py_DECREF(seq);
     return NULL;
 }
@@ -304,20 +328,55 @@ PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
 }
 
 /* ---------------------------------------------------------- NPUDevice --- */
+struct WeightObject;
+
 typedef struct {
     PyObject_HEAD
     ork_npu_dev *dev;
     ork_fake_kernel *fake;
     PyThread_type_lock lock;
     uint32_t timeout_ms;
+    struct WeightObject **weights; /* live weights (borrowed: each removes itself when freed) */
+    size_t n_weights, cap_weights;
 } DevObject;
 
-typedef struct {
+typedef struct WeightObject {
     PyObject_HEAD
     DevObject *owner; /* strong reference */
     ork_npu_weight w;
     int live;
 } WeightObject;
+
+/* register a live weight with its device (so close() can free its buffer) */
+static int dev_add_weight(DevObject *d, WeightObject *w) {
+    if (d->n_weights == d->cap_weights) {
+        size_t cap = d->cap_weights ? 2 * d->cap_weights : 16;
+        WeightObject **nw = PyMem_Realloc(d->weights, cap * sizeof *nw);
+        if (!nw) return -1;
+        d->weights = nw;
+        d->cap_weights = cap;
+    }
+    d->weights[d->n_weights++] = w;
+    return 0;
+}
+static void dev_remove_weight(DevObject *d, WeightObject *w) {
+    for (size_t i = 0; i < d->n_weights; i++)
+        if (d->weights[i] == w) {
+            d->weights[i] = d->weights[--d->n_weights];
+            return;
+        }
+}
+/* free every weight's device buffer and the device itself; call with the lock held */
+static void dev_shutdown(DevObject *d) {
+    for (size_t i = 0; i < d->n_weights; i++) {
+        WeightObject *w = d->weights[i];
+        if (w->live && d->dev) ork_npu_weight_free(d->dev, &w->w);
+        w->live = 0;
+    }
+    d->n_weights = 0;
+    if (d->dev) ork_npu_dev_close(d->dev);
+    d->dev = NULL;
+}
 
 static void dev_lock(DevObject *d) {
     if (!PyThread_acquire_lock(d->lock, NOWAIT_LOCK)) {
@@ -332,8 +391,8 @@ static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
     const char *be, *fake = NULL;
     long long base = 0, tmo = 10000;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zLL:NPUDevice", kwlist, &be, &fake, &base, &tmo)) return -1;
-    if (self->dev) {
-        PyErr_SetString(PyExc_RuntimeError, "NPUDevice is already open");
+    if (self->dev || self->lock || self->fake) {
+        PyErr_SetString(PyExc_RuntimeError, "an NPUDevice is initialised once (open a new one)");
         return -1;
     }
     uint32_t ebase, t;
@@ -385,7 +444,8 @@ static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
 }
 
 static void dev_dealloc(DevObject *self) {
-    if (self->dev) ork_npu_dev_close(self->dev);
+    dev_shutdown(self); /* no weight is left: each holds a reference to its device */
+    PyMem_Free(self->weights);
     if (self->fake) ork_fake_kernel_free(self->fake);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -446,6 +506,14 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
         return orkpy_raise(st, &err);
     }
     w->live = 1;
+    if (dev_add_weight(self, w) < 0) {
+        w->live = 0;
+        dev_lock(self);
+        ork_npu_weight_free(self->dev, &w->w);
+        PyThread_release_lock(self->lock);
+        Py_DECREF(w);
+        return PyErr_NoMemory();
+    }
     return (PyObject *)w;
 }
 
@@ -498,6 +566,14 @@ static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw
         return orkpy_raise(st, &err);
     }
     w->live = 1;
+    if (dev_add_weight(self, w) < 0) {
+        w->live = 0;
+        dev_lock(self);
+        ork_npu_weight_free(self->dev, &w->w);
+        PyThread_release_lock(self->lock);
+        Py_DECREF(w);
+        return PyErr_NoMemory();
+    }
     return (PyObject *)w;
 }
 
@@ -541,15 +617,20 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
 
 static PyObject *dev_info(DevObject *self, PyObject *unused) {
     (void)unused;
-    if (dev_check(self)) return NULL;
+    if (!self->dev && !self->fake) return dev_check(self) < 0 ? NULL : NULL;
     ork_npu_dev_info i;
-    ork_npu_dev_get_info(self->dev, &i);
+    memset(&i, 0, sizeof i);
+    i.backend = "closed";
+    if (self->lock) dev_lock(self);
+    if (self->dev) ork_npu_dev_get_info(self->dev, &i);
+    if (self->lock) PyThread_release_lock(self->lock);
     PyObject *r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
                                 "submits", (unsigned long long)i.submits, "tasks", (unsigned long long)i.tasks,
                                 "bytes_to_device", (unsigned long long)i.bytes_to_device, "bytes_from_device",
                                 (unsigned long long)i.bytes_from_device, "timeout_ms", self->timeout_ms);
     if (r && self->fake) {
         ork_fake_stats s;
+        dev_lock(self);
         ork_fake_kernel_get_stats(self->fake, &s);
         PyObject *f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls,
                                     "submits", (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks,
@@ -557,6 +638,7 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
                                     "mapped", (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs,
                                     "last_error", ork_fake_kernel_last_error(self->fake), "trace",
                                     ork_fake_kernel_trace(self->fake));
+        PyThread_release_lock(self->lock);
         if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) {
             Py_XDECREF(f);
             Py_DECREF(r);
@@ -581,8 +663,7 @@ static PyObject *dev_close(DevObject *self, PyObject *unused) {
     (void)unused;
     if (self->dev) {
         dev_lock(self);
-        ork_npu_dev_close(self->dev);
-        self->dev = NULL;
+        dev_shutdown(self);
         PyThread_release_lock(self->lock);
     }
     Py_RETURN_NONE;
@@ -611,9 +692,10 @@ static PyTypeObject DevType = {
 };
 
 static void weight_dealloc(WeightObject *self) {
-    if (self->live && self->owner && self->owner->dev) {
+    if (self->owner) {
         dev_lock(self->owner);
-        ork_npu_weight_free(self->owner->dev, &self->w);
+        if (self->live && self->owner->dev) ork_npu_weight_free(self->owner->dev, &self->w);
+        dev_remove_weight(self->owner, self);
         PyThread_release_lock(self->owner->lock);
     }
     Py_XDECREF(self->owner);
@@ -652,10 +734,11 @@ static PyTypeObject WeightType = {
 static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
     WeightObject *w = (WeightObject *)ctx;
     DevObject *d = w->owner;
-    if (!d->dev || !w->live) return ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
     if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
     PyThread_acquire_lock(d->lock, WAIT_LOCK);
-    ork_status st = ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
+    ork_status st = (!d->dev || !w->live)
+                        ? ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed")
+                        : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
     PyThread_release_lock(d->lock);
     return st;
 }

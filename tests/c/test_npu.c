@@ -332,12 +332,38 @@ static void discovery(void) {
     ork_fake_kernel_free(k);
 }
 
+/* freed NPU address ranges are reused: 6.4 GB of short-lived buffers next to a
+ * long-lived one never exhaust the 32-bit space (emu and both fake kernels) */
+static void address_reuse(void) {
+    for (int b = 0; b < 3; b++) {
+        ork_fake_kernel *fk = NULL;
+        if (b) ork_fake_kernel_new(b == 1 ? ORK_FAKE_RKNPU : ORK_FAKE_ROCKET, &fk, NULL);
+        ork_npu_dev *dev = NULL;
+        ork_npu_dev_open((ork_npu_backend_kind)b, fk ? ork_fake_kernel_sys(fk) : NULL, 0, &dev, NULL);
+        ork_npu_bo keep[2], tmp;
+        ork_err e;
+        e.msg[0] = 0;
+        int ok = ork_npu_bo_alloc(dev, 4096, ORK_NPU_BO_INPUT, &keep[0], &e) == ORK_OK;
+        for (int i = 0; ok && i < 200; i++) {
+            ok = ork_npu_bo_alloc(dev, (32u << 20) + 4096u * (uint32_t)(i % 7), ORK_NPU_BO_INPUT, &tmp, &e) == ORK_OK;
+            if (ok && i == 100) ok = ork_npu_bo_alloc(dev, 8192, ORK_NPU_BO_INPUT, &keep[1], &e) == ORK_OK;
+            if (ok) ork_npu_bo_free(dev, &tmp);
+        }
+        CHECK(ok, "backend %d: address space not reused: %s", b, e.msg);
+        ork_npu_bo_free(dev, &keep[0]);
+        if (ok) ork_npu_bo_free(dev, &keep[1]);
+        ork_npu_dev_close(dev);
+        ork_fake_kernel_free(fk);
+    }
+}
+
 int main(void) {
     printf("comparing npu emu and fake-kernel device backends against the reference\n");
     for (int rep = 0; rep < 20; rep++) pipeline();
     rknpu_contract();
     rocket_contract();
     discovery();
+    address_reuse();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

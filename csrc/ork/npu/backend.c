@@ -11,6 +11,8 @@
 #include "uapi.h"
 
 #define PAGE 4096u
+/* no task can produce it: |acc| <= 8192 * 128 * 128 = 2^27 within one task */
+#define OUT_SENTINEL ((int32_t)0x7ffffff5)
 
 typedef struct {
     uint32_t dma;
@@ -25,7 +27,6 @@ struct ork_npu_dev {
     char node[64];
     /* emu */
     uint32_t emu_base;
-    uint64_t emu_next;
     uint32_t next_handle;
     live_bo *live;
     size_t n_live, cap_live;
@@ -103,7 +104,6 @@ ork_status ork_npu_dev_open(ork_npu_backend_kind kind, const ork_npu_sys *sys, u
     dev->next_handle = 1;
     if (kind == ORK_NPU_BE_EMU) {
         dev->emu_base = emu_base ? emu_base : PAGE;
-        dev->emu_next = dev->emu_base;
         *out = dev;
         return ORK_OK;
     }
@@ -121,16 +121,8 @@ ork_status ork_npu_dev_open(ork_npu_backend_kind kind, const ork_npu_sys *sys, u
         free(dev);
         return st;
     }
-    if (kind == ORK_NPU_BE_RKNPU) { /* a clean start, as every public user of the driver does */
-        ork_rknpu_action a = {ORK_RKNPU_ACT_RESET, 0};
-        int rc = sys->ioctl(sys->ctx, dev->fd, ORK_RKNPU_IOCTL_ACTION, &a);
-        if (rc) {
-            ork_status st2 = sys_fail(dev, "RKNPU_ACTION(RESET)", rc, err);
-            sys->close(sys->ctx, dev->fd);
-            free(dev);
-            return st2;
-        }
-    }
+    /* no ACTION(RESET) here: probing or opening must not kill another user's job;
+     * the core is reset only after one of our submits failed */
     *out = dev;
     return ORK_OK;
 }
@@ -189,7 +181,17 @@ ork_status ork_npu_bo_alloc(ork_npu_dev *dev, uint64_t size, ork_npu_bo_usage us
     bo->size = size;
     bo->usage = usage;
     if (dev->kind == ORK_NPU_BE_EMU) {
-        if (dev->emu_next + size > ((uint64_t)1 << 32))
+        /* first fit over the live buffers (freed ranges are reused) */
+        uint64_t cand = dev->emu_base;
+        for (int moved = 1; moved;) {
+            moved = 0;
+            for (size_t i = 0; i < dev->n_live; i++)
+                if (cand < (uint64_t)dev->live[i].dma + dev->live[i].size && dev->live[i].dma < cand + size) {
+                    cand = (uint64_t)dev->live[i].dma + dev->live[i].size;
+                    moved = 1;
+                }
+        }
+        if (cand + size > ((uint64_t)1 << 32))
             return ork_err_set(err, ORK_ENOMEM, "npu emu: the 32-bit NPU address space is exhausted (%llu bytes asked)",
                                (unsigned long long)size);
         if (dev->n_live == dev->cap_live) {
@@ -202,9 +204,8 @@ ork_status ork_npu_bo_alloc(ork_npu_dev *dev, uint64_t size, ork_npu_bo_usage us
         bo->cpu = (uint8_t *)aligned_alloc(PAGE, size);
         if (!bo->cpu) return ork_err_set(err, ORK_ENOMEM, "npu emu: out of memory for a %llu-byte buffer", (unsigned long long)size);
         memset(bo->cpu, 0, size);
-        bo->dma = (uint32_t)dev->emu_next;
+        bo->dma = (uint32_t)cand;
         bo->handle = dev->next_handle++;
-        dev->emu_next += size;
         dev->live[dev->n_live++] = (live_bo){bo->dma, size, bo->cpu};
         return ORK_OK;
     }
@@ -275,8 +276,6 @@ void ork_npu_bo_free(ork_npu_dev *dev, ork_npu_bo *bo) {
                 dev->live[i] = dev->live[--dev->n_live];
                 break;
             }
-        if ((uint64_t)bo->dma + bo->size == dev->emu_next) dev->emu_next = bo->dma; /* reclaim the top */
-        if (dev->n_live == 0) dev->emu_next = dev->emu_base;
         free(bo->cpu);
     } else {
         const ork_npu_sys *s = dev->sys;
@@ -477,9 +476,34 @@ ork_status ork_npu_matmul(ork_npu_dev *dev, const ork_npu_weight *w, const int8_
         (st = ork_npu_plan_emit(&p, dev->cmd.dma, dev->in.dma, w->bo.dma, dev->out.dma, (uint64_t *)(void *)dev->cmd.cpu,
                                 err)) ||
         (st = ork_npu_pack_input(&p, A, lda, dev->in.cpu, err)) || (st = to_device(dev, &dev->cmd, p.cmd_bytes, err)) ||
-        (st = to_device(dev, &dev->in, p.in_bytes, err)) || (st = submit(dev, &p, w, timeout_ms, err)) ||
-        (st = from_device(dev, &dev->out, p.out_bytes, timeout_ms, err)))
+        (st = to_device(dev, &dev->in, p.in_bytes, err)))
         goto done;
+    if (dev->kind != ORK_NPU_BE_EMU) { /* sentinels: a job the kernel dropped must not return stale results */
+        int32_t *o = (int32_t *)(void *)dev->out.cpu;
+        for (uint64_t i = 0; i < p.out_bytes / 4; i++) o[i] = OUT_SENTINEL;
+        if ((st = to_device(dev, &dev->out, p.out_bytes, err))) goto done;
+    }
+    if ((st = submit(dev, &p, w, timeout_ms, err)) || (st = from_device(dev, &dev->out, p.out_bytes, timeout_ms, err))) {
+        if (dev->kind == ORK_NPU_BE_ROCKET && st == ORK_ETIMEDOUT) {
+            /* the job may still run: never reuse its buffers (the kernel keeps them alive until its fence) */
+            ork_npu_bo_free(dev, &dev->cmd);
+            ork_npu_bo_free(dev, &dev->in);
+            ork_npu_bo_free(dev, &dev->out);
+            dev->have_cmd = dev->have_in = dev->have_out = 0;
+        }
+        goto done;
+    }
+    if (dev->kind != ORK_NPU_BE_EMU)
+        for (uint32_t t = 0; t < p.n_tasks; t++) {
+            const ork_npu_task_desc *d = &p.tasks[t];
+            const int32_t *o = (const int32_t *)(const void *)(dev->out.cpu + d->out_off);
+            for (uint64_t i = 0; i < (uint64_t)d->Mp * d->Nt; i++)
+                if (o[i] == OUT_SENTINEL) {
+                    st = ork_err_set(err, ORK_ENPU, "npu: the %s job reported success but task %u of %u did not write its "
+                                     "output (the driver dropped the job?)", kind_name(dev->kind), t, p.n_tasks);
+                    goto done;
+                }
+        }
     st = ork_npu_unpack_output(&p, dev->out.cpu, C, err);
 done:
     ork_npu_plan_free(&p);

@@ -208,7 +208,10 @@ ork_status ork_npu_emu_run(const ork_npu_mem *mem, uint32_t first_addr, uint32_t
                                    task_number, addr);
             if (!have_base)
                 return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x links on without PC_BASE_ADDRESS", addr);
-            addr = next_base & ~0xfu;
+            if (next_base & 0xfu)
+                return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x links to 0x%08x, not 16-byte aligned", addr,
+                                   next_base);
+            addr = next_base;
             amount = next_amount;
         }
     }

@@ -35,7 +35,6 @@ struct ork_fake_kernel {
     int fd_open[4];
     fbo bos[MAX_BOS];
     uint32_t next_handle;
-    uint64_t next_dma; /* rocket: upward from 0; rknpu: downward from 4 GiB */
     int needs_reset;
     uint32_t stale_handle; /* first non-synced buffer the NPU touched in the current submit */
     int64_t clock;
@@ -104,16 +103,21 @@ static int new_bo(ork_fake_kernel *k, uint64_t size, uint32_t flags, fbo **out) 
     fbo *b = bo_free_slot(k);
     if (!b) return refuse(k, ENOMEM, "too many buffers");
     size = (size + PAGE - 1) & ~(uint64_t)(PAGE - 1);
-    uint64_t dma;
-    if (k->persona == ORK_FAKE_RKNPU) {
-        if (k->next_dma < size + 0x10000000ull) return refuse(k, ENOMEM, "IOVA space exhausted");
-        dma = k->next_dma - size;
-        k->next_dma = dma;
-    } else {
-        dma = k->next_dma;
-        if (dma + size > 0xffffffffull) return refuse(k, ENOMEM, "IOVA space exhausted");
-        k->next_dma += size;
+    /* first fit: rknpu hands out IOVAs downwards from 4 GiB (as captured), rocket upwards from 0 */
+    const int down = k->persona == ORK_FAKE_RKNPU;
+    uint64_t dma = down ? 0x100000000ull - size : 0;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int i = 0; i < MAX_BOS; i++) {
+            const fbo *o = &k->bos[i];
+            if (o->live && dma < o->dma + o->size && o->dma < dma + size) {
+                if (down && o->dma < size) return refuse(k, ENOMEM, "IOVA space exhausted");
+                dma = down ? o->dma - size : o->dma + o->size;
+                moved = 1;
+            }
+        }
     }
+    if (down ? dma < 0x10000000ull : dma + size > 0x100000000ull) return refuse(k, ENOMEM, "IOVA space exhausted");
     memset(b, 0, sizeof *b);
     b->dev_mem = (uint8_t *)aligned_alloc(PAGE, size);
     if (!b->dev_mem) return refuse(k, ENOMEM, "out of memory");
@@ -195,6 +199,10 @@ static int rknpu_submit(ork_fake_kernel *k, ork_rknpu_submit *s) {
         free(visited);
         k->needs_reset = 1;
         return refuse(k, ETIMEDOUT, "job did not complete within %u ms (injected hang)", s->timeout);
+    }
+    if (k->faults & ORK_FAKE_DROP) { /* the job is lost, the ioctl still succeeds */
+        free(visited);
+        return 0;
     }
     ork_rknpu_task first;
     memcpy(&first, tk, sizeof first);
@@ -338,6 +346,7 @@ static int rocket_submit(ork_fake_kernel *k, const ork_rocket_submit *s) {
             for (uint32_t i = 0; i < job->out_bo_handle_count; i++) bo_by_handle(k, oh[i])->pending = 1;
             continue; /* never completes; the real kernel resets the core after 500 ms */
         }
+        if (k->faults & ORK_FAKE_DROP) continue; /* rocket ignores per-job errors: SUBMIT returns 0 */
         for (uint32_t t = 0; t < job->task_count; t++) {
             const ork_rocket_task *tk = (const ork_rocket_task *)(uintptr_t)(job->tasks + (uint64_t)t * job->task_struct_size);
             ork_npu_mem mem = {k, dev_map};
@@ -517,7 +526,6 @@ ork_status ork_fake_kernel_new(ork_fake_persona persona, ork_fake_kernel **out, 
     if (!k) return ork_err_set(err, ORK_ENOMEM, "fake kernel: out of memory");
     k->persona = persona;
     k->next_handle = 1;
-    k->next_dma = persona == ORK_FAKE_RKNPU ? 0x100000000ull : 0;
     k->clock = 1000000000000000ll;
     k->sys = (ork_npu_sys){k, persona == ORK_FAKE_RKNPU ? "fake-rknpu" : "fake-rocket", f_open, f_close, f_ioctl, f_mmap,
                            f_munmap, f_driver_name, f_list, f_now, f_last};

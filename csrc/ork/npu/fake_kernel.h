@@ -29,7 +29,8 @@
  *           relative value is in the past and gives EBUSY while the job is
  *           pending, as on the real driver); one task per PC run.
  * Faults that tests can inject: ORK_FAKE_HANG (jobs never complete),
- * ORK_FAKE_NO_DEVICE (only a foreign DRM node is present).
+ * ORK_FAKE_NO_DEVICE (only a foreign DRM node is present), ORK_FAKE_DROP
+ * (SUBMIT succeeds but the job never runs: rocket ignores per-job errors).
  */
 #ifndef ORK_NPU_FAKE_KERNEL_H
 #define ORK_NPU_FAKE_KERNEL_H
@@ -37,7 +38,7 @@
 #include "backend.h"
 
 typedef enum { ORK_FAKE_RKNPU = 0, ORK_FAKE_ROCKET = 1 } ork_fake_persona;
-enum { ORK_FAKE_HANG = 1u, ORK_FAKE_NO_DEVICE = 2u };
+enum { ORK_FAKE_HANG = 1u, ORK_FAKE_NO_DEVICE = 2u, ORK_FAKE_DROP = 4u };
 
 typedef struct ork_fake_kernel ork_fake_kernel;
 
