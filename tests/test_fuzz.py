@@ -104,3 +104,24 @@ def test_fuzz_target_replays_corrupt_and_crafted_files(fuzzer, tmp_path):
     log = r.stdout + r.stderr
     assert r.returncode == 0, f"exit {r.returncode}\n{_tail(log)}"
     assert len(re.findall(r"^Executed .* in \d+ ms", log, re.M)) == len(files), _tail(log)
+
+
+def test_fuzz_npu_emulator_short_run(fuzzer, tmp_path):
+    """The strict emulator over mutated command streams (seeded with orkpy's own
+    single tasks and chains): no out-of-bounds access, UB or leak."""
+    sys.path.insert(0, str(FUZZ))
+    try:
+        import seeds_npu
+    finally:
+        sys.path.remove(str(FUZZ))
+    corpus = tmp_path / "corpus"
+    assert len(seeds_npu.write_corpus(corpus)) >= 10
+    exe = fuzzer.parent / "fuzz_npu_emu"
+    cmd = [str(exe), str(corpus), "-seed=1", "-max_total_time=10", "-rss_limit_mb=2048", "-timeout=10",
+           "-max_len=16384", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=130)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, f"libFuzzer exited with {r.returncode}; artifacts {_crashes(tmp_path)}\n{_tail(log)}"
+    assert "ERROR: AddressSanitizer" not in log and "runtime error:" not in log, _tail(log)
+    m = re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
+    assert m and int(m.group(1)) > 1000, _tail(log)

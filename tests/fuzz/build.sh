@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target for the GGUF parser + dequantizers:
+# Builds the libFuzzer targets for the GGUF parser + dequantizers and for the
+# strict NPU emulator:
 #
-#   bash tests/fuzz/build.sh OUTDIR        ->  OUTDIR/fuzz_gguf
+#   bash tests/fuzz/build.sh OUTDIR        ->  OUTDIR/fuzz_gguf, OUTDIR/fuzz_npu_emu
 #
 # Needs clang with the libFuzzer runtime (Debian bookworm: apt-get install
 # clang libclang-rt-14-dev). CC=clang-NN overrides the compiler.
@@ -33,4 +34,9 @@ CC="${CC:-clang}"
   "$here/fuzz_gguf.c" \
   "$core/gguf.c" "$core/ggml_types.c" "$core/dequant.c" "$core/status.c" "$core/pool.c" \
   -pthread -lm -o "$out/fuzz_gguf"
+# the strict NPU emulator over untrusted command bytes (seeds: seeds_npu.py)
+"$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
+  -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -I"$core" \
+  "$here/fuzz_npu_emu.c" "$core/npu/emu.c" "$core/npu/regcmd.c" "$core/status.c" -o "$out/fuzz_npu_emu"
 echo "$out/fuzz_gguf"
+echo "$out/fuzz_npu_emu"
