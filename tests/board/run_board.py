@@ -41,11 +41,13 @@ import orkpy.npu as npu
 
 DEVICE_BACKENDS = ("rknpu", "rocket")
 
-# (M, K, N, max_n): the golden shapes. Single tasks from mtx512's test suite, then PC-chained
-# multi-task plans (M split, N split forced by max_n, M split with a short last tile).
+# (M, K, N, max_n): the golden shapes. Single tasks from mtx512's test suite and the vendor
+# int8 capture (4x32x32, tests/test_npu_regcmd.py), then PC-chained multi-task plans (M split,
+# N split forced by max_n, M split with a short last tile).
 GOLDEN = [
     (1, 4096, 4096, 0),
     (4, 64, 32, 0),
+    (4, 32, 32, 0),
     (544, 544, 4096, 0),
     (64, 8192, 8192, 0),
     (1, 8192, 8192, 1024),
