@@ -5,6 +5,7 @@ import os
 import sys
 
 from . import __version__
+from ._core import NPUError
 
 
 def _cmd_info(args):
@@ -127,6 +128,11 @@ def _cmd_ppl(args):
     model = load_model(args.model, weights=_weights_arg(args.weights), int4_kind=args.int4_kind,
                        threads=args.threads)
     text = read_text_like_llama_cpp(args.text)
+    if args.npu:
+        from . import npu
+        routed = npu.use_npu(model, npu.Device(args.npu))
+        print(f"npu: {routed} packed linear layer(s) run their int8 matmuls on the '{args.npu}' backend",
+              file=sys.stderr)
     r = perplexity(model, text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
                    progress=not args.no_progress, save_logprobs=args.save_logprobs, kld_base=args.kld_base)
     if args.json:
@@ -266,6 +272,8 @@ def build_parser():
                    help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
     s.add_argument("--int4-kind", choices=["nf4", "int4"], default="nf4")
     s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--npu", choices=["emu", "rknpu", "rocket"],
+                   help="run the packed linears' int8 matmuls on an NPU backend (same results as the CPU path)")
     s.add_argument("--save-logprobs", metavar="FILE", help="store reference log-probs for a later --kld-base")
     s.add_argument("--kld-base", metavar="FILE", help="report KL divergence against stored reference log-probs")
     s.add_argument("--no-progress", action="store_true")
@@ -357,6 +365,9 @@ def main(argv=None):
     except (ValueError, TypeError, OSError, KeyError) as e:
         print(f"orkpy {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except NPUError as e:  # no device, a driver call failed, a timeout
+        print(f"orkpy {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -499,3 +499,20 @@ def test_fused_ffn_chain_runs_its_matmuls_on_the_npu(shared):
     assert npu.use_npu(m, d) == 36
     assert np.array_equal(m.forward(toks[:64]), cpu)
     assert d.info()["submits"] == 36
+
+
+def test_cli_ppl_through_the_npu(shared, capsys):
+    """`orkpy ppl --npu emu` gives exactly the CPU path's perplexity; a missing
+    device backend is a clear error (exit 3), not a traceback."""
+    from orkpy.cli import main
+    import json
+    args = [str(shared / "models" / "stories260K" / "stories260K-F16.gguf"),
+            str(shared / "text" / "tinystories-val-B.txt"), "--ctx", "128", "--chunks", "4", "--weights", "int8",
+            "--no-progress", "--json"]
+    assert main(["ppl", *args]) == 0
+    cpu = json.loads(capsys.readouterr().out)
+    assert main(["ppl", *args, "--npu", "emu"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["ppl"] == cpu["ppl"] and "36 packed linear" in out.err
+    assert main(["ppl", *args, "--npu", "rocket"]) == 3
+    assert "NPUUnavailableError" in capsys.readouterr().err
