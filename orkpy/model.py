@@ -176,7 +176,6 @@ class Model:
     def _use_npu(self, device, kinds):
         if self._specs is None:
             raise ValueError("this model does not record its linear layers; load it with load_model()")
-        from .packed import _lut
         names = linear_names(self.hparams, self.tied)
         routed = 0
         for i, name in enumerate(names):
@@ -184,11 +183,8 @@ class Model:
             if device is None or spec[0] != "packed" or spec[1] not in kinds:
                 self._fwd.set_npu(i, None)
                 continue
-            _, kind, store, bscale, N, K, _ = spec
-            w = device._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8),
-                                          np.zeros(16, np.int8) if _lut(kind) is None else
-                                          np.asarray(_lut(kind), dtype=np.int8), N, K)
-            self._fwd.set_npu(i, w)
+            _, kind, store, _, N, K, _ = spec
+            self._fwd.set_npu(i, device._upload_store(kind, store, N, K))
             routed += 1
         self._npu = device
         return routed

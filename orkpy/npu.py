@@ -102,10 +102,16 @@ class Device:
         from .packed import PackedWeight
 
         if isinstance(b, PackedWeight):
-            N, K = b.shape
-            return self._dev.upload_packed(b.kind, np.ascontiguousarray(b.store).reshape(-1).view(np.uint8),
-                                           _lut16(b.lut), N, K, max_m, max_k, max_n)
+            return self._upload_store(b.kind, b.store, *b.shape, max_m=max_m, max_k=max_k, max_n=max_n)
         return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n)
+
+    def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0):
+        """A packed tile store of ``kind`` (N, K) (pack.h layout) -> NPUWeight."""
+        from .packed import _lut
+        lut = _lut(kind)
+        lut = np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)  # int8 needs no LUT
+        return self._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8), lut, N, K,
+                                       max_m, max_k, max_n)
 
     def matmul(self, a, b, **opts):
         """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a
@@ -135,10 +141,6 @@ class Device:
         self.close()
 
 
-def _lut16(lut):
-    return np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)
-
-
 def _int8_matrix(x, name):
     x = np.asarray(x)
     if x.dtype != np.int8:
@@ -152,11 +154,6 @@ def _int8_matrix(x, name):
 
 _default = {}
 _default_lock = threading.Lock()
-
-
-def open_device(backend="emu", **kw):
-    """A new Device (see Device)."""
-    return Device(backend, **kw)
 
 
 def matmul(a, b, backend="emu"):

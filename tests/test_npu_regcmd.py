@@ -110,20 +110,6 @@ def test_planner_reproduces_the_int8_golden(shared):
     assert triples(ours) == triples(want)
 
 
-def test_vendor_capture_facts_fp16_4x64x32():
-    """wtwver/npu dump/rknn_matmul_api_demo_2.txt (decoded in npu-anchors §1.10):
-    the registers it quotes equal ours, up to the listed allowed differences."""
-    q = npu.matmul_task(4, 64, 32, 0xFFFB4000, 0xFFFB3000, 0xFFFB8000, "fp16")
-    regs = {(t, r): v for t, r, v in triples(q)}
-    assert regs[(0x0201, 0x100C)] | (1 << 29) == 0x20000120  # CONV_CON1 (allowed: GROUP_LINE_OFF)
-    assert regs[(0x1001, 0x4010)] == 0xA8000002  # DPU_DATA_FORMAT
-    assert regs[(0x0201, 0x1024)] == 0x003F0040  # DATA_SIZE1
-    assert regs[(0x0801, 0x3018)] == 0x1F  # DATAOUT_SIZE_1
-    assert regs[(0x0201, 0x1010)] == 5 << 4  # feature grains = M + 1
-    assert [int(x) for x in q[104:]] == [0, 0x0101000000000014, 0x0041000000000000, 0x00810000000D0008]
-    assert len(q) == 108  # 104 body + tail; the vendor body is 108 = ours + its 4-register prefix (allowed)
-
-
 def test_pc_amounts_of_the_captured_rknn_chain():
     """allbilly pcchain.md: a captured RKNN 394x394x394 GEMM chain with task
     bodies 108, 108, 13, 12, ..., 17 carries next amounts 55, 8, 7, ..., 10."""
@@ -162,8 +148,8 @@ VENDOR_ADDRS = dict(in_addr=0xFFFB4000, w_addr=0xFFFB3000, out_addr=0xFFFB8000)
 # registers whose values differ between the vendor runtime and orkpy (mtx512's
 # on-board-tested generator), value (ours, vendor): the vendor sets
 # GROUP_LINE_OFF, a feature line stride of 8 instead of 4, and a different
-# fp32 output surface (stride 1, notch 7, surface add 4 vs 4, 0, 16 in 16-byte
-# units). Which output surface the DPU honours for int32 is a board question.
+# fp32 output surface (in 16-byte units: stride 1 vs 4, notch 7 vs 0, surface
+# add 4 vs 16). Which output surface the DPU honours is a board question.
 VENDOR_ALLOWED = {
     (0x0201, 0x100C): (0x00000120, 0x20000120),  # CNA_CONV_CON1
     (0x0201, 0x107C): (0x4, 0x8),                # CNA_DMA_CON1 line stride

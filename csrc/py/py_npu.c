@@ -75,12 +75,16 @@ static int u32_arg(long long v, const char *name, uint32_t *out) {
     return 0;
 }
 
+/* the per-task tile caps max_m, max_k, max_n (0 = hardware limit) */
+static int caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o) {
+    return u32_arg(mm, "max_m", &o->max_m) || u32_arg(mk, "max_k", &o->max_k) || u32_arg(mn, "max_n", &o->max_n) ? -1
+                                                                                                              : 0;
+}
+
 static int make_plan(long long M, long long K, long long N, long long mm, long long mk, long long mn, ork_npu_plan *p) {
     uint32_t m, k, n;
     ork_npu_plan_opts o;
-    if (u32_arg(M, "M", &m) || u32_arg(K, "K", &k) || u32_arg(N, "N", &n) || u32_arg(mm, "max_m", &o.max_m) ||
-        u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n))
-        return -1;
+    if (u32_arg(M, "M", &m) || u32_arg(K, "K", &k) || u32_arg(N, "N", &n) || caps_arg(mm, mk, mn, &o)) return -1;
     ork_err err;
     err.msg[0] = 0;
     ork_status st = ork_npu_plan_make(m, k, n, &o, p, &err);
@@ -471,6 +475,25 @@ static PyObject *new_weight(DevObject *self) {
     return (PyObject *)w;
 }
 
+/* the end of an upload: raise on failure, else mark the weight live and
+ * register it with its device (so close() frees its buffer) */
+static PyObject *finish_upload(DevObject *self, WeightObject *w, ork_status st, const ork_err *err) {
+    if (st) {
+        Py_DECREF(w);
+        return orkpy_raise(st, err);
+    }
+    w->live = 1;
+    if (dev_add_weight(self, w) < 0) {
+        w->live = 0;
+        dev_lock(self);
+        ork_npu_weight_free(self->dev, &w->w);
+        PyThread_release_lock(self->lock);
+        Py_DECREF(w);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)w;
+}
+
 /* upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight */
 static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"B", "max_m", "max_k", "max_n", NULL};
@@ -478,7 +501,7 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
     long long mm = 0, mk = 0, mn = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:upload", kwlist, &obj, &mm, &mk, &mn) || dev_check(self)) return NULL;
     ork_npu_plan_opts o;
-    if (u32_arg(mm, "max_m", &o.max_m) || u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n)) return NULL;
+    if (caps_arg(mm, mk, mn, &o)) return NULL;
     PyArrayObject *b = orkpy_as_exact(obj, NPY_INT8, 2, "B");
     if (!b) return NULL;
     npy_intp N = PyArray_DIM(b, 0), K = PyArray_DIM(b, 1);
@@ -501,20 +524,7 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
     Py_END_ALLOW_THREADS
     PyThread_release_lock(self->lock);
     Py_DECREF(b);
-    if (st) {
-        Py_DECREF(w);
-        return orkpy_raise(st, &err);
-    }
-    w->live = 1;
-    if (dev_add_weight(self, w) < 0) {
-        w->live = 0;
-        dev_lock(self);
-        ork_npu_weight_free(self->dev, &w->w);
-        PyThread_release_lock(self->lock);
-        Py_DECREF(w);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)w;
+    return finish_upload(self, w, st, &err);
 }
 
 /* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0) -> NPUWeight */
@@ -529,9 +539,7 @@ static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw
     ork_kind kind;
     ork_npu_plan_opts o;
     uint32_t n, k;
-    if (orkpy_parse_kind(ks, &kind) || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || u32_arg(mm, "max_m", &o.max_m) ||
-        u32_arg(mk, "max_k", &o.max_k) || u32_arg(mn, "max_n", &o.max_n))
-        return NULL;
+    if (orkpy_parse_kind(ks, &kind) || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || caps_arg(mm, mk, mn, &o)) return NULL;
     PyArrayObject *s = orkpy_as_exact(so, NPY_UINT8, 1, "store");
     if (!s) return NULL;
     PyArrayObject *l = orkpy_as_exact(lo, NPY_INT8, 1, "lut");
@@ -561,20 +569,7 @@ static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw
     Py_DECREF(s);
     Py_DECREF(l);
     if (!w) return NULL;
-    if (st) {
-        Py_DECREF(w);
-        return orkpy_raise(st, &err);
-    }
-    w->live = 1;
-    if (dev_add_weight(self, w) < 0) {
-        w->live = 0;
-        dev_lock(self);
-        ork_npu_weight_free(self->dev, &w->w);
-        PyThread_release_lock(self->lock);
-        Py_DECREF(w);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)w;
+    return finish_upload(self, w, st, &err);
 }
 
 /* matmul(weight, A int8 (M, K)) -> int32 (M, N) */
@@ -617,7 +612,10 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
 
 static PyObject *dev_info(DevObject *self, PyObject *unused) {
     (void)unused;
-    if (!self->dev && !self->fake) return dev_check(self) < 0 ? NULL : NULL;
+    if (!self->dev && !self->fake) { /* closed, and no fake kernel state to report */
+        dev_check(self);
+        return NULL;
+    }
     ork_npu_dev_info i;
     memset(&i, 0, sizeof i);
     i.backend = "closed";
