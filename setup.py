@@ -51,36 +51,17 @@ core_sources = sorted(glob.glob("csrc/ork/*.c") + glob.glob("csrc/ork/npu/*.c"))
 binding_sources = sorted(glob.glob("csrc/py/*.c"))
 
 
-
-def libdrm():
-    """(include dirs, libraries, macros) for libdrm when its headers are here
-    (Debian: libdrm-dev); without them the rknpu/rocket device backends are
-    built out and report why (orkpy.npu.available())."""
-    import shutil
-    import subprocess
-    if os.environ.get("ORKPY_NO_LIBDRM"):
-        return [], [], []
-    if shutil.which("pkg-config"):
-        try:
-            cflags = subprocess.run(["pkg-config", "--cflags", "libdrm"], capture_output=True, text=True, check=True).stdout
-            return [f[2:] for f in cflags.split() if f.startswith("-I")], ["drm"], [("ORK_HAVE_LIBDRM", "1")]
-        except (subprocess.CalledProcessError, OSError):
-            pass
-    if os.path.exists("/usr/include/xf86drm.h") and os.path.isdir("/usr/include/libdrm"):
-        return ["/usr/include/libdrm"], ["drm"], [("ORK_HAVE_LIBDRM", "1")]
-    return [], [], []
-
-
-drm_inc, drm_libs, drm_macros = libdrm()
-
+# The rknpu/rocket device backends load libdrm.so.2 with dlopen when a device
+# is opened (csrc/ork/npu/sys_linux.c): nothing here links it or needs its
+# headers. libdl: dlopen lives there before glibc 2.34.
 ext = Extension(
     "orkpy._core",
     sources=binding_sources + core_sources,
-    include_dirs=[np.get_include(), "csrc"] + drm_inc,
-    define_macros=[("_GNU_SOURCE", "1")] + drm_macros,
+    include_dirs=[np.get_include(), "csrc"],
+    define_macros=[("_GNU_SOURCE", "1")],
     extra_compile_args=COMMON_FLAGS,
     extra_link_args=["-pthread"],
-    libraries=["m"] + drm_libs,
+    libraries=["m", "dl"],
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})

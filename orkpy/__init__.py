@@ -27,6 +27,7 @@ from .quant import (
 )
 from .safetensors import SafetensorsError, load_safetensors
 from .tokenizer import Tokenizer
+from . import npu  # noqa: F401 -- orkpy.npu works after a plain `import orkpy` (cheap: numpy + _core)
 
 __version__ = "0.1.0"
 

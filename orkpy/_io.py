@@ -1,18 +1,29 @@
-"""Atomic file writing: a temp file in the target's folder, fsync, rename.
-A crash mid-write never leaves a half file under the final name."""
+"""Atomic file writing (a temp file in the target's folder, fsync, rename: a
+crash mid-write never leaves a half file under the final name) and progress
+reports (a live bar on a terminal, sparse plain lines otherwise)."""
+from __future__ import annotations
+
+import contextlib
+import math
 import os
 import sys
+import time
+from typing import BinaryIO, Iterable, Iterator, Union
+
+from ._typing import StrPath
 
 
-def atomic_write(path, chunks):
-    """Write an iterable of bytes-like chunks to path atomically."""
+@contextlib.contextmanager
+def atomic_open(path: StrPath) -> Iterator[BinaryIO]:
+    """``with atomic_open(path) as f:`` a binary file that appears under ``path``
+    only when the block completes (temp file in the same folder, fsync, rename);
+    on an exception the temp file is removed and ``path`` is untouched."""
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            for c in chunks:
-                f.write(c)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -30,12 +41,93 @@ def atomic_write(path, chunks):
         raise
 
 
-def progress_bar(total, desc, enabled=True, unit="it"):
-    """A tqdm bar on stderr when tqdm is installed and enabled, else None."""
+def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]]) -> None:
+    """Write an iterable of bytes-like chunks to path atomically."""
+    with atomic_open(path) as f:
+        for c in chunks:
+            f.write(c)
+
+
+PLAIN_EVERY = 0.10      # plain progress lines: one per 10 % of the total (if PLAIN_GAP s have passed) ...
+PLAIN_GAP = 2.0
+PLAIN_SECONDS = 30.0    # ... and at least one per 30 s
+
+
+class PlainProgress:
+    """Sparse one-line progress reports for a stream that is not a terminal (a
+    log file, CI): a line on the first update, then whenever another 10 % of the
+    total is done (at most one per 2 s) or 30 s have passed, and a last line on
+    ``close``; never a redraw. The same calls as a tqdm bar (``update``, ``set_postfix``, ``close``)."""
+
+    def __init__(self, total, desc, unit="it", file=None):
+        self.total, self.desc, self.unit = total, desc, unit
+        self.file = file
+        self.n = 0
+        self.postfix = {}
+        self._t0 = self._last_t = time.monotonic()
+        self._last_n = None
+        self._next_n = 0
+
+    def set_postfix(self, ordered_dict=None, refresh=True, **kw):
+        self.postfix = dict(ordered_dict or {}, **kw)
+
+    def update(self, n=1):
+        self.n += n
+        now = time.monotonic()
+        since = now - self._last_t
+        if (self._last_n is None or (self.n >= self._next_n and since >= PLAIN_GAP)
+                or since >= PLAIN_SECONDS):
+            self._emit(now)
+
+    def close(self):
+        if self._last_n != self.n:
+            self._emit(time.monotonic())
+
+    def _emit(self, now):
+        el = now - self._t0
+        units = self.unit if self.unit == "it" else self.unit + "s"
+        if self.total:
+            s = f"{self.desc}: {self.n}/{self.total} {units} ({100 * self.n / self.total:.0f}%), {el:.1f} s"
+            left = el * (self.total - self.n) / self.n if self.n else 0.0
+            if 0 < self.n < self.total and left >= 1:
+                s += f", ~{left:.0f} s left"
+            step = max(1, math.ceil(PLAIN_EVERY * self.total))
+            self._next_n = (self.n // step + 1) * step
+        else:
+            s = f"{self.desc}: {self.n} {units}, {el:.1f} s"
+        if self.postfix:
+            s += ", " + ", ".join(f"{k}={v}" for k, v in self.postfix.items())
+        print(s, file=self.file or sys.stderr, flush=True)
+        self._last_t, self._last_n = now, self.n
+
+
+def _in_notebook():
+    ip = sys.modules.get("IPython")
+    try:
+        shell = ip.get_ipython() if ip is not None else None
+    except Exception:  # pragma: no cover - a broken IPython is not ours to report
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def progress_bar(total, desc, enabled=True, unit="it", file=None):
+    """Progress on stderr (or ``file``), or None when not ``enabled``: a live tqdm
+    bar on a terminal, ``tqdm.auto`` (a widget where available) in a Jupyter
+    kernel, and sparse plain lines (:class:`PlainProgress`) when the stream is
+    not a terminal or tqdm is not installed."""
     if not enabled:
         return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr)
+    stream = file or sys.stderr
+    notebook = _in_notebook()
+    isatty = getattr(stream, "isatty", None)
+    if notebook or (isatty is not None and isatty()):
+        try:
+            if notebook:
+                from tqdm.auto import tqdm
+            else:
+                from tqdm import tqdm
+        except ImportError:
+            pass
+        else:
+            return tqdm(total=total, desc=desc, unit=unit, file=stream)
+    return PlainProgress(total, desc, unit, stream)

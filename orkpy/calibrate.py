@@ -24,21 +24,29 @@ gated by perplexity.
   written to a temporary directory and renamed into place.
   ``orkpy.load_model(dir)`` verifies every checksum and refuses a mismatch.
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ._core import FormatError
 from ._io import progress_bar
+from ._typing import StrPath
 from .gguf import GGUFFile
-from .model import LINEARS, Model, _assemble, _float_tensor, _hparams, linear_names
+from .model import LINEARS, LinearSpec, Model, _assemble, _float_tensor, _hparams, linear_names
 from .packed import PackedWeight, load_packed, pack, save_packed
 from .quant import quantize
 from .tiermap import TierMap, tier_map
+
+if TYPE_CHECKING:
+    from .imatrix import Imatrix
 
 MANIFEST = "manifest.json"
 FORMAT = "orkpy-quantized-model"
@@ -46,7 +54,7 @@ VERSION = 1
 _FLOAT_SOURCE = {"F32", "F16", "BF16"}
 
 
-def sha256_file(path, bufsize=1 << 22):
+def sha256_file(path: StrPath, bufsize: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
@@ -57,7 +65,7 @@ def sha256_file(path, bufsize=1 << 22):
     return h.hexdigest()
 
 
-def _dir_hash(path):
+def _dir_hash(path: str) -> str:
     """sha256 over the sorted (name, sha256) of a checkpoint directory's files"""
     h = hashlib.sha256()
     for fn in sorted(os.listdir(path)):
@@ -67,7 +75,7 @@ def _dir_hash(path):
     return h.hexdigest()
 
 
-def _as_model(model):
+def _as_model(model: Union[Model, QuantizedModel]) -> Model:
     if isinstance(model, QuantizedModel):
         return model.to_model()
     if not isinstance(model, Model):
@@ -77,7 +85,8 @@ def _as_model(model):
 
 # ---------------------------------------------------------------- imatrix --
 
-def calibration_chunks(model, tokens, n_ctx, chunks=None):
+def calibration_chunks(model: Model, tokens: Union[Sequence[int], NDArray[Any]], n_ctx: int,
+                       chunks: Optional[int] = None) -> Tuple[int, Iterator[NDArray[np.int32]]]:
     """(count, iterator) over the non-overlapping n_ctx-token chunks of
     ``tokens`` (at most ``chunks``), the first token of each replaced by BOS
     when the vocabulary adds one -- llama.cpp's convention for imatrix and
@@ -93,7 +102,7 @@ def calibration_chunks(model, tokens, n_ctx, chunks=None):
         raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
     bos = model.tokenizer.bos_id if model.tokenizer.add_bos else None
 
-    def it():
+    def it() -> Iterator[NDArray[np.int32]]:
         for c in range(n_chunk):
             chunk = np.array(tokens[c * n_ctx:(c + 1) * n_ctx], dtype=np.int32)
             if bos is not None:
@@ -102,7 +111,8 @@ def calibration_chunks(model, tokens, n_ctx, chunks=None):
     return n_chunk, it()
 
 
-def collect_imatrix(model, text_or_tokens, n_ctx=512, chunks=None, threads=None, progress=True):
+def collect_imatrix(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, ArrayLike], n_ctx: int = 512,
+                    chunks: Optional[int] = None, threads: Optional[int] = None, progress: bool = True) -> Imatrix:
     """Importance matrix of every linear weight (except the head) on a text."""
     from .imatrix import Imatrix
     from .ppl import tokens_for_ppl
@@ -141,7 +151,7 @@ _HF_NAMES = {
 }
 
 
-def hf_to_gguf_name(name):
+def hf_to_gguf_name(name: str) -> Optional[str]:
     """Hugging Face Llama/Qwen3 tensor name -> llama.cpp's GGUF name (None if unknown)."""
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
@@ -155,7 +165,7 @@ def hf_to_gguf_name(name):
     return None
 
 
-def llama_permute_qk(w, n_head):
+def llama_permute_qk(w: NDArray[Any], n_head: int) -> NDArray[Any]:
     """llama.cpp's row permutation of a Hugging Face q/k projection for NORM RoPE
     (convert_hf_to_gguf: reshape (n_head, 2, hd/2, K), swap axes 1 and 2)."""
     N = w.shape[0]
@@ -165,20 +175,20 @@ def llama_permute_qk(w, n_head):
 class _GGUFSource:
     """Float tensors and metadata of a GGUF source."""
 
-    def __init__(self, path):
+    def __init__(self, path: StrPath) -> None:
         self.path = os.fspath(path)
         self.g = GGUFFile(self.path)
         self.hp = _hparams(self.g)
         self.tied = "output.weight" not in self.g
         self.meta = self.g
 
-    def type_of(self, name):
+    def type_of(self, name: str) -> str:
         return self.g.tensor_info(name).type
 
-    def tensor(self, name):
+    def tensor(self, name: str) -> NDArray[np.float32]:
         return _float_tensor(self.g, name)
 
-    def float_names(self):
+    def float_names(self) -> List[str]:
         return [t.name for t in self.g.tensors if len(t.shape) == 1 or t.name == "token_embd.weight"]
 
 
@@ -187,14 +197,14 @@ class _SafetensorsSource:
     architecture's hyper-parameters and the tokenizer come from a GGUF of the
     same model (the allocation file), whose tensor data is not used."""
 
-    def __init__(self, path, meta_gguf):
+    def __init__(self, path: StrPath, meta_gguf: GGUFFile) -> None:
         from .safetensors import load_safetensors
 
         self.path = os.fspath(path)
         st = load_safetensors(self.path)
         self.meta = meta_gguf
         self.hp = _hparams(meta_gguf)
-        self.arrays = {}
+        self.arrays: Dict[str, NDArray[Any]] = {}
         for k, v in st.items():
             gname = hf_to_gguf_name(k)
             if gname is None:
@@ -211,17 +221,20 @@ class _SafetensorsSource:
                 raise ValueError(f"{self.path}: {t.name} has shape {self.arrays[t.name].shape}, the allocation "
                                  f"file says {t.shape}: it is for a different model")
 
-    def type_of(self, name):
+    def type_of(self, name: str) -> str:
         return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(self.arrays[name].dtype, "BF16")
 
-    def tensor(self, name):
+    def tensor(self, name: str) -> NDArray[np.float32]:
         return np.ascontiguousarray(self.arrays[name], dtype=np.float32)
 
-    def float_names(self):
+    def float_names(self) -> List[str]:
         return [n for n, a in self.arrays.items() if a.ndim == 1 or n == "token_embd.weight"]
 
 
-def _open_source(source, alloc_path):
+_Source = Union[_GGUFSource, _SafetensorsSource]
+
+
+def _open_source(source: StrPath, alloc_path: Optional[StrPath]) -> _Source:
     source = os.fspath(source)
     if source.endswith(".gguf"):
         return _GGUFSource(source)
@@ -237,7 +250,8 @@ class QuantizedModel:
     """Linear weights quantized per tier (``tensors``: name -> PackedWeight), the
     float source they came from, and the settings; ``save``, ``to_model``."""
 
-    def __init__(self, source, tensors, tiers, settings, hashes, double_quant, src=None):
+    def __init__(self, source: str, tensors: Dict[str, PackedWeight], tiers: Dict[str, str], settings: Dict[str, Any],
+                 hashes: Dict[str, Any], double_quant: bool, src: Optional[_Source] = None) -> None:
         self.source = source
         self._src = src if src is not None else _GGUFSource(source)
         self.tensors = tensors
@@ -245,20 +259,23 @@ class QuantizedModel:
         self.settings = settings
         self.hashes = hashes
         self.double_quant = double_quant
-        self._models = {}
+        self._models: Dict[str, Model] = {}
 
-    def result_bytes(self):
+    def result_bytes(self) -> Dict[str, int]:
         out = {"int8": 0, "int4": 0}
         for name, pw in self.tensors.items():
             out["int8" if pw.kind == "int8" else "int4"] += pw.nbytes
         return out
 
-    def int8_share(self):
+    def int8_share(self) -> float:
+        """The int8 share of weight storage: int8 bytes / (int8 + int4 bytes) of the
+        packed linear weights (``PackedWeight.nbytes``); ``TierMap.int8_share()``
+        gives the same figure for the allocation."""
         b = self.result_bytes()
         t = b["int8"] + b["int4"]
         return b["int8"] / t if t else 0.0
 
-    def to_model(self, act="per_token"):
+    def to_model(self, act: str = "per_token") -> Model:
         """A Model running the packed weights (cached per activation mode)."""
         if act not in ("per_token", "per_tensor"):
             raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
@@ -266,17 +283,17 @@ class QuantizedModel:
             src = self._src
             pt = act == "per_tensor"
 
-            def spec_of(name):
+            def spec_of(name: str) -> LinearSpec:
                 pw = self.tensors[name]
                 return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
             paths = {n: pw.kind for n, pw in self.tensors.items()}
-            specs = {}
+            specs: Dict[str, LinearSpec] = {}
             self._models[act] = Model(self.source, src.hp, paths,
                                       _assemble(None, src.hp, spec_of, src.tensor, record=specs), src.meta, src.tied,
                                       specs)
         return self._models[act]
 
-    def save(self, path, overwrite=False):
+    def save(self, path: StrPath, overwrite: bool = False) -> str:
         """Write the model directory atomically (temp dir + rename)."""
         from .gguf_write import metadata_triples, write_gguf
 
@@ -326,12 +343,12 @@ class QuantizedModel:
             raise
         return path
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"QuantizedModel({os.path.basename(self.source)!r}, {len(self.tensors)} linears, "
                 f"int8 share {self.int8_share():.1%}{', DOUBLE-QUANT' if self.double_quant else ''})")
 
 
-def _alloc_map(alloc, threshold):
+def _alloc_map(alloc: Union[TierMap, StrPath], threshold: float) -> Tuple[TierMap, Dict[str, Any]]:
     if isinstance(alloc, TierMap):
         return alloc, {"kind": "tiermap", "source": alloc.source, "threshold": alloc.threshold}
     alloc = os.fspath(alloc)
@@ -343,8 +360,11 @@ def _alloc_map(alloc, threshold):
                 "threshold": tm.threshold}
 
 
-def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, threshold=5.0, threads=None,
-                   progress=True, clip_grid=None, log=None):
+def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Union[Imatrix, StrPath, None] = None,
+                   kind: str = "nf4", sr: bool = False, seed: int = 0, threshold: float = 5.0,
+                   threads: Optional[int] = None, progress: bool = True,
+                   clip_grid: Union[Sequence[float], NDArray[Any], None] = None,
+                   log: Optional[Callable[[str], None]] = None) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison) with the tiers
     of ``alloc`` (a TierMap, a mixed GGUF or an emit-map file)."""
@@ -352,7 +372,7 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
 
     if kind not in ("nf4", "int4"):
         raise ValueError(f"kind must be 'nf4' or 'int4' (the int4 tier's codebook), got {kind!r}")
-    if imatrix is not None and not isinstance(imatrix, Imatrix):
+    if not (imatrix is None or isinstance(imatrix, Imatrix)):
         imatrix = Imatrix.load(imatrix)
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
     source = os.fspath(source)
@@ -383,6 +403,10 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
         if qkind is None:
             raise ValueError(f"{name!r} has tier {tier!r}; linear layers must be int8 or int4")
         im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
+        if im is not None and im.shape != (w.shape[1],):
+            where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
+            raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
+                             f"K = {w.shape[1]} input columns: the imatrix is for a different model")
         q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads)
         tensors[name] = pack(q)
         tiers[name] = tier
@@ -400,7 +424,7 @@ def quantize_model(source, alloc, imatrix=None, kind="nf4", sr=False, seed=0, th
     return qm
 
 
-def load_quantized(path, act="per_token"):
+def load_quantized(path: StrPath, act: str = "per_token") -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified."""
     path = os.fspath(path)
     mpath = os.path.join(path, MANIFEST)
@@ -443,11 +467,11 @@ def load_quantized(path, act="per_token"):
             raise FormatError(f"{path}: {entries[n]['file']} does not match its manifest entry")
         packed[n] = pw
 
-    def spec_of(name):
+    def spec_of(name: str) -> LinearSpec:
         pw = packed[name]
         return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, pt)
     paths = {n: packed[n].kind for n in names}
-    specs = {}
+    specs: Dict[str, LinearSpec] = {}
     m = Model(path, hp, paths, _assemble(g, hp, spec_of, record=specs), g, "output.weight" not in g, specs)
     m.manifest = manifest
     return m

@@ -1,18 +1,172 @@
-"""orkpy's command line: ``orkpy COMMAND ...`` or ``python -m orkpy COMMAND``."""
+"""orkpy's command line: orkpy COMMAND ... or python -m orkpy COMMAND.
+
+The model-running commands also take llama-perplexity / llama-imatrix
+spellings: -m/--model, -f/--file, -c/--ctx-size, -t/--threads, --chunks,
+-b/--batch-size, --kl-divergence-base / --kl-divergence.
+"""
 import argparse
 import json
 import os
 import sys
+import textwrap
 
 from . import __version__
-from ._core import NPUError
+from ._core import NPUError, UnavailableError
+
+EPILOG = """\
+exit status:
+  0    success
+  1    runtime failure: a missing, unreadable or malformed file, an output path that
+       cannot be written, a failed gate, an NPU error (no device, a driver call, a timeout)
+  2    usage error: bad, missing or conflicting arguments
+  130  interrupted (Ctrl-C)"""
+
+# what a command can fail with at run time (exit 1); anything else (TypeError, KeyError, ...) is a bug and
+# keeps its traceback
+_RUNTIME_ERRORS = (ValueError, OSError, NotImplementedError, MemoryError, UnavailableError, NPUError)
+
+
+class UsageError(ValueError):
+    """A command line that cannot run as given (missing or conflicting arguments, a bad value): exit 2."""
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless the text already says it or the option is
+    required); in descriptions and the epilog, paragraphs (blank-line separated) are wrapped and a
+    paragraph with indented lines (a table) is kept as written."""
+
+    def _fill_text(self, text, width, indent):
+        out = []
+        for para in text.strip("\n").split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(textwrap.fill(" ".join(line.strip() for line in lines), width,
+                                         initial_indent=indent, subsequent_indent=indent))
+        return "\n\n".join(out)
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if not action.option_strings or action.required or "default" in h or action.default is argparse.SUPPRESS:
+            return h
+        if isinstance(action, argparse._StoreTrueAction):
+            return h + " (default: off)"
+        return h + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser class of orkpy and of every subcommand: defaults shown, exit status in the epilog."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", _Formatter)
+        kw.setdefault("epilog", EPILOG)
+        super().__init__(*args, **kw)
+
+
+# -m / -f fill the MODEL / TEXT positional slots of the commands that have them
+_SLOT_OPTIONS = {"model": ("model_opt", "-m/--model"), "text": ("file_opt", "-f/--file")}
+
+
+def _add_common_args(s, *, ctx=512, slots=("model", "text"), required=True, even_ctx=True):
+    """Add the llama-perplexity / llama-imatrix spellings to subcommand parser ``s``.
+
+    ``slots``: the dests of ``s``'s positional arguments, in order (declare them with ``nargs="?"``);
+    -m/--model fills the "model" slot and -f/--file the "text" slot, and the positionals given fill the
+    others in order (main() does it, _fill_slots: both spellings of one file, or a missing one when
+    ``required``, is a usage error). Also -c/--ctx/--ctx-size (default ``ctx``; an even int >= 4 when
+    ``even_ctx``, as perplexity needs), --chunks, -t/--threads and -b/--batch-size (accepted for
+    compatibility: orkpy evaluates each chunk in one forward pass, so it never changes a result).
+    """
+    s.add_argument("-m", "--model", dest="model_opt", metavar="MODEL",
+                   help="the model, as llama.cpp spells it (default: the positional MODEL)")
+    if "text" in slots:
+        s.add_argument("-f", "--file", dest="file_opt", metavar="TEXT",
+                       help="the text file, as llama.cpp spells it (default: the positional TEXT)")
+    s.add_argument("-c", "--ctx", "--ctx-size", dest="ctx", type=_even_ctx if even_ctx else _positive_int,
+                   default=ctx, metavar="N", help="tokens per chunk (context size)")
+    s.add_argument("--chunks", type=_positive_int, default=None, metavar="N",
+                   help="evaluate at most N chunks (default: every whole chunk of the text)")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                   help="worker threads; never changes a result (default: all cores)")
+    s.add_argument("-b", "--batch-size", dest="batch_size", type=_positive_int, default=None, metavar="N",
+                   help="accepted for llama.cpp compatibility; orkpy evaluates a whole chunk in one pass, so it "
+                        "has no effect on results (default: the chunk size)")
+    s.set_defaults(_slots=tuple(slots), _slots_required=required)
+
+
+def _fill_slots(args):
+    """Resolve -m/--model and -f/--file against the positional MODEL / TEXT (see _add_common_args)."""
+    slots = getattr(args, "_slots", ())
+    given = [getattr(args, d) for d in slots if getattr(args, d) is not None]  # argparse fills a prefix
+    by_opt = {d: getattr(args, _SLOT_OPTIONS[d][0]) for d in slots
+              if d in _SLOT_OPTIONS and getattr(args, _SLOT_OPTIONS[d][0], None) is not None}
+    free = [d for d in slots if d not in by_opt]
+    if len(given) > len(free):
+        twice = ", ".join(f"{d.upper()} ({_SLOT_OPTIONS[d][1]})" for d in by_opt)
+        raise UsageError(f"{twice} given both as an option and as a positional argument: give each file once "
+                         f"(positional arguments expected: {' '.join(d.upper() for d in free) or 'none'})")
+    for d in slots:
+        setattr(args, d, by_opt.get(d))
+    for d, v in zip(free, given):
+        setattr(args, d, v)
+    if getattr(args, "_slots_required", False):
+        for d in slots:
+            if getattr(args, d) is None:
+                alt = f" or with {_SLOT_OPTIONS[d][1]}" if d in _SLOT_OPTIONS else ""
+                raise UsageError(f"missing {d.upper()}: give it as a positional argument{alt}")
+    if getattr(args, "batch_size", None) is not None and args.batch_size < args.ctx:
+        print(f"orkpy {args.command}: note: -b/--batch-size {args.batch_size} is smaller than the context "
+              f"{args.ctx}; orkpy evaluates each chunk in one forward pass, so it has no effect on results",
+              file=sys.stderr)
+
+
+def _check_output_path(path, what, *, is_dir=False, overwrite=True):
+    """Fail before any work if ``path`` cannot be written, naming the user's path and option ``what``.
+
+    The rule for every output option: missing parent folders are created (as ``quantize -o`` always did);
+    an existing folder where a file is wanted, an existing file where a folder is wanted (``is_dir``: the
+    output is a folder, which the command itself creates or writes into), an unwritable parent folder, or
+    (``overwrite=False``) an existing output are errors (OSError: exit status 1). Returns ``path``.
+    """
+    path = os.fspath(path)
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if os.path.exists(full):
+        if not overwrite:
+            raise FileExistsError(f"{what} {path}: exists (use --overwrite to replace it)")
+        if os.path.isdir(full) != is_dir:
+            raise IsADirectoryError(f"{what} {path}: is a folder, expected a file") if not is_dir else \
+                NotADirectoryError(f"{what} {path}: is a file, expected a folder")
+    up = parent
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        raise NotADirectoryError(f"{what} {path}: {up} is a file, not a folder")
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise type(e)(f"{what} {path}: cannot create the folder {parent} ({e.strerror or e})") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {path}: the folder {parent} is not writable")
+    return path
+
+
+def _warn_ctx(n_ctx_train, ctx, command):
+    """A warning on stderr when the context is longer than the model was trained for."""
+    if n_ctx_train and ctx > n_ctx_train:
+        print(f"orkpy {command}: warning: --ctx {ctx} is longer than the model's trained context "
+              f"{n_ctx_train} (context_length); results past it are not meaningful", file=sys.stderr)
 
 
 def _cmd_info(args):
     from .cpu import capabilities
+    from .npu import BACKENDS, unavailable
 
     caps = capabilities()
+    why = unavailable()
     if args.json:
+        caps = dict(caps, npu={b: {"available": b not in why, "reason": why.get(b)} for b in BACKENDS})
         print(json.dumps(caps, indent=2, sort_keys=True))
         return 0
     feats = ", ".join(k for k, v in caps["cpu_features"].items() if v) or "none"
@@ -23,8 +177,6 @@ def _cmd_info(args):
     print(f"available ISAs:  {', '.join(caps['available'])}")
     print(f"forced scalar:   {caps['forced_scalar']} (set {caps['force_scalar_env']}=1 to force)")
     print(f"default threads: {caps['default_threads']}")
-    from .npu import BACKENDS, unavailable
-    why = unavailable()
     for b in BACKENDS:
         print(f"npu {b + ':':<12} {'available' if b not in why else 'unavailable - ' + why[b]}")
     return 0
@@ -82,7 +234,9 @@ def _cmd_gguf_info(args):
 def _cmd_tier_map(args):
     from .tiermap import tier_map
 
-    tm = tier_map(args.file, threshold=args.threshold, embeddings=args.embeddings, output=args.output)
+    if args.emit_map:
+        _check_output_path(args.emit_map, "--emit-map")
+    tm = tier_map(args.file, threshold=args.threshold, embeddings=args.embeddings, output=args.output_tier)
     by_tt = tm.counts_by_type_and_tier()
     print(f"tier map of {args.file} (threshold {tm.threshold:g} bits/weight; tied head: {tm.tied})")
     print(f"{'ggml type':<10}{'tier':<7}{'tensors':>8}")
@@ -91,8 +245,8 @@ def _cmd_tier_map(args):
     c = tm.counts_by_tier()
     b = tm.result_bytes()
     print(f"tiers: int8 {c['int8']}, int4 {c['int4']}, float {c['float']}")
-    print(f"quantized result bytes: int8 {b['int8']:,}, int4 {b['int4']:,}")
-    print(f"int8 share of the weights (by bytes of the int8/int4 result): {tm.int8_share():.2%}")
+    print(f"packed linear weight bytes: int8 {b['int8']:,}, int4 {b['int4']:,}")
+    print(f"int8 share of weight storage: {tm.int8_share():.1%}")
     if args.emit_map:
         tm.save(args.emit_map)
         print(f"wrote {args.emit_map}")
@@ -100,9 +254,15 @@ def _cmd_tier_map(args):
 
 
 def read_text_like_llama_cpp(path):
-    """A text file as llama-perplexity -f reads it: UTF-8, one trailing newline dropped."""
-    with open(path, "r", encoding="utf-8", newline="") as f:
-        text = f.read()
+    """A text file as llama-perplexity -f reads it: UTF-8, one trailing newline dropped.
+    A file that is not UTF-8 raises ValueError naming it and the first bad byte's offset."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                         f"({e.reason})") from None
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -115,26 +275,59 @@ def _weights_arg(spec):
     if spec in PATHS:
         return spec
     if not os.path.exists(spec):
-        raise ValueError(f"--weights {spec!r} is neither a path name ({', '.join(PATHS)}) nor a file")
+        raise UsageError(f"--weights {spec!r} is neither a path name ({', '.join(PATHS)}) nor a file")
     if spec.endswith(".gguf"):
         return tier_map(spec)
     return TierMap.load(spec)
+
+
+_PACKED_WEIGHTS = "int8, nf4, int4, an emit-map file or an allocation GGUF with int8/int4 tiers"
+
+
+def _kl_files(args):
+    """(save_logprobs, kld_base) from --save-logprobs / --kld-base or llama-perplexity's spelling:
+    --kl-divergence-base F alone writes the reference, with --kl-divergence it is read."""
+    save, base = args.save_logprobs, args.kld_base
+    if args.kl_divergence_base is not None:
+        if save is not None or base is not None:
+            raise UsageError("--kl-divergence-base names the reference file: do not also give --save-logprobs "
+                             "or --kld-base")
+        if args.kl_divergence:
+            base = args.kl_divergence_base
+        else:
+            save = args.kl_divergence_base
+    elif args.kl_divergence and base is None:
+        raise UsageError("--kl-divergence needs the reference: --kl-divergence-base FILE (written by an earlier "
+                         "run with --kl-divergence-base FILE alone)")
+    return save, base
 
 
 def _cmd_ppl(args):
     from .model import load_model
     from .ppl import perplexity
 
-    model = load_model(args.model, weights=_weights_arg(args.weights), int4_kind=args.int4_kind,
-                       threads=args.threads)
+    save, base = _kl_files(args)
+    if args.npu and args.weights in ("gguf", "fp32"):
+        raise UsageError(f"--npu {args.npu} runs packed linear layers, and --weights {args.weights} has none: "
+                         f"use --weights {_PACKED_WEIGHTS}")
+    if save is not None:
+        _check_output_path(save, "--save-logprobs" if args.kl_divergence_base is None else "--kl-divergence-base")
+    if base is not None and not os.path.isfile(base):
+        raise FileNotFoundError(f"{base}: no such reference log-prob file")
+    weights = _weights_arg(args.weights)
     text = read_text_like_llama_cpp(args.text)
+    model = load_model(args.model, weights=weights, int4_kind=args.int4_kind, threads=args.threads)
+    _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
     if args.npu:
         from . import npu
         routed = npu.use_npu(model, npu.Device(args.npu))
+        if not routed:
+            raise UsageError(f"--npu {args.npu}: --weights {args.weights} leaves no packed linear layer to run on "
+                             f"the NPU (use --weights {_PACKED_WEIGHTS})")
         print(f"npu: {routed} packed linear layer(s) run their int8 matmuls on the '{args.npu}' backend",
               file=sys.stderr)
     r = perplexity(model, text, n_ctx=args.ctx, chunks=args.chunks, threads=args.threads,
-                   progress=not args.no_progress, save_logprobs=args.save_logprobs, kld_base=args.kld_base)
+                   progress=not args.no_progress, save_logprobs=save, kld_base=base)
     if args.json:
         print(r.to_json(indent=2))
     else:
@@ -148,11 +341,14 @@ def _cmd_imatrix(args):
     from .calibrate import collect_imatrix
     from .model import load_model
 
+    _check_output_path(args.output, "-o/--output")
+    text = read_text_like_llama_cpp(args.text)
     model = load_model(args.model, threads=args.threads)
-    im = collect_imatrix(model, read_text_like_llama_cpp(args.text), n_ctx=args.ctx, chunks=args.chunks,
+    _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
+    im = collect_imatrix(model, text, n_ctx=args.ctx, chunks=args.chunks,
                          threads=args.threads, progress=not args.no_progress)
     im.datasets = [os.path.basename(args.text)]
-    im.save(args.output, format="dat" if args.output.endswith(".dat") else "gguf")
+    im.save(args.output)  # the format follows the extension: .dat legacy, else GGUF
     print(f"imatrix of {len(im.names())} tensors over {im.chunks} chunks of {args.ctx} -> {args.output}")
     return 0
 
@@ -160,6 +356,7 @@ def _cmd_imatrix(args):
 def _cmd_quantize(args):
     from .calibrate import quantize_model
 
+    _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress)
     out = qm.save(args.output, overwrite=args.overwrite)
@@ -171,18 +368,29 @@ def _cmd_quantize(args):
 
 def _cmd_ffn_sweep(args):
     from .ffn import sweep
+    from .gguf import GGUFFile
+    from .model import _hparams
 
-    rows, stats = sweep(args.model, read_text_like_llama_cpp(args.text), read_text_like_llama_cpp(args.calib),
-                        n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks, threads=args.threads,
-                        log=lambda m: print(m, file=sys.stderr))
+    if args.json_out:
+        _check_output_path(args.json_out, "--json-out")
+    text, calib = read_text_like_llama_cpp(args.text), read_text_like_llama_cpp(args.calib)
+    with GGUFFile(args.model) as g:
+        _warn_ctx(_hparams(g).get("n_ctx_train"), args.ctx, args.command)
+    rows, stats = sweep(args.model, text, calib, n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks,
+                        threads=args.threads, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    if args.json_out:
+        from ._io import atomic_write
+        atomic_write(args.json_out, [("\n".join(json.dumps(r) for r in rows) + "\n").encode()])
+    if args.json:
+        return 0
     print("gmax per layer: " + ", ".join(f"{i}: {s['gmax']:.3f}" for i, s in enumerate(stats)))
     print(f"{'mode':<18}{'exact layers':<22}{'PPL':>9}{'+/-':>9}{'KL':>11}{'s':>7}")
     for r in rows:
         print(f"{r['mode']:<18}{str(r['exact_layers']):<22}{r['ppl']:>9.4f}{r['ppl_err']:>9.4f}{r['kl']:>11.6f}"
               f"{r['wall_s']:>7.1f}")
-    if args.json:
-        from ._io import atomic_write
-        atomic_write(args.json, [("\n".join(json.dumps(r) for r in rows) + "\n").encode()])
     return 0
 
 
@@ -215,28 +423,49 @@ def _cmd_npu_plan(args):
     return 0
 
 
+def _gate_limit(s):
+    v = float(s)
+    if not v >= 0.0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
+    return v
+
+
 def _cmd_gate(args):
-    from .gate import format_gate, run_gate
+    import tempfile
 
-    synthetic = args.model is None
-    if synthetic:
-        if args.alloc or args.text:
-            raise ValueError("give MODEL ALLOC TEXT together, or none of them for the synthetic model")
-        import tempfile
+    from .gate import format_gate, run_gate, verdict
 
-        from .synthetic import make_synthetic
-        paths = make_synthetic(tempfile.mkdtemp(prefix="orkpy-synthetic-"))
-        print("no model given: generated a seeded synthetic Llama-layout model (random weights; its PPL means "
-              f"nothing, it proves the pipeline) in {os.path.dirname(paths['model'])}")
-        args.model, args.alloc, args.text = paths["model"], paths["alloc"], paths["text"]
-    elif not (args.alloc and args.text):
-        raise ValueError("usage: orkpy gate MODEL_F16 ALLOC_GGUF|MAP TEXT [--calib TEXT]")
-    rows, out_dir = run_gate(args.model, args.alloc, args.text, calib_path=args.calib, n_ctx=args.ctx,
-                             chunks=args.chunks, calib_chunks=args.calib_chunks, kind=args.kind, out_dir=args.out,
-                             threads=args.threads, progress=not args.no_progress)
+    given = [a for a in (args.model, args.alloc, args.text) if a is not None]
+    synthetic = not given
+    if given and len(given) < 3:
+        raise UsageError("usage: orkpy gate MODEL_F16 ALLOC_GGUF|MAP TEXT [--calib TEXT], or no files for the "
+                         "synthetic model")
+    if args.out is not None:
+        _check_output_path(args.out, "--out", is_dir=True)
+    with tempfile.TemporaryDirectory(prefix="orkpy-synthetic-") as tmp:
+        if synthetic:
+            from .synthetic import make_synthetic
+            where = os.path.join(args.out, "synthetic") if args.out is not None else tmp
+            paths = make_synthetic(where)
+            print("no model given: generated a seeded synthetic Llama-layout model (random weights; its PPL means "
+                  "nothing, it proves the pipeline) " + (f"in {where}" if args.out is not None else
+                                                        "in a temporary folder"))
+            args.model, args.alloc, args.text = paths["model"], paths["alloc"], paths["text"]
+            if args.calib is None:
+                args.calib = paths["calib"]
+        rows, out_dir = run_gate(args.model, args.alloc, args.text, calib_path=args.calib, n_ctx=args.ctx,
+                                 chunks=args.chunks, calib_chunks=args.calib_chunks, kind=args.kind,
+                                 out_dir=args.out, threads=args.threads, progress=not args.no_progress)
     print(format_gate(rows, synthetic=synthetic))
-    print(f"models and reference log-probs in {out_dir}")
-    return 0
+    if out_dir is not None:
+        extra = ", synthetic/ (the generated model and texts)" if synthetic else ""
+        print(f"kept in {out_dir}: model-imatrix/ and model-plain/ (the quantized models), source-logprobs.npz "
+              f"(the source's reference log-probs){extra}")
+    else:
+        print("temporary files removed (--out DIR keeps the quantized models and the reference log-probs)")
+    passed, line = verdict(rows, max_dppl=args.max_dppl, max_dppl_rel=args.max_dppl_rel, max_kld=args.max_kld)
+    print(line)
+    return 1 if passed is False else 0
 
 
 def _positive_int(s):
@@ -246,73 +475,115 @@ def _positive_int(s):
     return v
 
 
+def _even_ctx(s):
+    v = int(s)
+    if v < 4 or v % 2:
+        raise argparse.ArgumentTypeError(f"must be an even integer >= 4 (the second half of a chunk is scored), got {s}")
+    return v
+
+
+def _ctx_size(s):
+    v = int(s)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 2, got {s}")
+    return v
+
+
+def _threshold(s):
+    v = float(s)
+    if not 0.0 < v < 64.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 64) bits per weight, got {s}")
+    return v
+
+
+_MODEL_HELP = "GGUF model (llama or qwen3) or a quantized model folder; or -m/--model"
+_TEXT_HELP = "UTF-8 text file, one trailing newline dropped as llama-perplexity -f does; or -f/--file"
+
+
 def build_parser():
-    p = argparse.ArgumentParser(prog="orkpy", description=__doc__)
+    p = _Parser(prog="orkpy", description=__doc__)
     p.add_argument("--version", action="version", version=f"orkpy {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    s = sub.add_parser("info", help="CPU features and the kernels in use")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s = sub.add_parser("info", help="CPU features, the kernels in use and the NPU backends")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=_cmd_info)
 
     s = sub.add_parser("quant-report", help="reconstruction error of every kind on seeded weights")
-    s.add_argument("--rows", type=_positive_int, default=1024)
-    s.add_argument("--cols", type=_positive_int, default=4096)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--rows", type=_positive_int, default=1024, help="rows (N) of the test weights")
+    s.add_argument("--cols", type=_positive_int, default=4096, help="columns (K) of the test weights")
+    s.add_argument("--seed", type=int, default=0, help="seed of the test weights")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="worker threads; never changes a result (default: all cores)")
+    s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=_cmd_quant_report)
+
     s = sub.add_parser("ppl", help="perplexity with llama-perplexity's method (and KL-divergence mode)")
-    s.add_argument("model", help="GGUF model (llama or qwen3)")
-    s.add_argument("text", help="UTF-8 text file (one trailing newline is dropped, as llama-perplexity -f)")
-    s.add_argument("--ctx", type=_positive_int, default=512)
-    s.add_argument("--chunks", type=_positive_int, default=None)
+    s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
+    _add_common_args(s, ctx=512)
     s.add_argument("--weights", default="gguf",
                    help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
-    s.add_argument("--int4-kind", choices=["nf4", "int4"], default="nf4")
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--npu", choices=["emu", "rknpu", "rocket"],
-                   help="run the packed linears' int8 matmuls on an NPU backend (same results as the CPU path)")
-    s.add_argument("--save-logprobs", metavar="FILE", help="store reference log-probs for a later --kld-base")
-    s.add_argument("--kld-base", metavar="FILE", help="report KL divergence against stored reference log-probs")
-    s.add_argument("--no-progress", action="store_true")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--int4-kind", choices=["nf4", "int4"], default="nf4",
+                   help="codebook of the int4-tier linears when --weights is a map or an allocation")
+    s.add_argument("--npu", choices=["emu", "rknpu", "rocket"], default=None,
+                   help="run the packed linears' int8 matmuls on an NPU backend, same results as the CPU path; "
+                        f"needs --weights {_PACKED_WEIGHTS} (default: the CPU)")
+    s.add_argument("--save-logprobs", metavar="FILE", default=None,
+                   help="store the reference log-probs for a later --kld-base (default: not stored)")
+    s.add_argument("--kld-base", metavar="FILE", default=None,
+                   help="report KL divergence against a --save-logprobs file (default: no KL)")
+    s.add_argument("--kl-divergence-base", metavar="FILE", default=None,
+                   help="llama-perplexity's spelling: alone, write the reference log-probs to FILE; with "
+                        "--kl-divergence, read them and report KL divergence (default: none)")
+    s.add_argument("--kl-divergence", action="store_true",
+                   help="report KL divergence against --kl-divergence-base FILE")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
     s.set_defaults(func=_cmd_ppl)
 
     s = sub.add_parser("imatrix", help="collect an importance matrix in the forward pass")
-    s.add_argument("model")
-    s.add_argument("text")
-    s.add_argument("-o", "--output", required=True, help="FILE.gguf (llama.cpp's GGUF imatrix) or FILE.dat (legacy)")
-    s.add_argument("--ctx", type=_positive_int, default=512)
-    s.add_argument("--chunks", type=_positive_int, default=None)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
+    s.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="FILE.dat: the legacy .dat; any other name: llama.cpp's GGUF imatrix (required)")
+    _add_common_args(s, ctx=512, even_ctx=False)
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_imatrix)
 
     s = sub.add_parser("quantize", help="quantize a model: fp16 source + allocation (+ imatrix) -> model directory")
-    s.add_argument("source", help="F32/F16/BF16 GGUF (a quantized GGUF here means double-quant, said loudly)")
-    s.add_argument("--alloc", required=True, help="a llama.cpp mixed GGUF (types only) or an emit-map file")
-    s.add_argument("--imatrix", help="imatrix file (.dat or GGUF, llama.cpp's or orkpy's)")
-    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4")
+    s.add_argument("source", help="F32/F16/BF16 GGUF or safetensors checkpoint (a quantized GGUF here means "
+                                  "double-quant, said loudly)")
+    s.add_argument("--alloc", required=True,
+                   help="a llama.cpp mixed GGUF (its types only) or an emit-map file (required)")
+    s.add_argument("--imatrix", default=None,
+                   help="imatrix file, .dat or GGUF, llama.cpp's or orkpy's (default: none, plain absmax scales)")
+    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4", help="codebook of the int4 tier")
     s.add_argument("--sr", action="store_true", help="stochastic rounding")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--threshold", type=float, default=5.0)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("-o", "--output", required=True, help="output model directory")
-    s.add_argument("--overwrite", action="store_true")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--seed", type=int, default=0, help="seed of the stochastic rounding")
+    s.add_argument("--threshold", type=_threshold, default=5.0,
+                   help="bits/weight at or above which an allocation type is int8")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="worker threads; never changes a result (default: all cores)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="output model folder; missing parent folders are created (required)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_quantize)
 
     s = sub.add_parser("ffn-sweep", help="the fused int8 SwiGLU chain: every mode, ablation and sprinkle, PPL + KL")
-    s.add_argument("model")
-    s.add_argument("text")
-    s.add_argument("--calib", required=True, help="calibration text for the prep pass")
-    s.add_argument("--ctx", type=_positive_int, default=256)
-    s.add_argument("--chunks", type=_positive_int, default=None)
-    s.add_argument("--calib-chunks", type=_positive_int, default=None)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--json", help="write one JSON row per configuration (JSON lines)")
+    s.add_argument("model", nargs="?", metavar="MODEL", help="GGUF model (llama or qwen3); or -m/--model")
+    s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
+    s.add_argument("--calib", required=True, metavar="TEXT", help="calibration text for the prep pass (required)")
+    _add_common_args(s, ctx=256)
+    s.add_argument("--calib-chunks", type=_positive_int, default=None, metavar="N",
+                   help="calibration chunks (default: the whole calibration text)")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON row per configuration (JSON lines) instead of the table")
+    s.add_argument("--json-out", metavar="FILE", default=None,
+                   help="also write the JSON rows to FILE (default: not written)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
     s.set_defaults(func=_cmd_ffn_sweep)
 
     s = sub.add_parser("npu-dump", help="decode an RK3588 NPU register command buffer into a listing")
@@ -320,54 +591,100 @@ def build_parser():
     s.set_defaults(func=_cmd_npu_dump)
 
     s = sub.add_parser("npu-plan", help="how an int8 matmul is split into NPU tasks (and its command stream)")
-    s.add_argument("M", type=_positive_int)
-    s.add_argument("K", type=_positive_int)
-    s.add_argument("N", type=_positive_int)
+    s.add_argument("M", type=_positive_int, help="rows of the activations")
+    s.add_argument("K", type=_positive_int, help="inputs (the contracted dimension)")
+    s.add_argument("N", type=_positive_int, help="outputs")
     for cap in ("max_m", "max_k", "max_n"):
-        s.add_argument("--" + cap.replace("_", "-"), dest=cap, type=int, default=0, help="lower per-task cap (tests)")
-    s.add_argument("--limit", type=_positive_int, default=20, help="tasks listed (default 20)")
+        s.add_argument("--" + cap.replace("_", "-"), dest=cap, type=int, default=0,
+                       help="lower per-task cap, to force chains in tests (default: 0, the hardware limit)")
+    s.add_argument("--limit", type=_positive_int, default=20, help="tasks listed")
     s.add_argument("--dump", action="store_true", help="also print the chained command listing")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.set_defaults(func=_cmd_npu_plan)
 
-    s = sub.add_parser("gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL")
-    s.add_argument("model", nargs="?", help="the fp16 (or f32/bf16) source GGUF; omit all three for a synthetic model")
-    s.add_argument("alloc", nargs="?", help="a llama.cpp mixed GGUF (allocation oracle) or an emit-map file")
-    s.add_argument("text", nargs="?", help="evaluation text")
-    s.add_argument("--calib", help="calibration text for the imatrix (default: the evaluation text)")
-    s.add_argument("--ctx", type=_positive_int, default=256)
-    s.add_argument("--chunks", type=_positive_int, default=None)
-    s.add_argument("--calib-chunks", type=_positive_int, default=None)
-    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4")
-    s.add_argument("--out", help="folder for the quantized models (default: a temporary folder)")
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--no-progress", action="store_true")
+    s = sub.add_parser(
+        "gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL, and a verdict",
+        description="The end-to-end gate: tier map -> imatrix -> quantize -> save -> reload -> PPL and KL\n"
+                    "against the source, one table. With no files it runs on a seeded synthetic model.\n\n"
+                    "The imatrix never sees the scored tokens: with --calib TEXT that text calibrates;\n"
+                    "without it the evaluation text's last --calib-chunks chunks (default: 10% of its\n"
+                    "chunks) calibrate and only the chunks before them are scored.\n\n"
+                    "Thresholds (--max-dppl, --max-dppl-rel, --max-kld) apply to the main configuration\n"
+                    "(ours: alloc + imatrix). The last line is the verdict: 'GATE PASS (...): ...' (exit 0),\n"
+                    "'GATE FAIL (...): ...' (exit 1), or 'GATE: no thresholds given (report only)' (exit 0).")
+    s.add_argument("model", nargs="?", metavar="MODEL",
+                   help="the fp16 (or f32/bf16) source GGUF, or -m/--model; omit MODEL, ALLOC and TEXT for the "
+                        "synthetic model")
+    s.add_argument("alloc", nargs="?", metavar="ALLOC",
+                   help="a llama.cpp mixed GGUF (allocation oracle: its types only) or an emit-map file")
+    s.add_argument("text", nargs="?", metavar="TEXT", help="evaluation text (UTF-8), or -f/--file")
+    _add_common_args(s, ctx=256, slots=("model", "alloc", "text"), required=False)
+    for a in s._actions:
+        if a.dest == "chunks":
+            a.help = ("score at most N chunks (default: every whole chunk of the text, or without --calib every "
+                      "chunk before the held-out calibration part)")
+    s.add_argument("--calib", metavar="TEXT", default=None,
+                   help="calibration text for the imatrix (default: hold out the evaluation text's last "
+                        "--calib-chunks chunks and score only the chunks before them; the synthetic model has its "
+                        "own calibration text)")
+    s.add_argument("--calib-chunks", type=_positive_int, default=None, metavar="N",
+                   help="calibration chunks (default: all of --calib TEXT; without --calib, 10%% of the "
+                        "evaluation text's chunks, at least 1)")
+    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4", help="codebook of the int4 tier")
+    s.add_argument("--max-dppl", type=_gate_limit, default=None, metavar="X",
+                   help="fail (exit 1) if PPL - source PPL of the main configuration exceeds X "
+                        "(default: no limit)")
+    s.add_argument("--max-dppl-rel", type=_gate_limit, default=None, metavar="F",
+                   help="fail (exit 1) if (PPL - source PPL) / source PPL exceeds F, a fraction: 0.02 is 2%% "
+                        "(default: no limit)")
+    s.add_argument("--max-kld", type=_gate_limit, default=None, metavar="X",
+                   help="fail (exit 1) if the mean KL divergence from the source exceeds X nats "
+                        "(default: no limit)")
+    s.add_argument("--out", metavar="DIR", default=None,
+                   help="keep the quantized models, the reference log-probs (and the synthetic model) in DIR "
+                        "(default: a temporary folder, removed at the end)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
     s.set_defaults(func=_cmd_gate)
 
     s = sub.add_parser("gguf-info", help="header, metadata and tensor table of a GGUF file")
-    s.add_argument("file")
+    s.add_argument("file", help="a GGUF file")
     s.set_defaults(func=_cmd_gguf_info)
 
     s = sub.add_parser("tier-map", help="int8/int4 tier per tensor from a mixed GGUF's types")
-    s.add_argument("file")
-    s.add_argument("--threshold", type=float, default=5.0, help="bits/weight at or above which a type is int8")
-    s.add_argument("--embeddings", choices=["by_type", "int8", "int4", "float"], default="by_type")
-    s.add_argument("--output", choices=["by_type", "int8", "int4", "float"], default="by_type")
-    s.add_argument("--emit-map", metavar="OUT", help="write the tier map (emit-map text format)")
+    tiers = ["by_type", "int8", "int4", "float"]
+    s.add_argument("file", help="a (mixed) GGUF: its tensor types decide the tiers")
+    s.add_argument("--threshold", type=_threshold, default=5.0, help="bits/weight at or above which a type is int8")
+    s.add_argument("--embeddings", choices=tiers, default="by_type", help="tier of the embedding table")
+    s.add_argument("--output-tier", "--head", dest="output_tier", choices=tiers, default="by_type",
+                   help="tier of the LM head (output.weight)")
+    s.add_argument("--output", dest="output_tier", choices=tiers, help=argparse.SUPPRESS)  # the old spelling
+    s.add_argument("--emit-map", metavar="OUT", default=None,
+                   help="write the tier map, emit-map text format (default: not written)")
     s.set_defaults(func=_cmd_tier_map)
     return p
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    """Run one command; returns the exit status (see EPILOG). argparse's own usage errors exit 2 through
+    SystemExit; TypeError, KeyError and the like are bugs and keep their traceback."""
+    who = "orkpy"
     try:
+        args = build_parser().parse_args(argv)
+        who = f"orkpy {args.command}"
+        _fill_slots(args)
         return args.func(args)
-    except (ValueError, TypeError, OSError, KeyError) as e:
-        print(f"orkpy {args.command}: error: {e}", file=sys.stderr)
+    except UsageError as e:
+        print(f"{who}: error: {e}", file=sys.stderr)
         return 2
-    except NPUError as e:  # no device, a driver call failed, a timeout
-        print(f"orkpy {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 3
+    except KeyboardInterrupt:
+        print(f"{who}: interrupted", file=sys.stderr)
+        return 130
+    except (NPUError, UnavailableError) as e:  # no device, a driver call failed, a timeout
+        print(f"{who}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except _RUNTIME_ERRORS as e:
+        print(f"{who}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,14 +5,17 @@ NEON on aarch64) on first use. Setting the environment variable
 ``ORKPY_FORCE_SCALAR=1`` before the first call forces the scalar reference
 kernels. Every ISA gives bit-identical results; only speed differs.
 """
+from __future__ import annotations
+
 import contextlib
+from typing import Any, Dict, Iterator
 
 from . import _core
 
 FORCE_SCALAR_ENV = "ORKPY_FORCE_SCALAR"
 
 
-def capabilities():
+def capabilities() -> Dict[str, Any]:
     """Return a dict describing the CPU and the kernels in use.
 
     Keys: ``isa`` (the ISA whose kernels run now), ``available`` (ISAs this
@@ -25,7 +28,7 @@ def capabilities():
     return caps
 
 
-def set_isa(name):
+def set_isa(name: str) -> str:
     """Select the kernels by ISA name ("scalar", "avx2", "neon" or "auto").
 
     Returns the previous ISA name. Raises ``orkpy.UnavailableError`` if this
@@ -38,7 +41,7 @@ def set_isa(name):
 
 
 @contextlib.contextmanager
-def use_isa(name):
+def use_isa(name: str) -> Iterator[None]:
     """Context manager: run the block with the given ISA's kernels."""
     prev = set_isa(name)
     try:

@@ -137,30 +137,31 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
     from .ppl import perplexity
 
     log = log or (lambda m: None)
-    ref_lp = os.path.join(tempfile.mkdtemp(prefix="orkpy-ffn-"), "ref.npz")
-    ref = load_model(model_path, weights="gguf")
-    perplexity(ref, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
-    m = load_model(model_path, weights="int8")
-    stats = prep(m, m.tokenizer.encode(calib_text), n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
-    n = m.hparams["n_layer"]
-    rows = []
+    with tempfile.TemporaryDirectory(prefix="orkpy-ffn-") as work:  # the reference log-probs, removed after
+        ref_lp = os.path.join(work, "ref.npz")
+        ref = load_model(model_path, weights="gguf")
+        perplexity(ref, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
+        m = load_model(model_path, weights="int8")
+        stats = prep(m, m.tokenizer.encode(calib_text), n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
+        n = m.hparams["n_layer"]
+        rows = []
 
-    def run(label, modes):
-        t0 = time.perf_counter()
-        modes = configure(m, stats, modes)
-        r = perplexity(m, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, kld_base=ref_lp)
-        exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")]
-        rows.append({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
-                     "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0})
-        log(f"{label:<18} exact {str(exact):<20} PPL {r.ppl:.4f} KL {r.kld['mean']:.6f}")
+        def run(label, modes):
+            t0 = time.perf_counter()
+            modes = configure(m, stats, modes)
+            r = perplexity(m, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, kld_base=ref_lp)
+            exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")]
+            rows.append({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
+                         "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0})
+            log(f"{label:<18} exact {str(exact):<20} PPL {r.ppl:.4f} KL {r.kld['mean']:.6f}")
 
-    for mode in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input"):
-        run(mode, mode)
-    for pct in SWEEP_CLIPS:
-        run(f"clip_pct_{pct:g}", f"clip_pct_{pct:g}")
-    for mode in ("asym_zero_point", "per_channel_out", "unfused"):
-        run(mode, mode)
-    for k in range(n + 1):
-        run("sprinkle", sprinkle(stats, k))
-    run("sprinkle_auto", sprinkle(stats, "auto"))
-    return rows, stats
+        for mode in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input"):
+            run(mode, mode)
+        for pct in SWEEP_CLIPS:
+            run(f"clip_pct_{pct:g}", f"clip_pct_{pct:g}")
+        for mode in ("asym_zero_point", "per_channel_out", "unfused"):
+            run(mode, mode)
+        for k in range(n + 1):
+            run("sprinkle", sprinkle(stats, k))
+        run("sprinkle_auto", sprinkle(stats, "auto"))
+        return rows, stats

@@ -6,20 +6,24 @@ of it is used; a malformed file raises :class:`orkpy.GGUFError` (a
 copied until you ask for floats: ``raw(name)`` is a read-only uint8 view of the
 mapping, ``tensor(name)`` dequantizes to float32 in C.
 """
+from __future__ import annotations
+
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _core
 from ._core import GGUFError
+from ._typing import StrPath
 
 __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "ggml_type_info", "GGML_TYPES"]
 
 
-def _type_table():
+def _type_table() -> Dict[int, Dict[str, Any]]:
     table = {}
     for tid in range(_core.ggml_type_count()):
         info = _core.ggml_type_info(tid)
@@ -34,7 +38,7 @@ GGML_TYPES = _type_table()
 _BY_NAME = {v["name"]: k for k, v in GGML_TYPES.items()}
 
 
-def ggml_type_info(type_):
+def ggml_type_info(type_: Union[int, str]) -> Dict[str, Any]:
     """Type facts by id (int) or name ("Q4_K"); KeyError for an unknown type."""
     if isinstance(type_, str):
         if type_ not in _BY_NAME:
@@ -60,15 +64,15 @@ class TensorInfo:
     nbytes: int
 
     @property
-    def n_elements(self):
+    def n_elements(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
-    def bits_per_weight(self):
+    def bits_per_weight(self) -> float:
         return GGML_TYPES[self.type_id]["bits_per_weight"]
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
 
@@ -81,8 +85,9 @@ class GGUFFile:
     (list of :class:`TensorInfo` in file order).
     """
 
-    def __init__(self, path):
+    def __init__(self, path: StrPath) -> None:
         self.path = os.fspath(path)
+        self._map: Union[bytes, mmap.mmap]
         self._file = open(self.path, "rb")
         try:
             size = os.fstat(self._file.fileno()).st_size
@@ -100,9 +105,9 @@ class GGUFFile:
         self.version = parsed["version"]
         self.alignment = parsed["alignment"]
         self.data_offset = parsed["data_offset"]
-        self.metadata = {k: v for k, _, v in parsed["metadata"]}
-        self.metadata_types = {k: t for k, t, _ in parsed["metadata"]}
-        self.tensors = [
+        self.metadata: Dict[str, Any] = {k: v for k, _, v in parsed["metadata"]}
+        self.metadata_types: Dict[str, str] = {k: t for k, t, _ in parsed["metadata"]}
+        self.tensors: List[TensorInfo] = [
             TensorInfo(name=name, type=GGML_TYPES[tid]["name"], type_id=tid, shape=tuple(reversed(ne)),
                        offset=off, data_offset=doff, nbytes=nbytes)
             for name, tid, ne, off, doff, nbytes, _info in parsed["tensors"]
@@ -110,33 +115,33 @@ class GGUFFile:
         self._by_name = {t.name: t for t in self.tensors}
 
     # -- access -------------------------------------------------------------
-    def tensor_info(self, name):
+    def tensor_info(self, name: str) -> TensorInfo:
         try:
             return self._by_name[name]
         except KeyError:
             raise KeyError(f"{self.path}: no tensor named {name!r}") from None
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._by_name
 
-    def raw(self, name):
+    def raw(self, name: str) -> NDArray[np.uint8]:
         """The tensor's stored bytes: a read-only uint8 view of the mapping (no copy)."""
         t = self.tensor_info(name)
         a = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
         return a
 
-    def tensor(self, name, threads=None):
+    def tensor(self, name: str, threads: Optional[int] = None) -> NDArray[np.float32]:
         """The tensor as float32 in NumPy shape, dequantized from its ggml type."""
         t = self.tensor_info(name)
         out = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads)
         return out.reshape(t.shape)
 
     @property
-    def architecture(self):
+    def architecture(self) -> Optional[str]:
         return self.metadata.get("general.architecture")
 
     # -- lifetime -----------------------------------------------------------
-    def close(self):
+    def close(self) -> None:
         m = getattr(self, "_map", None)
         if isinstance(m, mmap.mmap):
             try:
@@ -147,12 +152,12 @@ class GGUFFile:
         if f is not None:
             f.close()
 
-    def __enter__(self):
+    def __enter__(self) -> GGUFFile:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)}, "
                 f"metadata={len(self.metadata)}, architecture={self.architecture!r})")

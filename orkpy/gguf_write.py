@@ -23,13 +23,21 @@ chunk by chunk. Bad input raises ``TypeError`` (wrong Python/NumPy type) or
 ``metadata_triples(gguf_file)`` returns an existing file's metadata as such
 triples (file order), so a writer can copy a source model's metadata.
 """
+from __future__ import annotations
+
 import math
 import os
 import struct
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._io import atomic_write
+from ._typing import StrPath
+
+if TYPE_CHECKING:
+    from .gguf import GGUFFile
 
 __all__ = ["write_gguf", "metadata_triples", "VALUE_TYPES", "GGUF_MAX_NAME", "GGUF_DEFAULT_ALIGNMENT"]
 
@@ -62,15 +70,15 @@ _DTYPE_TYPES = {("u", 1): "UINT8", ("i", 1): "INT8", ("u", 2): "UINT16", ("i", 2
 _TENSOR_TYPES = {("f", 4): (0, "F32"), ("f", 2): (1, "F16")}
 
 
-def _is_int(v):
+def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _is_real(v):
+def _is_real(v: object) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-def _gstr(s, what):
+def _gstr(s: object, what: str) -> bytes:
     """A GGUF string: uint64 length + UTF-8 bytes (lone surrogates from a surrogateescape
     decode round-trip to the original bytes)."""
     if not isinstance(s, str):
@@ -79,12 +87,12 @@ def _gstr(s, what):
     return struct.pack("<Q", len(b)) + b
 
 
-def _le(a):
+def _le(a: NDArray[Any]) -> NDArray[Any]:
     """a as a C-contiguous little-endian array (no copy when it already is one)."""
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 
-def _array_elem_type(a, what):
+def _array_elem_type(a: NDArray[Any], what: str) -> str:
     key = (a.dtype.kind, a.dtype.itemsize)
     if key not in _DTYPE_TYPES:
         raise TypeError(f"{what}: NumPy array dtype {a.dtype} has no GGUF element type "
@@ -92,7 +100,7 @@ def _array_elem_type(a, what):
     return _DTYPE_TYPES[key]
 
 
-def _encode_array(out, value, what, depth):
+def _encode_array(out: bytearray, value: Any, what: str, depth: int) -> None:
     if depth > _MAX_ARRAY_DEPTH:
         raise ValueError(f"{what}: arrays nested deeper than {_MAX_ARRAY_DEPTH} levels")
     if isinstance(value, np.ndarray):
@@ -123,7 +131,7 @@ def _encode_array(out, value, what, depth):
                     f"{type(bad).__name__} {bad!r} (for numbers pass a NumPy array with an explicit dtype)")
 
 
-def _encode_value(out, type_name, value, what):
+def _encode_value(out: bytearray, type_name: str, value: Any, what: str) -> None:
     if not isinstance(type_name, str) or type_name not in _TYPE_ID:
         raise ValueError(f"{what}: unknown GGUF value type {type_name!r} (expected one of {', '.join(VALUE_TYPES)})")
     out += struct.pack("<I", _TYPE_ID[type_name])
@@ -152,11 +160,11 @@ def _encode_value(out, type_name, value, what):
         out += struct.pack(_STRUCT[type_name], v)
 
 
-def _pad(n, a):
+def _pad(n: int, a: int) -> int:
     return (a - n % a) % a
 
 
-def _check_tensor(i, item):
+def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, NDArray[Any], int]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise TypeError(f"tensors[{i}]: expected a (name, ndarray) pair, got {type(item).__name__}")
     name, arr = item
@@ -180,7 +188,8 @@ def _check_tensor(i, item):
     return name, nb, arr, _TENSOR_TYPES[key][0]
 
 
-def write_gguf(path, metadata, tensors, alignment=GGUF_DEFAULT_ALIGNMENT):
+def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors: Iterable[Tuple[str, NDArray[Any]]],
+               alignment: int = GGUF_DEFAULT_ALIGNMENT) -> None:
     """Write a GGUF v3 file atomically (see the module docstring). Returns None."""
     if not _is_int(alignment) or alignment < 8 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 8, got {alignment!r}")
@@ -229,8 +238,8 @@ def write_gguf(path, metadata, tensors, alignment=GGUF_DEFAULT_ALIGNMENT):
     names = set()
     infos = bytearray()
     offset = 0
-    for i, item in enumerate(tensors):
-        name, nb, arr, tid = _check_tensor(i, item)
+    for i, pair in enumerate(tensors):
+        name, nb, arr, tid = _check_tensor(i, pair)
         if name in names:
             raise ValueError(f"duplicate tensor name {name!r}")
         names.add(name)
@@ -245,11 +254,11 @@ def write_gguf(path, metadata, tensors, alignment=GGUF_DEFAULT_ALIGNMENT):
     header += infos
     header += bytes(_pad(len(header), alignment))
 
-    def chunks():
+    def chunks() -> Iterator[Union[bytes, memoryview]]:
         yield bytes(header)
         for arr in checked:
             a = _le(arr)
-            yield memoryview(a.reshape(-1).view(np.uint8))
+            yield a.reshape(-1).view(np.uint8).data
             p = _pad(a.nbytes, alignment)
             if p:
                 yield bytes(p)
@@ -257,7 +266,7 @@ def write_gguf(path, metadata, tensors, alignment=GGUF_DEFAULT_ALIGNMENT):
     atomic_write(path, chunks())
 
 
-def metadata_triples(gguf_file):
+def metadata_triples(gguf_file: Union[GGUFFile, StrPath]) -> List[Tuple[str, str, Any]]:
     """The metadata of a GGUF file as ``[(key, type_name, value), ...]`` in file order,
     ready for :func:`write_gguf`. ``gguf_file`` is an open :class:`orkpy.GGUFFile` or a path."""
     from .gguf import GGUFFile

@@ -29,18 +29,26 @@ The chunk size is not stored in a ``.dat``, so loading one reconstructs
 ``chunk_size`` (default 512, llama.cpp's default n_ctx), as llama.cpp does; the
 values ``E[x^2] = v / ncall`` do not depend on it.
 """
+from __future__ import annotations
+
 import hashlib
 import math
 import mmap
 import os
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple, Type, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ._core import FormatError
 from ._io import atomic_write
+from ._typing import StrPath
 from .gguf_write import GGUF_MAX_NAME, write_gguf
+
+if TYPE_CHECKING:
+    from .gguf import TensorInfo
 
 __all__ = ["Imatrix", "ImatrixEntry", "ImatrixError", "DEFAULT_CHUNK_SIZE"]
 
@@ -70,26 +78,26 @@ class ImatrixEntry:
     count: int
 
     @property
-    def values(self):
+    def values(self) -> NDArray[np.float32]:
         """E[x^2] per input channel, float32 (K,); all ones when count is 0 (as llama-quantize)."""
         if self.count == 0:
             return np.ones(self.sums.shape, np.float32)
         return (self.sums / float(self.count)).astype(np.float32)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.sums.shape[0]
 
 
-def _name_key(name):
+def _name_key(name: str) -> bytes:
     """Sort key matching llama.cpp's std::sort of std::string (byte order)."""
     return name.encode("utf-8", "surrogateescape")
 
 
-def _is_int(v):
+def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _check_name(name):
+def _check_name(name: object) -> bytes:
     if not isinstance(name, str):
         raise TypeError(f"imatrix entry name must be str, got {type(name).__name__}")
     try:
@@ -101,7 +109,7 @@ def _check_name(name):
     return b
 
 
-def _check_sums(name, sums):
+def _check_sums(name: str, sums: ArrayLike) -> NDArray[np.float64]:
     a = np.asarray(sums)
     if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
         raise TypeError(f"{name!r}: sums must be real numbers, got dtype {a.dtype}")
@@ -118,7 +126,7 @@ def _check_sums(name, sums):
     return a
 
 
-def _check_count(name, count):
+def _check_count(name: str, count: int) -> int:
     if not _is_int(count):
         raise TypeError(f"{name!r}: count must be an int, got {type(count).__name__} {count!r}")
     count = int(count)
@@ -127,7 +135,7 @@ def _check_count(name, count):
     return count
 
 
-def _frozen(a):
+def _frozen(a: NDArray[Any]) -> NDArray[Any]:
     a.setflags(write=False)
     return a
 
@@ -142,7 +150,7 @@ class Imatrix:
     ``format`` (``"gguf"`` or ``"dat"``).
     """
 
-    def __init__(self, chunk_size=DEFAULT_CHUNK_SIZE, chunks=0, datasets=()):
+    def __init__(self, chunk_size: int = DEFAULT_CHUNK_SIZE, chunks: int = 0, datasets: Iterable[str] = ()) -> None:
         if not _is_int(chunk_size) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         if not _is_int(chunks) or chunks < 0:
@@ -152,16 +160,16 @@ class Imatrix:
         self.chunk_size = int(chunk_size)
         self.chunks = int(chunks)
         self.datasets = list(datasets)
-        self.path = None
-        self.format = None
-        self._entries = {}
+        self.path: Optional[str] = None
+        self.format: Optional[str] = None
+        self._entries: Dict[str, ImatrixEntry] = {}
 
     # -- access -------------------------------------------------------------
-    def names(self):
+    def names(self) -> List[str]:
         """The weight names, sorted (byte order, as llama.cpp writes them)."""
         return sorted(self._entries, key=_name_key)
 
-    def entry(self, name):
+    def entry(self, name: str) -> ImatrixEntry:
         """The :class:`ImatrixEntry` (sums, count) of a weight; KeyError if absent."""
         try:
             return self._entries[name]
@@ -169,28 +177,28 @@ class Imatrix:
             raise KeyError(f"no imatrix entry for {name!r}") from None
 
     @property
-    def entries(self):
+    def entries(self) -> Dict[str, ImatrixEntry]:
         """{name: ImatrixEntry} in sorted name order (a new dict; the entries are read-only)."""
         return {n: self._entries[n] for n in self.names()}
 
-    def values(self, name):
+    def values(self, name: str) -> NDArray[np.float32]:
         """E[x^2] = sums/count per input channel, float32 (K,); ones when count is 0."""
         return self.entry(name).values
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> NDArray[np.float32]:
         return self.values(name)
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._entries
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     # -- building -----------------------------------------------------------
-    def add(self, name, sums, count):
+    def add(self, name: str, sums: ArrayLike, count: int) -> Imatrix:
         """Accumulate ``sums`` (per-channel sum of x^2 over ``count`` tokens) into ``name``.
         A new name starts at zero; an existing one must have the same length K."""
         _check_name(name)
@@ -209,7 +217,7 @@ class Imatrix:
         self._entries[name] = ImatrixEntry(_frozen(a), count)
         return self
 
-    def merge(self, other):
+    def merge(self, other: Imatrix) -> Imatrix:
         """Add every entry of ``other`` (in place; returns self); ``chunks`` add up and
         ``other.datasets`` are appended. The chunk sizes must agree. All-or-nothing: a
         length mismatch raises ValueError before anything changes."""
@@ -229,7 +237,7 @@ class Imatrix:
         return self
 
     # -- identity -----------------------------------------------------------
-    def sha256(self):
+    def sha256(self) -> str:
         """A stable hex digest of the statistics: names (sorted), counts, lengths and the
         sums as float64. Metadata (chunks, chunk_size, datasets, file format) is not hashed,
         so a .dat and its GGUF conversion hash the same when their sums agree."""
@@ -242,23 +250,23 @@ class Imatrix:
             h.update(np.ascontiguousarray(e.sums, dtype="<f8").tobytes())
         return h.hexdigest()
 
-    def to_dict(self, include_sums=False):
+    def to_dict(self, include_sums: bool = False) -> Dict[str, Any]:
         """A JSON-serialisable summary: metadata, sha256 and per entry K, count and the
         min/mean/max of the values (plus ``sums`` as a list when ``include_sums``)."""
-        out = {"chunks": self.chunks, "chunk_size": self.chunk_size, "datasets": list(self.datasets),
+        out: Dict[str, Any] = {"chunks": self.chunks, "chunk_size": self.chunk_size, "datasets": list(self.datasets),
                "n_entries": len(self), "format": self.format,
                "path": None if self.path is None else str(self.path), "sha256": self.sha256(), "entries": {}}
         for n in self.names():
             e = self._entries[n]
             v = e.values
-            d = {"k": len(e), "count": e.count, "min": float(v.min()), "mean": float(v.mean()),
+            d: Dict[str, Any] = {"k": len(e), "count": e.count, "min": float(v.min()), "mean": float(v.mean()),
                  "max": float(v.max())}
             if include_sums:
                 d["sums"] = e.sums.tolist()
             out["entries"][n] = d
         return out
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Imatrix):
             return NotImplemented
         if (self.chunks, self.chunk_size, self.datasets) != (other.chunks, other.chunk_size, other.datasets):
@@ -268,16 +276,16 @@ class Imatrix:
         return all(a.count == other._entries[n].count and np.array_equal(a.sums, other._entries[n].sums)
                    for n, a in self._entries.items())
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         src = "" if self.path is None else f", path={str(self.path)!r}, format={self.format!r}"
         return (f"Imatrix(entries={len(self)}, chunks={self.chunks}, chunk_size={self.chunk_size}, "
                 f"datasets={self.datasets!r}{src})")
 
     # -- files --------------------------------------------------------------
     @classmethod
-    def load(cls, path, chunk_size=None):
+    def load(cls, path: StrPath, chunk_size: Optional[int] = None) -> Imatrix:
         """Read a GGUF imatrix or a legacy .dat (detected from the first bytes).
 
         ``chunk_size`` applies to a .dat only (None: 512); for a GGUF imatrix it is read from
@@ -307,10 +315,13 @@ class Imatrix:
         im.path = path
         return im
 
-    def save(self, path, format="gguf"):
+    def save(self, path: StrPath, format: Optional[str] = None) -> None:
         """Write the GGUF imatrix (``format="gguf"``, every entry, names sorted) or the legacy
         .dat (``format="dat"``; entries with count 0 are skipped, as llama.cpp does),
-        atomically."""
+        atomically. ``format=None`` (the default, and ``orkpy imatrix -o``'s rule) picks it
+        from the extension: ``.dat`` (any case) is legacy, any other name GGUF."""
+        if format is None:
+            format = "dat" if os.fsdecode(path).lower().endswith(".dat") else "gguf"
         if format not in _FORMATS:
             raise ValueError(f"format must be one of {_FORMATS}, got {format!r}")
         if not _is_int(self.chunk_size) or not 1 <= self.chunk_size <= _UINT32_MAX:
@@ -322,7 +333,7 @@ class Imatrix:
         else:
             self._save_dat(path)
 
-    def _save_gguf(self, path):
+    def _save_gguf(self, path: StrPath) -> None:
         if not _is_int(self.chunks) or not 0 <= self.chunks <= _UINT32_MAX:
             raise ValueError(f"chunks {self.chunks!r} does not fit imatrix.chunk_count (u32)")
         names = self.names()
@@ -332,7 +343,7 @@ class Imatrix:
                 ("imatrix.datasets", "ARRAY", list(self.datasets)),
                 ("imatrix.chunk_count", "UINT32", int(self.chunks)),
                 ("imatrix.chunk_size", "UINT32", int(self.chunk_size))]
-        tensors = []
+        tensors: List[Tuple[str, NDArray[Any]]] = []
         for n in names:
             if len(_name_key(n)) > MAX_NAME_BYTES:
                 raise ValueError(f"{n!r}: names longer than {MAX_NAME_BYTES} bytes do not fit a GGUF imatrix")
@@ -346,7 +357,7 @@ class Imatrix:
             tensors.append((n + _SUFFIX_COUNTS, c))
         write_gguf(path, meta, tensors)
 
-    def _save_dat(self, path):
+    def _save_dat(self, path: StrPath) -> None:
         if not _is_int(self.chunks) or not 0 <= self.chunks <= _INT32_MAX:
             raise ValueError(f"chunks {self.chunks!r} does not fit the .dat's int32 last_chunk")
         names = [n for n in self.names() if self._entries[n].count > 0]
@@ -369,7 +380,7 @@ class Imatrix:
                 raise ValueError(f"{n!r}: stored values overflow float32")
             blocks.append(struct.pack("<i", len(nb)) + nb + struct.pack("<ii", ncall, len(e)) + v.tobytes())
 
-        def chunks():
+        def chunks() -> Iterator[bytes]:
             yield struct.pack("<i", len(names))
             yield from blocks
             yield struct.pack("<ii", self.chunks, len(db)) + db
@@ -382,33 +393,33 @@ class Imatrix:
 class _Dat:
     """A bounds-checked cursor over a legacy .dat's bytes."""
 
-    def __init__(self, path, buf):
+    def __init__(self, path: str, buf: Union[bytes, mmap.mmap]) -> None:
         self.path, self.buf, self.pos = path, buf, 0
 
-    def fail(self, problem, at=None):
+    def fail(self, problem: str, at: Optional[int] = None) -> ImatrixError:
         return ImatrixError(f"{self.path}: {problem} (at byte offset {self.pos if at is None else at})")
 
-    def left(self):
+    def left(self) -> int:
         return len(self.buf) - self.pos
 
-    def need(self, n, what):
+    def need(self, n: int, what: str) -> None:
         if n > self.left():
             raise self.fail(f"truncated file: {what} needs {n} bytes, only {self.left()} left")
 
-    def i32(self, what):
+    def i32(self, what: str) -> int:
         self.need(4, what)
         v = struct.unpack_from("<i", self.buf, self.pos)[0]
         self.pos += 4
         return v
 
-    def take(self, n, what):
+    def take(self, n: int, what: str) -> bytes:
         self.need(n, what)
         b = self.buf[self.pos:self.pos + n]
         self.pos += n
         return b
 
 
-def _load_dat(cls, path, buf, chunk_size):
+def _load_dat(cls: Type[Imatrix], path: str, buf: Union[bytes, mmap.mmap], chunk_size: int) -> Imatrix:
     r = _Dat(path, buf)
     n = r.i32("the entry count")
     if n < 1:
@@ -468,11 +479,11 @@ def _load_dat(cls, path, buf, chunk_size):
     return im
 
 
-def _load_gguf(cls, path, chunk_size):
+def _load_gguf(cls: Type[Imatrix], path: str, chunk_size: Optional[int]) -> Imatrix:
     from .gguf import GGUFFile
 
     with GGUFFile(path) as g:
-        def fail(problem, at=None):
+        def fail(problem: str, at: Optional[int] = None) -> ImatrixError:
             where = "" if at is None else f" (at byte offset {at})"
             return ImatrixError(f"{path}: {problem}{where}")
 
@@ -497,7 +508,7 @@ def _load_gguf(cls, path, chunk_size):
         if chunk_size is not None and chunk_size != file_cs:
             raise ValueError(f"{path}: chunk_size={chunk_size} given, but the GGUF imatrix records {file_cs}")
 
-        groups = {}
+        groups: Dict[str, List[Optional[TensorInfo]]] = {}
         for t in g.tensors:
             for suffix, slot in ((_SUFFIX_SUMS, 0), (_SUFFIX_COUNTS, 1), (_SUFFIX_SUM, 2)):
                 if t.name.endswith(suffix) and len(t.name) > len(suffix):

@@ -32,15 +32,30 @@ an F16 file that is about 4 x 1.7e9 = 6.8 GB of float32 weights plus the
 mapped 3.4 GB file (pages of which the OS can drop); on all-int8 paths about
 1.7 GB of packed weights plus the 0.6 GB float32 embedding table.
 """
+from __future__ import annotations
+
+import functools
 import os
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._typing import StrPath
 from .gguf import GGUFFile
 from .packed import pack
 from .quant import quantize
 from .tiermap import TierMap
+
+if TYPE_CHECKING:
+    from .npu import Device
+    from .tokenizer import Tokenizer
+
+#: What a linear layer gets from the model: ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor_act).
+LinearSpec = Tuple[Any, ...]
+#: The ``weights`` argument: one path name, {tensor name: path} or a TierMap.
+Weights = Union[str, Dict[str, str], TierMap]
 
 PATHS = ("fp32", "gguf", "int8", "nf4", "int4")
 ARCHS = ("llama", "qwen3")
@@ -48,13 +63,13 @@ LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 _ROPE = {"llama": 0, "qwen3": 2}  # NORM, NEOX (llama.cpp's rope types)
 
 
-def _hparams(g):
+def _hparams(g: GGUFFile) -> Dict[str, Any]:
     md = g.metadata
     arch = md.get("general.architecture")
     if arch not in ARCHS:
         raise ValueError(f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
 
-    def get(key, default=None):
+    def get(key: str, default: Any = None) -> Any:
         v = md.get(f"{arch}.{key}", default)
         if v is None:
             raise ValueError(f"{g.path}: metadata key '{arch}.{key}' is missing")
@@ -88,12 +103,12 @@ def _hparams(g):
     }
 
 
-def linear_names(hp, tied):
+def linear_names(hp: Dict[str, Any], tied: bool) -> List[str]:
     names = [f"blk.{i}.{t}.weight" for i in range(hp["n_layer"]) for t in LINEARS]
     return names + ["output.weight"]
 
 
-def resolve_paths(weights, names, int4_kind="nf4"):
+def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4") -> Dict[str, str]:
     """{linear tensor name: path} from the ``weights`` argument (see module doc)."""
     if int4_kind not in ("nf4", "int4"):
         raise ValueError(f"int4_kind must be 'nf4' or 'int4', got {int4_kind!r}")
@@ -121,14 +136,14 @@ def resolve_paths(weights, names, int4_kind="nf4"):
     raise TypeError(f"weights must be a path name, a dict or a TierMap, got {type(weights).__name__}")
 
 
-def _float_tensor(g, name):
+def _float_tensor(g: GGUFFile, name: str) -> NDArray[np.float32]:
     t = g.tensor_info(name)
     if t.type == "F32":  # used in place, no copy
         return g.raw(name).view(np.float32).reshape(t.shape)
     return g.tensor(name)
 
 
-def _linear_spec(w, path, threads, per_tensor_act=False):
+def _linear_spec(w: NDArray[Any], path: str, threads: Optional[int], per_tensor_act: bool = False) -> LinearSpec:
     if path in ("fp32", "gguf"):
         return ("f32", np.ascontiguousarray(w, dtype=np.float32))
     pw = pack(quantize(w, path, threads=threads))
@@ -140,40 +155,44 @@ class Model:
     positions ``first..T-1``; ``hparams``, ``paths`` (tensor -> weight path),
     ``config`` (a JSON-able description), ``tokenizer`` (from the GGUF)."""
 
-    def __init__(self, path, hparams, paths, fwd, gguf, tied, specs=None):
+    #: the parsed manifest.json of a model loaded from a QuantizedModel directory
+    manifest: Dict[str, Any]
+
+    def __init__(self, path: str, hparams: Dict[str, Any], paths: Dict[str, str], fwd: _core.ForwardModel,
+                 gguf: GGUFFile, tied: bool, specs: Optional[Dict[str, LinearSpec]] = None) -> None:
         self.path = path
         self._specs = specs  # {linear name: spec given to the forward model}
-        self._npu = None
+        self._npu: Optional[Device] = None
         self.hparams = hparams
         self.paths = paths
         self._fwd = fwd
         self._gguf = gguf
         self.tied = tied
-        self._tokenizer = None
+        self._tokenizer: Optional[Tokenizer] = None
 
     @property
-    def n_vocab(self):
+    def n_vocab(self) -> int:
         return self.hparams["n_vocab"]
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
             from .tokenizer import Tokenizer
             self._tokenizer = Tokenizer.from_gguf(self._gguf)
         return self._tokenizer
 
     @property
-    def config(self):
-        counts = {}
+    def config(self) -> Dict[str, Any]:
+        counts: Dict[str, int] = {}
         for p in self.paths.values():
             counts[p] = counts.get(p, 0) + 1
         return {"model": os.path.basename(self.path), "arch": self.hparams["arch"], "weight_paths": counts,
                 "tied_output": self.tied}
 
-    def forward(self, tokens, first=0, threads=None):
+    def forward(self, tokens: ArrayLike, first: int = 0, threads: Optional[int] = None) -> NDArray[np.float32]:
         return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads))
 
-    def _use_npu(self, device, kinds):
+    def _use_npu(self, device: Optional[Device], kinds: Collection[str]) -> int:
         if self._specs is None:
             raise ValueError("this model does not record its linear layers; load it with load_model()")
         names = linear_names(self.hparams, self.tied)
@@ -189,27 +208,33 @@ class Model:
         self._npu = device
         return routed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Model({os.path.basename(self.path)!r}, arch={self.hparams['arch']!r}, paths={self.config['weight_paths']})"
 
 
-def _assemble(g, hp, spec_of, float_of=None, record=None):
+def _assemble(g: Optional[GGUFFile], hp: Dict[str, Any], spec_of: Callable[[str], LinearSpec],
+              float_of: Optional[Callable[[str], NDArray[Any]]] = None,
+              record: Optional[Dict[str, LinearSpec]] = None) -> _core.ForwardModel:
     """A ForwardModel from a GGUF's float tensors (embeddings, norms) and
     spec_of(name) -> linear spec for every linear tensor name (recorded in the
     dict ``record`` when given)."""
-    float_of = float_of or (lambda name: _float_tensor(g, name))
+    if float_of is None:
+        if g is None:
+            raise ValueError("_assemble needs the GGUF file or float_of")
+        float_of = functools.partial(_float_tensor, g)
     if record is not None:
-        inner = spec_of
+        inner, rec = spec_of, record
 
-        def spec_of(name):
-            record[name] = inner(name)
-            return record[name]
+        def recorded(name: str) -> LinearSpec:
+            rec[name] = inner(name)
+            return rec[name]
+        spec_of = recorded
 
     emb = float_of("token_embd.weight")
     layers = []
     for i in range(hp["n_layer"]):
         p = f"blk.{i}."
-        L = {"attn_norm": float_of(p + "attn_norm.weight"), "ffn_norm": float_of(p + "ffn_norm.weight")}
+        L: Dict[str, Any] = {"attn_norm": float_of(p + "attn_norm.weight"), "ffn_norm": float_of(p + "ffn_norm.weight")}
         if hp["arch"] == "qwen3":
             L["q_norm"] = float_of(p + "attn_q_norm.weight")
             L["k_norm"] = float_of(p + "attn_k_norm.weight")
@@ -220,7 +245,8 @@ def _assemble(g, hp, spec_of, float_of=None, record=None):
                               float_of("output_norm.weight"), spec_of("output.weight"), layers)
 
 
-def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=None):
+def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: str = "per_token",
+               threads: Optional[int] = None) -> Model:
     """Load a GGUF model with a weight path per linear tensor (see module doc),
     or a quantized model directory written by ``QuantizedModel.save``."""
     if act not in ("per_token", "per_tensor"):
@@ -236,9 +262,9 @@ def load_model(path, weights="gguf", int4_kind="nf4", act="per_token", threads=N
     nthreads = None if threads is None else int(threads)
     pt = act == "per_tensor"
 
-    def spec_of(name):
+    def spec_of(name: str) -> LinearSpec:
         src = "token_embd.weight" if (name == "output.weight" and tied) else name
         return _linear_spec(_float_tensor(g, src), paths[name], nthreads, pt)
 
-    specs = {}
+    specs: Dict[str, LinearSpec] = {}
     return Model(os.fspath(path), hp, paths, _assemble(g, hp, spec_of, record=specs), g, tied, specs)

@@ -22,11 +22,12 @@ board.
     64
 """
 import threading
+from typing import Dict
 
 import numpy as np
 
 from . import _core
-from ._core import NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
+from ._core import FormatError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
 
 BACKENDS = ("emu", "rknpu", "rocket")
 FAKE_HANG = 1
@@ -152,7 +153,7 @@ def _int8_matrix(x, name):
     return np.ascontiguousarray(x)
 
 
-_default = {}
+_default: Dict[str, "Device"] = {}
 _default_lock = threading.Lock()
 
 
@@ -202,8 +203,34 @@ def dump(qwords):
 
 def read_commands(path):
     """Qwords from a file: little-endian binary (size a multiple of 8), or text
-    with one hex qword per line (an optional leading index column is skipped)."""
-    data = open(path, "rb").read()
+    with one hex qword per line (an optional leading index column is skipped).
+    A file that is not a command stream (see :func:`check_commands`) raises
+    orkpy.FormatError naming it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    q = _parse_commands(path, data)
+    check_commands(q, path)
+    return q
+
+
+def check_commands(qwords, what="command buffer"):
+    """Raise orkpy.FormatError unless ``qwords`` looks like an NPU register
+    command stream: not empty, at least half of the qwords in a known block
+    (NOP and MARK included), and at least one a named register of a block
+    other than NOP. Random bytes fail the first test (a random qword's
+    target lands in one of the ten known blocks with odds ~1.5e-4), a
+    zero-filled file the second."""
+    rows = decode(qwords)
+    if not rows:
+        raise FormatError(f"{what}: empty: not an NPU command stream")
+    in_block = sum(1 for r in rows if r[5] is not None)
+    named = sum(1 for r in rows if r[5] not in (None, "NOP") and r[6] is not None)
+    if 2 * in_block < len(rows) or not named:
+        raise FormatError(f"{what}: not an NPU command stream ({len(rows)} qwords, {in_block} in a known block, "
+                          f"{named} naming a known register)")
+
+
+def _parse_commands(path, data):
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError:
@@ -218,10 +245,11 @@ def read_commands(path):
             try:
                 out.append(int(tok, 16))
             except ValueError:
-                raise ValueError(f"{path}:{n}: not a hex qword: {tok!r}") from None
+                raise FormatError(f"{path}:{n}: not a hex qword: {tok!r}: not an NPU command stream") from None
             if out[-1] >> 64:
-                raise ValueError(f"{path}:{n}: {tok!r} is wider than 64 bits")
+                raise FormatError(f"{path}:{n}: {tok!r} is wider than 64 bits: not an NPU command stream")
         return np.array(out, dtype=np.uint64)
     if len(data) % 8:
-        raise ValueError(f"{path}: {len(data)} bytes is not a whole number of 64-bit commands")
+        raise FormatError(f"{path}: {len(data)} bytes is not a whole number of 64-bit commands: not an NPU "
+                          "command stream")
     return np.frombuffer(data, dtype="<u8").astype(np.uint64)

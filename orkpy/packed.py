@@ -8,14 +8,19 @@ int8 with exact int32 accumulation and scales back; ``save_packed`` /
 ``load_packed`` persist the weight as 'O4N1' (4-bit) or 'O8N1' (int8), see
 docs/o4n1.md. Layout and arithmetic contract: csrc/ork/pack.h.
 """
+from __future__ import annotations
+
 import mmap as _mmap
 import os
+from typing import Any, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 from ._core import FormatError
 from ._io import atomic_write
+from ._typing import StrPath
 from .quant import KINDS, QuantizedTensor, _check_threads, lut as _lut
 
 ACTIVATION_MODES = ("per_token", "per_tensor")
@@ -25,9 +30,19 @@ class PackedWeight:
     """A packed ``(N, K)`` weight: ``kind``, ``shape``, ``store`` (the tile
     array: uint8 ``(N/32, K/32, 32, 16)`` for nf4/int4, int8
     ``(N/32, K/32, 32, 32)`` for int8, padded with zeros), ``bscale``
-    (float32 ``(N,)``) and ``lut`` (int8[16] or None)."""
+    (float32 ``(N,)``) and ``lut`` (int8[16] or None).
 
-    def __init__(self, kind, shape, store, bscale, source=None):
+    Operators follow NumPy's meaning of the ``(N, K)`` matrix ``W`` it
+    stores (a linear layer's weight, out x in): ``x @ pw.T`` is
+    ``pw.matmul(x)``, the int8 kernel, i.e. ``x @ W.T`` for ``x`` of shape
+    ``(..., K)``, giving ``(..., N)``. ``x @ pw`` (NumPy: ``x @ W``, a
+    product over N) has no kernel and raises TypeError saying so.
+    """
+
+    __array_ufunc__ = None  # ndarray @ PackedWeight defers to our operators instead of making an object array
+
+    def __init__(self, kind: str, shape: Sequence[int], store: NDArray[Any], bscale: NDArray[np.float32],
+                 source: Optional[str] = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         self.kind = kind
@@ -38,25 +53,34 @@ class PackedWeight:
         self.source = source  # a file path when loaded
 
     @property
-    def N(self):
+    def N(self) -> int:
         return self.shape[0]
 
     @property
-    def K(self):
+    def K(self) -> int:
         return self.shape[1]
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return int(self.store.nbytes + self.bscale.nbytes)
 
-    def matmul_int(self, xq, threads=None):
+    @property
+    def T(self) -> PackedWeightT:
+        """The ``(K, N)`` transpose, for ``x @ pw.T`` (== ``pw.matmul(x)``)."""
+        return PackedWeightT(self)
+
+    def __rmatmul__(self, x: object) -> NoReturn:
+        raise TypeError(f"x @ pw multiplies by the {self.N} x {self.K} weight itself (a product over N, which "
+                        f"has no kernel); a linear layer is x @ pw.T == pw.matmul(x) for x of width K = {self.K}")
+
+    def matmul_int(self, xq: ArrayLike, threads: Optional[int] = None) -> NDArray[np.int32]:
         """Exact int32 accumulators ``(M, N)`` for int8 activations ``xq`` ``(M, K)``."""
         xq = np.asarray(xq)
         if xq.ndim == 1:
             xq = xq[None, :]
         return _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads))
 
-    def matmul(self, x, act="per_token", threads=None):
+    def matmul(self, x: ArrayLike, act: str = "per_token", threads: Optional[int] = None) -> NDArray[np.float32]:
         """float32 ``x`` ``(M, K)`` (or ``(K,)``) -> float32 ``(M, N)``.
 
         Activations are quantized to int8 symmetric with one scale per row
@@ -73,11 +97,11 @@ class PackedWeight:
                          _check_threads(threads))
         return y[0] if vec else y
 
-    def codes(self):
+    def codes(self) -> NDArray[Any]:
         """The row-major codes (as in QuantizedTensor.codes), unpacked from the tiles."""
         return _core.unpack(self.store, self.kind, self.N, self.K)
 
-    def int8_weight(self):
+    def int8_weight(self) -> NDArray[np.int8]:
         """The int8 weight the kernels multiply: ``(N, K)`` (LUT applied for 4-bit kinds)."""
         c = self.codes()
         if self.kind == "int8":
@@ -85,19 +109,47 @@ class PackedWeight:
         full = np.empty((self.N, c.shape[1] * 2), np.uint8)
         full[:, 0::2] = c & 15
         full[:, 1::2] = c >> 4
+        assert self.lut is not None  # 4-bit kinds have a LUT
         return self.lut[full[:, : self.K]]
 
-    def dequantize(self):
+    def dequantize(self) -> NDArray[np.float32]:
         return self.int8_weight().astype(np.float32) * self.bscale[:, None]
 
-    def save(self, path):
+    def save(self, path: StrPath) -> None:
         save_packed(self, path)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"PackedWeight(kind={self.kind!r}, shape={self.shape}, nbytes={self.nbytes})"
 
 
-def pack(q):
+class PackedWeightT:
+    """``pw.T``: a PackedWeight seen as its ``(K, N)`` transpose. ``x @ pw.T``
+    runs ``pw.matmul(x)`` (per-token int8 activations, int32 accumulation)
+    for ``x`` of shape ``(K,)``, ``(M, K)`` or ``(..., K)``; ``pw.T.T`` is ``pw``."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, pw: PackedWeight) -> None:
+        self.T = pw
+
+    @property
+    def shape(self) -> Tuple[int, int]:
+        return (self.T.K, self.T.N)
+
+    def __rmatmul__(self, x: ArrayLike) -> NDArray[np.float32]:
+        pw = self.T
+        x = np.asarray(x)
+        if x.ndim == 0 or x.shape[-1] != pw.K:
+            raise ValueError(f"x @ pw.T needs x of width K = {pw.K}, got shape {x.shape}")
+        if x.ndim <= 2:
+            return pw.matmul(x)
+        return pw.matmul(x.reshape(-1, pw.K)).reshape(*x.shape[:-1], pw.N)
+
+    def __repr__(self) -> str:
+        return f"{self.T!r}.T"
+
+
+def pack(q: QuantizedTensor) -> PackedWeight:
     """Pack a QuantizedTensor into the NPU tile layout."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"pack expects a QuantizedTensor, got {type(q).__name__}")
@@ -109,7 +161,7 @@ def pack(q):
     return PackedWeight(q.kind, (N, K), store, bscale)
 
 
-def save_packed(pw, path):
+def save_packed(pw: PackedWeight, path: StrPath) -> None:
     """Write an O4N1 (nf4/int4) or O8N1 (int8) file atomically."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
@@ -120,13 +172,14 @@ def save_packed(pw, path):
     atomic_write(path, [header, scales.tobytes(), bytes(pad), np.ascontiguousarray(pw.store).tobytes()])
 
 
-def load_packed(path, mmap=True):
+def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
     """Load an O4N1/O8N1 file; with ``mmap=True`` the store and scales are
     read-only views of a memory map (streamed from disk on use).
     A malformed file raises orkpy.FormatError naming the problem."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
+        buf: Union[bytes, _mmap.mmap]
         if mmap and size > 0:
             buf = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
         else:

@@ -4,17 +4,20 @@ Weights are ``(N, K)`` arrays: N output channels, K inputs. See
 ``docs/quantization.md`` for the exact contract (levels, LUTs, rounding,
 nibble order, scale search, stochastic rounding).
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from . import _core
 
 KINDS = ("nf4", "int4", "int8")
 
 
-def _readonly(a):
+def _readonly(a: ArrayLike) -> NDArray[Any]:
     a = np.array(a, copy=True)
     a.setflags(write=False)
     return a
@@ -27,21 +30,27 @@ INT4_LEVELS = _readonly(_core.levels("int4"))
 #: The default imatrix clip-ratio grid: 1.00, 0.99, ..., 0.60.
 DEFAULT_CLIP_GRID = _readonly(_core.default_grid())
 
-_LUTS = {k: (None if _core.lut(k) is None else _readonly(_core.lut(k))) for k in KINDS}
+
+def _core_lut(kind: str) -> Optional[NDArray[Any]]:
+    t = _core.lut(kind)
+    return None if t is None else _readonly(t)
 
 
-def lut(kind):
+_LUTS = {k: _core_lut(k) for k in KINDS}
+
+
+def lut(kind: str) -> Optional[NDArray[np.int8]]:
     """The kind's 16-entry int8 LUT (``round(level * 127)``), or None for int8."""
     _check_kind(kind)
     return _LUTS[kind]
 
 
-def _check_kind(kind):
+def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
 
 
-def _check_threads(threads):
+def _check_threads(threads: Optional[int]) -> int:
     if threads is None:
         return 0
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
@@ -69,20 +78,21 @@ class QuantizedTensor:
     seed: int = 0
     imatrix_used: bool = False
 
-    def dequantize(self, threads=None):
+    def dequantize(self, threads: Optional[int] = None) -> NDArray[np.float32]:
         return dequantize(self, threads=threads)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of codes plus scales."""
         return int(self.codes.nbytes + self.scales.nbytes)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"QuantizedTensor(kind={self.kind!r}, shape={self.shape}, "
                 f"nbytes={self.nbytes}, sr={self.sr}, imatrix_used={self.imatrix_used})")
 
 
-def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=None):
+def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: bool = False, seed: int = 0,
+             clip_grid: Optional[ArrayLike] = None, threads: Optional[int] = None) -> QuantizedTensor:
     """Quantize a float32 (or float16) ``(N, K)`` weight.
 
     kind: ``"nf4"``, ``"int4"`` (4-bit codes into an int8 LUT, per-row scale
@@ -116,7 +126,7 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=No
                            imatrix_used=imatrix is not None)
 
 
-def dequantize(q, threads=None):
+def dequantize(q: QuantizedTensor, threads: Optional[int] = None) -> NDArray[np.float32]:
     """Dequantize a :class:`QuantizedTensor` to float32 ``(N, K)``."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"dequantize expects a QuantizedTensor, got {type(q).__name__}")

@@ -25,13 +25,18 @@ Returned arrays (all read-only, shapes in numpy order as stored):
 - F8_*, F6_*, F4: known to the format but numpy has no such type, so they
   raise; any other dtype string raises as unknown.
 """
+from __future__ import annotations
+
 import json
 import os
 import struct
+from typing import Any, Dict, Iterable, List, NoReturn, Optional, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._core import FormatError
+from ._typing import StrPath
 
 #: Largest header accepted, in bytes (the official library's limit).
 MAX_HEADER_BYTES = 100_000_000
@@ -74,7 +79,7 @@ class SafetensorsError(FormatError):
     """A safetensors file, index or config is malformed or inconsistent."""
 
 
-class SafetensorsModel(dict):
+class SafetensorsModel(dict[str, NDArray[Any]]):
     """The tensors of a checkpoint, name -> read-only ``numpy.ndarray``.
 
     A plain dict (in header order; for a sharded checkpoint, shard by shard
@@ -91,8 +96,10 @@ class SafetensorsModel(dict):
     - ``files``: the absolute paths of the safetensors files read.
     """
 
-    def __init__(self, tensors=(), *, config=None, metadata=None, shard_metadata=None,
-                 index_metadata=None, files=()):
+    def __init__(self, tensors: Union[Dict[str, NDArray[Any]], Iterable[Tuple[str, NDArray[Any]]]] = (), *,
+                 config: Optional[Dict[str, Any]] = None, metadata: Optional[Dict[str, str]] = None,
+                 shard_metadata: Optional[Dict[str, Dict[str, str]]] = None,
+                 index_metadata: Optional[Dict[str, Any]] = None, files: Iterable[str] = ()) -> None:
         super().__init__(tensors)
         self.config = config
         self.metadata = {} if metadata is None else metadata
@@ -100,23 +107,23 @@ class SafetensorsModel(dict):
         self.index_metadata = index_metadata
         self.files = tuple(files)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"SafetensorsModel({len(self)} tensors, files={len(self.files)}, "
                 f"config={'yes' if self.config is not None else 'no'})")
 
 
 # ------------------------------------------------------------------ helpers --
 
-def _fail(path, problem, tensor=None):
+def _fail(path: StrPath, problem: str, tensor: Optional[str] = None) -> SafetensorsError:
     where = str(path) if tensor is None else f"{path}: tensor {tensor!r}"
     return SafetensorsError(f"{where}: {problem}")
 
 
-def _is_int(x):
+def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_text(path, s, what):
+def _check_text(path: StrPath, s: str, what: str) -> None:
     # json accepts lone surrogates in \u escapes; they are not valid UTF-8 text
     try:
         s.encode("utf-8")
@@ -124,15 +131,15 @@ def _check_text(path, s, what):
         raise _fail(path, f"{what} {s!r} is not valid Unicode (lone surrogate)") from None
 
 
-def _parse_json(path, raw, what):
+def _parse_json(path: StrPath, raw: bytes, what: str) -> Dict[str, Any]:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity; returns an object."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _fail(path, f"{what} is not valid UTF-8 ({e})") from None
 
-    def pairs(items):
-        obj = {}
+    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
+        obj: Dict[str, Any] = {}
         for k, v in items:
             if k in obj:
                 raise _fail(path, f"{what} has duplicate key {k!r}")
@@ -140,10 +147,10 @@ def _parse_json(path, raw, what):
             obj[k] = v
         return obj
 
-    def bad_constant(name):
+    def bad_constant(name: str) -> NoReturn:
         raise _fail(path, f"{what} is not valid JSON ({name} is not a JSON value)")
 
-    def parse_int(literal):  # don't let a 100 MB digit string become one int
+    def parse_int(literal: str) -> int:  # don't let a 100 MB digit string become one int
         if len(literal) > _MAX_INT_DIGITS:
             raise _fail(path, f"{what} is not valid JSON (integer literal of {len(literal)} "
                               f"characters, more than {_MAX_INT_DIGITS})")
@@ -163,7 +170,7 @@ def _parse_json(path, raw, what):
     return value
 
 
-def _read_json_file(path, what):
+def _read_json_file(path: StrPath, what: str) -> Dict[str, Any]:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -179,7 +186,11 @@ def _read_json_file(path, what):
 
 # -------------------------------------------------------------- one file --
 
-def _parse_entry(path, name, entry):
+#: a validated header entry: (dtype, shape, begin, end)
+_Entry = Tuple[str, Tuple[int, ...], int, int]
+
+
+def _parse_entry(path: StrPath, name: str, entry: Any) -> _Entry:
     """Validate one header entry; returns (dtype, shape, begin, end)."""
     if not isinstance(entry, dict):
         raise _fail(path, f"header entry is a {type(entry).__name__}, not an object", name)
@@ -230,7 +241,7 @@ def _parse_entry(path, name, entry):
     return dtype, tuple(shape), begin, end
 
 
-def _parse_metadata(path, meta):
+def _parse_metadata(path: StrPath, meta: Any) -> Dict[str, str]:
     if meta is None:
         return {}
     if not isinstance(meta, dict):
@@ -242,7 +253,7 @@ def _parse_metadata(path, meta):
     return dict(meta)
 
 
-def _check_coverage(path, entries, data_len):
+def _check_coverage(path: StrPath, entries: Dict[str, _Entry], data_len: int) -> None:
     """The tensors must tile [0, data_len) exactly (as the official library requires)."""
     pos, prev = 0, None
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
@@ -262,7 +273,8 @@ def _check_coverage(path, entries, data_len):
                           f"(data section is {data_len} bytes, tensors cover {pos})")
 
 
-def _tensor(path, mm, base, name, dtype, shape, begin, end):
+def _tensor(path: StrPath, mm: NDArray[np.uint8], base: int, name: str, dtype: str, shape: Tuple[int, ...],
+            begin: int, end: int) -> NDArray[Any]:
     storage, _ = _DTYPES[dtype]
     raw = mm[base + begin: base + end]
     try:
@@ -280,7 +292,7 @@ def _tensor(path, mm, base, name, dtype, shape, begin, end):
     return arr
 
 
-def _load_file(path):
+def _load_file(path: str) -> Tuple[Dict[str, NDArray[Any]], Dict[str, str]]:
     """Read one safetensors file; returns (ordered dict of arrays, metadata)."""
     try:
         f = open(path, "rb")
@@ -310,7 +322,7 @@ def _load_file(path):
 
         header = _parse_json(path, raw, "header")
         metadata = _parse_metadata(path, header.get("__metadata__"))
-        entries = {}
+        entries: Dict[str, _Entry] = {}
         for name, entry in header.items():
             if name != "__metadata__":
                 entries[name] = _parse_entry(path, name, entry)
@@ -328,7 +340,7 @@ def _load_file(path):
 
 # ------------------------------------------------------------- sharded --
 
-def _shard_path(index_path, directory, shard, tensor):
+def _shard_path(index_path: str, directory: str, shard: object, tensor: str) -> str:
     if not isinstance(shard, str):
         raise _fail(index_path, f"weight_map value must be a file name, got {shard!r}", tensor)
     if (shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard
@@ -338,7 +350,7 @@ def _shard_path(index_path, directory, shard, tensor):
     return os.path.join(directory, shard)
 
 
-def _load_index(index_path, config):
+def _load_index(index_path: str, config: Optional[Dict[str, Any]]) -> SafetensorsModel:
     index = _read_json_file(index_path, "index")
     if "weight_map" not in index:
         raise _fail(index_path, "index has no weight_map")
@@ -354,7 +366,7 @@ def _load_index(index_path, config):
         raise _fail(index_path, f"index metadata must be an object, got {type(index_meta).__name__}")
 
     directory = os.path.dirname(os.path.abspath(index_path))
-    shards = {}  # shard file name -> path, in order of first mention
+    shards: Dict[str, str] = {}  # shard file name -> path, in order of first mention
     for tensor, shard in weight_map.items():
         if shard not in shards:
             shards[shard] = _shard_path(index_path, directory, shard, tensor)
@@ -363,7 +375,10 @@ def _load_index(index_path, config):
             first = next(t for t, s in weight_map.items() if s == shard)
             raise _fail(index_path, f"shard file {shard!r} (holding tensor {first!r}) does not exist")
 
-    out, owner, metadata, shard_meta = {}, {}, {}, {}
+    out: Dict[str, NDArray[Any]] = {}
+    owner: Dict[str, str] = {}
+    metadata: Dict[str, str] = {}
+    shard_meta: Dict[str, Dict[str, str]] = {}
     for shard, spath in shards.items():
         tensors, meta = _load_file(spath)
         shard_meta[shard] = meta
@@ -392,14 +407,14 @@ def _load_index(index_path, config):
 
 # -------------------------------------------------------------- public --
 
-def _read_config(directory):
+def _read_config(directory: str) -> Optional[Dict[str, Any]]:
     cpath = os.path.join(directory, CONFIG_FILE)
     if not os.path.exists(cpath):
         return None
     return _read_json_file(cpath, "config")
 
 
-def load_safetensors(path):
+def load_safetensors(path: Union[StrPath, bytes]) -> SafetensorsModel:
     """Load a safetensors checkpoint into a :class:`SafetensorsModel` (a dict).
 
     ``path`` is a ``.safetensors`` file; a ``*.json`` sharded index (e.g.

@@ -10,7 +10,12 @@ perplexity means nothing; it proves the pipeline.
   - ``synthetic-alloc.map``: an emit-map allocation following llama.cpp's
     Q4_K_M rule (attn_v and ffn_down of the first/last eighth and every third
     block get int8, everything else int4);
-  - ``synthetic-text.txt``: seeded pseudo-English text (calibration + eval).
+  - ``synthetic-text.txt``: seeded pseudo-English text (evaluation);
+  - ``synthetic-calib.txt``: the same generator with another seed
+    (``seed + CALIB_SEED_OFFSET``): the calibration text, never scored.
+
+The same arguments give byte-identical files in every process (nothing
+depends on the interpreter's hash seed).
 """
 import os
 
@@ -18,6 +23,7 @@ import numpy as np
 
 from .tiermap import TierEntry, TierMap
 
+CALIB_SEED_OFFSET = 1000
 WORDS = ("the a an cat dog bird tree house little big red blue happy sad ran jumped saw found said "
          "was is and but then so when they she he it day night sun moon played looked went home").split()
 
@@ -39,9 +45,9 @@ def _vocab():
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
     pieces = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + [c.upper() for c in "abcdefghijklmnopqrstuvwxyz"]
-    pieces += [".", ","] + ["\u2581" + w for w in WORDS] + list({w[:2] for w in WORDS})
+    pieces += [".", ","] + ["\u2581" + w for w in WORDS] + [w[:2] for w in WORDS]
     seen = set(toks)
-    for p in pieces:
+    for p in pieces:  # a list in a fixed order: the vocabulary never depends on the hash seed
         if p not in seen:
             seen.add(p)
             toks.append(p)
@@ -105,9 +111,11 @@ def make_synthetic(dirpath, seed=0, n_layer=4, n_embd=128, n_ff=352, n_head=4, n
         entries[p + "ffn_norm.weight"] = TierEntry("float", "F32", (n_embd,))
     entries["output_norm.weight"] = TierEntry("float", "F32", (n_embd,))
     paths = {k: os.path.join(dirpath, f) for k, f in
-             (("model", "synthetic-F16.gguf"), ("alloc", "synthetic-alloc.map"), ("text", "synthetic-text.txt"))}
+             (("model", "synthetic-F16.gguf"), ("alloc", "synthetic-alloc.map"), ("text", "synthetic-text.txt"),
+              ("calib", "synthetic-calib.txt"))}
     write_gguf(paths["model"], meta, tensors)
     TierMap(entries, threshold=5.0, source="synthetic (llama.cpp Q4_K_M rule)", tied=True).save(paths["alloc"])
     from ._io import atomic_write
     atomic_write(paths["text"], [synthetic_text(seed=seed).encode()])
+    atomic_write(paths["calib"], [synthetic_text(seed=seed + CALIB_SEED_OFFSET).encode()])
     return paths

@@ -33,38 +33,39 @@ def ppl_table(model_dir, text, reference="F32", source="F16", native=("Q8_0", "Q
     """Rows of the table. ``model_dir`` holds ``{name}-{X}.gguf`` files."""
     log = log or (lambda m: None)
     f = lambda tag: os.path.join(model_dir, f"{name}-{tag}.gguf")  # noqa: E731
-    work = tempfile.mkdtemp(prefix="orkpy-table-")
-    base_lp = os.path.join(work, "ref.npz")
-    kw = dict(n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress)
-    rows = []
+    with tempfile.TemporaryDirectory(prefix="orkpy-table-") as work:  # the reference log-probs, removed after
+        base_lp = os.path.join(work, "ref.npz")
+        kw = dict(n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress)
+        rows = []
 
-    def add(config, alloc, model, share):
-        r = perplexity(model, text, kld_base=base_lp, **kw)
-        rows.append(Row(config, alloc, r.ppl, r.ppl_err, r.kld["delta_ppl"], r.kld["mean"], r.kld["same_top"], share))
-        log(f"{config:<40} {alloc:<8} PPL {r.ppl:.4f}  KLD {r.kld['mean']:.6f}")
+        def add(config, alloc, model, share):
+            r = perplexity(model, text, kld_base=base_lp, **kw)
+            k = r.kld
+            rows.append(Row(config, alloc, r.ppl, r.ppl_err, k["delta_ppl"], k["mean"], k["same_top"], share))
+            log(f"{config:<40} {alloc:<8} PPL {r.ppl:.4f}  KLD {r.kld['mean']:.6f}")
 
-    ref = load_model(f(reference))
-    r0 = perplexity(ref, text, save_logprobs=base_lp, **kw)
-    rows.append(Row(f"{reference} (reference)", "-", r0.ppl, r0.ppl_err, 0.0, 0.0, 1.0, 1.0))
-    for tag in native:
-        add(f"llama.cpp {tag} (GGUF-native)", "-", load_model(f(tag)), float("nan"))
-    add("all-int8 w8a8", "-", load_model(f(source), weights="int8"), 1.0)
-    src = load_model(f(source))
-    im = collect_imatrix(src, calib_text if calib_text is not None else text, n_ctx=n_ctx, chunks=calib_chunks,
-                         threads=threads, progress=progress)
-    quiet = lambda m: None  # noqa: E731
-    for alloc in allocs:
-        variants = [
-            ("ours: fp16 + alloc + imatrix + NF4", dict(source=f(source), imatrix=im, kind="nf4")),
-            ("ours without imatrix", dict(source=f(source), imatrix=None, kind="nf4")),
-            ("ours with SR", dict(source=f(source), imatrix=im, kind="nf4", sr=True, seed=seed)),
-            ("uniform int4 instead of NF4", dict(source=f(source), imatrix=im, kind="int4")),
-            ("double-quant (re-quantized GGUF bytes)", dict(source=f(alloc), imatrix=im, kind="nf4")),
-        ]
-        for config, args in variants:
-            qm = quantize_model(alloc=f(alloc), threads=threads, progress=False, log=quiet, **args)
-            add(config, alloc, qm, qm.int8_share())
-    return rows
+        ref = load_model(f(reference))
+        r0 = perplexity(ref, text, save_logprobs=base_lp, **kw)
+        rows.append(Row(f"{reference} (reference)", "-", r0.ppl, r0.ppl_err, 0.0, 0.0, 1.0, 1.0))
+        for tag in native:
+            add(f"llama.cpp {tag} (GGUF-native)", "-", load_model(f(tag)), float("nan"))
+        add("all-int8 w8a8", "-", load_model(f(source), weights="int8"), 1.0)
+        src = load_model(f(source))
+        im = collect_imatrix(src, calib_text if calib_text is not None else text, n_ctx=n_ctx, chunks=calib_chunks,
+                             threads=threads, progress=progress)
+        quiet = lambda m: None  # noqa: E731
+        for alloc in allocs:
+            variants = [
+                ("ours: fp16 + alloc + imatrix + NF4", dict(source=f(source), imatrix=im, kind="nf4")),
+                ("ours without imatrix", dict(source=f(source), imatrix=None, kind="nf4")),
+                ("ours with SR", dict(source=f(source), imatrix=im, kind="nf4", sr=True, seed=seed)),
+                ("uniform int4 instead of NF4", dict(source=f(source), imatrix=im, kind="int4")),
+                ("double-quant (re-quantized GGUF bytes)", dict(source=f(alloc), imatrix=im, kind="nf4")),
+            ]
+            for config, args in variants:
+                qm = quantize_model(alloc=f(alloc), threads=threads, progress=False, log=quiet, **args)
+                add(config, alloc, qm, qm.int8_share())
+        return rows
 
 
 def format_table(rows):

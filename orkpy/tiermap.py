@@ -30,13 +30,16 @@ The emit-map file (``TierMap.save`` / ``TierMap.load``) is plain UTF-8 text::
 ``shape`` is NumPy order joined by ``x``; tiers are ``int8``, ``int4``,
 ``float``.
 """
+from __future__ import annotations
+
 import collections
 import os
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from ._core import FormatError
 from ._io import atomic_write
+from ._typing import StrPath
 from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
 
 TIERS = ("int8", "int4", "float")
@@ -54,25 +57,32 @@ class TierEntry:
     shape: Tuple[int, ...]
 
     @property
-    def n_elements(self):
+    def n_elements(self) -> int:
         n = 1
         for d in self.shape:
             n *= d
         return n
 
-    def result_bytes(self):
-        """Bytes of the int8/int4 result: codes + one float32 scale per row; 0 for float."""
+    def result_bytes(self) -> int:
+        """Bytes of the packed int8/int4 weight as stored (:func:`packed_nbytes`); 0 for float."""
         if self.tier == "float" or len(self.shape) != 2:
             return 0
-        N, K = self.shape
-        codes = N * K if self.tier == "int8" else N * ((K + 1) // 2)
-        return codes + 4 * N
+        return packed_nbytes(self.tier, *self.shape)
+
+
+def packed_nbytes(tier: str, N: int, K: int) -> int:
+    """Storage bytes of an (N, K) weight packed for the NPU (``PackedWeight.nbytes``):
+    codes in 32 x 32 tiles (N and K padded to multiples of 32; 1 byte per int8
+    code, 2 int4/nf4 codes per byte) + one float32 scale per row."""
+    Np, Kp = -(-N // 32) * 32, -(-K // 32) * 32
+    return (Np * Kp if tier == "int8" else Np * Kp // 2) + 4 * N
 
 
 class TierMap:
     """name -> :class:`TierEntry`, plus the settings it was made with."""
 
-    def __init__(self, entries: Dict[str, TierEntry], threshold=5.0, source=None, tied=None):
+    def __init__(self, entries: Dict[str, TierEntry], threshold: float = 5.0, source: Optional[str] = None,
+                 tied: Optional[bool] = None) -> None:
         for name, e in entries.items():
             if e.tier not in TIERS:
                 raise ValueError(f"tensor {name!r}: unknown tier {e.tier!r} (expected {', '.join(TIERS)})")
@@ -82,49 +92,54 @@ class TierMap:
         self.tied = (EMBEDDING in entries and OUTPUT not in entries) if tied is None else bool(tied)
 
     # mapping-like
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> str:
         return self.entries[name].tier
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self.entries
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.entries)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.entries)
 
-    def items(self):
+    def items(self) -> Iterator[Tuple[str, str]]:
         return ((n, e.tier) for n, e in self.entries.items())
 
-    def names(self, tier):
+    def names(self, tier: str) -> List[str]:
         return [n for n, e in self.entries.items() if e.tier == tier]
 
-    def counts_by_type(self):
+    def counts_by_type(self) -> Dict[str, int]:
         return dict(collections.Counter(e.ggml_type for e in self.entries.values()))
 
-    def counts_by_tier(self):
+    def counts_by_tier(self) -> Dict[str, int]:
         c = collections.Counter(e.tier for e in self.entries.values())
         return {t: c.get(t, 0) for t in TIERS}
 
-    def counts_by_type_and_tier(self):
+    def counts_by_type_and_tier(self) -> Dict[Tuple[str, str], int]:
         return dict(collections.Counter((e.ggml_type, e.tier) for e in self.entries.values()))
 
-    def result_bytes(self):
+    def result_bytes(self) -> Dict[str, int]:
+        """Storage bytes of the packed weights per tier, over the tensors that become
+        packed linears: every int8/int4 2-D entry except an untied model's embedding
+        table (a lookup table that ``quantize_model`` keeps in float)."""
         out = {"int8": 0, "int4": 0}
-        for e in self.entries.values():
-            if e.tier in out:
+        for n, e in self.entries.items():
+            if e.tier in out and not (n == EMBEDDING and not self.tied):
                 out[e.tier] += e.result_bytes()
         return out
 
-    def int8_share(self):
-        """int8 bytes / (int8 + int4 bytes) of the quantized result (codes + scales)."""
+    def int8_share(self) -> float:
+        """The int8 share of weight storage: int8 bytes / (int8 + int4 bytes) of the
+        packed linear weights (:meth:`result_bytes`); the same definition and
+        figure as ``QuantizedModel.int8_share()`` for this allocation."""
         b = self.result_bytes()
         total = b["int8"] + b["int4"]
         return b["int8"] / total if total else 0.0
 
     # emit-map file
-    def save(self, path):
+    def save(self, path: StrPath) -> None:
         """Write the emit-map text atomically (temp file + fsync + rename)."""
         lines = [_MAGIC]
         if self.source:
@@ -137,7 +152,7 @@ class TierMap:
         _atomic_write_text(path, "\n".join(lines) + "\n")
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: StrPath) -> TierMap:
         """Read an emit-map file; malformed content raises orkpy.FormatError naming the line."""
         path = os.fspath(path)
         with open(path, "rb") as f:
@@ -190,17 +205,17 @@ class TierMap:
         return cls(entries, threshold=threshold, source=header.get("source"),
                    tied=None if tied is None else tied == "true")
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, TierMap) and self.entries == other.entries
                 and self.threshold == other.threshold and self.tied == other.tied)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         c = self.counts_by_tier()
         return (f"TierMap({len(self)} tensors: int8 {c['int8']}, int4 {c['int4']}, float {c['float']}; "
                 f"int8 share {self.int8_share():.1%})")
 
 
-def _atomic_write_text(path, text):
+def _atomic_write_text(path: StrPath, text: str) -> None:
     atomic_write(path, [text.encode("utf-8")])
 
 
@@ -212,7 +227,8 @@ def type_tier(ggml_type: str, threshold: float = 5.0) -> str:
     return "int8" if info["bits_per_weight"] >= threshold else "int4"
 
 
-def tier_map(gguf, threshold: float = 5.0, embeddings: str = "by_type", output: str = "by_type",
+def tier_map(gguf: Union[GGUFFile, StrPath], threshold: float = 5.0, embeddings: str = "by_type",
+             output: str = "by_type",
              ) -> TierMap:
     """Tier per tensor from a (mixed) GGUF's types. See the module docstring."""
     if embeddings not in _CHOICES or output not in _CHOICES:
@@ -224,7 +240,7 @@ def tier_map(gguf, threshold: float = 5.0, embeddings: str = "by_type", output: 
     if not (0.0 < threshold < 64.0):
         raise ValueError(f"threshold must be in (0, 64) bits per weight, got {threshold}")
     own = not isinstance(gguf, GGUFFile)
-    g = GGUFFile(gguf) if own else gguf
+    g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     try:
         entries = {}
         for t in g.tensors:

@@ -49,10 +49,20 @@ assigned in a newer Unicode version than llama.cpp's tables may be classified
 differently. The per-model token attributes that llama.cpp sets by model name
 (phi-3 RSTRIP, jina LSTRIP, ...) are not applied.
 """
+from __future__ import annotations
+
 import heapq
 import os
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union,
+                    cast)
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from ._typing import StrPath
+
+if TYPE_CHECKING:
+    from .gguf import GGUFFile
 
 __all__ = ["Tokenizer"]
 
@@ -80,7 +90,7 @@ _PRE_PATTERNS = {name: _QWEN2_PATTERN for name in ("qwen2", "deepseek-r1-qwen", 
 _CACHE_LIMIT = 1 << 18
 
 
-def _bytes_to_unicode():
+def _bytes_to_unicode() -> List[str]:
     """GPT-2's reversible byte -> printable character table."""
     keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     table = {b: chr(b) for b in keep}
@@ -98,7 +108,7 @@ _CHAR_TO_BYTE = {c: b for b, c in enumerate(_BYTE_TO_CHAR)}
 _LATIN1_TO_BYTECHAR = {b: c for b, c in enumerate(_BYTE_TO_CHAR)}
 
 
-def _meta_int(meta, key):
+def _meta_int(meta: Mapping[str, Any], key: str) -> Optional[int]:
     v = meta.get(key)
     if v is None:
         return None
@@ -108,7 +118,7 @@ def _meta_int(meta, key):
         raise ValueError(f"tokenizer metadata {key!r} is not an integer: {v!r}") from None
 
 
-def _meta_bool(meta, key):
+def _meta_bool(meta: Mapping[str, Any], key: str) -> Optional[bool]:
     v = meta.get(key)
     if v is None:
         return None
@@ -126,8 +136,11 @@ class Tokenizer:
     str), ``token_types`` (int32 array).
     """
 
-    def __init__(self, *, model, tokens, scores=None, token_types=None, merges=None, pre=None,
-                 bos_id=None, eos_id=None, unk_id=None, add_bos=None, add_eos=None, add_space_prefix=None):
+    def __init__(self, *, model: str, tokens: Iterable[str], scores: Optional[ArrayLike] = None,
+                 token_types: Optional[ArrayLike] = None, merges: Optional[Sequence[str]] = None,
+                 pre: Optional[str] = None, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
+                 unk_id: Optional[int] = None, add_bos: Optional[bool] = None, add_eos: Optional[bool] = None,
+                 add_space_prefix: Optional[bool] = None) -> None:
         if model not in ("llama", "gpt2"):
             raise ValueError(f"unsupported tokenizer model {model!r} (supported: 'llama', 'gpt2')")
         tokens = list(tokens)
@@ -160,7 +173,7 @@ class Tokenizer:
             sc = sc[:n]
         self._scores = [float(s) for s in sc]   # float32 values, exactly as Python floats
 
-        self._vocab = {}
+        self._vocab: Dict[str, int] = {}
         for i, t in enumerate(tokens):
             j = self._vocab.setdefault(t, i)
             if j != i:
@@ -168,12 +181,12 @@ class Tokenizer:
 
         # special ids: model defaults, dropped when out of range; metadata overrides when in range
         if model == "llama":
-            defaults = {"bos": 1, "eos": 2, "unk": 0}
+            defaults: Dict[str, Optional[int]] = {"bos": 1, "eos": 2, "unk": 0}
             d_add_bos, d_prefix = True, True
         else:
             defaults = {"bos": 11, "eos": 11, "unk": None}
             d_add_bos, d_prefix = False, False
-        ids = {}
+        ids: Dict[str, Optional[int]] = {}
         for name, given in (("bos", bos_id), ("eos", eos_id), ("unk", unk_id)):
             v = defaults[name]
             if v is not None and v >= n:
@@ -195,8 +208,8 @@ class Tokenizer:
         user.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
         self._user_tokens = [(tokens[i], i) for i in user]
 
-        self._cache = {}
-        self.pre = None
+        self._cache: Dict[str, Tuple[int, ...]] = {}
+        self.pre: Optional[str] = None
         if model == "llama":
             self._init_spm()
         else:
@@ -204,7 +217,7 @@ class Tokenizer:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def from_gguf(cls, source):
+    def from_gguf(cls, source: Union[GGUFFile, StrPath]) -> Tokenizer:
         """Build the tokenizer of a GGUF file (an :class:`orkpy.GGUFFile` or a path).
         Reads metadata only; raises ValueError when the file carries no tokenizer."""
         from .gguf import GGUFFile
@@ -217,7 +230,7 @@ class Tokenizer:
         raise TypeError(f"from_gguf expects a GGUFFile or a path, got {type(source).__name__}")
 
     @classmethod
-    def _from_metadata(cls, meta, where="GGUF file"):
+    def _from_metadata(cls, meta: Mapping[str, Any], where: str = "GGUF file") -> Tokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model is None:
             raise ValueError(f"{where}: no tokenizer metadata (tokenizer.ggml.model is missing)")
@@ -250,10 +263,10 @@ class Tokenizer:
         except (ValueError, TypeError) as e:
             raise ValueError(f"{where}: {e}") from None
 
-    def _init_spm(self):
+    def _init_spm(self) -> None:
         # characters c such that some token contains c + "\u2581": a cut in front of a
         # "\u2581" preceded by any other character can never be crossed by a merge
-        glue = set()
+        glue: Set[str] = set()
         for t in self.tokens:
             k = t.find(_SPACE, 1)
             while k != -1:
@@ -267,7 +280,7 @@ class Tokenizer:
         else:
             self._spm_split = regex.compile(f"(?={_SPACE})")
         self._glue = frozenset(glue)
-        byte_ids = []
+        byte_ids: List[Optional[int]] = []
         for b in range(256):
             i = self._vocab.get(f"<0x{b:02X}>")
             if i is None and b < 0x80:
@@ -275,7 +288,7 @@ class Tokenizer:
             byte_ids.append(i)
         self._byte_ids = byte_ids
 
-    def _init_bpe(self, merges, pre):
+    def _init_bpe(self, merges: Optional[Sequence[str]], pre: Optional[str]) -> None:
         if merges is None:
             raise ValueError("a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
         if pre is None or pre == "":
@@ -288,7 +301,7 @@ class Tokenizer:
 
         self.pre = pre
         self._pre_re = regex.compile(_PRE_PATTERNS[pre])
-        ranks = {}
+        ranks: Dict[Tuple[str, str], int] = {}
         for r, m in enumerate(merges):
             if not isinstance(m, str):
                 raise TypeError(f"merge {r} is {type(m).__name__}, expected str")
@@ -298,7 +311,7 @@ class Tokenizer:
         self._ranks = ranks
 
     # -- encoding -----------------------------------------------------------
-    def encode(self, text, add_special=True):
+    def encode(self, text: str, add_special: bool = True) -> NDArray[np.int32]:
         """Token ids (int32 array) of ``text``, as llama.cpp's
         ``common_tokenize(ctx, text, add_special, parse_special=false)``."""
         if not isinstance(text, str):
@@ -310,9 +323,9 @@ class Tokenizer:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise ValueError(f"text is not valid Unicode (lone surrogate at index {e.start})") from None
-        out = []
+        out: List[int] = []
         if add_special and self.add_bos:
-            out.append(self.bos_id)
+            out.append(cast(int, self.bos_id))  # add_bos implies a BOS id (checked in __init__)
         fragments = self._partition(text) if text else []
         if self.model == "llama":
             prev_special = True
@@ -332,14 +345,14 @@ class Tokenizer:
                 else:
                     self._bpe_tokenize(frag, out)
         if add_special and self.add_eos:
-            out.append(self.eos_id)
+            out.append(cast(int, self.eos_id))
         return np.array(out, dtype=np.int32)
 
-    def _partition(self, text):
+    def _partition(self, text: str) -> List[Union[str, int]]:
         """Split user-defined tokens out of the text: a list of str and int (token id)."""
-        frags = [text]
+        frags: List[Union[str, int]] = [text]
         for word, tid in self._user_tokens:
-            nxt = []
+            nxt: List[Union[str, int]] = []
             for f in frags:
                 if isinstance(f, int) or word not in f:
                     nxt.append(f)
@@ -353,7 +366,7 @@ class Tokenizer:
             frags = nxt
         return frags
 
-    def _cached(self, piece, fn):
+    def _cached(self, piece: str, fn: Callable[[str], Tuple[int, ...]]) -> Tuple[int, ...]:
         ids = self._cache.get(piece)
         if ids is None:
             ids = fn(piece)
@@ -363,7 +376,7 @@ class Tokenizer:
         return ids
 
     # SPM ---------------------------------------------------------------------
-    def _spm_tokenize(self, text, out):
+    def _spm_tokenize(self, text: str, out: List[int]) -> None:
         cache = self._cache
         for piece in self._spm_split.split(text):
             if not piece:
@@ -373,7 +386,7 @@ class Tokenizer:
                 ids = self._cached(piece, self._spm_piece)
             out.extend(ids)
 
-    def _spm_piece(self, piece):
+    def _spm_piece(self, piece: str) -> Tuple[int, ...]:
         vocab, scores = self._vocab, self._scores
         syms = list(piece)
         n = len(syms)
@@ -381,7 +394,8 @@ class Tokenizer:
             prev = list(range(-1, n - 1))
             nxt = list(range(1, n + 1))
             nxt[-1] = -1
-            heap = []   # (-score, left, right, merged length): best score first, then leftmost
+            # (-score, left, right, merged length): best score first, then leftmost
+            heap: List[Tuple[float, int, int, int]] = []
             for i in range(n - 1):
                 s = syms[i] + syms[i + 1]
                 tid = vocab.get(s)
@@ -426,7 +440,7 @@ class Tokenizer:
         return tuple(ids)
 
     # BPE ---------------------------------------------------------------------
-    def _bpe_tokenize(self, text, out):
+    def _bpe_tokenize(self, text: str, out: List[int]) -> None:
         cache = self._cache
         pos = 0
         for m in self._pre_re.finditer(text):
@@ -443,10 +457,10 @@ class Tokenizer:
         if pos < len(text):
             self._bpe_word(text[pos:], out)
 
-    def _bpe_word(self, w, out):
+    def _bpe_word(self, w: str, out: List[int]) -> None:
         out.extend(self._cached(w, self._bpe_piece))
 
-    def _bpe_piece(self, word):
+    def _bpe_piece(self, word: str) -> Tuple[int, ...]:
         mapped = word.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_BYTECHAR)
         vocab, ranks = self._vocab, self._ranks
         syms = list(mapped)
@@ -455,7 +469,8 @@ class Tokenizer:
             prev = list(range(-1, n - 1))
             nxt = list(range(1, n + 1))
             nxt[-1] = -1
-            heap = []   # (rank, left, right, merged text): lowest rank first, then leftmost
+            # (rank, left, right, merged text): lowest rank first, then leftmost
+            heap: List[Tuple[int, int, int, str]] = []
             for i in range(n - 1):
                 r = ranks.get((syms[i], syms[i + 1]))
                 if r is not None:
@@ -498,12 +513,12 @@ class Tokenizer:
         return tuple(ids)
 
     # -- decoding -----------------------------------------------------------
-    def token_to_piece(self, token_id, special=False):
+    def token_to_piece(self, token_id: int, special: bool = False) -> bytes:
         """The bytes llama.cpp's ``llama_token_to_piece(..., lstrip=0, special)`` gives for one id."""
         tid = self._check_id(token_id, 0)
         return self._piece(tid, special)
 
-    def _piece(self, tid, special):
+    def _piece(self, tid: int, special: bool) -> bytes:
         ty = int(self.token_types[tid])
         text = self.tokens[tid]
         if ty in (TOKEN_UNKNOWN, TOKEN_CONTROL):
@@ -528,7 +543,7 @@ class Tokenizer:
                 return b""
         return b""   # unused / undefined tokens render as nothing
 
-    def _check_id(self, t, k):
+    def _check_id(self, t: object, k: int) -> int:
         if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
             raise TypeError(f"token id at index {k} is {type(t).__name__}, expected int")
         t = int(t)
@@ -536,7 +551,7 @@ class Tokenizer:
             raise ValueError(f"token id {t} at index {k} is out of range [0, {self.n_vocab})")
         return t
 
-    def decode(self, ids, special=False):
+    def decode(self, ids: Iterable[int], special: bool = False) -> str:
         """Text of token ids, as llama.cpp's ``common_detokenize(ctx, ids, special)``: control
         and unknown tokens are dropped unless ``special``; for SPM vocabularies the prefix space
         of the first token is removed (llama.cpp does so only when that first token is not
@@ -563,10 +578,10 @@ class Tokenizer:
             out += p
         return out.decode("utf-8", errors="replace")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.n_vocab
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         pre = f", pre={self.pre!r}" if self.pre else ""
         return (f"Tokenizer(model={self.model!r}{pre}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id}, add_bos={self.add_bos})")

@@ -34,7 +34,7 @@ def build(test_src, outdir, target="native"):
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         objs.append(str(obj))
     exe = outdir / (pathlib.Path(test_src).stem + f".{target}")
-    link = [cc, *objs, "-o", str(exe), "-pthread", "-lm"]
+    link = [cc, *objs, "-o", str(exe), "-pthread", "-lm", "-ldl"]  # -ldl: sys_linux.c dlopens libdrm
     if target == "aarch64":
         link.insert(1, "-static")
     subprocess.run(link, check=True, capture_output=True, text=True)

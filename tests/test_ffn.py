@@ -138,7 +138,7 @@ def test_ffn_sweep_cli(shared, tmp_path, capsys):
     out = tmp_path / "sweep.jsonl"
     text = str(shared / "text" / "tinystories-val-B.txt")
     assert main(["ffn-sweep", str(shared / ST), text, "--calib", text, "--chunks", "20", "--calib-chunks", "40",
-                 "--json", str(out)]) == 0
+                 "--json-out", str(out), "--no-progress"]) == 0
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     modes = [r["mode"] for r in rows]
     for want in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "clip_pct_99.9",

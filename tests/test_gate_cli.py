@@ -54,4 +54,5 @@ def test_imatrix_and_quantize_cli(shared, tmp_path, capsys):
                  "--imatrix", str(im), "-o", str(out), "--no-progress"]) == 0
     assert "int8 share of weight storage" in capsys.readouterr().out
     assert main(["quantize", str(st / "stories260K-F16.gguf"), "--alloc", str(st / "stories260K-Q4_0.gguf"),
-                 "-o", str(out), "--no-progress"]) == 2  # exists, no --overwrite
+                 "-o", str(out), "--no-progress"]) == 1  # exists, no --overwrite: a runtime failure
+    assert "use --overwrite" in capsys.readouterr().err

@@ -1,5 +1,12 @@
-"""The calibration notebooks in notebooks/ are executed, not just stored."""
-import os
+"""The calibration notebooks in notebooks/ are executed, not just stored, and
+their claims are checked: each notebook ends with a cell printing
+``CLAIMS = {json}``; the test parses it and re-derives every claim from the
+numbers in it (the notebook's own ``holds`` verdicts must agree).
+
+The stored notebooks carry their outputs (figures visible when browsing the
+repository); those are checked for the figure and the claims too."""
+import json
+import math
 
 import pytest
 
@@ -9,21 +16,95 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CHUNKS = 10
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, shared, monkeypatch):
-    monkeypatch.setenv("ORKPY_SHARED", str(shared))
-    monkeypatch.setenv("ORKPY_NOTEBOOK_CHUNKS", "10")
-    nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+def claims_of(nb):
+    """The dict printed by the notebook's last code cell as ``CLAIMS = {...}``."""
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    text = "".join(o.get("text", "") for o in last.get("outputs", []) if o.output_type == "stream")
+    assert text.startswith("CLAIMS = "), "the last cell prints CLAIMS = {json}"
+    return json.loads(text[len("CLAIMS = "):])
+
+
+def check_ppl_table(c):
+    m = c["rows"]
+    derived = {
+        "imatrix NF4 beats no-imatrix (KLD)": m["nf4_imatrix"]["kld"] < m["nf4_no_imatrix"]["kld"],
+        "fp16 source beats double-quant (PPL, KLD)": (m["nf4_imatrix"]["ppl"] < m["double_quant"]["ppl"]
+                                                      and m["nf4_imatrix"]["kld"] < m["double_quant"]["kld"]),
+        "NF4 beats uniform int4 (PPL, KLD)": (m["nf4_imatrix"]["ppl"] < m["int4"]["ppl"]
+                                              and m["nf4_imatrix"]["kld"] < m["int4"]["kld"]),
+        "all-int8 w8a8 within 1% of F32 (PPL)": abs(m["int8"]["ppl"] / m["f32"]["ppl"] - 1) < 0.01,
+    }
+    assert m["f32"]["kld"] == 0 and all(r["ppl_err"] > 0 for r in m.values())
+    return derived
+
+
+def check_ffn_sweep(c):
+    kl, ppl, spr_kl = c["kl"], c["ppl"], c["sprinkle_kl"]
+    gap = kl["fused"] - kl["baseline"]
+    derived = {
+        "fused chain worse than the per-op baseline (PPL, KL)": kl["fused"] > kl["baseline"] and ppl["fused"] > ppl["baseline"],
+        "sprinkle_auto recovers part of the gap (PPL, KL)": (kl["baseline"] < kl["sprinkle_auto"] < kl["fused"]
+                                                           and ppl["baseline"] < ppl["sprinkle_auto"] < ppl["fused"]),
+        "fp32 SiLU output closes >= 90% of the gap": kl["fp32_silu_out"] - kl["baseline"] < 0.1 * gap,
+        "exact LUT input leaves >= 50% of the gap": kl["exact_lut_input"] - kl["baseline"] > 0.5 * gap,
+        "each extra exact layer lowers KL; all exact == baseline": (
+            all(a > b for a, b in zip(spr_kl, spr_kl[1:]))
+            and math.isclose(c["sprinkle_ppl"][-1], ppl["baseline"], rel_tol=1e-9)),
+    }
+    assert c["sprinkle_kl"][0] == kl["fused"] and c["sprinkle_auto_layers"]
+    return derived
+
+
+CHECKS = {"ppl_table": check_ppl_table, "ffn_sweep": check_ffn_sweep}
+
+
+def check(path, nb, chunks):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook draws its plot"
-    texts = "".join(o.get("text", "") for o in outputs)
-    assert {"ppl_table": "ours: fp16 + alloc + imatrix + NF4", "ffn_sweep": "sprinkle_auto"}[path.stem] in texts
+    source = "".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert ".errorbar(" in source and "ppl_err" in source, "the plot draws the +/- error bars"
+    c = claims_of(nb)
+    assert c["chunks"] == chunks
+    (s0, s1), (c0, c1) = c["scored_chars"], c["calibration_chars"]
+    assert s1 <= c0 or c1 <= s0, "calibration text overlaps the scored text"
+    derived = CHECKS[path.stem](c)
+    assert c["holds"] == derived, "the notebook's verdicts disagree with its numbers"
+    failed = [k for k, v in derived.items() if not v]
+    assert not failed, f"claims that do not hold: {failed}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_its_claims_hold(path, shared, monkeypatch):
+    monkeypatch.setenv("ORKPY_SHARED", str(shared))
+    monkeypatch.setenv("ORKPY_NOTEBOOK_CHUNKS", str(CHUNKS))
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    check(path, nb, CHUNKS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_notebook_has_outputs(path):
+    # saved executed (figures show on the hosting site), with a reasonable size
+    assert path.stat().st_size < 400_000
+    nb = nbformat.read(path, as_version=4)
+    check(path, nb, claims_of(nb)["chunks"])
+    assert claims_of(nb)["chunks"] >= 100
 
 
 def test_there_is_a_notebook():
-    assert NOTEBOOKS
+    assert {p.stem for p in NOTEBOOKS} == set(CHECKS)
+
+
+def test_claims_check_can_fail():
+    c = {"kl": {"baseline": 0.002, "fused": 0.02, "sprinkle_auto": 0.025, "fp32_silu_out": 0.002,
+                "exact_lut_input": 0.02},
+         "ppl": {"baseline": 6.6, "fused": 6.8, "sprinkle_auto": 6.7},
+         "sprinkle_kl": [0.02, 0.01, 0.002], "sprinkle_ppl": [6.8, 6.7, 6.6], "sprinkle_auto_layers": [1]}
+    assert not check_ffn_sweep(c)["sprinkle_auto recovers part of the gap (PPL, KL)"]
+    c["kl"]["sprinkle_auto"] = 0.01
+    assert all(check_ffn_sweep(c).values())

@@ -59,7 +59,8 @@ def test_decode_and_dump(tmp_path, capsys):
     assert np.array_equal(npu.read_commands(t), q)
     bad = tmp_path / "bad.bin"
     bad.write_bytes(b"\x01\x02\x03")
-    assert main(["npu-dump", str(bad)]) == 2
+    assert main(["npu-dump", str(bad)]) == 1  # a runtime failure (a bad file), not a usage error
+    assert "not an NPU command stream" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [(3, 64, 32), (4, 60, 32), (4, 64, 16), (4, 16384, 32), (4096, 4096, 32)])

@@ -12,9 +12,10 @@
  *           SUBMIT with regcmd_count = body + tail, PREP_BO with an
  *           absolute CLOCK_MONOTONIC deadline after it, GEM_CLOSE.
  * The device backends make every system call through an ork_npu_sys table:
- * the real one (sys_linux.c, libdrm) or a fake kernel (fake_kernel.h) that
- * checks each driver's contract and executes submitted jobs with the
- * emulator. Everything above the table is the same code on a board and here.
+ * the real one (sys_linux.c; libdrm loaded at run time) or a fake kernel
+ * (fake_kernel.h) that checks each driver's contract and executes submitted
+ * jobs with the emulator. Everything above the table is the same code on a
+ * board and here.
  *
  * No RK3588 board was available while this was written: the rknpu and
  * rocket paths have run only against the fake kernel. tests/board/ is the
@@ -53,7 +54,8 @@ typedef struct ork_npu_sys {
     const char *(*last_error)(void *ctx);
 } ork_npu_sys;
 
-/* The real system (NULL when orkpy was built without libdrm; *why says so). */
+/* The real system; NULL when libdrm.so.2 cannot be loaded (dlopen, first call) or
+ * off Linux, and *why says so. Thread-safe. */
 const ork_npu_sys *ork_npu_sys_linux(const char **why);
 
 typedef enum { ORK_NPU_BE_EMU = 0, ORK_NPU_BE_RKNPU = 1, ORK_NPU_BE_ROCKET = 2 } ork_npu_backend_kind;
