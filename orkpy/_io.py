@@ -1,43 +1,69 @@
 """Atomic file writing (a temp file in the target's folder, fsync, rename: a
-crash mid-write never leaves a half file under the final name) and progress
-reports (a live bar on a terminal, sparse plain lines otherwise)."""
+crash mid-write never leaves a half file under the final name; every writer,
+thread or process, has its own temp name, so concurrent saves to one path end
+with one writer's complete file) and progress reports (a live bar on a
+terminal, sparse plain lines otherwise)."""
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+import secrets
 import sys
+import threading
 import time
 from typing import BinaryIO, Iterable, Iterator, Union
 
 from ._typing import StrPath
 
 
+def temp_sibling(path: str) -> str:
+    """A fresh name next to ``path`` for a temp file or folder, unique per writer:
+    ``.<name>.tmp-<pid>-<thread>-<random>`` (the name cut to 100 bytes to stay within
+    NAME_MAX). The caller creates it exclusively (O_EXCL / mkdir), retrying on FileExistsError."""
+    d, base = os.path.split(path)
+    base = os.fsdecode(os.fsencode(base)[:100])
+    return os.path.join(d, f".{base}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
+
+
+def fsync_dir(d: str) -> None:
+    """Make a rename in folder ``d`` durable (best effort: some file systems refuse)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 @contextlib.contextmanager
 def atomic_open(path: StrPath) -> Iterator[BinaryIO]:
     """``with atomic_open(path) as f:`` a binary file that appears under ``path``
     only when the block completes (temp file in the same folder, fsync, rename);
-    on an exception the temp file is removed and ``path`` is untouched."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    on an exception the temp file is removed and ``path`` is untouched. Writers
+    racing on one path each write their own temp file; the last rename wins."""
+    path = os.path.abspath(os.fsdecode(path))
+    while True:
+        tmp = temp_sibling(path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
-        with open(tmp, "wb") as f:
+        with open(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        try:
-            fd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+        fsync_dir(os.path.dirname(path))
     except BaseException:
-        if os.path.exists(tmp):
+        try:
             os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
 
 

@@ -26,10 +26,12 @@ gated by perplexity.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -37,7 +39,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._core import FormatError
-from ._io import progress_bar
+from ._io import atomic_write, fsync_dir, progress_bar, temp_sibling
+from ._mapped import check as check_maps
+from ._mapped import maps_of
 from ._typing import StrPath
 from .gguf import GGUFFile
 from .model import LINEARS, LinearSpec, Model, _assemble, _float_tensor, _hparams, linear_names
@@ -191,6 +195,9 @@ class _GGUFSource:
     def float_names(self) -> List[str]:
         return [t.name for t in self.g.tensors if len(t.shape) == 1 or t.name == "token_embd.weight"]
 
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {t.name: t.shape for t in self.g.tensors}
+
 
 class _SafetensorsSource:
     """A Hugging Face checkpoint (Llama / Qwen3 names) as a source; the
@@ -213,6 +220,7 @@ class _SafetensorsSource:
                 nh = self.hp["n_head"] if gname.endswith("attn_q.weight") else self.hp["n_head_kv"]
                 v = llama_permute_qk(np.asarray(v), nh)
             self.arrays[gname] = v
+        st.check()  # the permuted copies above read the mapping
         self.tied = "output.weight" not in self.arrays
         for t in meta_gguf.tensors:
             if t.name not in self.arrays:
@@ -229,6 +237,9 @@ class _SafetensorsSource:
 
     def float_names(self) -> List[str]:
         return [n for n, a in self.arrays.items() if a.ndim == 1 or n == "token_embd.weight"]
+
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {n: tuple(a.shape) for n, a in self.arrays.items()}
 
 
 _Source = Union[_GGUFSource, _SafetensorsSource]
@@ -298,13 +309,18 @@ class QuantizedModel:
         from .gguf_write import metadata_triples, write_gguf
 
         path = os.path.abspath(os.fspath(path))
-        if os.path.exists(path) and not overwrite:
-            raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
-        parent = os.path.dirname(path)
-        tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
+        if os.path.lexists(path):
+            if not overwrite:
+                raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
+            _check_replaceable(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        while True:  # a temp folder of our own: concurrent saves to one path never share one
+            tmp = temp_sibling(path)
+            try:
+                os.mkdir(tmp)
+                break
+            except FileExistsError:
+                continue
         try:
             entries = {}
             for name, pw in self.tensors.items():
@@ -313,11 +329,13 @@ class QuantizedModel:
                 entries[name] = {"tier": self.tiers[name], "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                                  "sha256": sha256_file(os.path.join(tmp, fn))}
             src = self._src
-            floats = []
+            floats, read = [], []
             for name in src.float_names():
                 a = src.tensor(name)
+                read.append(a)
                 floats.append((name, a.astype(np.float16) if src.type_of(name) == "F16" else np.asarray(a, np.float32)))
             write_gguf(os.path.join(tmp, "float.gguf"), metadata_triples(src.meta), floats)
+            check_maps(maps_of(*read))  # no float.gguf from a source that changed while it was read
             manifest = {
                 "format": FORMAT, "version": VERSION,
                 "source": {"file": os.path.basename(self.source), "sha256": self.hashes["source"]},
@@ -329,15 +347,8 @@ class QuantizedModel:
                 "int8_share": self.int8_share(),
                 "tensors": entries,
             }
-            from ._io import atomic_write
             atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
-            if os.path.exists(path):
-                old = path + f".old-{os.getpid()}"
-                os.replace(path, old)
-                os.replace(tmp, path)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, path)
+            _install_dir(tmp, path, overwrite)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -346,6 +357,95 @@ class QuantizedModel:
     def __repr__(self) -> str:
         return (f"QuantizedModel({os.path.basename(self.source)!r}, {len(self.tensors)} linears, "
                 f"int8 share {self.int8_share():.1%}{', DOUBLE-QUANT' if self.double_quant else ''})")
+
+
+def _check_replaceable(path: str) -> None:
+    """Refuse, before any work, to replace what is not a model directory: a file, a
+    symbolic link, or a non-empty folder without a manifest. (One open folder is
+    inspected, so a concurrent saver swapping ``path`` cannot confuse the check.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return  # moved away meanwhile: nothing to replace
+    except OSError as e:
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        kind = "a symbolic link" if os.path.islink(path) else "not a directory"
+        raise NotADirectoryError(f"{path}: exists and is {kind}; a model is saved as a directory of its own, "
+                                 "remove it or choose another path") from None
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
+    if names and MANIFEST not in names:
+        raise FileExistsError(f"{path}: a non-empty directory without {MANIFEST} (not an orkpy model "
+                              "directory): refusing to replace it")
+
+
+def _exchange_dirs(a: str, b: str) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE);
+    False where the C library, kernel or file system cannot (the caller then moves
+    ``b`` aside and renames, leaving a moment in which ``b`` is missing)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+            f = ctypes.CDLL(None, use_errno=True).renameat2
+            f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = f
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    import ctypes
+    if _renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):  # ENOENT: b moved away
+        return False
+    raise OSError(e, os.strerror(e), a, None, b)
+
+
+_renameat2: Any = None
+
+
+def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
+    """Rename the complete folder ``tmp`` to ``path``, moving an existing ``path``
+    aside first (overwrite) and deleting it after; the last of concurrent savers
+    wins. On an error the moved-aside original goes back when ``path`` is free,
+    and nothing moved aside is left behind."""
+    aside: List[str] = []
+    try:
+        while True:
+            try:
+                os.rename(tmp, path)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                if not overwrite:
+                    raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)") from None
+            _check_replaceable(path)  # another writer may have put something else there
+            if _exchange_dirs(tmp, path):  # atomic: path is never missing, even after a kill -9
+                aside.append(tmp)
+                break
+            old = temp_sibling(path)
+            try:
+                os.rename(path, old)
+            except FileNotFoundError:  # another saver moved it first
+                continue
+            aside.append(old)
+        fsync_dir(os.path.dirname(path))
+    except BaseException:
+        if aside and not os.path.lexists(path):
+            try:
+                os.rename(aside.pop(0), path)
+            except OSError:
+                pass
+        raise
+    finally:
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _alloc_map(alloc: Union[TierMap, StrPath], threshold: float) -> Tuple[TierMap, Dict[str, Any]]:
@@ -380,6 +480,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     src = _open_source(source, None if isinstance(alloc, TierMap) else alloc)
     hp, tied = src.hp, src.tied
     names = linear_names(hp, tied)
+    tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
     quantized_src = sorted({src.type_of("token_embd.weight" if (n == "output.weight" and tied) else n)
                             for n in names} - _FLOAT_SOURCE)
     double_quant = bool(quantized_src)
@@ -424,33 +525,89 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     return qm
 
 
+MANIFEST_MAX = 64 << 20
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
+    """Type-check the fields the loader does not use but reports (``Model.manifest``)."""
+    def bad(key: str, want: str) -> FormatError:
+        return FormatError(f"{mpath}: {key!r} must be {want}, got {manifest.get(key)!r:.80}")
+    for key in ("source", "alloc", "settings"):
+        if not isinstance(manifest.get(key), dict):
+            raise bad(key, "a JSON object")
+    src = manifest["source"]
+    if not (isinstance(src.get("file"), str) and isinstance(src.get("sha256"), str)):
+        raise bad("source", "{file: string, sha256: string}")
+    im = manifest.get("imatrix")
+    if im is not None and not (isinstance(im, dict) and isinstance(im.get("sha256"), str)
+                               and type(im.get("chunks")) is int):
+        raise bad("imatrix", "null or {sha256: string, chunks: int}")
+    if not isinstance(manifest.get("double_quant"), bool):
+        raise bad("double_quant", "true or false")
+    share = manifest.get("int8_share")
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 <= share <= 1:
+        raise bad("int8_share", "a number in [0, 1]")
+    for name, e in manifest["tensors"].items():
+        if e.get("tier") not in ("int8", "int4"):
+            raise FormatError(f"{mpath}: tensor {name!r} tier {e.get('tier')!r} is not 'int8' or 'int4'")
+
+
 def load_quantized(path: StrPath, act: str = "per_token") -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified."""
     path = os.fspath(path)
     mpath = os.path.join(path, MANIFEST)
     try:
+        st = os.stat(mpath)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX:  # a FIFO would block open()
+            raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
         with open(mpath, "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
+            raw = f.read(MANIFEST_MAX + 1)
     except FileNotFoundError:
         raise FormatError(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"{mpath}: not valid JSON ({e})") from None
+    except OSError as e:  # a directory named manifest.json, no permission, path not a directory ...
+        raise FormatError(f"{mpath}: cannot read the manifest ({e.strerror or e})") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
+        raise FormatError(f"{mpath}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FormatError(f"{mpath}: not an orkpy quantized model manifest")
-    if manifest.get("version") != VERSION:
-        raise FormatError(f"{mpath}: unsupported manifest version {manifest.get('version')!r}")
-    try:
-        entries = manifest["tensors"]
-        float_file = manifest["float_file"]
-        files = [(float_file["file"], float_file["sha256"])] + [(e["file"], e["sha256"]) for e in entries.values()]
-    except (KeyError, TypeError, AttributeError) as e:
-        raise FormatError(f"{mpath}: manifest is missing a field ({e})") from None
+    version = manifest.get("version")
+    if type(version) is not int or version != VERSION:  # not true, not 1.0
+        raise FormatError(f"{mpath}: unsupported manifest version {version!r}")
+
+    def field(obj: Any, key: str, typ: type, where: str) -> Any:
+        v = obj.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            raise FormatError(f"{mpath}: {where}{key!r} is missing or not a JSON {typ.__name__}")
+        return v
+    entries = field(manifest, "tensors", dict, "")
+    float_file = field(manifest, "float_file", dict, "")
+    files = [(field(float_file, "file", str, "float_file "), field(float_file, "sha256", str, "float_file "))]
+    for name, ent in entries.items():
+        where = f"tensor {name!r} "
+        if not isinstance(ent, dict):
+            raise FormatError(f"{mpath}: {where}entry is not a JSON object")
+        shape = field(ent, "shape", list, where)
+        if len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
+        field(ent, "kind", str, where)
+        files.append((field(ent, "file", str, where), field(ent, "sha256", str, where)))
+    _check_informational(manifest, mpath)
+    root = os.path.realpath(path)
     for fn, digest in files:
         if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
             raise FormatError(f"{mpath}: bad file name {fn!r}")
         fp = os.path.join(path, fn)
         if not os.path.isfile(fp):
-            raise FormatError(f"{path}: {fn} is missing")
+            raise FormatError(f"{path}: {fn} is missing or not a regular file")
+        if os.path.commonpath([root, os.path.realpath(fp)]) != root:  # links may point only within the folder
+            raise FormatError(f"{path}: {fn} is a symbolic link to {os.path.realpath(fp)}, outside the model "
+                              "directory")
         if sha256_file(fp) != digest:
             raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
     g = GGUFFile(os.path.join(path, float_file["file"]))

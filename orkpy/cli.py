@@ -357,6 +357,10 @@ def _cmd_quantize(args):
     from .calibrate import quantize_model
 
     _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
+    out_dir = os.path.abspath(args.output)
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
+        raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
+                              "(no manifest.json); --overwrite replaces only a model directory")
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress)
     out = qm.save(args.output, overwrite=args.overwrite)
@@ -468,25 +472,19 @@ def _cmd_gate(args):
     return 1 if passed is False else 0
 
 
-def _positive_int(s):
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
-    return v
+def _int_arg(minimum, what, even=False):
+    """An argparse type: an integer >= minimum (and even, if asked), else a usage error saying ``what``."""
+    def parse(s):
+        v = int(s)
+        if v < minimum or (even and v % 2):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {s}")
+        return v
+    return parse
 
 
-def _even_ctx(s):
-    v = int(s)
-    if v < 4 or v % 2:
-        raise argparse.ArgumentTypeError(f"must be an even integer >= 4 (the second half of a chunk is scored), got {s}")
-    return v
-
-
-def _ctx_size(s):
-    v = int(s)
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 2, got {s}")
-    return v
+_positive_int = _int_arg(1, "a positive integer")
+_even_ctx = _int_arg(4, "an even integer >= 4 (the second half of a chunk is scored)", even=True)
+_ctx_size = _int_arg(2, "an integer >= 2")
 
 
 def _threshold(s):

@@ -4,11 +4,12 @@
 of it is used; a malformed file raises :class:`orkpy.GGUFError` (a
 ``ValueError``) naming the problem and the byte offset. Tensor data is never
 copied until you ask for floats: ``raw(name)`` is a read-only uint8 view of the
-mapping, ``tensor(name)`` dequantizes to float32 in C.
+mapping, ``tensor(name)`` dequantizes to float32 in C. The mapping is guarded
+(docs/security.md): if the file changes size or is modified while open,
+``raw``, ``tensor`` and ``check`` raise :class:`orkpy.FormatError` naming it.
 """
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -18,6 +19,7 @@ from numpy.typing import NDArray
 
 from . import _core
 from ._core import GGUFError
+from ._mapped import MappedFile, guarded
 from ._typing import StrPath
 
 __all__ = ["GGUFError", "GGUFFile", "TensorInfo", "ggml_type_info", "GGML_TYPES"]
@@ -87,18 +89,15 @@ class GGUFFile:
 
     def __init__(self, path: StrPath) -> None:
         self.path = os.fspath(path)
-        self._map: Union[bytes, mmap.mmap]
-        self._file = open(self.path, "rb")
+        self._map: Optional[MappedFile] = None
+        self._map = MappedFile(self.path)
         try:
-            size = os.fstat(self._file.fileno()).st_size
-            if size == 0:
-                self._map = b""
-            else:
-                self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
             try:
                 parsed = _core.gguf_parse(self._map)
             except GGUFError as e:
+                self._map.check()  # a file that changed under the parse says so
                 raise GGUFError(f"{self.path}: {e}") from None
+            self._map.check()
         except BaseException:
             self.close()
             raise
@@ -125,16 +124,30 @@ class GGUFFile:
         return name in self._by_name
 
     def raw(self, name: str) -> NDArray[np.uint8]:
-        """The tensor's stored bytes: a read-only uint8 view of the mapping (no copy)."""
+        """The tensor's stored bytes: a read-only uint8 view of the mapping (no copy).
+        FormatError if the file changed since it was opened; reads of the view itself
+        are yours (docs/security.md: a page lost to truncation reads as zeros)."""
         t = self.tensor_info(name)
-        a = np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
+        self.check()
+        a = np.frombuffer(memoryview(self._mapping()), dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
         return a
 
     def tensor(self, name: str, threads: Optional[int] = None) -> NDArray[np.float32]:
         """The tensor as float32 in NumPy shape, dequantized from its ggml type."""
         t = self.tensor_info(name)
-        out = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads)
+        with guarded((self._mapping(),)):
+            out = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads)
         return out.reshape(t.shape)
+
+    def check(self) -> None:
+        """orkpy.FormatError naming the file if it changed size, was modified or lost
+        pages while open (every read of tensor data through this object checks)."""
+        self._mapping().check()
+
+    def _mapping(self) -> MappedFile:
+        if self._map is None or self._map.closed:
+            raise ValueError(f"{self.path}: GGUFFile is closed")
+        return self._map
 
     @property
     def architecture(self) -> Optional[str]:
@@ -143,14 +156,11 @@ class GGUFFile:
     # -- lifetime -----------------------------------------------------------
     def close(self) -> None:
         m = getattr(self, "_map", None)
-        if isinstance(m, mmap.mmap):
+        if isinstance(m, MappedFile):
             try:
                 m.close()
             except BufferError:
                 pass  # arrays still view the mapping; it is released with them
-        f = getattr(self, "_file", None)
-        if f is not None:
-            f.close()
 
     def __enter__(self) -> GGUFFile:
         return self

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._core import FormatError
+from ._mapped import MappedFile, guarded
 from ._io import atomic_write
 from ._typing import StrPath
 from .gguf_write import GGUF_MAX_NAME, write_gguf
@@ -296,22 +296,22 @@ class Imatrix:
         if chunk_size is not None and (not _is_int(chunk_size) or chunk_size < 1):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         path = os.fspath(path)
-        with open(path, "rb") as f:
-            magic = f.read(4)
-            if magic != b"GGUF":
-                # mapped, not read: a wrong (huge) file fails on its first bytes without being loaded
-                size = os.fstat(f.fileno()).st_size
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        if magic == b"GGUF":
-            im = _load_gguf(cls, path, chunk_size)
-            im.format = "gguf"
-        else:
+        # mapped, not read: a wrong (huge) file fails on its first bytes without being loaded; the
+        # mapping is guarded, so a file truncated under the parse raises FormatError (docs/security.md)
+        data = MappedFile(path)
+        try:
+            if data[:4] == b"GGUF":
+                im = _load_gguf(cls, path, chunk_size)
+                im.format = "gguf"
+            else:
+                with guarded((data,)):
+                    im = _load_dat(cls, path, data, DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size))
+                im.format = "dat"
+        finally:
             try:
-                im = _load_dat(cls, path, data, DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size))
-            finally:
-                if isinstance(data, mmap.mmap):
-                    data.close()
-            im.format = "dat"
+                data.close()
+            except BufferError:  # pragma: no cover - the parse copies what it keeps
+                pass
         im.path = path
         return im
 
@@ -393,7 +393,7 @@ class Imatrix:
 class _Dat:
     """A bounds-checked cursor over a legacy .dat's bytes."""
 
-    def __init__(self, path: str, buf: Union[bytes, mmap.mmap]) -> None:
+    def __init__(self, path: str, buf: Union[bytes, MappedFile]) -> None:
         self.path, self.buf, self.pos = path, buf, 0
 
     def fail(self, problem: str, at: Optional[int] = None) -> ImatrixError:
@@ -419,7 +419,7 @@ class _Dat:
         return b
 
 
-def _load_dat(cls: Type[Imatrix], path: str, buf: Union[bytes, mmap.mmap], chunk_size: int) -> Imatrix:
+def _load_dat(cls: Type[Imatrix], path: str, buf: Union[bytes, MappedFile], chunk_size: int) -> Imatrix:
     r = _Dat(path, buf)
     n = r.i32("the entry count")
     if n < 1:
@@ -547,8 +547,8 @@ def _load_gguf(cls: Type[Imatrix], path: str, chunk_size: Optional[int]) -> Imat
                 j = int(np.flatnonzero(bad)[0])
                 raise fail(f"{ts.name!r}[{j}] is {s[j]} (must be finite and >= 0)", ts.data_offset + 4 * j)
             c = float(g.tensor(tc.name).reshape(-1)[0])
-            if not math.isfinite(c) or c < 0 or c != math.floor(c):
-                raise fail(f"{tc.name!r} is {c} (a token count must be a finite integer >= 0)", tc.data_offset)
+            if not math.isfinite(c) or c < 0 or c != math.floor(c) or c >= 2.0**64:
+                raise fail(f"{tc.name!r} is {c} (a token count must be an integer in 0 .. 2**64-1)", tc.data_offset)
             if c == 0 and s.any():
                 raise fail(f"{tc.name!r} is 0 but {ts.name!r} is not all zero", tc.data_offset)
             if len(_name_key(name)) > MAX_NAME_BYTES or "\0" in name:

@@ -9,7 +9,9 @@ on -- one way, three spellings:
 - a dict ``{tensor name: path}`` (``"default"`` sets the rest; without it the
   rest is ``"gguf"``);
 - a :class:`~orkpy.TierMap`: int8 tier -> ``"int8"``, int4 tier -> ``int4_kind``
-  (``"nf4"`` by default), float tier -> ``"gguf"``.
+  (``"nf4"`` by default), float tier -> ``"gguf"``. The map must fit the file:
+  an entry for a tensor the file lacks or with another shape, or a linear tensor
+  with no entry, is a ValueError naming it.
 
 Paths: ``fp32`` and ``gguf`` both multiply in float32 with the tensor's
 float values (for F32/F16/BF16 files the source values; for quantized files
@@ -258,6 +260,8 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     hp = _hparams(g)
     tied = "output.weight" not in g
     names = linear_names(hp, tied)
+    if isinstance(weights, TierMap):
+        weights.check_fits({t.name: t.shape for t in g.tensors}, os.fspath(path), names)
     paths = resolve_paths(weights, names, int4_kind)
     nthreads = None if threads is None else int(threads)
     pt = act == "per_tensor"

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _core
 from ._core import FormatError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
+from ._mapped import guarded, maps_of
 
 BACKENDS = ("emu", "rknpu", "rocket")
 FAKE_HANG = 1
@@ -111,8 +112,9 @@ class Device:
         from .packed import _lut
         lut = _lut(kind)
         lut = np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)  # int8 needs no LUT
-        return self._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8), lut, N, K,
-                                       max_m, max_k, max_n)
+        with guarded(maps_of(store)):  # a store viewing a file that changes raises FormatError (docs/security.md)
+            return self._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8), lut, N, K,
+                                           max_m, max_k, max_n)
 
     def matmul(self, a, b, **opts):
         """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a

@@ -10,7 +10,6 @@ docs/o4n1.md. Layout and arithmetic contract: csrc/ork/pack.h.
 """
 from __future__ import annotations
 
-import mmap as _mmap
 import os
 from typing import Any, NoReturn, Optional, Sequence, Tuple, Union
 
@@ -20,6 +19,8 @@ from numpy.typing import ArrayLike, NDArray
 from . import _core
 from ._core import FormatError
 from ._io import atomic_write
+from ._mapped import MappedFile, guarded, maps_of
+from ._mapped import check as _check_maps
 from ._typing import StrPath
 from .quant import KINDS, QuantizedTensor, _check_threads, lut as _lut
 
@@ -37,6 +38,13 @@ class PackedWeight:
     ``pw.matmul(x)``, the int8 kernel, i.e. ``x @ W.T`` for ``x`` of shape
     ``(..., K)``, giving ``(..., N)``. ``x @ pw`` (NumPy: ``x @ W``, a
     product over N) has no kernel and raises TypeError saying so.
+
+    The constructor is a door: it refuses (ValueError / TypeError naming the
+    entry) a store of the wrong dtype or shape, an int8 code of -128, and a
+    scale that is not finite, is negative (or -0.0) or exceeds
+    ``FLT_MAX / (127 * 127 * K)`` (docs/o4n1.md); what ``pack`` and
+    ``load_packed`` produce always passes. Arrays viewing a file mapping are
+    checked before and after each use (docs/security.md).
     """
 
     __array_ufunc__ = None  # ndarray @ PackedWeight defers to our operators instead of making an object array
@@ -45,12 +53,35 @@ class PackedWeight:
                  source: Optional[str] = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
+        N, K = int(shape[0]), int(shape[1])
+        _core.packed_check(store, kind, N, K, bscale)
+        self._setup(kind, (N, K), store, bscale, source)
+
+    def _setup(self, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
+               source: Optional[str]) -> None:
         self.kind = kind
-        self.shape = (int(shape[0]), int(shape[1]))
+        self.shape = shape
         self.store = store
         self.bscale = bscale
         self.lut = _lut(kind)
         self.source = source  # a file path when loaded
+        self._mapped_for: Tuple[Any, Any] = (None, None)
+        self._maps: Tuple[MappedFile, ...] = ()
+
+    @classmethod
+    def _trusted(cls, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
+                 source: Optional[str] = None) -> PackedWeight:
+        """For pack() and load_packed(), whose C cores have validated codes and scales already."""
+        pw = cls.__new__(cls)
+        pw._setup(kind, shape, store, bscale, source)
+        return pw
+
+    def _mapped(self) -> Tuple[MappedFile, ...]:
+        """The file mappings store and bscale view (recomputed if either attribute was replaced)."""
+        if self._mapped_for[0] is not self.store or self._mapped_for[1] is not self.bscale:
+            self._maps = maps_of(self.store, self.bscale)
+            self._mapped_for = (self.store, self.bscale)
+        return self._maps
 
     @property
     def N(self) -> int:
@@ -78,7 +109,11 @@ class PackedWeight:
         xq = np.asarray(xq)
         if xq.ndim == 1:
             xq = xq[None, :]
-        return _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads))
+        maps = self._mapped()
+        _check_maps(maps)
+        acc = _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads))
+        _check_maps(maps)
+        return acc
 
     def matmul(self, x: ArrayLike, act: str = "per_token", threads: Optional[int] = None) -> NDArray[np.float32]:
         """float32 ``x`` ``(M, K)`` (or ``(K,)``) -> float32 ``(M, N)``.
@@ -93,13 +128,20 @@ class PackedWeight:
         vec = x.ndim == 1
         if vec:
             x = x[None, :]
+        maps = self._mapped()
+        _check_maps(maps)
         y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, act == "per_tensor",
                          _check_threads(threads))
+        _check_maps(maps)
         return y[0] if vec else y
 
     def codes(self) -> NDArray[Any]:
         """The row-major codes (as in QuantizedTensor.codes), unpacked from the tiles."""
-        return _core.unpack(self.store, self.kind, self.N, self.K)
+        maps = self._mapped()
+        _check_maps(maps)
+        c = _core.unpack(self.store, self.kind, self.N, self.K)
+        _check_maps(maps)
+        return c
 
     def int8_weight(self) -> NDArray[np.int8]:
         """The int8 weight the kernels multiply: ``(N, K)`` (LUT applied for 4-bit kinds)."""
@@ -158,7 +200,8 @@ def pack(q: QuantizedTensor) -> PackedWeight:
     bscale = np.ascontiguousarray(q.scales, dtype=np.float32) + np.float32(0)  # -0.0 -> +0.0
     if not np.all(np.isfinite(bscale)) or np.any(bscale < 0):
         raise ValueError("scales must be finite and non-negative")
-    return PackedWeight(q.kind, (N, K), store, bscale)
+    _core.packed_check(store, q.kind, N, K, bscale)  # the scale bound (the codes were checked by _core.pack)
+    return PackedWeight._trusted(q.kind, (N, K), store, bscale)
 
 
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
@@ -166,32 +209,39 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K)
-    scales = np.ascontiguousarray(pw.bscale, dtype="<f4")
+    maps = pw._mapped()
+    with guarded(maps):
+        scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
+        store = np.ascontiguousarray(pw.store).tobytes()
     store_off = int.from_bytes(header[48:56], "little")
-    pad = store_off - len(header) - scales.nbytes
-    atomic_write(path, [header, scales.tobytes(), bytes(pad), np.ascontiguousarray(pw.store).tobytes()])
+    pad = store_off - len(header) - len(scales)
+    atomic_write(path, [header, scales, bytes(pad), store])
 
 
 def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
     """Load an O4N1/O8N1 file; with ``mmap=True`` the store and scales are
-    read-only views of a memory map (streamed from disk on use).
+    read-only views of a guarded memory map (streamed from disk on use; if the
+    file changes while mapped, the weight's methods raise orkpy.FormatError,
+    docs/security.md); ``mmap=False`` reads a private copy.
     A malformed file raises orkpy.FormatError naming the problem."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        buf: Union[bytes, _mmap.mmap]
-        if mmap and size > 0:
-            buf = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ)
-        else:
+    buf: Union[bytes, memoryview]
+    if mmap:
+        buf = memoryview(MappedFile(path))
+    else:
+        with open(path, "rb") as f:
             buf = f.read()
+    maps = maps_of(buf)
     try:
         info = _core.packed_parse(buf)
     except FormatError as e:
+        _check_maps(maps)  # a file that changed under the parse says so
         raise FormatError(f"{path}: {e}") from None
+    _check_maps(maps)
     N, K, kind = info["N"], info["K"], info["kind"]
     scales = np.frombuffer(buf, dtype="<f4", count=N, offset=info["scales_offset"])
     NB, KB = (N + 31) // 32, (K + 31) // 32
     dtype, last = (np.int8, 32) if kind == "int8" else (np.uint8, 16)
     store = np.frombuffer(buf, dtype=dtype, count=info["store_bytes"], offset=info["store_offset"])
-    return PackedWeight(kind, (N, K), store.reshape(NB, KB, 32, last), scales.astype(np.float32, copy=False),
-                        source=path)
+    return PackedWeight._trusted(kind, (N, K), store.reshape(NB, KB, 32, last), scales.astype(np.float32, copy=False),
+                                 source=path)

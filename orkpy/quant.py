@@ -13,6 +13,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from ._mapped import check as check_maps
+from ._mapped import maps_of
 
 KINDS = ("nf4", "int4", "int8")
 
@@ -120,7 +122,10 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     w = np.asarray(w)
     if w.ndim != 2:
         raise ValueError(f"w must be a 2-D (N, K) array, got shape {w.shape}")
+    maps = maps_of(w)  # a view of a mapped file (GGUFFile.raw, load_safetensors) is checked around the read
+    check_maps(maps)
     codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads)
+    check_maps(maps)
     return QuantizedTensor(kind=kind, shape=(int(w.shape[0]), int(w.shape[1])), codes=codes,
                            scales=scales, lut=_LUTS[kind], sr=bool(sr), seed=int(seed),
                            imatrix_used=imatrix is not None)

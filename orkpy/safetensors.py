@@ -19,7 +19,10 @@ cover exactly: no overlap, no hole, no trailing byte (what the official
 Returned arrays (all read-only, shapes in numpy order as stored):
 
 - F32, F16, F64, I8..I64, U8..U64, C64: views of a ``numpy.memmap`` of the
-  file, no copy.
+  file, no copy. The mapping underneath is orkpy's guarded one
+  (docs/security.md): a file truncated while mapped reads as zeros past its
+  new end instead of killing the process, and :meth:`SafetensorsModel.check`
+  (and orkpy's own readers of these arrays) raise :class:`FormatError`.
 - BOOL: a view too, after checking every byte is 0 or 1.
 - BF16: converted exactly to float32 (the 16 bits become the high half).
 - F8_*, F6_*, F4: known to the format but numpy has no such type, so they
@@ -36,6 +39,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._core import FormatError
+from ._mapped import MappedFile, guarded, maps_of
+from ._mapped import check as check_maps
 from ._typing import StrPath
 
 #: Largest header accepted, in bytes (the official library's limit).
@@ -106,6 +111,11 @@ class SafetensorsModel(dict[str, NDArray[Any]]):
         self.shard_metadata = {} if shard_metadata is None else shard_metadata
         self.index_metadata = index_metadata
         self.files = tuple(files)
+
+    def check(self) -> None:
+        """:class:`FormatError` naming the first file whose mapping the arrays view that
+        changed size, was modified or lost pages since it was loaded (docs/security.md)."""
+        check_maps(maps_of(*self.values()))
 
     def __repr__(self) -> str:
         return (f"SafetensorsModel({len(self)} tensors, files={len(self.files)}, "
@@ -287,54 +297,48 @@ def _tensor(path: StrPath, mm: NDArray[np.uint8], base: int, name: str, dtype: s
             raise _fail(path, "BOOL data holds a byte other than 0 or 1", name)
         arr = arr.view(np.bool_)
     elif dtype == "BF16":
-        arr = (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        wide = arr.astype(np.uint32)
+        wide <<= np.uint32(16)  # in place: a 0-d tensor stays an array (a shift would give a scalar)
+        arr = wide.view(np.float32)
     arr.setflags(write=False)
     return arr
 
 
 def _load_file(path: str) -> Tuple[Dict[str, NDArray[Any]], Dict[str, str]]:
-    """Read one safetensors file; returns (ordered dict of arrays, metadata)."""
+    """Read one safetensors file; returns (ordered dict of arrays, metadata). The file
+    is mapped once (guarded, docs/security.md) and the header is read from the mapping."""
     try:
-        f = open(path, "rb")
+        mf = MappedFile(path)
     except OSError as e:
         raise _fail(path, f"cannot open: {e.strerror or e}") from e
-    with f:
-        try:
-            size = os.fstat(f.fileno()).st_size
-            prefix = f.read(8)
-        except OSError as e:
-            raise _fail(path, f"cannot read: {e.strerror or e}") from e
-        if size < 8 or len(prefix) < 8:
+    size = mf.size
+    with guarded((mf,)):
+        if size < 8:
             raise _fail(path, f"file is {size} bytes, too short for the 8-byte header length")
-        (n,) = struct.unpack("<Q", prefix)
+        (n,) = struct.unpack("<Q", mf[:8])
         if n == 0:
             raise _fail(path, "header length is zero")
         if n > MAX_HEADER_BYTES:
             raise _fail(path, f"header length {n} is larger than the {MAX_HEADER_BYTES}-byte limit")
         if n > size - 8:
             raise _fail(path, f"header length {n} is larger than the {size - 8} bytes after it")
-        try:
-            raw = f.read(n)
-        except OSError as e:
-            raise _fail(path, f"cannot read header: {e.strerror or e}") from e
-        if len(raw) != n:
-            raise _fail(path, "file shrank while being read")
+        raw = mf[8:8 + n]
 
-        header = _parse_json(path, raw, "header")
-        metadata = _parse_metadata(path, header.get("__metadata__"))
-        entries: Dict[str, _Entry] = {}
-        for name, entry in header.items():
-            if name != "__metadata__":
-                entries[name] = _parse_entry(path, name, entry)
-        data_len = size - 8 - n
-        _check_coverage(path, entries, data_len)
+    header = _parse_json(path, raw, "header")
+    metadata = _parse_metadata(path, header.get("__metadata__"))
+    entries: Dict[str, _Entry] = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            entries[name] = _parse_entry(path, name, entry)
+    data_len = size - 8 - n
+    _check_coverage(path, entries, data_len)
 
-        try:
-            mm = np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
-        except (OSError, ValueError) as e:
-            raise _fail(path, f"cannot memory-map: {e}") from e
+    # a numpy.memmap (what np.memmap(path, mode="r") gives) over the guarded mapping
+    mm = np.frombuffer(memoryview(mf), dtype=np.uint8).view(np.memmap)
+    mm.filename, mm.offset, mm.mode = os.path.abspath(path), 0, "r"
     base = 8 + n
-    tensors = {name: _tensor(path, mm, base, name, *info) for name, info in entries.items()}
+    with guarded((mf,)):
+        tensors = {name: _tensor(path, mm, base, name, *info) for name, info in entries.items()}
     return tensors, metadata
 
 

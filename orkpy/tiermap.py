@@ -19,35 +19,118 @@ Rule (``tier_map(gguf, threshold=5.0)``):
 
 The emit-map file (``TierMap.save`` / ``TierMap.load``) is plain UTF-8 text::
 
-    # orkpy tier map v1
+    # orkpy tier map v2
     # source: qwen3-skel-tied-Q4_K_M.gguf
     # threshold: 5.0
     # tied: true
     # name<TAB>tier<TAB>ggml_type<TAB>shape
     blk.0.attn_q.weight<TAB>int4<TAB>Q4_K<TAB>256x256
 
-``#`` lines are comments except the ``key: value`` header lines shown;
-``shape`` is NumPy order joined by ``x``; tiers are ``int8``, ``int4``,
-``float``.
+``#`` lines are comments except the ``key: value`` header lines shown (each at
+most once); ``shape`` is NumPy order, ASCII decimals without sign or leading
+zero joined by ``x``; tiers are ``int8``, ``int4``, ``float`` (``int8``/``int4``
+only for 2-D shapes); the threshold is a finite number in (0, 64). The ggml type
+records where the tier came from; it need not agree with the tier rule
+(``embeddings=``/``output=`` and hand edits override tiers).
+
+Names (and the source) are percent-escaped so that save -> load is the identity
+for every name the GGUF reader returns (any bytes; undecodable bytes arrive as
+surrogate escapes U+DC80..U+DCFF): ``%``, control characters (C0, DEL, C1), the
+line separators U+2028/U+2029, a leading ``#``, and each undecodable byte are
+written as ``%XX`` of their bytes (UTF-8 for characters); a source also escapes
+whitespace at its ends. Loading turns ``%XX`` back into bytes and decodes the
+name as UTF-8 with surrogate escapes. Version 1 files (no escapes: names are
+taken literally) still load; ``save`` writes version 2.
 """
 from __future__ import annotations
 
 import collections
+import math
 import os
+import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ._core import FormatError
 from ._io import atomic_write
 from ._typing import StrPath
 from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
 
+_GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
+
 TIERS = ("int8", "int4", "float")
 _CHOICES = ("by_type", "int8", "int4", "float")
 _FLOAT_SOURCE = {"F32", "F16", "BF16"}
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
-_MAGIC = "# orkpy tier map v1"
+_MAGIC = "# orkpy tier map v2"
+_MAGIC_V1 = "# orkpy tier map v1"
+_HEADERS = ("source", "threshold", "tied")
+_SHAPE = re.compile(r"[1-9][0-9]*(?:x[1-9][0-9]*){0,3}")                 # ASCII digits only
+_NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")   # what repr(float) writes
+_DIM_MAX = (1 << 63) - 1
+
+
+def _escape(s: str, edges: bool = False) -> str:
+    """Percent-escape a name (or with ``edges`` the source) for one line of the file."""
+    out = []
+    last = len(s) - 1
+    for i, c in enumerate(s):
+        o = ord(c)
+        if 0xDC80 <= o <= 0xDCFF:          # an undecodable byte (surrogateescape)
+            out.append(f"%{o - 0xDC00:02X}")
+        elif (c == "%" or o < 0x20 or 0x7F <= o <= 0x9F or c in "\u2028\u2029" or (i == 0 and c == "#")
+              or (edges and (i == 0 or i == last) and c.isspace())):
+            out.append("".join(f"%{b:02X}" for b in c.encode("utf-8")))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _unescape(s: str) -> str:
+    """The inverse of :func:`_escape`; ValueError for a ``%`` not followed by two hex digits."""
+    if "%" not in s:
+        return s
+    b = bytearray()
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "%":
+            h = s[i + 1:i + 3]
+            if len(h) != 2 or not all(x in "0123456789abcdefABCDEF" for x in h):
+                raise ValueError(f"bad escape {s[i:i + 3]!r} (expected %XX, two hex digits)")
+            b.append(int(h, 16))
+            i += 3
+        else:
+            b += c.encode("utf-8")
+            i += 1
+    return b.decode("utf-8", "surrogateescape")
+
+
+def _name_problem(name: object) -> Optional[str]:
+    if not isinstance(name, str) or not name:
+        return f"tensor name {name!r} must be a non-empty str"
+    try:
+        if name.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape") == name:
+            return None
+    except UnicodeEncodeError:
+        pass
+    return f"tensor name {name!r} is not the decoding of any bytes (lone surrogates), so it cannot be stored"
+
+
+def _entry_problem(e: TierEntry) -> Optional[str]:
+    """What is wrong with an entry (None if nothing): one rule for the constructor and the loader."""
+    if e.tier not in TIERS:
+        return f"unknown tier {e.tier!r} (expected {', '.join(TIERS)})"
+    if not isinstance(e.ggml_type, str) or e.ggml_type not in _GGML_NAMES:
+        return f"unknown ggml type {e.ggml_type!r}"
+    shape = e.shape
+    if (not isinstance(shape, tuple) or not 1 <= len(shape) <= 4
+            or not all(type(d) is int and 1 <= d <= _DIM_MAX for d in shape) or math.prod(shape) > _DIM_MAX):
+        return f"bad shape {shape!r} (1 to 4 positive int dimensions, at most 2^63-1 elements)"
+    if e.tier != "float" and len(shape) != 2:
+        return f"tier {e.tier!r} needs a 2-D weight, the shape is {'x'.join(map(str, shape))}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -84,10 +167,14 @@ class TierMap:
     def __init__(self, entries: Dict[str, TierEntry], threshold: float = 5.0, source: Optional[str] = None,
                  tied: Optional[bool] = None) -> None:
         for name, e in entries.items():
-            if e.tier not in TIERS:
-                raise ValueError(f"tensor {name!r}: unknown tier {e.tier!r} (expected {', '.join(TIERS)})")
+            problem = _name_problem(name) or _entry_problem(e)
+            if problem:
+                raise ValueError(f"tensor {name!r}: {problem}")
+        threshold = float(threshold)
+        if not 0.0 < threshold < 64.0:
+            raise ValueError(f"threshold must be in (0, 64) bits per weight, got {threshold}")
         self.entries = dict(entries)
-        self.threshold = float(threshold)
+        self.threshold = threshold
         self.source = source
         self.tied = (EMBEDDING in entries and OUTPUT not in entries) if tied is None else bool(tied)
 
@@ -140,20 +227,22 @@ class TierMap:
 
     # emit-map file
     def save(self, path: StrPath) -> None:
-        """Write the emit-map text atomically (temp file + fsync + rename)."""
+        """Write the emit-map text atomically (temp file + fsync + rename); names are
+        escaped (module docstring) so that :meth:`load` gives every name back."""
         lines = [_MAGIC]
         if self.source:
-            lines.append(f"# source: {self.source}")
+            lines.append(f"# source: {_escape(self.source, edges=True)}")
         lines.append(f"# threshold: {self.threshold!r}")
         lines.append(f"# tied: {'true' if self.tied else 'false'}")
         lines.append("# name\ttier\tggml_type\tshape")
         for n, e in self.entries.items():
-            lines.append(f"{n}\t{e.tier}\t{e.ggml_type}\t{'x'.join(str(d) for d in e.shape)}")
+            lines.append(f"{_escape(n)}\t{e.tier}\t{e.ggml_type}\t{'x'.join(str(d) for d in e.shape)}")
         _atomic_write_text(path, "\n".join(lines) + "\n")
 
     @classmethod
     def load(cls, path: StrPath) -> TierMap:
-        """Read an emit-map file; malformed content raises orkpy.FormatError naming the line."""
+        """Read an emit-map file (v2, or v1 with literal names); malformed content
+        raises orkpy.FormatError naming the line."""
         path = os.fspath(path)
         with open(path, "rb") as f:
             data = f.read()
@@ -162,48 +251,75 @@ class TierMap:
         except UnicodeDecodeError as e:
             raise FormatError(f"{path}: not UTF-8 text ({e})") from None
         lines = text.splitlines()
-        if not lines or lines[0].strip() != _MAGIC:
-            raise FormatError(f"{path}:1: not an orkpy tier map (first line must be {_MAGIC!r})")
-        header, entries = {}, {}
+        if not lines or lines[0].strip() not in (_MAGIC, _MAGIC_V1):
+            raise FormatError(f"{path}:1: not an orkpy tier map (first line must be {_MAGIC!r} or {_MAGIC_V1!r})")
+        unescape = _unescape if lines[0].strip() == _MAGIC else (lambda s: s)
+        header: Dict[str, Tuple[int, str]] = {}
+        entries: Dict[str, TierEntry] = {}
         for i, line in enumerate(lines[1:], start=2):
             if not line.strip():
                 continue
             if line.startswith("#"):
                 body = line[1:].strip()
                 if ":" in body and "\t" not in body:
-                    k, v = body.split(":", 1)
-                    header[k.strip()] = v.strip()
+                    k, v = (x.strip() for x in body.split(":", 1))
+                    if k in header and k in _HEADERS:
+                        raise FormatError(f"{path}:{i}: second {k!r} header (the first is on line {header[k][0]})")
+                    header[k] = (i, v)
                 continue
             parts = line.split("\t")
             if len(parts) != 4:
                 raise FormatError(f"{path}:{i}: expected 4 tab-separated fields, got {len(parts)}")
-            name, tier, gtype, shape_s = parts
+            name_s, tier, gtype, shape_s = parts
+            try:
+                name = unescape(name_s)
+            except ValueError as err:
+                raise FormatError(f"{path}:{i}: tensor name {name_s!r}: {err}") from None
             if not name:
                 raise FormatError(f"{path}:{i}: empty tensor name")
             if name in entries:
                 raise FormatError(f"{path}:{i}: duplicate tensor {name!r}")
-            if tier not in TIERS:
-                raise FormatError(f"{path}:{i}: unknown tier {tier!r} (expected {', '.join(TIERS)})")
+            if not _SHAPE.fullmatch(shape_s):
+                problem: Optional[str] = f"bad shape {shape_s!r} (ASCII decimals joined by 'x', 1 to 4 dimensions)"
+            else:
+                entry = TierEntry(tier, gtype, tuple(int(d) for d in shape_s.split("x")))
+                problem = _entry_problem(entry)
+            if problem:
+                raise FormatError(f"{path}:{i}: {problem} (tensor {name!r})")
+            entries[name] = entry
+        threshold = 5.0
+        if "threshold" in header:
+            i, v = header["threshold"]
+            threshold = float(v) if _NUMBER.fullmatch(v) else math.nan
+            if not 0.0 < threshold < 64.0:
+                raise FormatError(f"{path}:{i}: bad threshold {v!r} (a number in (0, 64) bits per weight)")
+        tied = header.get("tied", (0, None))
+        if tied[1] not in (None, "true", "false"):
+            raise FormatError(f"{path}:{tied[0]}: bad 'tied' value {tied[1]!r}")
+        source = None
+        if "source" in header:
+            i, v = header["source"]
             try:
-                ggml_type_info(gtype)
-            except KeyError:
-                raise FormatError(f"{path}:{i}: unknown ggml type {gtype!r}") from None
-            try:
-                shape = tuple(int(d) for d in shape_s.split("x"))
-            except ValueError:
-                raise FormatError(f"{path}:{i}: bad shape {shape_s!r}") from None
-            if not shape or any(d < 1 for d in shape) or len(shape) > 4:
-                raise FormatError(f"{path}:{i}: bad shape {shape_s!r}")
-            entries[name] = TierEntry(tier, gtype, shape)
-        try:
-            threshold = float(header.get("threshold", "5.0"))
-        except ValueError:
-            raise FormatError(f"{path}: bad threshold {header.get('threshold')!r}") from None
-        tied = header.get("tied")
-        if tied not in (None, "true", "false"):
-            raise FormatError(f"{path}: bad 'tied' value {tied!r}")
-        return cls(entries, threshold=threshold, source=header.get("source"),
-                   tied=None if tied is None else tied == "true")
+                source = unescape(v)
+            except ValueError as err:
+                raise FormatError(f"{path}:{i}: source {v!r}: {err}") from None
+        return cls(entries, threshold=threshold, source=source, tied=None if tied[1] is None else tied[1] == "true")
+
+    def check_fits(self, shapes: Dict[str, Tuple[int, ...]], model: str, linears: Sequence[str] = (),
+                   what: str = "tier map") -> None:
+        """ValueError naming the first entry for a tensor the model (``shapes``: its
+        tensor names and shapes) lacks or has in another shape, or the first of
+        ``linears`` with no entry (``output.weight`` may use ``token_embd.weight``'s)."""
+        for n, e in self.entries.items():
+            if n not in shapes:
+                raise ValueError(f"{what}: entry {n!r} names a tensor {model} does not have: the map is for "
+                                 "another model")
+            if tuple(shapes[n]) != tuple(e.shape):
+                raise ValueError(f"{what}: entry {n!r} has shape {'x'.join(map(str, e.shape))}, {model} has "
+                                 f"{'x'.join(map(str, shapes[n]))}: the map is for another model")
+        for n in linears:
+            if n not in self.entries and not (n == OUTPUT and EMBEDDING in self.entries):
+                raise ValueError(f"{what} has no entry for {n!r}, a linear layer of {model}: is it for this model?")
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, TierMap) and self.entries == other.entries

@@ -108,14 +108,19 @@ _CHAR_TO_BYTE = {c: b for b, c in enumerate(_BYTE_TO_CHAR)}
 _LATIN1_TO_BYTECHAR = {b: c for b, c in enumerate(_BYTE_TO_CHAR)}
 
 
+def _utf8(piece: str) -> bytes:
+    """A token's bytes: GGUF strings are bytes, and the reader decodes invalid UTF-8 in a
+    token (a partial character, a raw byte) with surrogateescape; this gives the bytes back."""
+    return piece.encode("utf-8", "surrogateescape")
+
+
 def _meta_int(meta: Mapping[str, Any], key: str) -> Optional[int]:
     v = meta.get(key)
     if v is None:
         return None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"tokenizer metadata {key!r} is not an integer: {v!r}") from None
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):  # llama.cpp: a u32 key
+        raise ValueError(f"tokenizer metadata {key!r} is not an integer: {v!r}")
+    return int(v)
 
 
 def _meta_bool(meta: Mapping[str, Any], key: str) -> Optional[bool]:
@@ -205,7 +210,7 @@ class Tokenizer:
 
         # user-defined tokens are split out of raw text first, longest first
         user = [i for i in range(n) if types[i] == TOKEN_USER_DEFINED]
-        user.sort(key=lambda i: (-len(tokens[i].encode("utf-8")), i))
+        user.sort(key=lambda i: (-len(_utf8(tokens[i])), i))
         self._user_tokens = [(tokens[i], i) for i in user]
 
         self._cache: Dict[str, Tuple[int, ...]] = {}
@@ -522,17 +527,17 @@ class Tokenizer:
         ty = int(self.token_types[tid])
         text = self.tokens[tid]
         if ty in (TOKEN_UNKNOWN, TOKEN_CONTROL):
-            return text.encode("utf-8") if special else b""
+            return _utf8(text) if special else b""
         if ty == TOKEN_USER_DEFINED:
-            return text.encode("utf-8")
+            return _utf8(text)
         if ty == TOKEN_NORMAL:
             if self.model == "llama":
-                return text.replace(_SPACE, " ").encode("utf-8")
+                return _utf8(text.replace(_SPACE, " "))
             out = bytearray()
             for c in text:
                 b = _CHAR_TO_BYTE.get(c)
                 if b is None:
-                    out += c.encode("utf-8")
+                    out += _utf8(c)
                 else:
                     out.append(b)
             return bytes(out)

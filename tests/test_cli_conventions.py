@@ -412,3 +412,16 @@ def test_npu_is_an_attribute_after_import_orkpy():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "emu" in r.stdout
+
+
+def test_quantize_refuses_unrelated_folder_before_work(tmp_path, monkeypatch, capsys):
+    """--overwrite replaces a model directory only; an unrelated non-empty folder fails before quantizing."""
+    import orkpy.calibrate as calibrate
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "holiday.jpg").write_bytes(b"x")
+    monkeypatch.setattr(calibrate, "quantize_model", lambda *a, **k: pytest.fail("quantized before the path check"))
+    rc = main(["quantize", "src.gguf", "--alloc", "a.gguf", "-o", str(out), "--overwrite", "--no-progress"])
+    assert rc == 1
+    assert "not an orkpy model directory" in capsys.readouterr().err
+    assert (out / "holiday.jpg").exists()

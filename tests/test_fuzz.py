@@ -125,3 +125,33 @@ def test_fuzz_npu_emulator_short_run(fuzzer, tmp_path):
     assert "ERROR: AddressSanitizer" not in log and "runtime error:" not in log, _tail(log)
     m = re.search(r"stat::number_of_executed_units:\s*(\d+)", log)
     assert m and int(m.group(1)) > 1000, _tail(log)
+
+
+def test_fuzz_o4n1_short_run(fuzzer, tmp_path):
+    """The O4N1/O8N1 parser and the matmul over what it accepts (every ISA this CPU runs
+    must give the exact accumulators and the same float bits) over mutated save_packed
+    files and the stored corpus: no ASan/UBSan/LSan report, no invariant trap."""
+    sys.path.insert(0, str(FUZZ))
+    try:
+        import seeds_o4n1
+    finally:
+        sys.path.remove(str(FUZZ))
+    corpus = tmp_path / "corpus"
+    seeds = seeds_o4n1.write_corpus(corpus)
+    stored = sorted((FUZZ / "corpus" / "o4n1").iterdir())
+    assert seeds and stored and sum(p.stat().st_size for p in stored) < 20_000
+    for p in stored:
+        shutil.copyfile(p, corpus / p.name)
+    exe = fuzzer.parent / "fuzz_o4n1"
+    r = subprocess.run([str(exe), f"-artifact_prefix={tmp_path}/", *map(str, stored + seeds)], capture_output=True,
+                       text=True, cwd=tmp_path, env=_env(), timeout=120)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, f"replay: exit {r.returncode}\n{_tail(log)}"
+    assert len(re.findall(r"^Executed .* in \d+ ms", log, re.M)) == len(stored) + len(seeds), _tail(log)
+    cmd = [str(exe), str(corpus), "-seed=1", "-max_total_time=10", "-rss_limit_mb=2048", "-timeout=10",
+           "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=130)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, f"libFuzzer exited with {r.returncode}; artifacts {_crashes(tmp_path)}\n{_tail(log)}"
+    assert "ERROR: AddressSanitizer" not in log and "runtime error:" not in log, _tail(log)
+    assert not _crashes(tmp_path)

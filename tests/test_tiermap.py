@@ -108,7 +108,7 @@ def test_emit_map_round_trip_and_atomic(qwen, tmp_path):
     back = orkpy.TierMap.load(out)
     assert back == tm and back.tied and back.source == "qwen3-skel-tied-Q4_K_M.gguf"
     text = out.read_text()
-    assert text.startswith("# orkpy tier map v1\n")
+    assert text.startswith("# orkpy tier map v2\n")
     assert "blk.0.attn_v.weight\tint8\tQ6_K\t128x256\n" in text
 
 

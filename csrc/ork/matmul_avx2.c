@@ -1,6 +1,12 @@
 /* matmul_avx2.c - AVX2 int8 matmul kernels: LUT inflate with pshufb, int8
- * dot products via maddubs/madd (the sign trick: |x| * sign(w, x)); exact
- * because |x|, |w| <= 127 keeps every int16 pair sum below 32767. */
+ * dot products via maddubs/madd with the sign trick. maddubs multiplies an
+ * unsigned by a signed byte, so one operand goes in as its magnitude and the
+ * other takes its sign: the magnitude of -128 is 128 as an unsigned byte, but
+ * sign() of a negative value cannot give +128. The int8 strip kernel takes
+ * the magnitude of the weight, |w| * sign(x, w): exact for any int8 weight
+ * (-128 included) and x in [-127, 127], every int16 pair sum at most
+ * 2 * 128 * 127 = 32512 < 32767. The 4-bit GEMV, whose weights are LUT
+ * entries in [-127, 127], keeps |x| * sign(w, x) with |x| hoisted per tile. */
 #if defined(__x86_64__) || defined(__i386__)
 #ifndef __AVX2__
 #error "matmul_avx2.c must be compiled with -mavx2"
@@ -25,9 +31,15 @@ static void inflate_strip_avx2(const uint8_t *nib, size_t KB, const int8_t lut[1
         _mm256_storeu_si256((__m256i *)(strip + r * 32), inflate32(nib + r * 16, tbl));
 }
 
-/* 8 int32 partial sums of x . w over 32 int8 */
+/* 8 int32 partial sums of x . w over 32 int8, |x| given (w, x in [-127, 127]) */
 static inline __m256i dot32(__m256i xabs, __m256i xs, __m256i w) {
     __m256i p16 = _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(w, xs));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* the same with |w| given: any int8 w, x in [-127, 127] */
+static inline __m256i dot32w(__m256i wabs, __m256i w, __m256i xs) {
+    __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xs, w));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
@@ -63,12 +75,12 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
             for (size_t kb = 0; kb < KB; kb++) {
                 __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
                 __m256i xs1 = _mm256_loadu_si256((const __m256i *)(x1 + kb * 32));
-                __m256i xa0 = _mm256_abs_epi8(xs0), xa1 = _mm256_abs_epi8(xs1);
                 const int8_t *w = strip + (kb * 32 + i0) * 32;
                 for (int r = 0; r < 8; r++) {
                     __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
-                    a0[r] = _mm256_add_epi32(a0[r], dot32(xa0, xs0, wr));
-                    a1[r] = _mm256_add_epi32(a1[r], dot32(xa1, xs1, wr));
+                    __m256i wa = _mm256_abs_epi8(wr);
+                    a0[r] = _mm256_add_epi32(a0[r], dot32w(wa, wr, xs0));
+                    a1[r] = _mm256_add_epi32(a1[r], dot32w(wa, wr, xs1));
                 }
             }
             _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
@@ -82,10 +94,11 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
             for (int r = 0; r < 8; r++) a0[r] = _mm256_setzero_si256();
             for (size_t kb = 0; kb < KB; kb++) {
                 __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
-                __m256i xa0 = _mm256_abs_epi8(xs0);
                 const int8_t *w = strip + (kb * 32 + i0) * 32;
-                for (int r = 0; r < 8; r++)
-                    a0[r] = _mm256_add_epi32(a0[r], dot32(xa0, xs0, _mm256_loadu_si256((const __m256i *)(w + r * 32))));
+                for (int r = 0; r < 8; r++) {
+                    __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
+                    a0[r] = _mm256_add_epi32(a0[r], dot32w(_mm256_abs_epi8(wr), wr, xs0));
+                }
             }
             _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
         }

@@ -65,12 +65,16 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     if ((uint64_t)len != soff + sbytes)
         return BAD("file is %zu bytes but the header describes %llu (truncated or trailing data)", len,
                    (unsigned long long)(soff + sbytes));
+    const double cap = ork_pack_max_scale((size_t)K);
     for (uint64_t n = 0; n < N; n++) {
         uint32_t bits = get32(buf + ORK_O4N1_HEADER + 4 * n);
         float s;
         memcpy(&s, &bits, 4);
         if (!isfinite(s) || s < 0.0f || (bits == 0x80000000u))
             return BAD("scale[%llu] = %g is not a finite non-negative number", (unsigned long long)n, (double)s);
+        if ((double)s > cap)
+            return BAD("scale[%llu] = %g exceeds %g, the largest scale for K = %llu (scale * 127 * 127 * K must fit "
+                       "float32)", (unsigned long long)n, (double)s, cap, (unsigned long long)K);
     }
     for (uint64_t p = ORK_O4N1_HEADER + 4 * N; p < soff; p++)
         if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);

@@ -10,12 +10,13 @@
  *   32 16  int8 lut[16]: the kind's LUT (O4N1), all zero (O8N1)
  *   48  8  u64 store offset = round_up(64 + 4*N, 64)
  *   56  8  u64 store bytes  = Np*Kp/2 (O4N1) or Np*Kp (O8N1), see pack.h
- *   64 4N  f32 bscale[N], finite and >= 0
+ *   64 4N  f32 bscale[N], finite, >= +0 and <= ork_pack_max_scale(K) (pack.h)
  *   ..     zero bytes up to the store offset
  *   store offset: the tile store of pack.h; the file ends right after it.
  *
  * ork_o4n1_parse checks every field against the others and the buffer length
- * and returns ORK_EFORMAT naming the first problem. Never reads out of bounds.
+ * (and every scale, and every int8 code of an O8N1 store: no -128) and
+ * returns ORK_EFORMAT naming the first problem. Never reads out of bounds.
  */
 #ifndef ORK_O4N1_H
 #define ORK_O4N1_H

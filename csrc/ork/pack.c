@@ -1,6 +1,7 @@
 /* pack.c - tile packing and the threaded matmul drivers (see pack.h). */
 #include "pack.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,36 @@ ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void
     return ORK_OK;
 }
 
+/* ------------------------------------------------------------ doors --- */
+ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size_t K, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st || is4(kind)) return st;
+    const size_t KB = ork_pack_round32(K) / 32, bytes = ork_pack_store_bytes(kind, N, K);
+    const uint8_t *s = (const uint8_t *)store, *hit = memchr(s, 0x80, bytes);
+    if (!hit) return ORK_OK;
+    size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
+    size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
+    if (n < N && k < K)
+        return ork_err_set(err, ORK_EINVAL, "int8 weight code -128 at [%zu, %zu]: codes must be in [-127, 127]", n, k);
+    return ork_err_set(err, ORK_EINVAL, "int8 store holds -128 in its padding (store byte %zu): codes must be in "
+                       "[-127, 127] and padding 0", off);
+}
+
+double ork_pack_max_scale(size_t K) { return (double)FLT_MAX / (127.0 * 127.0 * (double)(K ? K : 1)); }
+
+ork_status ork_pack_check_scales(const float *bscale, size_t N, size_t K, ork_status code, ork_err *err) {
+    const double cap = ork_pack_max_scale(K);
+    for (size_t n = 0; n < N; n++) {
+        float s = bscale[n];
+        if (!isfinite(s) || s < 0.0f || (s == 0.0f && signbit(s)))
+            return ork_err_set(err, code, "scale[%zu] = %g is not a finite non-negative number", n, (double)s);
+        if ((double)s > cap)
+            return ork_err_set(err, code, "scale[%zu] = %g exceeds %g, the largest scale for K = %zu (scale * 127 * 127 "
+                               "* K must fit float32)", n, (double)s, cap, K);
+    }
+    return ORK_OK;
+}
+
 /* ----------------------------------------------------- activations ---- */
 ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
                                     int8_t *xq, float *ascale, ork_err *err) {
@@ -185,8 +216,8 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     return ORK_OK;
 }
 
-static ork_status run_strips(mm_job *j, int nthreads, ork_err *err) {
-    j->mk = ork_matmul_kernels_active();
+static ork_status run_strips(mm_job *j, const ork_matmul_kernels *mk, int nthreads, ork_err *err) {
+    j->mk = mk ? mk : ork_matmul_kernels_active();
     size_t NB = ork_pack_round32(j->N) / 32;
     int nt = ork_pool_threads_for(nthreads, (double)j->M * (double)j->N * (double)j->KB * 32.0, 1 << 20);
     return ork_parallel_for(nt, NB, 1, mm_strips, j, err);
@@ -201,9 +232,19 @@ ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16]
     size_t Kp = ork_pack_round32(K);
     int8_t *xp = (int8_t *)calloc(M * Kp, 1);
     if (!xp) return ork_err_set(err, ORK_ENOMEM, "out of memory for padded activations");
-    for (size_t m = 0; m < M; m++) memcpy(xp + m * Kp, xq + m * K, K);
+    int has_m128 = 0;
+    for (size_t m = 0; m < M; m++) {
+        memcpy(xp + m * Kp, xq + m * K, K);
+        if (!has_m128 && memchr(xq + m * K, 0x80, K)) has_m128 = 1;
+    }
+    if (has_m128 && K >= ORK_PACK_MAX_K) {
+        free(xp);
+        return ork_err_set(err, ORK_EINVAL, "activations of -128 need K < %zu (K * 128 * 128 must fit int32), got K = %zu",
+                           ORK_PACK_MAX_K, K);
+    }
     mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, out, NULL, NULL, NULL, NULL};
-    st = run_strips(&j, nthreads, err);
+    /* the SIMD kernels are exact for activations in [-127, 127]; -128 takes the scalar kernels, exact for any int8 */
+    st = run_strips(&j, has_m128 ? &ork_matmul_kernels_ref : NULL, nthreads, err);
     free(xp);
     return st;
 }
@@ -226,7 +267,7 @@ ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16]
     st = ork_quantize_activations(x, M, K, Kp, per_tensor, xp, as, err);
     if (st == ORK_OK) {
         mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, NULL, out, as, bscale, NULL};
-        st = run_strips(&j, nthreads, err);
+        st = run_strips(&j, NULL, nthreads, err);
     }
     free(xp);
     free(as);

@@ -18,17 +18,33 @@
  *
  * ------------------------------------------------------------ matmul ----
  *   acc[m][n] = sum_k xq[m][k] * Wq[n][k]     (int32, exact)
- * with Wq = lut[code] (4-bit) or the int8 code. Operands are in [-127, 127]
- * (the quantizers never produce -128, activations are quantized to
- * [-127, 127]), so |product| <= 16129 and K <= ORK_PACK_MAX_K keeps every
- * partial sum inside int32: every ISA, blocking and thread count gives
- * bit-identical accumulators.
+ * with Wq = lut[code] (4-bit) or the int8 code. The result is the exact
+ * integer for any int8 operands, -128 included, on every ISA, blocking and
+ * thread count (bit-identical accumulators):
+ *   - weights are in [-127, 127] wherever a store enters a long-lived object
+ *     (ork_pack, the O4N1 parser, ork_pack_check_store: the PackedWeight
+ *     constructor, the forward model), but the SIMD kernels are exact for any
+ *     int8 weight, so a store that bypassed those doors (a raw store given to
+ *     a driver, a store written to after its check) still gives the exact
+ *     answer;
+ *   - activations from the quantizer are in [-127, 127]; int8 activations
+ *     given to ork_matmul_int that hold -128 run on the scalar _ref kernels
+ *     (the one product no SIMD int8 dot product here computes exactly is
+ *     -128 * -128: AVX2's maddubs saturates 2 * 16384), and need
+ *     K < ORK_PACK_MAX_K so that K * 128 * 128 fits int32.
+ * Otherwise |product| <= 128 * 127 and K <= ORK_PACK_MAX_K keep every
+ * partial sum inside int32.
  *
  * Float path (PackedWeight.matmul): activations are quantized per row
  * (per_token) or per tensor with the int8 quantizer of quant.h (scale
  * a = absmax/127, round half away from zero), and
  *   y[m][n] = ((float)acc[m][n] * a[m]) * bscale[n]      (float32, no FMA)
  * A zero activation row (absmax < 1e-30) has a = 0 and gives y = 0.
+ *
+ * bscale[n] is finite, >= +0 (not -0) and at most ork_pack_max_scale(K) =
+ * FLT_MAX / (127 * 127 * K): the largest |acc| times the scale then fits
+ * float32, so y is finite for activations with absmax <= 1 (and scales
+ * with absmax: |y| <= 127 * K * absmax(x) * bscale[n]).
  */
 #ifndef ORK_PACK_H
 #define ORK_PACK_H
@@ -54,16 +70,28 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
 /* The inverse: tile store -> row-major codes (for tests and round trips). */
 ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void *codes, ork_err *err);
 
+/* The doors of a store: an int8 store must not hold -128 anywhere (padding
+ * included); ORK_EINVAL naming the weight [n, k] or the padding byte. 4-bit
+ * stores are always valid (every nibble is a LUT index). */
+ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size_t K, ork_err *err);
+/* The largest bscale entry for K inputs (see above). */
+double ork_pack_max_scale(size_t K);
+/* Every bscale[n] finite, not negative (nor -0) and <= ork_pack_max_scale(K);
+ * else `code` (ORK_EINVAL for an argument, ORK_EFORMAT for a file) naming n. */
+ork_status ork_pack_check_scales(const float *bscale, size_t N, size_t K, ork_status code, ork_err *err);
+
 /* ------------------------------------------------------- per-ISA kernels */
 typedef struct ork_matmul_kernels {
     const char *isa;
     /* inflate one 4-bit strip (KB tiles of 32x16 bytes) into int8 (KB x 32 x 32) */
     void (*inflate_strip)(const uint8_t *nib, size_t KB, const int8_t lut[16], int8_t *strip);
     /* acc[m*32 + i] = sum over the strip of x[m][k] * strip[kb][i][k - kb*32];
-     * x rows have stride ldx (>= KB*32, zero padded), M rows. */
+     * x rows have stride ldx (>= KB*32, zero padded), M rows. Exact for any
+     * int8 strip and x in [-127, 127]. */
     void (*gemm_strip_i8)(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
                           int32_t *acc);
-    /* GEMV straight from the 4-bit strip, no intermediate buffer (M = 1) */
+    /* GEMV straight from the 4-bit strip, no intermediate buffer (M = 1);
+     * lut entries and x in [-127, 127] */
     void (*gemv_strip_i4)(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
                           int32_t *acc);
 } ork_matmul_kernels;

@@ -23,6 +23,16 @@ PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg);
+/* packed_check(store, kind, N, K, bscale): the PackedWeight constructor's door (codes, scales) */
+PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw);
+
+/* py_map.c: orkpy._core.MappedFile (guarded read-only file mappings, csrc/ork/mapguard.h) */
+int orkpy_map_init(PyObject *module);
+/* new reference to the MappedFile an array / memoryview (base chain) views, or NULL without an exception */
+PyObject *orkpy_map_of(PyObject *obj);
+/* 0 while that file is unchanged, else -1 with orkpy.FormatError naming it (MappedFile.check) */
+int orkpy_map_check(PyObject *map);
+PyObject *orkpy_mapguard_state(PyObject *self, PyObject *unused);
 
 /* gguf_parse(buffer) -> dict(version, alignment, data_offset, metadata=[(key, type, value)],
  *   tensors=[(name, type_id, ne, offset, data_offset, nbytes, info_offset)]) */

@@ -71,6 +71,11 @@ static PyObject *exception_for(ork_status st) {
     }
 }
 
+PyObject *orkpy_raise_text(ork_status st, PyObject *text) {
+    PyErr_SetObject(exception_for(st), text);
+    return NULL;
+}
+
 PyObject *orkpy_raise(ork_status st, const ork_err *err) {
     const char *msg = (err && err->msg[0]) ? err->msg : ork_status_name(st);
     if (st == ORK_ENOMEM && !(err && err->msg[0])) return PyErr_NoMemory();

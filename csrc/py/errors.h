@@ -11,5 +11,7 @@ int orkpy_errors_init(PyObject *module);
 /* Sets a Python exception for st (st != ORK_OK) with err's message (or a
  * generic one) and returns NULL, so callers can `return orkpy_raise(...)`. */
 PyObject *orkpy_raise(ork_status st, const ork_err *err);
+/* The same with a ready message (e.g. one that names a file); returns NULL. */
+PyObject *orkpy_raise_text(ork_status st, PyObject *text);
 
 #endif

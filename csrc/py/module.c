@@ -346,6 +346,10 @@ static PyMethodDef core_methods[] = {
     {"packed_header", (PyCFunction)(void (*)(void))orkpy_packed_header, METH_VARARGS | METH_KEYWORDS,
      "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
+    {"packed_check", (PyCFunction)(void (*)(void))orkpy_packed_check, METH_VARARGS | METH_KEYWORDS,
+     "packed_check(store, kind, N, K, bscale): ValueError/TypeError unless a valid PackedWeight (codes, scales)"},
+    {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,
+     "mapguard_state() -> dict(installed, mappings): the SIGBUS guard of MappedFile"},
     {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets) -> float64 NLL per row (llama-perplexity)"},
     {"npu_matmul_task", (PyCFunction)(void (*)(void))orkpy_npu_matmul_task, METH_VARARGS | METH_KEYWORDS,
      "npu_matmul_task(dtype, M, K, N, in_addr, w_addr, out_addr) -> uint64[108] register commands"},
@@ -373,7 +377,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     import_array();
     PyObject *m = PyModule_Create(&core_module);
     if (!m) return NULL;
-    if (orkpy_errors_init(m) < 0 || orkpy_model_init(m) < 0 || orkpy_npu_init(m) < 0) {
+    if (orkpy_errors_init(m) < 0 || orkpy_model_init(m) < 0 || orkpy_npu_init(m) < 0 ||
+        orkpy_map_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -29,7 +29,30 @@ typedef struct {
     ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
     PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
     PyObject **npu_keep;     /* per linear (all_linears order): the NPUWeight it runs on, or NULL */
+    PyObject *maps;          /* list of the distinct MappedFiles the kept arrays view (checked around a forward) */
 } FwdObject;
+
+/* every file the model's arrays map still unchanged (docs/security.md), else FormatError */
+static int fwd_check_maps(FwdObject *self) {
+    if (!self->maps) return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->maps); i++)
+        if (orkpy_map_check(PyList_GET_ITEM(self->maps, i)) < 0) return -1;
+    return 0;
+}
+
+static int fwd_collect_maps(FwdObject *self) {
+    Py_XDECREF(self->maps);
+    if (!(self->maps = PyList_New(0))) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->keep); i++) {
+        PyObject *m = orkpy_map_of(PyList_GET_ITEM(self->keep, i));
+        if (!m) continue;
+        int have = PySequence_Contains(self->maps, m);
+        int r = have ? 0 : PyList_Append(self->maps, m);
+        Py_DECREF(m);
+        if (have < 0 || r < 0) return -1;
+    }
+    return 0;
+}
 
 /* Take the model's lock without holding the GIL while waiting (so a forward
  * running in another thread can finish), then hold the GIL again. */
@@ -92,6 +115,7 @@ static void fwd_dealloc(FwdObject *self) {
     PyMem_Free(self->x2n);
     PyMem_Free(self->layers);
     Py_XDECREF(self->keep);
+    Py_XDECREF(self->maps);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -180,6 +204,18 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), 1, name, bd))) return -1;
         if (bd[0] != N) {
             PyErr_Format(PyExc_ValueError, "%s: bscale has %zd entries, expected %zd", name, (Py_ssize_t)bd[0], N);
+            return -1;
+        }
+        ork_err err; /* the door of a packed linear: codes and scales (pack.h) */
+        err.msg[0] = '\0';
+        ork_status st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
+        if (st == ORK_OK) st = ork_pack_check_scales(l->bscale, (size_t)N, (size_t)K, ORK_EINVAL, &err);
+        if (st != ORK_OK) {
+            PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
+            if (msg) {
+                orkpy_raise_text(st, msg);
+                Py_DECREF(msg);
+            }
             return -1;
         }
         l->path = ORK_LIN_PACKED;
@@ -276,7 +312,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         orkpy_raise(st, &err);
         return -1;
     }
-    return 0;
+    return fwd_collect_maps(self);
 }
 
 static PyArrayObject *tokens_arg(PyObject *obj) {
@@ -336,12 +372,23 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
         Py_DECREF(out);
         return NULL;
     }
+    if (fwd_check_maps(self) < 0) {
+        fwd_unlock(self);
+        Py_DECREF(t);
+        Py_DECREF(out);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
                            (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
+    int changed = fwd_check_maps(self); /* a file that changed during the pass voids its result */
     fwd_unlock(self);
     Py_DECREF(t);
+    if (changed < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
     if (st != ORK_OK) {
         Py_DECREF(out);
         return orkpy_raise(st, &err);
@@ -612,10 +659,12 @@ static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st = ORK_ENOMEM;
+    if (y && fwd_check_maps(self) < 0) Py_CLEAR(y);
     if (y) {
         Py_BEGIN_ALLOW_THREADS
         st = ork_ffn_chain(L, L->ffn, (const float *)PyArray_DATA(h), (size_t)dims[0], (float *)PyArray_DATA(y), 0, &err);
         Py_END_ALLOW_THREADS
+        if (fwd_check_maps(self) < 0) Py_CLEAR(y);
     }
     Py_DECREF(h);
     if (!y) return NULL;

@@ -236,3 +236,43 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
                          "store_offset", (unsigned long long)info.store_off, "store_bytes",
                          (unsigned long long)info.store_bytes);
 }
+
+/* packed_check(store, kind, N, K, bscale): the door of PackedWeight(...): the
+ * store's dtype and shape, its codes (no int8 -128) and the scales (finite,
+ * >= +0, <= ork_pack_max_scale(K)); ValueError / TypeError naming the entry. */
+PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", NULL};
+    PyObject *s_obj, *b_obj;
+    const char *kind_s;
+    Py_ssize_t N, K;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO:packed_check", kwlist, &s_obj, &kind_s, &N, &K, &b_obj))
+        return NULL;
+    ork_kind kind;
+    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0) return NULL;
+    PyArrayObject *store = NULL, *bs = NULL;
+    PyObject *result = NULL;
+    if (!(store = as_store(s_obj, kind, N, K))) goto done;
+    if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
+    if (PyArray_DIM(bs, 0) != N) {
+        PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
+        goto done;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_pack_check_store(kind, PyArray_DATA(store), (size_t)N, (size_t)K, &err);
+    if (st == ORK_OK)
+        st = ork_pack_check_scales((const float *)PyArray_DATA(bs), (size_t)N, (size_t)K, ORK_EINVAL, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(store);
+    Py_XDECREF(bs);
+    return result;
+}

@@ -2,6 +2,7 @@
  * NEON+sdot on aarch64, the latter when the CPU has dotprod) against the
  * scalar _ref, and the drivers against a naive int64 matmul, 1 and 3 threads.
  * Prints failures and a closing "N passed, N failed" line. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +52,65 @@ static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kerne
             CHECK(memcmp(a1, a2, 32 * 4) == 0, "%s gemv4 KB=%zu", kv->isa, KB);
             free(x); free(a1); free(a2);
         }
+        /* int8 weights of -128 (a store that bypassed the doors) with activations in [-127, 127]:
+         * exact on every kernel (AVX2 takes |w| as the unsigned operand) */
+        for (size_t i = 0; i < KB * 1024; i++) s1[i] = (i % 7 == 0) ? -128 : rnd_i8();
+        for (size_t M = 1; M <= 3; M++) {
+            int8_t *x = malloc(M * KB * 32);
+            for (size_t i = 0; i < M * KB * 32; i++) x[i] = (i % 3 == 0) ? -127 : rnd_i8();
+            int32_t *a1 = malloc(M * 32 * 4), *a2 = malloc(M * 32 * 4);
+            ref->gemm_strip_i8(s1, KB, x, KB * 32, M, a1);
+            kv->gemm_strip_i8(s1, KB, x, KB * 32, M, a2);
+            CHECK(memcmp(a1, a2, M * 32 * 4) == 0, "%s gemm with weight -128 KB=%zu M=%zu", kv->isa, KB, M);
+            for (size_t i = 0; i < KB * 1024; i++) s2[i] = -128;
+            for (size_t i = 0; i < M * KB * 32; i++) x[i] = -127;
+            kv->gemm_strip_i8(s2, KB, x, KB * 32, M, a2);
+            int all = 1;
+            for (size_t i = 0; i < M * 32; i++) all &= a2[i] == (int32_t)(KB * 32 * 128 * 127);
+            CHECK(all, "%s gemm all -128 x -127 KB=%zu M=%zu", kv->isa, KB, M);
+            free(x); free(a1); free(a2);
+        }
         free(nib); free(s1); free(s2);
     }
+}
+
+/* the doors and the -128 contract of pack.h, with the active kernels */
+static void minus_128(void) {
+    const size_t M = 3, K = 70, N = 40, KB = 3;
+    int8_t *store = calloc(2 * KB * 1024, 1), *x = malloc(M * K);
+    int8_t w[40][70];
+    for (size_t n = 0; n < N; n++)
+        for (size_t k = 0; k < K; k++) {
+            w[n][k] = (n == 3 || k == 5) ? -128 : rnd_i8();
+            store[((n / 32) * KB + k / 32) * 1024 + (n % 32) * 32 + k % 32] = w[n][k];
+        }
+    for (size_t i = 0; i < M * K; i++) x[i] = (i < K || i % 5 == 0) ? -128 : rnd_i8();
+    int32_t out[3 * 40];
+    ork_err err;
+    CHECK(ork_matmul_int(ORK_KIND_INT8, store, NULL, N, K, x, M, out, 2, &err) == ORK_OK, "mm with -128");
+    int ok = 1;
+    for (size_t m = 0; m < M; m++)
+        for (size_t n = 0; n < N; n++) {
+            long long s = 0;
+            for (size_t k = 0; k < K; k++) s += (long long)x[m * K + k] * w[n][k];
+            ok &= s == out[m * N + n];
+        }
+    CHECK(ok, "-128 weights and activations: exact with %s", ork_matmul_kernels_active()->isa);
+    CHECK(out[3] == 128 * 128 * (int)K, "row 0 x weight row 3 = 128 * 128 * K");
+    CHECK(ork_pack_check_store(ORK_KIND_INT8, store, N, K, &err) == ORK_EINVAL && strstr(err.msg, "[0, 5]"),
+          "check_store names the first -128: %s", err.msg);
+    CHECK(ork_pack_check_store(ORK_KIND_NF4, store, N, K, &err) == ORK_OK, "4-bit stores hold no -128");
+    float sc[2] = {1.0f, 0.0f};
+    CHECK(ork_pack_check_scales(sc, 2, K, ORK_EINVAL, &err) == ORK_OK, "scales 1, 0");
+    sc[1] = -0.0f;
+    CHECK(ork_pack_check_scales(sc, 2, K, ORK_EFORMAT, &err) == ORK_EFORMAT, "scale -0 refused");
+    sc[1] = 3e38f;
+    CHECK(ork_pack_check_scales(sc, 2, K, ORK_EINVAL, &err) == ORK_EINVAL && strstr(err.msg, "exceeds"), "3e38: %s",
+          err.msg);
+    sc[1] = (float)ork_pack_max_scale(K);
+    if ((double)sc[1] > ork_pack_max_scale(K)) sc[1] = nextafterf(sc[1], 0.0f);
+    CHECK(ork_pack_check_scales(sc, 2, K, ORK_EINVAL, &err) == ORK_OK, "the largest scale");
+    free(store); free(x);
 }
 
 static void drivers_vs_naive(void) {
@@ -121,6 +179,7 @@ int main(void) {
         ork_cpu_set_isa(ork_isa_name((ork_isa)i), &err);
         printf("drivers with %s kernels (%s)\n", ork_isa_name((ork_isa)i), ork_matmul_kernels_active()->isa);
         drivers_vs_naive();
+        minus_128();
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -2,7 +2,10 @@
 # Builds the libFuzzer targets for the GGUF parser + dequantizers and for the
 # strict NPU emulator:
 #
-#   bash tests/fuzz/build.sh OUTDIR        ->  OUTDIR/fuzz_gguf, OUTDIR/fuzz_npu_emu
+#   bash tests/fuzz/build.sh OUTDIR        ->  OUTDIR/fuzz_gguf, OUTDIR/fuzz_npu_emu, OUTDIR/fuzz_o4n1
+#
+# (tests/fuzz/run.py builds them and runs any target, C or Python, for a given
+# time: python3 tests/fuzz/run.py --list)
 #
 # Needs clang with the libFuzzer runtime (Debian bookworm: apt-get install
 # clang libclang-rt-14-dev). CC=clang-NN overrides the compiler.
@@ -38,5 +41,30 @@ CC="${CC:-clang}"
 "$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
   -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -I"$core" \
   "$here/fuzz_npu_emu.c" "$core/npu/emu.c" "$core/npu/regcmd.c" "$core/status.c" -o "$out/fuzz_npu_emu"
+# the O4N1/O8N1 parser + the matmul over what it accepts, on every ISA of this
+# CPU (seeds: seeds_o4n1.py, corpus/o4n1/). Each file gets its SIMD flags as
+# in setup.py, so the SIMD kernels are compiled as in the extension.
+objs="$out/o4n1-objs"
+mkdir -p "$objs"
+srcs=(o4n1.c pack.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c)
+case "$(uname -m)" in
+  x86_64|amd64) srcs+=(quant_avx2.c matmul_avx2.c) ;;
+  aarch64|arm64) srcs+=(quant_neon.c matmul_neon.c matmul_neondot.c) ;;
+esac
+o4n1_objs=()
+for s in "${srcs[@]}" ../../tests/fuzz/fuzz_o4n1.c; do
+  simd=()
+  case "$s" in
+    *_avx2.c) simd=(-mavx2 -mfma) ;;
+    *_neondot.c) simd=(-march=armv8.2-a+dotprod) ;;
+  esac
+  o="$objs/$(basename "$s" .c).o"
+  "$CC" -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
+    -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers "${simd[@]}" \
+    -I"$core" -c "$core/$s" -o "$o"
+  o4n1_objs+=("$o")
+done
+"$CC" -fsanitize=fuzzer,address,undefined "${o4n1_objs[@]}" -pthread -lm -o "$out/fuzz_o4n1"
 echo "$out/fuzz_gguf"
 echo "$out/fuzz_npu_emu"
+echo "$out/fuzz_o4n1"
