@@ -35,14 +35,14 @@ DEFAULT_GGUF = os.path.join(SHARED, "models", "qwen3-skeleton", "qwen3-skel-tied
 QWEN3_1_7B = dict(hidden=2048, ffn=6144, layers=28, n_head=16, n_head_kv=8, head_dim=128, vocab=151936, tied=True)
 
 # airockchip/rknn-llm v1.3.0 benchmark.md, RK3588, w8a8, seqlen 128, 64 new tokens, max CPU/NPU freq
-# (via ../shared/docs/npu-anchors.md section 3.2). Qwen3 1.7B itself is not in that table.
+# (docs/npu.md, "Sources of the facts"). Qwen3 1.7B itself is not in that table.
 RKLLM = [("Qwen2.5 1.5B", 16.69), ("InternLM2 1.8B", 15.45), ("Qwen3-VL 2B (LLM part)", 14.98),
          ("Qwen3.5 2B", 13.59)]
 
 BYTES = ("w_bytes", "in_bytes", "out_bytes", "cmd_bytes")
 QWORDS_PER_TASK = 108  # 104 body + 4 tail
-NPU_MAC_PER_CYCLE, NPU_HZ = 1024, 1.0e9  # per core, int8 (npu-anchors.md section 5)
-SUBMIT_S = 0.218e-3  # one tiny submit on the vendor driver (allbilly multicore.md, npu-anchors.md section 5)
+NPU_MAC_PER_CYCLE, NPU_HZ = 1024, 1.0e9  # per core, int8 (RK3588 TRM; docs/npu.md, sources)
+SUBMIT_S = 0.218e-3  # one tiny submit on the vendor driver (allbilly multicore.md; docs/npu.md, sources)
 
 
 def model_dims(path):
@@ -127,8 +127,8 @@ def main():
 
     print("ESTIMATE: bandwidth bound, no compute/submit overhead (bytes/token above / DRAM bandwidth; "
           "not measured, no board here)")
-    print(f"  33.8 GB/s = RK3588 theoretical: LPDDR4x-4224 (DMC 2112 MHz) x 64 bit (npu-anchors.md section 5, "
-          f"an inference there)")
+    print(f"  33.8 GB/s = RK3588 theoretical: LPDDR4x-4224 (DMC 2112 MHz) x 64 bit (docs/npu.md, "
+          f"sources; an inference)")
     hdr2 = f"  {'DRAM GB/s':>10}{'ms/token':>10}{'tok/s':>8}"
     print(hdr2)
     for bw in args.bandwidth:
@@ -147,7 +147,7 @@ def main():
     print("  Qwen3 1.7B itself is NOT in that table; the nearest models listed:")
     for name, tps in RKLLM:
         print(f"  {name:<24}{tps:>7.2f} tok/s")
-    print("  (other models, so no ratio is taken; npu-anchors.md section 5 derives >= 25.8 GB/s effective weight "
+    print("  (other models, so no ratio is taken; docs/npu.md derives >= 25.8 GB/s effective weight "
           "streaming from the Qwen2.5 1.5B figure: compare with the 25 GB/s row)")
     print()
 

@@ -1,11 +1,13 @@
-"""Atomic file writing (a temp file in the target's folder, fsync, rename: a
-crash mid-write never leaves a half file under the final name; every writer,
-thread or process, has its own temp name, so concurrent saves to one path end
-with one writer's complete file) and progress reports (a live bar on a
-terminal, sparse plain lines otherwise)."""
+"""File I/O shared by every module: atomic file writing (a temp file in the
+target's folder, fsync, rename: a crash mid-write never leaves a half file under
+the final name; every writer, thread or process, has its own temp name, so
+concurrent saves to one path end with one writer's complete file), reading a
+text as llama.cpp's tools do, SHA-256 of files, and progress reports (a live
+bar on a terminal, sparse plain lines otherwise)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import secrets
@@ -72,6 +74,41 @@ def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryv
     with atomic_open(path) as f:
         for c in chunks:
             f.write(c)
+
+
+def read_text_like_llama_cpp(path: StrPath) -> str:
+    """A text file as llama-perplexity -f reads it: UTF-8, one trailing newline dropped.
+    A file that is not UTF-8 raises ValueError naming it and the first bad byte's offset."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
+                         f"({e.reason})") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def sha256_file(path: StrPath, bufsize: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(bufsize)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def sha256_dir(path: StrPath) -> str:
+    """Hex SHA-256 over the sorted (name, SHA-256) of the regular files directly in a folder."""
+    h = hashlib.sha256()
+    for fn in sorted(os.listdir(path)):
+        fp = os.path.join(path, fn)
+        if os.path.isfile(fp):
+            h.update(fn.encode() + b"\0" + sha256_file(fp).encode())
+    return h.hexdigest()
 
 
 PLAIN_EVERY = 0.10      # plain progress lines: one per 10 % of the total (if PLAIN_GAP s have passed) ...

@@ -12,6 +12,7 @@ import textwrap
 
 from . import __version__
 from ._core import NPUError, UnavailableError
+from ._io import read_text_like_llama_cpp  # noqa: F401 -- also orkpy.cli.read_text_like_llama_cpp, as before
 
 EPILOG = """\
 exit status:
@@ -253,32 +254,15 @@ def _cmd_tier_map(args):
     return 0
 
 
-def read_text_like_llama_cpp(path):
-    """A text file as llama-perplexity -f reads it: UTF-8, one trailing newline dropped.
-    A file that is not UTF-8 raises ValueError naming it and the first bad byte's offset."""
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{os.fspath(path)}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} "
-                         f"({e.reason})") from None
-    return text[:-1] if text.endswith("\n") else text
-
-
 def _weights_arg(spec):
     """--weights: a path name, an emit-map file, or a GGUF whose types allocate the tiers."""
-    import os
-
     from .model import PATHS
-    from .tiermap import TierMap, tier_map
+    from .source import read_allocation
     if spec in PATHS:
         return spec
     if not os.path.exists(spec):
         raise UsageError(f"--weights {spec!r} is neither a path name ({', '.join(PATHS)}) nor a file")
-    if spec.endswith(".gguf"):
-        return tier_map(spec)
-    return TierMap.load(spec)
+    return read_allocation(spec).tiers
 
 
 _PACKED_WEIGHTS = "int8, nf4, int4, an emit-map file or an allocation GGUF with int8/int4 tiers"
@@ -373,13 +357,13 @@ def _cmd_quantize(args):
 def _cmd_ffn_sweep(args):
     from .ffn import sweep
     from .gguf import GGUFFile
-    from .model import _hparams
+    from .source import hparams
 
     if args.json_out:
         _check_output_path(args.json_out, "--json-out")
     text, calib = read_text_like_llama_cpp(args.text), read_text_like_llama_cpp(args.calib)
     with GGUFFile(args.model) as g:
-        _warn_ctx(_hparams(g).get("n_ctx_train"), args.ctx, args.command)
+        _warn_ctx(hparams(g).get("n_ctx_train"), args.ctx, args.command)
     rows, stats = sweep(args.model, text, calib, n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks,
                         threads=args.threads, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
     if args.json:
@@ -499,6 +483,9 @@ _TEXT_HELP = "UTF-8 text file, one trailing newline dropped as llama-perplexity 
 
 
 def build_parser():
+    from .npu import BACKENDS
+    from .quant import FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
+
     p = _Parser(prog="orkpy", description=__doc__)
     p.add_argument("--version", action="version", version=f"orkpy {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -523,9 +510,9 @@ def build_parser():
     _add_common_args(s, ctx=512)
     s.add_argument("--weights", default="gguf",
                    help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
-    s.add_argument("--int4-kind", choices=["nf4", "int4"], default="nf4",
+    s.add_argument("--int4-kind", choices=FOUR_BIT_KINDS, default="nf4",
                    help="codebook of the int4-tier linears when --weights is a map or an allocation")
-    s.add_argument("--npu", choices=["emu", "rknpu", "rocket"], default=None,
+    s.add_argument("--npu", choices=BACKENDS, default=None,
                    help="run the packed linears' int8 matmuls on an NPU backend, same results as the CPU path; "
                         f"needs --weights {_PACKED_WEIGHTS} (default: the CPU)")
     s.add_argument("--save-logprobs", metavar="FILE", default=None,
@@ -557,7 +544,7 @@ def build_parser():
                    help="a llama.cpp mixed GGUF (its types only) or an emit-map file (required)")
     s.add_argument("--imatrix", default=None,
                    help="imatrix file, .dat or GGUF, llama.cpp's or orkpy's (default: none, plain absmax scales)")
-    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4", help="codebook of the int4 tier")
+    s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
     s.add_argument("--sr", action="store_true", help="stochastic rounding")
     s.add_argument("--seed", type=int, default=0, help="seed of the stochastic rounding")
     s.add_argument("--threshold", type=_threshold, default=5.0,
@@ -628,7 +615,7 @@ def build_parser():
     s.add_argument("--calib-chunks", type=_positive_int, default=None, metavar="N",
                    help="calibration chunks (default: all of --calib TEXT; without --calib, 10%% of the "
                         "evaluation text's chunks, at least 1)")
-    s.add_argument("--kind", choices=["nf4", "int4"], default="nf4", help="codebook of the int4 tier")
+    s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
     s.add_argument("--max-dppl", type=_gate_limit, default=None, metavar="X",
                    help="fail (exit 1) if PPL - source PPL of the main configuration exceeds X "
                         "(default: no limit)")

@@ -34,8 +34,8 @@ import numpy as np
 
 from . import _core
 
-MODES = ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point",
-         "per_channel_out", "unfused")
+#: "baseline" (the chain off) and the chain's modes from the C table (csrc/ork/ffn_chain.h)
+MODES = ("baseline",) + _core.ffn_modes()
 AUTO_C = 1.0
 MARGIN = 1.15
 
@@ -43,20 +43,9 @@ MARGIN = 1.15
 def prep(model, tokens, n_ctx=256, chunks=None, threads=None):
     """Run the per-op model over calibration tokens and return per-layer FFN
     statistics (gmax = max|gate| for free, max|silu|, max|up|, ...)."""
-    from .calibrate import calibration_chunks
-    from .ppl import tokens_for_ppl
-    tokens = tokens_for_ppl(model, tokens)
-    _, chunk_iter = calibration_chunks(model, tokens, n_ctx, None if chunks is None else int(chunks))
-    fwd = model._fwd
-    for i in range(model.hparams["n_layer"]):
-        fwd.set_ffn(i, None)
-    fwd.ffn_stats_enable()
-    try:
-        for chunk in chunk_iter:
-            fwd.forward(chunk, n_ctx - 1, 0 if threads is None else int(threads))
-    finally:
-        stats = fwd.ffn_stats_take()
-    return stats
+    tokens = model.tokens(tokens)
+    _, chunk_iter = model.chunks(tokens, n_ctx, None if chunks is None else int(chunks))
+    return model.collect_ffn_stats(chunk_iter, threads)
 
 
 def silu_percentile(stat, pct):
@@ -119,7 +108,7 @@ def configure(model, stats, modes):
     if len(modes) != n:
         raise ValueError(f"{len(modes)} modes for {n} layers")
     for i, mode in enumerate(modes):
-        model._fwd.set_ffn(i, None if mode == "baseline" else layer_params(stats[i], mode))
+        model.set_ffn(i, None if mode == "baseline" else layer_params(stats[i], mode))
     return modes
 
 

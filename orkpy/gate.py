@@ -25,11 +25,11 @@ import tempfile
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from ._io import read_text_like_llama_cpp
 from .calibrate import collect_imatrix, quantize_model
-from .cli import read_text_like_llama_cpp
 from .model import load_model
 from .ppl import PPLResult, perplexity, tokens_for_ppl
-from .tiermap import TierMap, tier_map
+from .source import read_allocation
 
 HOLDOUT_FRACTION = 0.10
 
@@ -84,7 +84,7 @@ def run_gate(model_path, alloc_path, text_path, calib_path=None, n_ctx: int = 25
 def _run(model_path, alloc_path, text_path, calib_path, n_ctx, chunks, calib_chunks, kind, work, threads,
          progress, log):
     name = os.path.basename
-    alloc = tier_map(alloc_path) if str(alloc_path).endswith(".gguf") else TierMap.load(alloc_path)
+    alloc = read_allocation(alloc_path).tiers
     src = load_model(model_path, weights="gguf", threads=threads)
     c, share = alloc.counts_by_tier(), alloc.int8_share()
     log(f"source: {src}")

@@ -10,11 +10,11 @@ One C pipeline (csrc/ork/npu: plan.c, regcmd.c, backend.c) produces the same
 bytes for every backend; the device backends differ only in the ioctls.
 
 There is no RK3588 board here: the rknpu and rocket paths have run only
-against the fake kernel (``Device(backend, fake_kernel=backend)``), which
-checks each driver's documented contract and executes the submitted commands
-with the emulator. The emulator's semantics are the published facts
-(../shared/docs/npu-anchors.md); tests/board/run_board.py checks them on a
-board.
+against the fake kernel, test machinery reached through
+``orkpy.testing.fake_npu_device(backend)``, which checks each driver's
+documented contract and executes the submitted commands with the emulator.
+The emulator's semantics are the published facts listed in docs/npu.md;
+tests/board/run_board.py checks them on a board.
 
     >>> import numpy as np, orkpy.npu as npu
     >>> a = np.ones((4, 64), np.int8); b = np.ones((32, 64), np.int8)
@@ -29,8 +29,11 @@ import numpy as np
 from . import _core
 from ._core import FormatError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
 from ._mapped import guarded, maps_of
+from .quant import KINDS
 
-BACKENDS = ("emu", "rknpu", "rocket")
+#: The backends, from the C table (csrc/ork/npu/backend.h): "emu", "rknpu", "rocket".
+BACKENDS = _core.npu_backends()
+# fault bits of the fake kernel (test machinery: orkpy.testing.FAKE_HANG / FAKE_DROP, Device.set_faults)
 FAKE_HANG = 1
 FAKE_NO_DEVICE = 2
 
@@ -78,18 +81,22 @@ def emulate(buffers, first_addr, amount, task_number=1):
 
 
 def pc_amount(body_qwords):
-    """PC_REGISTER_AMOUNTS for a task body of this many qwords."""
-    return (body_qwords + 4 + 1) // 2 - 1
+    """PC_REGISTER_AMOUNTS for a task body of this many qwords (csrc/ork/npu/regcmd.h)."""
+    return _core.npu_pc_amount(body_qwords)
 
 
 class Device:
     """An open NPU backend.
 
     ``Device("emu")`` always works; ``Device("rknpu")`` / ``Device("rocket")``
-    open the real driver or raise NPUUnavailableError saying why;
-    ``fake_kernel="rknpu"`` (or "rocket") runs the device backend against the
-    fake kernel instead (tests). Weights are uploaded once (``upload``) and
-    reused for any number of rows.
+    open the real driver or raise NPUUnavailableError saying why. Weights are
+    uploaded once (``upload``) and reused for any number of rows.
+
+    Test machinery, not for production use: ``fake_kernel="rknpu"`` (or
+    "rocket", naming the backend) runs the device backend against an
+    in-process fake of the kernel driver instead of /dev, and ``set_faults``
+    injects failures into that fake; ``orkpy.testing.fake_npu_device`` is the
+    documented way to get such a device.
     """
 
     def __init__(self, backend="emu", *, fake_kernel=None, emu_base=0, timeout_ms=10000):
@@ -132,6 +139,8 @@ class Device:
         return self._dev.info()
 
     def set_faults(self, bits):
+        """Test machinery: inject faults (orkpy.testing.FAKE_HANG | FAKE_DROP) into the
+        fake kernel of a device opened with ``fake_kernel=``; ValueError on any other device."""
         self._dev.set_faults(bits)
 
     def close(self):
@@ -169,12 +178,12 @@ def matmul(a, b, backend="emu"):
     return dev.matmul(a, b)
 
 
-def use_npu(model, device="emu", *, kinds=("int8", "nf4", "int4")):
+def use_npu(model, device="emu", *, kinds=KINDS):
     """Run a model's packed linear layers of the given kinds through an NPU
     backend (the weights' int8 values are uploaded once). Output stays
     bit-identical to the CPU path whenever the int32 accumulators are. Returns
     the number of linears routed. ``use_npu(model, None)`` routes them back."""
-    return model._use_npu(device if device is None or isinstance(device, Device) else Device(device), kinds)
+    return model.route_linears(device if device is None or isinstance(device, Device) else Device(device), kinds)
 
 
 def matmul_task(M, K, N, in_addr, w_addr, out_addr, dtype="int8"):

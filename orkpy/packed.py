@@ -22,14 +22,14 @@ from ._io import atomic_write
 from ._mapped import MappedFile, guarded, maps_of
 from ._mapped import check as _check_maps
 from ._typing import StrPath
-from .quant import KINDS, QuantizedTensor, _check_threads, lut as _lut
+from .quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, lut as _lut
 
 ACTIVATION_MODES = ("per_token", "per_tensor")
 
 
 class PackedWeight:
     """A packed ``(N, K)`` weight: ``kind``, ``shape``, ``store`` (the tile
-    array: uint8 ``(N/32, K/32, 32, 16)`` for nf4/int4, int8
+    array: uint8 ``(N/32, K/32, 32, 16)`` for 4-bit kinds, int8
     ``(N/32, K/32, 32, 32)`` for int8, padded with zeros), ``bscale``
     (float32 ``(N,)``) and ``lut`` (int8[16] or None).
 
@@ -146,7 +146,7 @@ class PackedWeight:
     def int8_weight(self) -> NDArray[np.int8]:
         """The int8 weight the kernels multiply: ``(N, K)`` (LUT applied for 4-bit kinds)."""
         c = self.codes()
-        if self.kind == "int8":
+        if KIND_INFO[self.kind].bits == 8:
             return c
         full = np.empty((self.N, c.shape[1] * 2), np.uint8)
         full[:, 0::2] = c & 15
@@ -205,16 +205,16 @@ def pack(q: QuantizedTensor) -> PackedWeight:
 
 
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
-    """Write an O4N1 (nf4/int4) or O8N1 (int8) file atomically."""
+    """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K)
+    layout = _core.packed_layout(pw.kind, pw.N, pw.K)
     maps = pw._mapped()
     with guarded(maps):
         scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
         store = np.ascontiguousarray(pw.store).tobytes()
-    store_off = int.from_bytes(header[48:56], "little")
-    pad = store_off - len(header) - len(scales)
+    pad = layout["store_offset"] - len(header) - len(scales)
     atomic_write(path, [header, scales, bytes(pad), store])
 
 
@@ -240,8 +240,7 @@ def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
     _check_maps(maps)
     N, K, kind = info["N"], info["K"], info["kind"]
     scales = np.frombuffer(buf, dtype="<f4", count=N, offset=info["scales_offset"])
-    NB, KB = (N + 31) // 32, (K + 31) // 32
-    dtype, last = (np.int8, 32) if kind == "int8" else (np.uint8, 16)
-    store = np.frombuffer(buf, dtype=dtype, count=info["store_bytes"], offset=info["store_offset"])
-    return PackedWeight._trusted(kind, (N, K), store.reshape(NB, KB, 32, last), scales.astype(np.float32, copy=False),
-                                 source=path)
+    layout = _core.packed_layout(kind, N, K)  # the store's shape and dtype (csrc/ork/pack.h)
+    store = np.frombuffer(buf, dtype=layout["store_dtype"], count=info["store_bytes"], offset=info["store_offset"])
+    return PackedWeight._trusted(kind, (N, K), store.reshape(layout["store_shape"]),
+                                 scales.astype(np.float32, copy=False), source=path)

@@ -1,6 +1,6 @@
 """Perplexity with llama-perplexity's method, and its KL-divergence mode.
 
-Method (llama.cpp tools/perplexity, ../shared/docs/quant-anchors.md §5):
+Method (llama.cpp tools/perplexity/perplexity.cpp, ``perplexity()``):
 tokenize the whole text once (BOS prepended only if the vocabulary adds one);
 split into non-overlapping chunks of ``n_ctx`` tokens (``floor(N / n_ctx)``
 chunks, at most ``chunks``); if the vocabulary adds BOS, the first token of
@@ -45,10 +45,10 @@ from numpy.typing import ArrayLike, NDArray
 from . import _core
 from ._io import atomic_open, progress_bar
 from ._typing import StrPath
+from .model import Model, as_model
 
 if TYPE_CHECKING:
     from .calibrate import QuantizedModel
-    from .model import Model
 
 __all__ = ["PPLResult", "perplexity", "tokens_for_ppl"]
 
@@ -80,20 +80,11 @@ class PPLResult:
         return s
 
 
-def tokens_for_ppl(model: Model, text_or_tokens: Union[str, ArrayLike],
+def tokens_for_ppl(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, ArrayLike],
                    add_bos: Optional[bool] = None) -> NDArray[np.int32]:
-    """int32 token ids: a str is tokenized with the model's own tokenizer (BOS as
-    the vocabulary says, or as add_bos says); an int array is used as given."""
-    if isinstance(text_or_tokens, str):
-        special = model.tokenizer.add_bos if add_bos is None else bool(add_bos)
-        return np.asarray(model.tokenizer.encode(text_or_tokens, add_special=special), dtype=np.int32)
-    t = np.asarray(text_or_tokens)
-    if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
-        raise TypeError("text_or_tokens must be a str or a 1-D integer array of token ids")
-    if t.size and (t.min() < 0 or t.max() >= model.n_vocab):
-        bad = int(np.flatnonzero((t < 0) | (t >= model.n_vocab))[0])
-        raise ValueError(f"token id {int(t[bad])} at index {bad} is outside the vocabulary ({model.n_vocab})")
-    return t.astype(np.int32)
+    """int32 token ids (:meth:`Model.tokens`): a str is tokenized with the model's own
+    tokenizer (BOS as the vocabulary says, or as add_bos says); an int array is used as given."""
+    return as_model(model).tokens(text_or_tokens, add_bos)
 
 
 def _log_softmax(logits: NDArray[Any]) -> NDArray[np.float64]:
@@ -177,23 +168,17 @@ def perplexity(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, A
                add_bos: Optional[bool] = None) -> PPLResult:
     """Perplexity of ``model`` (an :class:`orkpy.Model`) on a text or token ids."""
     t0 = time.perf_counter()
-    from .calibrate import _as_model
-    model = _as_model(model)
-    if not isinstance(n_ctx, int) or n_ctx < 4 or n_ctx % 2:
+    model = as_model(model)
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 4 or n_ctx % 2:
         raise ValueError(f"n_ctx must be an even int >= 4, got {n_ctx!r}")
-    tokens = tokens_for_ppl(model, text_or_tokens, add_bos)
+    tokens = model.tokens(text_or_tokens, add_bos)
     if add_bos is None:
         add_bos = model.tokenizer.add_bos
     n = len(tokens)
     if n < 2 * n_ctx:
         raise ValueError(f"need at least 2 * n_ctx = {2 * n_ctx} tokens, got {n}")
-    n_chunk = n // n_ctx
-    if chunks is not None:
-        if not isinstance(chunks, int) or chunks < 1:
-            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
-        n_chunk = min(n_chunk, chunks)
+    n_chunk, chunk_iter = model.chunks(tokens, n_ctx, chunks, add_bos)
     first = n_ctx // 2
-    bos = model.tokenizer.bos_id if add_bos else None
     base = None
     per_chunk = n_ctx - first - 1
     if kld_base is not None:
@@ -215,10 +200,7 @@ def perplexity(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, A
     nlls, kl, same = [], [], []
     chunk_ppl = []
     bar = progress_bar(n_chunk, "perplexity", progress, "chunk")
-    for c in range(n_chunk):
-        chunk = tokens[c * n_ctx:(c + 1) * n_ctx].copy()
-        if bos is not None:
-            chunk[0] = bos
+    for c, chunk in enumerate(chunk_iter):
         logits = model.forward(chunk, first=first, threads=threads)[:-1]  # positions first .. n_ctx-2
         targets = tokens[c * n_ctx + first + 1:(c + 1) * n_ctx]
         nll = _core.nll_rows(np.ascontiguousarray(logits), targets)

@@ -7,7 +7,7 @@ nibble order, scale search, stochastic rounding).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -16,7 +16,6 @@ from . import _core
 from ._mapped import check as check_maps
 from ._mapped import maps_of
 
-KINDS = ("nf4", "int4", "int8")
 
 
 def _readonly(a: ArrayLike) -> NDArray[Any]:
@@ -25,31 +24,60 @@ def _readonly(a: ArrayLike) -> NDArray[Any]:
     return a
 
 
+@dataclass(frozen=True)
+class KindInfo:
+    """One row of the C kind registry (csrc/ork/quant.h): ``bits`` 4 (codes
+    index ``lut``, two per byte) or 8 (the codes are the int8 values);
+    ``levels`` the nominal float levels and ``zero_code`` the code of level
+    0.0 (4-bit kinds; None / 0 for int8); ``id`` the O4N1/O8N1 header field."""
+
+    name: str
+    id: int
+    bits: int
+    levels: Optional[np.ndarray]
+    lut: Optional[np.ndarray]
+    zero_code: int
+
+
+def _kind_info(row: Dict[str, Any]) -> KindInfo:
+    return KindInfo(row["name"], row["id"], row["bits"], None if row["levels"] is None else _readonly(row["levels"]),
+                    None if row["lut"] is None else _readonly(row["lut"]), row["zero_code"])
+
+
+#: The kind registry, in id order: every kind list in orkpy (and every CLI choice) derives from it.
+KIND_INFO: Dict[str, KindInfo] = {r["name"]: _kind_info(r) for r in _core.kinds()}
+#: Every quantization kind: "nf4", "int4", "int8".
+KINDS: Tuple[str, ...] = tuple(KIND_INFO)
+#: The 4-bit codebooks (the int4 tier's choices): "nf4", "int4".
+FOUR_BIT_KINDS: Tuple[str, ...] = tuple(k for k, i in KIND_INFO.items() if i.bits == 4)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KIND_INFO:
+        raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+
+def levels(kind: str) -> NDArray[np.float32]:
+    """The nominal float levels of a 4-bit kind (ascending; code c dequantizes to ``lut[c] * scale``)."""
+    _check_kind(kind)
+    lev = KIND_INFO[kind].levels
+    if lev is None:
+        raise ValueError(f"kind {kind!r} has no codebook levels (its codes are the int8 values)")
+    return lev
+
+
 #: The 16 bitsandbytes NF4 values (code 0 = -1.0, code 7 = 0.0, code 15 = 1.0), float32.
-NF4_LEVELS = _readonly(_core.levels("nf4"))
+NF4_LEVELS = levels("nf4")
 #: The 15 uniform symmetric int4 levels k/7, k = -7..7 (codes 0..14), float32.
-INT4_LEVELS = _readonly(_core.levels("int4"))
+INT4_LEVELS = levels("int4")
 #: The default imatrix clip-ratio grid: 1.00, 0.99, ..., 0.60.
 DEFAULT_CLIP_GRID = _readonly(_core.default_grid())
-
-
-def _core_lut(kind: str) -> Optional[NDArray[Any]]:
-    t = _core.lut(kind)
-    return None if t is None else _readonly(t)
-
-
-_LUTS = {k: _core_lut(k) for k in KINDS}
 
 
 def lut(kind: str) -> Optional[NDArray[np.int8]]:
     """The kind's 16-entry int8 LUT (``round(level * 127)``), or None for int8."""
     _check_kind(kind)
-    return _LUTS[kind]
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(KINDS)})")
+    return KIND_INFO[kind].lut
 
 
 def _check_threads(threads: Optional[int]) -> int:
@@ -127,7 +155,7 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads)
     check_maps(maps)
     return QuantizedTensor(kind=kind, shape=(int(w.shape[0]), int(w.shape[1])), codes=codes,
-                           scales=scales, lut=_LUTS[kind], sr=bool(sr), seed=int(seed),
+                           scales=scales, lut=KIND_INFO[kind].lut, sr=bool(sr), seed=int(seed),
                            imatrix_used=imatrix is not None)
 
 

@@ -9,11 +9,10 @@ design: clarity over speed.
 """
 import numpy as np
 
-from .quant import DEFAULT_CLIP_GRID, INT4_LEVELS, NF4_LEVELS
+from .quant import DEFAULT_CLIP_GRID, KIND_INFO
 
 _M32 = 0xFFFFFFFF
 TINY = np.float32(1e-30)
-ZERO_CODE = 7
 
 
 def round_half_away(x):
@@ -24,20 +23,29 @@ def round_half_away(x):
     return np.where(f >= 0.5, t + 1, np.where(f <= -0.5, t - 1, t)).astype(x.dtype)
 
 
+def _is8(kind):
+    return KIND_INFO[kind].bits == 8
+
+
 def lut_of(kind):
-    """The int8 LUT derived from the nominal levels: round(level * 127)."""
-    if kind == "nf4":
-        lut = round_half_away(NF4_LEVELS.astype(np.float64) * 127)
-    elif kind == "int4":
-        lut = np.concatenate([round_half_away(np.arange(-7, 8) * 127.0 / 7), [0.0]])
-    else:
+    """The int8 LUT derived from the kind's nominal levels (the registry's one
+    primary fact): round(level * 127), 0 for codes past the last level; None
+    for an 8-bit kind."""
+    if _is8(kind):
         return None
+    lev = KIND_INFO[kind].levels
+    lut = np.zeros(16)
+    lut[: len(lev)] = round_half_away(lev.astype(np.float64) * 127)
     return lut.astype(np.int8)
 
 
+def zero_code(kind):
+    """The code of the 0.0 level: zero rows and padding nibbles."""
+    return int(np.flatnonzero(KIND_INFO[kind].levels == 0)[0])
+
+
 def _levels(kind):
-    lev = lut_of(kind).astype(np.float32)
-    return lev[:16] if kind == "nf4" else lev[:15]
+    return lut_of(kind).astype(np.float32)[: len(KIND_INFO[kind].levels)]
 
 
 def _mix32(x):
@@ -70,7 +78,7 @@ def sr_uniform(seed, rows, K):
 
 
 def _nearest(y, kind):
-    if kind == "int8":
+    if _is8(kind):
         return np.clip(round_half_away(y), -127, 127)
     lev = _levels(kind)
     thr = (lev[1:] + lev[:-1]) / np.float32(2)
@@ -78,7 +86,7 @@ def _nearest(y, kind):
 
 
 def _deq(codes, kind):
-    return codes.astype(np.float32) if kind == "int8" else _levels(kind)[codes]
+    return codes.astype(np.float32) if _is8(kind) else _levels(kind)[codes]
 
 
 def _scale_inv(a, r):
@@ -122,7 +130,7 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
         codes = _nearest(y, kind)
     else:
         u = sr_uniform(seed, range(N), K)
-        if kind == "int8":
+        if _is8(kind):
             yc = np.clip(y, np.float32(-127), np.float32(127))
             lo = np.floor(yc)
             codes = lo + (u < (yc - lo)).astype(np.float32)
@@ -136,19 +144,19 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
                 p = (y - lo) / (hi - lo)
             codes = i + ((u < p) & (i < top))
     s = np.where(zero, np.float32(0), s).astype(np.float32)
-    if kind == "int8":
+    if _is8(kind):
         codes = np.where(zero[:, None], 0, codes).astype(np.int8)
         return codes, s
-    codes = np.where(zero[:, None], ZERO_CODE, codes).astype(np.uint8)
+    codes = np.where(zero[:, None], zero_code(kind), codes).astype(np.uint8)
     if K % 2:
-        codes = np.concatenate([codes, np.full((N, 1), ZERO_CODE, np.uint8)], axis=1)
+        codes = np.concatenate([codes, np.full((N, 1), zero_code(kind), np.uint8)], axis=1)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))).astype(np.uint8)
     return packed, s
 
 
 def dequantize(codes, scales, kind, K):
     """Float32 (N, K) from stored codes and scales."""
-    if kind == "int8":
+    if _is8(kind):
         return codes.astype(np.float32) * scales[:, None]
     c = np.empty((codes.shape[0], codes.shape[1] * 2), dtype=np.uint8)
     c[:, 0::2] = codes & 15

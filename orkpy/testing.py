@@ -57,27 +57,55 @@ def synthetic_forward_model(n_layer=2, n_embd=2048, n_ff=6144, n_head=16, n_head
     """A ForwardModel with random weights and a real architecture's layer shapes
     (defaults: Qwen3-1.7B's), every linear on ``path`` (fp32, int8, nf4, int4).
     For benchmarks: no file, no tokenizer."""
-    from . import _core
+    from .model import LinearSpec, _forward_model, linear_names
     from .packed import pack
     from .quant import quantize
 
     rng = np.random.default_rng(seed)
 
-    def lin(N, K):
+    def lin(name, N, K):
         w = (rng.standard_normal((N, K), dtype=np.float32) * 0.02).astype(np.float32)
         if path == "fp32":
-            return ("f32", w)
-        pw = pack(quantize(w, path, threads=threads))
-        return ("packed", pw.kind, pw.store, pw.bscale, pw.N, pw.K, False)
+            return LinearSpec.f32(name, w)
+        return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)))
 
     qd, kvd = n_head * head_dim, n_head_kv * head_dim
-    ones = np.ones(n_embd, np.float32)
-    layers = [{"attn_norm": ones, "ffn_norm": ones, "q_norm": np.ones(head_dim, np.float32),
-               "k_norm": np.ones(head_dim, np.float32), "wq": lin(qd, n_embd), "wk": lin(kvd, n_embd),
-               "wv": lin(kvd, n_embd), "wo": lin(n_embd, qd), "w_gate": lin(n_ff, n_embd),
-               "w_up": lin(n_ff, n_embd), "w_down": lin(n_embd, n_ff)} for _ in range(n_layer)]
-    hp = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim,
-          "n_ff": n_ff, "n_vocab": n_vocab, "n_rot": head_dim, "rope_type": 2, "rope_base": 1e6,
+    shapes = {"attn_q": (qd, n_embd), "attn_k": (kvd, n_embd), "attn_v": (kvd, n_embd), "attn_output": (n_embd, qd),
+              "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd), "ffn_down": (n_embd, n_ff)}
+    hp = {"arch": "qwen3", "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "n_head_kv": n_head_kv,
+          "head_dim": head_dim, "n_ff": n_ff, "n_vocab": n_vocab, "n_rot": head_dim, "rope_type": 2, "rope_base": 1e6,
           "rope_freq_scale": 1.0, "norm_eps": 1e-6}
-    emb = rng.standard_normal((n_vocab, n_embd), dtype=np.float32)
-    return _core.ForwardModel(hp, emb, ones, lin(n_vocab, n_embd), layers)
+    names = linear_names(hp)
+    linears = {n: lin(n, *shapes[n.split(".")[2]]) for n in names[:-1]}  # drawn in the order they always were
+    floats = {"token_embd.weight": rng.standard_normal((n_vocab, n_embd), dtype=np.float32),
+              "output_norm.weight": np.ones(n_embd, np.float32)}
+    linears[names[-1]] = lin(names[-1], n_vocab, n_embd)
+    for i in range(n_layer):
+        for t, d in (("attn_norm", n_embd), ("ffn_norm", n_embd), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim)):
+            floats[f"blk.{i}.{t}.weight"] = np.ones(d, np.float32)
+    return _forward_model(hp, floats.__getitem__, linears)
+
+
+# ------------------------------------------------------------ NPU fake kernel --
+#: Faults the fake kernel injects into an open device (csrc/ork/npu/fake_kernel.h): jobs never
+#: complete (NPUTimeoutError, then a core reset); a job is accepted but never runs (NPUError).
+FAKE_HANG, FAKE_DROP = 1, 4
+
+
+def fake_npu_device(backend="rknpu", *, faults=0, timeout_ms=10000):
+    """An ``orkpy.npu.Device`` whose rknpu or rocket backend runs against the fake
+    kernel driver instead of /dev (csrc/ork/npu/fake_kernel.h): test machinery, for
+    exercising the device paths without a board. The fake enforces the driver's
+    contract, executes the commands with the emulator and reports its state under
+    ``info()["fake_kernel"]``; ``faults`` (FAKE_HANG | FAKE_DROP, later
+    ``device.set_faults(bits)``) injects failures. The same as
+    ``Device(backend, fake_kernel=backend)`` (tests/board/run_board.py --fake uses that)."""
+    from .npu import Device
+
+    if backend not in ("rknpu", "rocket"):
+        raise ValueError(f"the fake kernel stands in for a kernel driver: backend must be 'rknpu' or 'rocket', "
+                         f"got {backend!r}")
+    dev = Device(backend, fake_kernel=backend, timeout_ms=timeout_ms)
+    if faults:
+        dev.set_faults(faults)
+    return dev

@@ -60,7 +60,7 @@ _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
 TIERS = ("int8", "int4", "float")
 _CHOICES = ("by_type", "int8", "int4", "float")
-_FLOAT_SOURCE = {"F32", "F16", "BF16"}
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
 _MAGIC = "# orkpy tier map v2"
@@ -193,6 +193,14 @@ class TierMap:
 
     def items(self) -> Iterator[Tuple[str, str]]:
         return ((n, e.tier) for n, e in self.entries.items())
+
+    def linear_tier(self, name: str) -> str:
+        """The tier of the linear layer ``name``: its entry's; the LM head ``output.weight``
+        without an entry of its own (a tied model's head is the embedding table) has
+        ``token_embd.weight``'s; a name with neither is ``"float"``. The one rule every entry
+        point (``load_model``, ``quantize_model``) reads a tier map by."""
+        key = name if name in self.entries else (EMBEDDING if name == OUTPUT else name)
+        return self.entries[key].tier if key in self.entries else "float"
 
     def names(self, tier: str) -> List[str]:
         return [n for n, e in self.entries.items() if e.tier == tier]
@@ -338,7 +346,7 @@ def _atomic_write_text(path: StrPath, text: str) -> None:
 def type_tier(ggml_type: str, threshold: float = 5.0) -> str:
     """The tier the rule gives a 2-D weight of this ggml type."""
     info = ggml_type_info(ggml_type)
-    if info["name"] in _FLOAT_SOURCE:
+    if info["name"] in FLOAT_TYPES:
         return "int8"
     return "int8" if info["bits_per_weight"] >= threshold else "int4"
 

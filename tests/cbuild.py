@@ -1,40 +1,72 @@
 """Build the C-level tests (tests/c/*.c + the C core) natively and for
-aarch64 (run under qemu-aarch64). Used by tests/test_c_kernels.py."""
+aarch64 (run under qemu-aarch64). Used by tests/test_c_kernels.py.
+
+The core is compiled with the extension's own flags (buildflags.py, shared
+with setup.py) plus -Werror. Each object is cached under ``objdir`` by a hash
+of the compiler, its flags, the source and every header it may include, so
+the core is compiled once per (compiler, flags) and each test binary only
+compiles its own file and links.
+"""
+import concurrent.futures
+import hashlib
+import os
 import pathlib
-import platform
 import shutil
 import subprocess
+import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from buildflags import COMMON_FLAGS, DEFINES, LIBS, LINK_FLAGS, arch, per_file_flags  # noqa: E402
+
+sys.path.remove(str(ROOT))
 CORE = sorted((ROOT / "csrc" / "ork").glob("*.c")) + sorted((ROOT / "csrc" / "ork" / "npu").glob("*.c"))
-FLAGS = ["-std=c11", "-O2", "-D_GNU_SOURCE", "-ffp-contract=off", "-Wall", "-Wextra",
-         "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Werror"]
+FLAGS = [*COMMON_FLAGS, *(f"-D{k}={v}" for k, v in DEFINES), "-Werror"]
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
-IS_X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def per_file_flags(src, target):
-    if src.name.endswith("_avx2.c") and target == "x86_64":
-        return ["-mavx2", "-mfma"]
-    if src.name.endswith("_neondot.c") and target == "aarch64":
-        return ["-march=armv8.2-a+dotprod"]
-    return []
+def _headers_digest():
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "csrc").rglob("*.h")) + sorted((ROOT / "tests" / "c").glob("*.h")):
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
-def build(test_src, outdir, target="native"):
-    """Compile each file with its own flags, link, return the binary path."""
+def _compile(cc, flags, src, objdir, headers):
+    """src -> objdir/<stem>.<key>.o, compiled unless an object of the same key exists."""
+    key = hashlib.sha256("\0".join([cc, *flags, headers, str(src)]).encode() + src.read_bytes()).hexdigest()[:20]
+    obj = objdir / f"{src.stem}.{key}.o"
+    if not obj.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".o", dir=objdir)
+        os.close(fd)
+        r = subprocess.run([cc, *flags, "-c", str(src), "-o", tmp], capture_output=True, text=True)
+        if r.returncode != 0:
+            os.unlink(tmp)
+            raise RuntimeError(f"{cc} failed on {src}:\n{r.stderr}")
+        os.replace(tmp, obj)  # atomic: a concurrent build sees the whole object or none
+    return obj
+
+
+def core_flags(src, target="native"):
+    """The compiler flags of one source file in a C test build for target."""
+    return [*FLAGS, *per_file_flags(src, "aarch64" if target == "aarch64" else arch())]
+
+
+def build(test_src, outdir, target="native", objdir=None):
+    """Compile the core (cached in objdir, default outdir) and the test file with
+    each file's own flags, link, return the binary path."""
     cc = CROSS_CC if target == "aarch64" else "gcc"
-    arch = "aarch64" if target == "aarch64" else ("x86_64" if IS_X86 else "other")
     outdir = pathlib.Path(outdir)
-    objs = []
-    for src in CORE + [pathlib.Path(test_src)]:
-        obj = outdir / (src.stem + f".{target}.o")
-        cmd = [cc, *FLAGS, *per_file_flags(src, arch), "-c", str(src), "-o", str(obj)]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        objs.append(str(obj))
+    objdir = pathlib.Path(objdir) if objdir is not None else outdir
+    objdir.mkdir(parents=True, exist_ok=True)
+    headers = _headers_digest()
+    srcs = CORE + [pathlib.Path(test_src)]
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+        objs = list(ex.map(lambda s: _compile(cc, core_flags(s, target), s, objdir, headers), srcs))
     exe = outdir / (pathlib.Path(test_src).stem + f".{target}")
-    link = [cc, *objs, "-o", str(exe), "-pthread", "-lm", "-ldl"]  # -ldl: sys_linux.c dlopens libdrm
+    link = [cc, *map(str, objs), "-o", str(exe), *LINK_FLAGS, *(f"-l{lib}" for lib in LIBS)]
     if target == "aarch64":
         link.insert(1, "-static")
     subprocess.run(link, check=True, capture_output=True, text=True)

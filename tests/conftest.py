@@ -4,8 +4,47 @@ import pathlib
 import numpy as np
 import pytest
 
+import orkpy
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("ORKPY_SHARED", ROOT.parent / "shared"))
+
+# ------------------------------------------------------------------ ISAs --
+ALL_ISAS = ("scalar", "avx2", "neon")
+WHERE_ELSE = {"avx2": "CI runs the AVX2 kernels natively on x86_64",
+              "neon": "tests/test_c_kernels.py runs the NEON kernels under qemu-aarch64"}
+
+
+def _isa_params(isas):
+    """The ISAs of ``isas`` this CPU runs (an ISA it lacks is not generated: it is not a
+    test here, and pytest_report_header says where it is covered instead)."""
+    avail = orkpy.capabilities()["available"]
+    return [pytest.param(isa, id=isa) for isa in isas if isa in avail]
+
+
+def pytest_report_header(config):
+    avail = orkpy.capabilities()["available"]
+    missing = [f"{isa} ({WHERE_ELSE[isa]})" for isa in ALL_ISAS if isa not in avail]
+    return [f"orkpy kernel ISAs tested here: {', '.join(avail)}"
+            + (f"; not on this CPU: {'; '.join(missing)}" if missing else "")]
+
+
+def pytest_generate_tests(metafunc):
+    """A test taking ``isa`` runs once per kernel ISA this CPU has (scalar, avx2,
+    neon), one taking ``simd_isa`` once per SIMD ISA: a failure names the ISA."""
+    if "isa" in metafunc.fixturenames:
+        metafunc.parametrize("isa", _isa_params(ALL_ISAS))
+    if "simd_isa" in metafunc.fixturenames:
+        metafunc.parametrize("simd_isa", _isa_params(ALL_ISAS[1:]))
+
+
+# --------------------------------------------------------------- markers --
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """Every accuracy gate is also slow: ``-m "not slow"`` is the fast loop."""
+    for item in items:
+        if item.get_closest_marker("gate") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

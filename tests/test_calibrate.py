@@ -26,9 +26,11 @@ def text(shared):
 
 @pytest.fixture(scope="module")
 def our_imatrix(f32, text):
+    """The whole text (777 chunks, as llama.cpp's reference imatrix): the gates only."""
     return collect_imatrix(f32, text, n_ctx=256, progress=False)
 
 
+@pytest.mark.gate
 def test_imatrix_matches_llama_cpp(shared, our_imatrix):
     from orkpy.imatrix import Imatrix
     theirs = Imatrix.load(shared / ST / "stories260K-imatrix-B.dat")
@@ -42,6 +44,7 @@ def test_imatrix_matches_llama_cpp(shared, our_imatrix):
     assert our_imatrix.chunks == 777
 
 
+@pytest.mark.gate
 def test_same_scales_from_either_imatrix(shared, our_imatrix):
     from orkpy.imatrix import Imatrix
     theirs = Imatrix.load(shared / ST / "stories260K-imatrix-B.dat")
@@ -61,9 +64,10 @@ def test_same_scales_from_either_imatrix(shared, our_imatrix):
 
 
 @pytest.fixture(scope="module")
-def qm(shared, our_imatrix):
+def qm(shared, f32, text):
+    im = collect_imatrix(f32, text, n_ctx=256, chunks=16, progress=False)  # any imatrix will do here
     return quantize_model(shared / ST / "stories260K-F16.gguf", shared / ST / "stories260K-Q4_0.gguf",
-                          imatrix=our_imatrix, kind="nf4", progress=False, log=lambda m: None)
+                          imatrix=im, kind="nf4", progress=False, log=lambda m: None)
 
 
 def test_quantize_model_tiers(qm):
@@ -133,11 +137,11 @@ def test_quantize_model_bad_input(shared, tmp_path):
 
 def _to_hf(g):
     """An HF-style checkpoint of a llama GGUF: names mapped back, q/k un-permuted."""
-    from orkpy.calibrate import _HF_NAMES
+    from orkpy.source import _HF_NAMES, hparams
     inv = {v: k for k, v in _HF_NAMES.items()}
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
-    hp = orkpy.model._hparams(g)
+    hp = hparams(g)
     out = {}
     for t in g.tensors:
         a = g.tensor(t.name)
@@ -172,3 +176,15 @@ def test_safetensors_source_equals_gguf_source(shared, tmp_path):
     assert np.array_equal(orkpy.load_model(out).forward(toks), a.to_model().forward(toks))
     with pytest.raises(ValueError, match="needs a GGUF"):
         quantize_model(d, orkpy.tier_map(alloc), progress=False, log=lambda m: None)
+
+
+def test_to_model_caches_per_activation_mode(shared):
+    st = shared / "models/stories260K"
+    qm = orkpy.quantize_model(st / "stories260K-F16.gguf", st / "stories260K-Q4_0.gguf", progress=False,
+                              log=lambda m: None)
+    a, b = qm.to_model(), qm.to_model(act="per_tensor")
+    assert a is not b and a is qm.to_model()
+    toks = np.arange(1, 64)
+    assert not np.array_equal(a.forward(toks), b.forward(toks))
+    with pytest.raises(ValueError, match="act"):
+        qm.to_model(act="bogus")

@@ -150,3 +150,35 @@ def test_ffn_sweep_cli(shared, tmp_path, capsys):
     assert by["exact_silu"]["ppl"] == by["baseline"]["ppl"] == sprinkles[-1]["ppl"]
     assert sprinkles[0]["ppl"] == by["fused"]["ppl"]
     assert set(rows[0]) == {"mode", "exact_layers", "ppl", "ppl_err", "kl", "wall_s"}
+
+
+# ------------------------------------------------ review regressions --
+
+def test_imatrix_refused_while_ffn_chain_is_on(shared):
+    from orkpy import ffn
+    m = orkpy.load_model(shared / ST, weights="int8")
+    toks = np.random.default_rng(0).integers(3, 512, 512)
+    st = ffn.prep(m, toks, n_ctx=64, chunks=2)
+    ffn.configure(m, st, "fused")
+    with pytest.raises(ValueError, match="fused FFN chain"):
+        orkpy.collect_imatrix(m, toks, n_ctx=64, chunks=2, progress=False)
+    with pytest.raises(ValueError, match="finite"):
+        m._fwd.set_ffn(0, dict(mode="fused", lut_step=1e39, s_scale=1.0, u_scale=1.0, p_scale=1.0))
+
+
+def test_set_ffn_releases_replaced_arrays_and_names_missing_keys(shared):
+    import sys
+    from orkpy import ffn
+    m = orkpy.load_model(shared / ST, weights="int8")
+    st = ffn.prep(m, np.random.default_rng(0).integers(3, 512, 512), n_ctx=64, chunks=2)
+    p = ffn.layer_params(st[0], "per_channel_out")
+    a = np.ascontiguousarray(p["s_scale_ch"])
+    before = sys.getrefcount(a)
+    m._fwd.set_ffn(0, dict(p, s_scale_ch=a))
+    assert sys.getrefcount(a) == before + 1          # held while in use
+    m._fwd.set_ffn(0, dict(p, s_scale_ch=a.copy()))
+    assert sys.getrefcount(a) == before              # released when replaced
+    with pytest.raises(ValueError, match="'mode'"):
+        m._fwd.set_ffn(0, {"lut_step": 1.0})
+    with pytest.raises(ValueError, match="missing 'u_scale'"):
+        m._fwd.set_ffn(0, {"mode": "fused", "lut_step": 0.1, "s_scale": 0.1, "p_scale": 0.1})

@@ -49,6 +49,7 @@ def test_stored_corpus_and_seeds_replay(name):
         t(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_short_fuzz_run(name, tmp_path):
     r = subprocess.run([sys.executable, str(FUZZ / "run.py"), name, "--seconds", str(SECONDS), "--seed", "1",

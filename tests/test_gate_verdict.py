@@ -163,6 +163,7 @@ def private_tmp(tmp_path, monkeypatch):
     return d
 
 
+@pytest.mark.slow
 def test_gate_and_ffn_sweep_leave_no_temp_files(private_tmp, shared, capsys):
     assert main(["gate"] + FAST) == 0
     assert "temporary files removed" in capsys.readouterr().out

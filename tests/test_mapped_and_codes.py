@@ -24,7 +24,6 @@ from orkpy import _core
 from orkpy.packed import PackedWeight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ISAS = orkpy.capabilities()["available"]  # "scalar" and this CPU's SIMD ISA (neon: tests/c under qemu)
 FLT_MAX = float(np.finfo(np.float32).max)
 
 # ------------------------------------------------------------ child runs --
@@ -381,7 +380,7 @@ def exact(codes, xq):
 
 
 @pytest.mark.parametrize("M", [1, 2, 5])
-def test_core_doors_exact_for_weight_minus_128_on_every_isa(M):
+def test_core_doors_exact_for_weight_minus_128_on_every_isa(M, isa):
     """_core.matmul_int / _core.matmul take a raw store on every call (no per-call
     scan): the kernels give the exact answer for -128 on every ISA."""
     rng = np.random.default_rng(M)
@@ -396,19 +395,18 @@ def test_core_doors_exact_for_weight_minus_128_on_every_isa(M):
     x[0, :] = -1.0
     ref = exact(codes, xq)
     assert ref[0, 3] == 127 * 128 * K
-    ys = {}
-    for isa in ISAS:
-        with orkpy.use_isa(isa):
-            got = _core.matmul_int(store, "int8", N, K, xq)
-            assert np.array_equal(got, ref), isa
-            ys[isa] = _core.matmul(store, "int8", N, K, np.ones(N, np.float32), x)
-    for isa in ISAS:
-        assert np.array_equal(ys[isa], ys["scalar"]), isa
-    assert ys["scalar"][0, 3] == pytest.approx(128 * K, rel=1e-6)
+    with orkpy.use_isa("scalar"):
+        y_ref = _core.matmul(store, "int8", N, K, np.ones(N, np.float32), x)
+    assert y_ref[0, 3] == pytest.approx(128 * K, rel=1e-6)
+    with orkpy.use_isa(isa):
+        got = _core.matmul_int(store, "int8", N, K, xq)
+        y = _core.matmul(store, "int8", N, K, np.ones(N, np.float32), x)
+    assert np.array_equal(got, ref)
+    assert np.array_equal(y, y_ref)
 
 
 @pytest.mark.parametrize("kind", ["int8", "nf4"])
-def test_activation_minus_128_exact_on_every_isa(kind):
+def test_activation_minus_128_exact_on_every_isa(kind, isa):
     """int8 activations of -128 (matmul_int) with weights of -128 too: the case the
     AVX2 sign trick cannot do, taken by the exact scalar kernels on every ISA."""
     rng = np.random.default_rng(7)
@@ -424,11 +422,10 @@ def test_activation_minus_128_exact_on_every_isa(kind):
     ref = exact(W, xq)
     if kind == "int8":
         assert ref[0, 0] == 128 * 128 * K == 67108864
-    for isa in ISAS:
-        with orkpy.use_isa(isa):
-            for threads in (1, 2):
-                got = _core.matmul_int(store, kind, N, K, xq, threads)
-                assert np.array_equal(got, ref), (isa, threads)
+    with orkpy.use_isa(isa):
+        for threads in (1, 2):
+            got = _core.matmul_int(store, kind, N, K, xq, threads)
+            assert np.array_equal(got, ref), threads
 
 
 def test_activation_minus_128_needs_k_below_max():
@@ -441,26 +438,29 @@ def test_activation_minus_128_needs_k_below_max():
         _core.matmul_int(store, "int8", 1, K, xq)
 
 
-def test_packed_weight_matmul_int_minus_128_same_on_every_isa():
+def test_packed_weight_matmul_int_minus_128_same_on_every_isa(isa):
     codes = np.random.default_rng(3).integers(-127, 128, (40, 300)).astype(np.int8)
     pw = orkpy.pack(orkpy.quantize(codes.astype(np.float32), "int8"))
     xq = np.full((2, 300), -128, np.int8)
-    outs = []
-    for isa in ISAS:
-        with orkpy.use_isa(isa):
-            outs.append(pw.matmul_int(xq))
-    assert all(np.array_equal(o, exact(pw.int8_weight(), xq)) for o in outs)
+    with orkpy.use_isa(isa):
+        got = pw.matmul_int(xq)
+    assert np.array_equal(got, exact(pw.int8_weight(), xq))
 
 
 def _synthetic_parts(tmp_path):
-    from orkpy.model import _assemble, _hparams
+    from orkpy.model import _forward_model, linear_names
+    from orkpy.source import GGUFSource
     from orkpy.synthetic import make_synthetic
     make_synthetic(tmp_path, n_layer=1, n_embd=64, n_ff=160, n_head=2, n_head_kv=1)
-    g = orkpy.GGUFFile(tmp_path / "synthetic-F16.gguf")
-    return g, _hparams(g), _assemble
+    src = GGUFSource(tmp_path / "synthetic-F16.gguf")
+
+    def assemble(g, hp, spec_of):
+        return _forward_model(hp, src.tensor, {n: spec_of(n) for n in linear_names(hp)})
+    return src.g, src.hp, assemble
 
 
 def test_forward_model_refuses_minus_128_and_bad_scales(tmp_path):
+    from orkpy.model import LinearSpec
     g, hp, assemble = _synthetic_parts(tmp_path)
 
     def spec_with(store_edit=None, scale=None):
@@ -473,7 +473,7 @@ def test_forward_model_refuses_minus_128_and_bad_scales(tmp_path):
                 if scale is not None:
                     bscale = bscale.copy()
                     bscale[2] = scale
-            return ("packed", pw.kind, store, bscale, pw.N, pw.K, False)
+            return LinearSpec(name, "packed", pw.N, pw.K, kind=pw.kind, store=store, bscale=bscale)
         return spec_of
 
     assemble(g, hp, spec_with())

@@ -203,3 +203,76 @@ def _tiny_with(tmp_path, extra_kvs):
     p = tmp_path / f"scaled-{len(extra_kvs)}-{abs(hash(bytes(data))) % 10**8}.gguf"
     p.write_bytes(data)
     return p
+
+
+# ------------------------------------------------ threads, bad input (stories260K) --
+ST = "models/stories260K/stories260K-F32.gguf"
+
+
+def test_forward_from_another_thread_while_imatrix_collects(shared):
+    """A forward run from another thread while the model collects activation
+    statistics, at a fixed point (the chunk iterator starts it between the second
+    and third chunk and waits for it): its logits are those of an idle model, and
+    the collection counts its rows too (docs/security.md), so the statistics equal
+    a one-thread collection over chunks 1-2, that forward's tokens, chunks 3-4."""
+    import threading
+    m = orkpy.load_model(shared / ST)
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(3, 512, 64).astype(np.int32) for _ in range(4)]
+    extra = rng.integers(3, 512, 256).astype(np.int32)
+    idle = m.forward(extra, first=255, threads=1)
+    seen = {}
+
+    def chunks_with_a_forward_in_between():
+        for i, c in enumerate(chunks):
+            yield c
+            if i == 1:
+                t = threading.Thread(target=lambda: seen.setdefault("logits", m.forward(extra, first=255, threads=1)))
+                t.start()
+                t.join()
+    got = m.collect_activation_stats(chunks_with_a_forward_in_between(), threads=1)
+    assert np.array_equal(seen["logits"], idle)
+    want = m.collect_activation_stats(chunks[:2] + [extra] + chunks[2:], threads=1)
+    assert list(got) == list(want) and len(got) == 36
+    assert want["blk.0.attn_q.weight"][1] == 4 * 64 + 256  # every position of every forward
+    for name, (sums, count) in want.items():
+        assert got[name][1] == count and np.array_equal(got[name][0], sums), name
+    assert np.array_equal(m.forward(extra, first=255, threads=1), idle)  # collection off again
+
+
+def test_forward_model_cannot_be_initialised_twice(shared):
+    m = orkpy.load_model(shared / ST)
+    with pytest.raises(RuntimeError, match="twice"):
+        m._fwd.__init__({}, None, None, None, [])
+
+
+def test_absurd_head_counts_refused(tmp_path):
+    import orkpy._core as C
+    D, V = 32, 16
+    rng = np.random.default_rng(0)
+    lin = lambda n, k: ("f32", rng.standard_normal((n, k)).astype(np.float32))  # noqa: E731
+    hp = dict(n_layer=1, n_embd=D, n_head=2**62 + 8, n_head_kv=2**62 + 8, head_dim=4, n_ff=64, n_vocab=V, n_rot=4,
+              rope_type=0, rope_base=1e4, rope_freq_scale=1.0, norm_eps=1e-5)
+    layer = {"attn_norm": np.ones(D, np.float32), "ffn_norm": np.ones(D, np.float32), "attn_q": lin(D, D),
+             "attn_k": lin(D, D), "attn_v": lin(D, D), "attn_output": lin(D, D), "ffn_gate": lin(64, D),
+             "ffn_up": lin(64, D), "ffn_down": lin(D, 64)}
+    with pytest.raises(ValueError, match="out of range"):
+        C.ForwardModel(hp, rng.standard_normal((V, D)).astype(np.float32), np.ones(D, np.float32), lin(V, D), [layer])
+
+
+def test_token_ids_are_checked(shared):
+    m = orkpy.load_model(shared / ST)
+    with pytest.raises(ValueError, match="out of range"):
+        m.forward([1, 2**32 + 3, 5])
+    with pytest.raises(TypeError, match="integers"):
+        m.forward(np.array([1.0, 3.99]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        orkpy.ppl.tokens_for_ppl(m, np.array([3, 600]))
+
+
+def test_add_bos_false_is_honoured(shared):
+    m = orkpy.load_model(shared / ST)
+    text = "Once upon a time there was a little dog. " * 60
+    a = orkpy.perplexity(m, text, n_ctx=64, add_bos=False, progress=False)
+    b = orkpy.perplexity(m, m.tokenizer.encode(text, add_special=False), n_ctx=64, add_bos=False, progress=False)
+    assert a.ppl == b.ppl and a.n_tokens == b.n_tokens

@@ -77,6 +77,7 @@ def check(path, nb, chunks):
     assert not failed, f"claims that do not hold: {failed}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_its_claims_hold(path, shared, monkeypatch):
     monkeypatch.setenv("ORKPY_SHARED", str(shared))

@@ -11,6 +11,7 @@ import orkpy
 from orkpy import npu
 from orkpy.packed import pack
 from orkpy.quant import quantize
+from orkpy.testing import FAKE_DROP, FAKE_HANG
 
 BACKENDS = [("emu", None), ("rknpu", "rknpu"), ("rocket", "rocket")]
 IDS = ["emu", "fake-rknpu", "fake-rocket"]
@@ -206,7 +207,7 @@ def test_layout_round_trips_and_zero_padding(M, K, N, caps):
 
 def test_feature_and_output_layouts_are_nc1hwc2():
     """Feature C2 = 16 for int8: A[m][k] at ((k // 16) * M + m) * 16 + k % 16;
-    output C2 = 4 int32: C[m][n] at ((n // 4) * M + m) * 4 + n % 4 (npu-anchors §1.5)."""
+    output C2 = 4 int32: C[m][n] at ((n // 4) * M + m) * 4 + n % 4 (docs/npu.md, sources)."""
     M, K, N = 8, 64, 32
     a = (np.arange(M * K) % 251 - 125).astype(np.int8).reshape(M, K)
     ib = npu.layout("pack_input", M, K, N, a)
@@ -320,7 +321,7 @@ def test_fake_kernel_hang_is_a_timeout_and_recovers(be):
     rng = np.random.default_rng(9)
     a, b = rand(rng, 4, 64), rand(rng, 32, 64)
     w = d.upload(b)
-    d.set_faults(npu.FAKE_HANG)
+    d.set_faults(FAKE_HANG)
     with pytest.raises(orkpy.NPUTimeoutError, match="50 ms"):
         d.matmul(a, w)
     d.set_faults(0)
@@ -335,7 +336,7 @@ def test_fake_kernel_hang_is_a_timeout_and_recovers(be):
 
 @pytest.mark.parametrize("be", ["rknpu", "rocket"])
 def test_dropped_job_is_an_error_not_stale_output(be):
-    """rocket's SUBMIT returns 0 even when a job fails (npu-anchors §2.2): the
+    """rocket's SUBMIT returns 0 even when a job fails (docs/npu.md, sources): the
     output buffer is filled with a value no task can produce before every
     submit, so a job that never ran is an NPUError, not the previous result."""
     d = npu.Device(be, fake_kernel=be)
@@ -343,7 +344,7 @@ def test_dropped_job_is_an_error_not_stale_output(be):
     a, b = rand(rng, 4, 64), rand(rng, 32, 64)
     w = d.upload(b)
     assert np.array_equal(d.matmul(a, w), ref(a, b))
-    d.set_faults(4)  # ORK_FAKE_DROP
+    d.set_faults(FAKE_DROP)
     with pytest.raises(orkpy.NPUError, match="did not write its output"):
         d.matmul(a, w)
     d.set_faults(0)
@@ -547,3 +548,113 @@ def test_cli_ppl_through_the_npu(shared, capsys):
     assert json.loads(out.out)["ppl"] == cpu["ppl"] and "36 packed linear" in out.err
     assert main(["ppl", *args, "--npu", "rocket"]) == 1
     assert "NPUUnavailableError" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ test machinery and threads --
+def test_fake_kernel_is_test_machinery_in_orkpy_testing():
+    from orkpy.testing import fake_npu_device
+    rng = np.random.default_rng(5)
+    a, b = rand(rng, 4, 64), rand(rng, 32, 64)
+    d = fake_npu_device("rocket", faults=FAKE_DROP)
+    assert d.info()["sys"] == "fake-rocket" and "fake_kernel" in d.info()
+    with pytest.raises(orkpy.NPUError, match="did not write its output"):
+        d.matmul(a, b)
+    d.set_faults(0)
+    assert np.array_equal(d.matmul(a, b), ref(a, b))
+    d.close()
+    with fake_npu_device("rknpu", faults=FAKE_HANG, timeout_ms=20) as d:
+        with pytest.raises(orkpy.NPUTimeoutError):
+            d.matmul(a, b)
+    with pytest.raises(ValueError, match="'rknpu' or 'rocket'"):
+        fake_npu_device("emu")
+    with pytest.raises(ValueError, match="fake kernel"):  # faults exist only in the fake
+        npu.Device("emu").set_faults(FAKE_HANG)
+
+
+ST = "models/stories260K/stories260K-F32.gguf"
+THREAD_BACKENDS = ["emu", "rknpu"]
+
+
+def _open(be):
+    from orkpy.testing import fake_npu_device
+    return npu.Device("emu") if be == "emu" else fake_npu_device(be)
+
+
+@pytest.mark.parametrize("be", THREAD_BACKENDS, ids=["emu", "fake-rknpu"])
+def test_device_closed_while_a_forward_runs(shared, be):
+    """close() from another thread while model.forward runs its linears through the
+    device: the forward raises the clean "device ... closed" error (or finishes,
+    bit-identical), never crashes; later forwards raise the same, and routing back
+    to the CPU gives the exact logits. A close that lands inside a forward is seen,
+    not hoped for: the closing thread waits until the device has run some of the
+    forward's linears (its submit counter), and the case is repeated until a forward
+    that had started on the device was cut off by the close."""
+    import threading
+    m = orkpy.load_model(shared / ST, weights="int8")
+    toks = np.random.default_rng(0).integers(3, 512, 256).astype(np.int32)
+    cpu = m.forward(toks, threads=1)
+    cut_off = 0
+    for _ in range(20):
+        d = _open(be)
+        assert npu.use_npu(m, d) == 36
+        out = {}
+
+        def run():
+            try:
+                out["logits"] = m.forward(toks, threads=1)
+            except Exception as e:  # noqa: BLE001 - the test inspects it
+                out["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        submits = 0
+        while submits == 0 and t.is_alive():
+            submits = d.info()["submits"]
+        d.close()
+        t.join()
+        if "error" in out:
+            assert isinstance(out["error"], (ValueError, orkpy.NPUError)), repr(out["error"])
+            assert "closed" in str(out["error"])
+            cut_off += 0 < submits < 36
+        else:
+            assert np.array_equal(out["logits"], cpu)
+        with pytest.raises(ValueError, match="closed"):
+            m.forward(toks, threads=1)
+        npu.use_npu(m, None)
+        assert np.array_equal(m.forward(toks, threads=1), cpu)
+        if cut_off:
+            break
+    assert cut_off, "no close landed inside a forward in 20 tries"
+
+
+@pytest.mark.parametrize("be", THREAD_BACKENDS, ids=["emu", "fake-rknpu"])
+def test_device_shared_by_two_forwards_at_once(shared, be):
+    """One device serving two models whose forwards run in two threads at once:
+    both bit-identical to the CPU. The two forwards are seen to overlap (each
+    records when it started and ended; repeated until the intervals intersect)."""
+    import threading
+    import time
+    m1, m2 = (orkpy.load_model(shared / ST, weights="int8") for _ in range(2))
+    toks = np.random.default_rng(1).integers(3, 512, 256).astype(np.int32)
+    cpu = m1.forward(toks, threads=1)
+    with _open(be) as d:
+        assert npu.use_npu(m1, d) == 36 and npu.use_npu(m2, d) == 36
+        for _ in range(20):
+            barrier, spans, outs = threading.Barrier(2), {}, {}
+
+            def run(i, m):
+                barrier.wait()
+                t0 = time.monotonic()
+                outs[i] = m.forward(toks, threads=1)
+                spans[i] = (t0, time.monotonic())
+            ts = [threading.Thread(target=run, args=(i, m)) for i, m in enumerate((m1, m2))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            assert np.array_equal(outs[0], cpu) and np.array_equal(outs[1], cpu)
+            (a0, a1), (b0, b1) = spans[0], spans[1]
+            if a0 < b1 and b0 < a1:
+                break
+        else:
+            pytest.fail("the two forwards never overlapped in 20 tries")
+        assert d.info()["submits"] % 72 == 0

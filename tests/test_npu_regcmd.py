@@ -1,6 +1,7 @@
-"""NPU register commands (first slice of the NPU layer): the matmul task body
-equals the captured streams in ../shared/docs/npu/golden-matmul-regcmd.txt
-qword for qword; the decoder and `orkpy npu-dump`; limits."""
+"""NPU register commands: the matmul task body equals the captured streams
+qword for qword (the data file docs/npu/golden-matmul-regcmd.txt of the shared
+folder, read through the ``shared`` fixture; its origin: docs/npu.md, "Sources
+of the facts"); the decoder and `orkpy npu-dump`; limits."""
 import re
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_bad_dtype():
 # ---------------------------------------------------------------------------
 # Goldens through the planner, compared as decoded (target, register, value)
 # lists with the address registers masked, and the facts of the public
-# captures that are not full dumps (npu-anchors.md §1.3, §1.10).
+# captures that are not full dumps (docs/npu.md, "Command stream" and sources).
 ADDRESS_REGS = {(0x0201, 0x1070), (0x0201, 0x1110), (0x1001, 0x4020), (0x0101, 0x0010)}
 
 # Known, allowed differences between orkpy's streams and published ones:

@@ -46,7 +46,7 @@ def test_sdist_has_every_c_source_and_header(sdist):
 
 def test_sdist_has_licence_typing_marker_docs_tests_and_benchmarks(sdist):
     _, names = sdist
-    needed = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "MANIFEST.in", "orkpy/py.typed",
+    needed = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "buildflags.py", "MANIFEST.in", "orkpy/py.typed",
               "tests/conftest.py", "tests/cbuild.py"}
     needed |= _tree("orkpy/*.py", "orkpy/*.pyi", "docs/*", "notebooks/*.ipynb", "bench/*.py", "tests/*.py",
                     "tests/c/*", "tests/fuzz/*", "tests/board/*")

@@ -24,6 +24,8 @@ import orkpy.synthetic as syn
 from orkpy import FormatError
 from orkpy.calibrate import MANIFEST, load_quantized, quantize_model
 
+pytestmark = pytest.mark.slow  # hundreds of child processes
+
 CHILD_COMMON = textwrap.dedent("""
     import os, sys
     import orkpy
@@ -56,10 +58,8 @@ CHILD_POINT = CHILD_COMMON + textwrap.dedent("""
         setattr(mod, name, g)
     for name in ("replace", "rename", "mkdir", "makedirs", "fsync", "unlink", "remove", "rmdir"):
         wrap(os, name)
-    import orkpy.calibrate as cal
-    for name in ("_exchange_dirs",):
-        if hasattr(cal, name):
-            wrap(cal, name)
+    import orkpy.modeldir as md
+    wrap(md, "_exchange_dirs")
     models[new].save(path, overwrite=True)
     print("completed", count[0], flush=True)
 """)

@@ -11,7 +11,7 @@ QWEN_LAYERS_MORE_BITS = {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27}  # .
 
 
 def llama_cpp_use_more_bits(i, n):
-    """llama.cpp's Q4_K_M rule for attn_v / ffn_down (quant-anchors §4), integer division."""
+    """llama.cpp's Q4_K_M rule for attn_v / ffn_down (src/llama-quant.cpp, use_more_bits), integer division."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 

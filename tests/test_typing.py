@@ -114,6 +114,7 @@ def mypy_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("mypy-cache"))
 
 
+@pytest.mark.slow
 @needs_mypy
 def test_mypy_passes(mypy_cache):
     """``python -m mypy`` with the [tool.mypy] settings of pyproject.toml (files = orkpy)."""
@@ -123,6 +124,7 @@ def test_mypy_passes(mypy_cache):
     assert "Success: no issues found" in r.stdout
 
 
+@pytest.mark.slow
 @needs_mypy
 def test_stub_matches_the_extension():
     """mypy's stubtest: orkpy/_core.pyi against the built module (every name on both sides,
@@ -132,6 +134,7 @@ def test_stub_matches_the_extension():
     assert r.returncode == 0, f"stubtest failed:\n{r.stdout}{r.stderr}"
 
 
+@pytest.mark.slow
 @needs_mypy
 def test_mypy_rejects_a_wrong_call(tmp_path, mypy_cache):
     """The annotations have teeth: a caller passing the wrong types is reported."""

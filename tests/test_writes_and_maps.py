@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import orkpy
-import orkpy.calibrate as calibrate
+import orkpy.modeldir as modeldir
 from orkpy import FormatError, TierEntry, TierMap
 from orkpy.calibrate import quantize_model
 from orkpy.imatrix import Imatrix
@@ -113,7 +113,7 @@ def _manifest(d):
 @pytest.mark.parametrize("exchange", [True, False])
 def test_threads_saving_one_model_dir(two_models, tmp_path, monkeypatch, exchange):
     if not exchange:                                      # the fallback: move aside, then rename
-        monkeypatch.setattr(calibrate, "_exchange_dirs", lambda a, b: False)
+        monkeypatch.setattr(modeldir, "_exchange_dirs", lambda a, b: False)
     refs = tmp_path / "refs"
     want = [_manifest(refs / f"r{i}") for i, qm in enumerate(two_models) if qm.save(refs / f"r{i}")]
     work = tmp_path / "work"
@@ -152,7 +152,7 @@ def test_save_refuses_a_file_a_link_or_a_foreign_folder_first(two_models, tmp_pa
 
 
 def test_save_error_after_moving_the_old_model_aside_restores_it(two_models, tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "_exchange_dirs", lambda a, b: False)   # no RENAME_EXCHANGE here
+    monkeypatch.setattr(modeldir, "_exchange_dirs", lambda a, b: False)   # no RENAME_EXCHANGE here
     a, b = two_models
     target = tmp_path / "m"
     a.save(target)

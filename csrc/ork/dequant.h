@@ -1,7 +1,7 @@
 /* dequant.h - ggml block dequantizers to float32.
  *
  * Contract: dst[i] for i < n is the float32 value ggml's dequantize_row_<type>
- * produces (formulas: ../shared/docs/quant-anchors.md §2.3, ggml-quants.c);
+ * produces (formulas: ggml src/ggml-quants.c, dequantize_row_*);
  * half-precision block scales are converted exactly (IEEE binary16 -> binary32,
  * subnormals, Inf and NaN included); products follow ggml's order of operations.
  * n must be a multiple of the type's block size; src holds n / block_size blocks.

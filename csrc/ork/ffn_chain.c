@@ -57,31 +57,41 @@ void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t 
         }
 }
 
-/* the int8 matmul of a packed linear: through its external backend (model.h
- * int_mm, e.g. an NPU) when set, else the CPU kernels; xq rows of K bytes */
-static ork_status lin_int(const ork_linear *l, const int8_t *xq, size_t M, int32_t *acc, int nthreads, ork_err *err) {
-    if (l->int_mm) return l->int_mm(l->int_mm_ctx, xq, M, l->K, acc, err);
-    return ork_matmul_int(l->kind, l->store, ork_quant_lut(l->kind), l->N, l->K, xq, M, acc, nthreads, err);
+const char *const ork_ffn_mode_names[ORK_FFN_MODE_COUNT] = {
+    NULL, "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "unfused"};
+
+ork_ffn_mode ork_ffn_mode_find(const char *name) {
+    for (int i = 1; name && i < ORK_FFN_MODE_COUNT; i++)
+        if (strcmp(name, ork_ffn_mode_names[i]) == 0) return (ork_ffn_mode)i;
+    return (ork_ffn_mode)0;
 }
 
-ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const float *h, size_t T, float *y,
-                         int nthreads, ork_err *err) {
-    const ork_linear *lg = &L->w_gate, *lu = &L->w_up, *ld = &L->w_down;
+static int pos(float v) { return v > 0.0f && isfinite(v); }
+
+ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_linear *ld, const ork_ffn_params *p,
+                         ork_err *err) {
+    if ((int)p->mode < 1 || (int)p->mode >= ORK_FFN_MODE_COUNT)
+        return ork_err_set(err, ORK_EINVAL, "unknown FFN chain mode %d", (int)p->mode);
     if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
-        return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed (int8/nf4/int4) gate, up and down weights");
-    if (!(p->lut_step > 0.0f) || !(p->s_scale > 0.0f || p->mode == ORK_FFN_PER_CHANNEL_OUT) || !(p->u_scale > 0.0f) ||
-        !(p->p_scale > 0.0f))
-        return ork_err_set(err, ORK_EINVAL, "FFN chain scales must be positive (run the prep pass first)");
-    if (p->mode == ORK_FFN_PER_CHANNEL_OUT && !p->s_scale_ch)
-        return ork_err_set(err, ORK_EINVAL, "per_channel_out needs per-channel scales");
+        return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed gate, up and down weights");
+    const int per_ch = p->mode == ORK_FFN_PER_CHANNEL_OUT;
+    if (!pos(p->lut_step) || !(pos(p->s_scale) || per_ch) || !pos(p->u_scale) || !pos(p->p_scale))
+        return ork_err_set(err, ORK_EINVAL, "FFN chain scales must be positive and finite (run the prep pass first)");
+    if (per_ch && !p->s_scale_ch) return ork_err_set(err, ORK_EINVAL, "per_channel_out needs per-channel scales");
+    if (p->zp < -128 || p->zp > 127) return ork_err_set(err, ORK_EINVAL, "zero point %d outside int8", (int)p->zp);
+    return ORK_OK;
+}
+
+ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_linear *ld, const ork_ffn_params *p,
+                         const float *h, size_t T, float *y, int nthreads, ork_err *err) {
+    ork_status st = ork_ffn_check(lg, lu, ld, p, err);
+    if (st) return st;
     const size_t D = lg->K, F = lg->N;
-    const size_t Dp = ork_pack_round32(D), Fp = ork_pack_round32(F);
-    ork_status st = ORK_OK;
+    const size_t Dp = ork_pack_round32(D);
     int8_t *hq = malloc(T * Dp), *pq = malloc(T * F);
     float *a = malloc(T * sizeof(float)), *pf = malloc(T * F * sizeof(float));
     int32_t *G = malloc(T * F * sizeof(int32_t)), *U = malloc(T * F * sizeof(int32_t));
     int32_t *Y = malloc(T * ld->N * sizeof(int32_t));
-    (void)Fp;
     if (!hq || !pq || !a || !pf || !G || !U || !Y) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the FFN chain (T = %zu)", T);
         goto done;
@@ -89,8 +99,8 @@ ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const floa
     if ((st = ork_quantize_activations(h, T, D, Dp, 0, hq, a, err))) goto done;
     /* compact the padded rows for ork_matmul_int (it pads itself) */
     for (size_t t = 1; t < T; t++) memmove(hq + t * D, hq + t * Dp, D);
-    if ((st = lin_int(lg, hq, T, G, nthreads, err))) goto done;
-    if ((st = lin_int(lu, hq, T, U, nthreads, err))) goto done;
+    if ((st = ork_linear_int(lg, hq, T, G, nthreads, err))) goto done;
+    if ((st = ork_linear_int(lu, hq, T, U, nthreads, err))) goto done;
     int16_t lut[ORK_FFN_LUT];
     float lut_scale;
     ork_ffn_make_lut(p->lut_step, lut, &lut_scale);
@@ -101,8 +111,8 @@ ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const floa
     for (size_t t = 0; t < T; t++)
         for (size_t n = 0; n < F; n++) {
             size_t i = t * F + n;
-            float g = ((float)G[i] * a[t]) * lg->bscale[n];
-            float u = ((float)U[i] * a[t]) * lu->bscale[n];
+            float g = ork_dequant_acc(G[i], a[t], lg->bscale[n]);
+            float u = ork_dequant_acc(U[i], a[t], lu->bscale[n]);
             switch (p->mode) {
             case ORK_FFN_EXACT_SILU: pf[i] = silu(g) * u; break;
             case ORK_FFN_FP32_SILU_OUT: pf[i] = silu_lut(g, inv_step, lut, lut_scale) * u; break;
@@ -127,9 +137,9 @@ ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const floa
             pq[i] = (int8_t)clamp_i8(ork_round_half_away((float)P * mm), -127.0f);
         }
     if (int_path) {
-        if ((st = lin_int(ld, pq, T, Y, nthreads, err))) goto done;
+        if ((st = ork_linear_int(ld, pq, T, Y, nthreads, err))) goto done;
         for (size_t t = 0; t < T; t++)
-            for (size_t d = 0; d < ld->N; d++) y[t * ld->N + d] = ((float)Y[t * ld->N + d] * p->p_scale) * ld->bscale[d];
+            for (size_t d = 0; d < ld->N; d++) y[t * ld->N + d] = ork_dequant_acc(Y[t * ld->N + d], p->p_scale, ld->bscale[d]);
     } else {
         st = ork_linear_apply(ld, pf, T, y, nthreads, err);
     }

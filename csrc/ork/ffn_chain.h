@@ -4,8 +4,8 @@
  * Notation per token t and FFN channel n (D = n_embd, F = n_ff):
  *   hq[t], a[t]   int8 activations of the normed input h and their per-token scale
  *                 (ork_quantize_activations: a = absmax/127, round half away)
- *   G[t][n]       = hq . Wg[n] (int32, ork_matmul_int), g = ((float)G * a[t]) * bs_g[n]
- *   U[t][n]       = hq . Wu[n] (int32),                  u = ((float)U * a[t]) * bs_u[n]
+ *   G[t][n]       = hq . Wg[n] (int32, ork_linear_int), g = ork_dequant_acc(G, a[t], bs_g[n])
+ *   U[t][n]       = hq . Wu[n] (int32),                 u = ork_dequant_acc(U, a[t], bs_u[n])
  *   (g and u are bit-identical to the float outputs of the per-op path.)
  *
  * LUT SiLU (modes fused, fp32_silu_out, asym_zero_point, per_channel_out):
@@ -21,7 +21,7 @@
  *   uq = clamp(round_half_away(u / u_scale), -127, 127)               int8, per tensor
  *   P  = sq * uq                                                       int32 (|P| <= 16129)
  *   pq = clamp(round_half_away((float)P * m), -127, 127), m = (s_scale * u_scale) / p_scale
- *   y  = ((float)(pq . Wd[d]) * p_scale) * bs_d[d]                     down projection, int32 acc
+ *   y  = ork_dequant_acc(pq . Wd[d], p_scale, bs_d[d])                 down projection, int32 acc
  *   NPU fusion: the gate/up matmuls, the per-channel dequantization, the LUT, the
  *   int8 conversions, the multiply and the requantization run on the NPU (CNA/CORE
  *   for the matmuls, DPU for scale/LUT/elementwise); the host quantizes h; the down
@@ -44,9 +44,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "linear.h"
 #include "status.h"
 
+/* The modes; ork_ffn_mode_names[mode] is the name the binding and the Python
+ * layer use (ork_ffn_mode_names[0] is NULL: 0 is no mode). */
 typedef enum {
     ORK_FFN_FUSED = 1,
     ORK_FFN_EXACT_SILU = 2,
@@ -56,6 +58,10 @@ typedef enum {
     ORK_FFN_PER_CHANNEL_OUT = 6,
     ORK_FFN_UNFUSED = 7,
 } ork_ffn_mode;
+#define ORK_FFN_MODE_COUNT 8
+extern const char *const ork_ffn_mode_names[ORK_FFN_MODE_COUNT];
+/* the mode named `name`, or 0 */
+ork_ffn_mode ork_ffn_mode_find(const char *name);
 
 #define ORK_FFN_LUT 1024
 #define ORK_FFN_HIST 2560 /* |silu| histogram: 64 bins per octave over [2^-20, 2^20) */
@@ -79,10 +85,17 @@ int ork_ffn_hist_bin(float v);
 /* lower edge of a bin */
 double ork_ffn_hist_edge(int bin);
 
+/* Whether settings can run on these linears: a known mode; gate, up, down
+ * packed; lut_step, u_scale, p_scale (and s_scale, or s_scale_ch for
+ * per_channel_out) positive and finite; zp in int8 for asym_zero_point.
+ * ORK_EINVAL naming the problem. */
+ork_status ork_ffn_check(const ork_linear *gate, const ork_linear *up, const ork_linear *down, const ork_ffn_params *p,
+                         ork_err *err);
+
 /* The FFN of one layer on its chain: h (T, D) float -> y (T, D) float (not added to x).
- * gate, up, down must be packed linears. */
-ork_status ork_ffn_chain(const ork_layer *L, const ork_ffn_params *p, const float *h, size_t T, float *y,
-                         int nthreads, ork_err *err);
+ * Checks its arguments with ork_ffn_check. */
+ork_status ork_ffn_chain(const ork_linear *gate, const ork_linear *up, const ork_linear *down, const ork_ffn_params *p,
+                         const float *h, size_t T, float *y, int nthreads, ork_err *err);
 
 /* The LUT for a step (1024 int16) and its output scale. */
 void ork_ffn_make_lut(float lut_step, int16_t lut[ORK_FFN_LUT], float *lut_scale);

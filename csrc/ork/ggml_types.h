@@ -2,7 +2,7 @@
  *
  * Source of the facts: ggml include/ggml.h (enum ggml_type), src/ggml-common.h
  * (block structs and their static_asserts), src/ggml.c type_traits, cross-checked
- * with gguf-py GGML_QUANT_SIZES (see ../shared/docs/quant-anchors.md §2.2).
+ * with gguf-py GGML_QUANT_SIZES (gguf-py/gguf/constants.py).
  * Ids 4, 5 (Q4_2/Q4_3), 31-33 (Q4_0_4_4/4_8/8_8) and 36-38 (IQ4_NL_4_4/4_8/8_8)
  * were removed from ggml and are invalid here. Q8_1 uses ggml's 36-byte block
  * (gguf-py says 40; Q8_1 is an activation-only type that files should not hold).

@@ -6,7 +6,7 @@
  * problem and the byte offset; the parser never reads out of bounds, never
  * allocates more than O(buffer size), never aborts.
  *
- * Layout (GGML docs/gguf.md; ../shared/docs/quant-anchors.md §2.1), all
+ * Layout (ggml docs/gguf.md and src/gguf.cpp; docs/formats.md), all
  * little-endian: magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv |
  * n_kv x (string key, u32 type, value) | n_tensors x (string name, u32 n_dims,
  * u64 ne[n_dims], u32 ggml_type, u64 offset) | pad to alignment | data.

@@ -2,77 +2,39 @@
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ffn_chain.h"
-#include "pack.h"
 #include "pool.h"
 
-/* ------------------------------------------------------------ f32 gemm -- */
-/* dot of n floats in 8 interleaved lanes, combined in a fixed tree, tail last */
-static inline float dot8(const float *a, const float *b, size_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    size_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
+/* -------------------------------------------------------- linear order -- */
+const char *const ork_layer_linear_names[ORK_LAYER_LINEARS] = {"attn_q",   "attn_k", "attn_v", "attn_output",
+                                                               "ffn_gate", "ffn_up", "ffn_down"};
+static const size_t layer_linear_off[ORK_LAYER_LINEARS] = {
+    offsetof(ork_layer, wq),     offsetof(ork_layer, wk),   offsetof(ork_layer, wv),    offsetof(ork_layer, wo),
+    offsetof(ork_layer, w_gate), offsetof(ork_layer, w_up), offsetof(ork_layer, w_down)};
+
+ork_linear *ork_layer_linear(ork_layer *L, int j) { return (ork_linear *)(void *)((char *)L + layer_linear_off[j]); }
+
+size_t ork_model_linear_count(size_t n_layer) { return n_layer * ORK_LAYER_LINEARS + 1; }
+
+ork_linear *ork_model_linear(ork_layer *layers, size_t n_layer, ork_linear *output, size_t i) {
+    if (i < n_layer * ORK_LAYER_LINEARS) return ork_layer_linear(&layers[i / ORK_LAYER_LINEARS], (int)(i % ORK_LAYER_LINEARS));
+    return i == n_layer * ORK_LAYER_LINEARS ? output : NULL;
 }
 
-typedef struct {
-    const float *x, *w;
-    size_t M, N, K;
-    float *y;
-} gemm_job;
-
-static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
-    (void)err;
-    const gemm_job *j = (const gemm_job *)ctx;
-    for (size_t n = begin; n < end; n++) {
-        const float *wr = j->w + n * j->K;
-        for (size_t m = 0; m < j->M; m++) j->y[m * j->N + n] = dot8(j->x + m * j->K, wr, j->K);
-    }
-    return ORK_OK;
-}
-
-/* a packed linear whose int8 matmul runs outside (model.h int_mm) */
-static ork_status linear_external(const ork_linear *l, const float *x, size_t M, float *y, ork_err *err) {
-    const size_t Kp = ork_pack_round32(l->K);
-    int8_t *xq = (int8_t *)malloc(M * Kp);
-    float *as = (float *)malloc(M * sizeof(float));
-    int32_t *acc = (int32_t *)malloc(M * l->N * sizeof(int32_t));
-    ork_status st = ORK_OK;
-    if (!xq || !as || !acc) st = ork_err_set(err, ORK_ENOMEM, "out of memory for an external matmul");
-    if (!st) st = ork_quantize_activations(x, M, l->K, Kp, l->per_tensor_act, xq, as, err);
-    if (!st) st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err);
-    if (!st)
-        for (size_t m = 0; m < M; m++)
-            for (size_t n = 0; n < l->N; n++) y[m * l->N + n] = ((float)acc[m * l->N + n] * as[m]) * l->bscale[n];
-    free(xq);
-    free(as);
-    free(acc);
-    return st;
-}
-
-ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
-    if (l->x2_sum) {
-        for (size_t m = 0; m < M; m++) {
-            const float *xr = x + m * l->K;
-            for (size_t k = 0; k < l->K; k++) l->x2_sum[k] += (double)xr[k] * (double)xr[k];
-        }
-        if (l->x2_count) *l->x2_count += M;
-    }
-    if (l->path == ORK_LIN_F32) {
-        gemm_job j = {x, l->w, M, l->N, l->K, y};
-        size_t chunk = 16;
-        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 1 << 20);
-        return ork_parallel_for(nt, l->N, chunk, gemm_cols, &j, err);
-    }
-    if (l->int_mm) return linear_external(l, x, M, y, err);
-    return ork_matmul_f32(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->N, l->K, x, M, l->per_tensor_act, y,
-                          nthreads, err);
+int ork_model_linear_name(size_t n_layer, size_t i, char *buf, size_t len) {
+    int n;
+    if (i < n_layer * ORK_LAYER_LINEARS)
+        n = snprintf(buf, len, "blk.%zu.%s.weight", i / ORK_LAYER_LINEARS, ork_layer_linear_names[i % ORK_LAYER_LINEARS]);
+    else if (i == n_layer * ORK_LAYER_LINEARS)
+        n = snprintf(buf, len, "output.weight");
+    else
+        return -1;
+    return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
 /* ------------------------------------------------------------- helpers -- */
@@ -114,7 +76,7 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
     if (!m) return ork_err_set(err, ORK_EINVAL, "NULL model");
     if (!m->n_layer || !m->n_embd || !m->n_head || !m->n_head_kv || !m->head_dim || !m->n_ff || !m->n_vocab)
         return ork_err_set(err, ORK_EINVAL, "model has a zero dimension");
-    if (m->n_layer > 4096 || m->n_head > 65536 || m->n_head_kv > 65536 || m->head_dim > 65536 || m->n_embd > ((size_t)1 << 20) ||
+    if (m->n_layer > ORK_MODEL_MAX_LAYERS || m->n_head > 65536 || m->n_head_kv > 65536 || m->head_dim > 65536 || m->n_embd > ((size_t)1 << 20) ||
         m->n_ff > ((size_t)1 << 22) || m->n_vocab > ((size_t)1 << 24))
         return ork_err_set(err, ORK_EINVAL, "model dimensions out of range (layers %zu, heads %zu/%zu x %zu, embd %zu, ff %zu, vocab %zu)",
                            m->n_layer, m->n_head, m->n_head_kv, m->head_dim, m->n_embd, m->n_ff, m->n_vocab);
@@ -126,17 +88,16 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
     if (!(m->norm_eps > 0.0f) || !(m->rope_base > 0.0f) || !(m->rope_freq_scale > 0.0f))
         return ork_err_set(err, ORK_EINVAL, "bad norm epsilon or rope parameters");
     ork_status st;
-    size_t qd = m->n_head * m->head_dim, kvd = m->n_head_kv * m->head_dim;
+    const size_t D = m->n_embd, qd = m->n_head * m->head_dim, kvd = m->n_head_kv * m->head_dim, F = m->n_ff;
+    /* (N, K) of each linear, in ork_layer_linear_names order */
+    const size_t shape[ORK_LAYER_LINEARS][2] = {{qd, D}, {kvd, D}, {kvd, D}, {D, qd}, {F, D}, {F, D}, {D, F}};
     for (size_t i = 0; i < m->n_layer; i++) {
         const ork_layer *L = &m->layers[i];
         if (!L->attn_norm || !L->ffn_norm) return ork_err_set(err, ORK_EINVAL, "layer %zu is missing a norm", i);
-        if ((st = check_linear(&L->wq, qd, m->n_embd, "attn_q", i, err))) return st;
-        if ((st = check_linear(&L->wk, kvd, m->n_embd, "attn_k", i, err))) return st;
-        if ((st = check_linear(&L->wv, kvd, m->n_embd, "attn_v", i, err))) return st;
-        if ((st = check_linear(&L->wo, m->n_embd, qd, "attn_output", i, err))) return st;
-        if ((st = check_linear(&L->w_gate, m->n_ff, m->n_embd, "ffn_gate", i, err))) return st;
-        if ((st = check_linear(&L->w_up, m->n_ff, m->n_embd, "ffn_up", i, err))) return st;
-        if ((st = check_linear(&L->w_down, m->n_embd, m->n_ff, "ffn_down", i, err))) return st;
+        for (int j = 0; j < ORK_LAYER_LINEARS; j++) {
+            const ork_linear *l = (const ork_linear *)(const void *)((const char *)L + layer_linear_off[j]);
+            if ((st = check_linear(l, shape[j][0], shape[j][1], ork_layer_linear_names[j], i, err))) return st;
+        }
     }
     return check_linear(&m->output, m->n_vocab, m->n_embd, "output", m->n_layer, err);
 }
@@ -163,7 +124,7 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
             const float *qv = j->q + t * qd + h * hd;
             float mx = -INFINITY;
             for (size_t u = 0; u <= t; u++) {
-                s[u] = dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
+                s[u] = ork_dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
                 if (s[u] > mx) mx = s[u];
             }
             double sum = 0.0;
@@ -230,7 +191,7 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
         if (L->ffn) {
-            if ((st = ork_ffn_chain(L, L->ffn, h, T, tmp, nthreads, err))) goto done;
+            if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) goto done;
             for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
             continue;
         }

@@ -16,7 +16,15 @@
  * rmsnorm(v) = v * (1 / sqrt(mean(v^2) + eps)), the mean accumulated in double.
  * Float dot products use a fixed 8-lane accumulation order and work is split
  * over output columns / heads only, so results do not depend on the thread
- * count. Linear layers of the packed kinds use ork_matmul_f32 (pack.h).
+ * count. Every linear runs through ork_linear_apply (linear.h).
+ *
+ * Linear names and order: the forward model owns them. A layer's linears are
+ * ORK_LAYER_LINEARS in the order of ork_layer_linear_names (the GGUF tensor
+ * stems attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down); the
+ * model's linears are every layer's in that order, layer by layer, then the
+ * output head: index i of ork_model_linear, named by ork_model_linear_name
+ * ("blk.<layer>.<stem>.weight", "output.weight"). The binding exports this
+ * order; imatrix results, NPU routing and FFN settings are keyed by it.
  */
 #ifndef ORK_MODEL_H
 #define ORK_MODEL_H
@@ -24,38 +32,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "quant.h"
+#include "linear.h"
 #include "status.h"
 
 typedef enum { ORK_ROPE_NORM = 0, ORK_ROPE_NEOX = 2 } ork_rope_type;
-
-typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
-
-/* An external int8 matmul for a packed linear (an NPU backend):
- * acc (M, N) int32 = xq (M rows of K values, row stride ldq >= K) times the
- * linear's int8 weight values. The fused FFN chain (ffn_chain.c) uses it too. */
-typedef ork_status (*ork_int_mm_fn)(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err);
-
-typedef struct ork_linear {
-    ork_lin_path path;
-    size_t N, K;
-    const float *w;        /* ORK_LIN_F32: (N, K) row-major */
-    ork_kind kind;         /* ORK_LIN_PACKED: */
-    const void *store;
-    const float *bscale;
-    int per_tensor_act;
-    /* optional importance statistics: when x2_sum is set, every application
-     * adds sum over rows of x[m][k]^2 to x2_sum[k] (double, rows in order)
-     * and the row count to *x2_count -- llama.cpp's imatrix in_sum2 / counts */
-    double *x2_sum;
-    uint64_t *x2_count;
-    /* optional (ORK_LIN_PACKED only): when int_mm is set, the int8 matmul
-     * runs there instead of the CPU kernels; activation quantization and the
-     * float scaling ((float)acc * a[m]) * bscale[n] are the same, so the
-     * output is bit-identical whenever the int32 accumulators are. */
-    ork_int_mm_fn int_mm;
-    void *int_mm_ctx;
-} ork_linear;
 
 struct ork_ffn_params;
 struct ork_ffn_stats;
@@ -80,6 +60,18 @@ typedef struct ork_model {
     const ork_layer *layers;
 } ork_model;
 
+#define ORK_MODEL_MAX_LAYERS 4096
+#define ORK_LAYER_LINEARS 7
+extern const char *const ork_layer_linear_names[ORK_LAYER_LINEARS];
+/* linear j (0 <= j < ORK_LAYER_LINEARS) of a layer, in the order above */
+ork_linear *ork_layer_linear(ork_layer *L, int j);
+/* the model's linears: n_layer * ORK_LAYER_LINEARS + 1 */
+size_t ork_model_linear_count(size_t n_layer);
+/* linear i of a model with these layers and output head (layers, then output), or NULL past the end */
+ork_linear *ork_model_linear(ork_layer *layers, size_t n_layer, ork_linear *output, size_t i);
+/* its tensor name into buf (at most len bytes, NUL included); 0, or -1 past the end */
+int ork_model_linear_name(size_t n_layer, size_t i, char *buf, size_t len);
+
 /* Checks every dimension and pointer of a model description. */
 ork_status ork_model_check(const ork_model *m, ork_err *err);
 
@@ -91,8 +83,5 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
  * llama-perplexity: nll = -(l[t] - max - log(sum exp(l - max))), the sum in double. */
 ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,
                         ork_err *err);
-
-/* y (M, N) = x (M, K) W^T for a linear layer on its path */
-ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err);
 
 #endif

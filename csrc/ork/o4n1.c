@@ -1,3 +1,4 @@
+/* o4n1.c - the O4N1/O8N1 header codec and file validation (o4n1.h). */
 #include "o4n1.h"
 
 #include <math.h>
@@ -12,16 +13,21 @@ static uint32_t get32(const uint8_t *p) {
 }
 static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
 
-static uint64_t store_off_for(uint64_t N) { return (ORK_O4N1_HEADER + 4 * N + 63) & ~(uint64_t)63; }
+uint64_t ork_o4n1_store_offset(uint64_t N) { return (ORK_O4N1_HEADER + 4 * N + 63) & ~(uint64_t)63; }
+
+const char *ork_o4n1_magic(ork_kind kind) {
+    const ork_kind_info *k = ork_kind_get(kind);
+    return !k ? NULL : k->bits == 8 ? "O8N1" : "O4N1";
+}
 
 ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[ORK_O4N1_HEADER], ork_err *err) {
-    if (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4 && kind != ORK_KIND_INT8)
-        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
+    ork_status st = ork_kind_check(kind, err);
+    if (st) return st;
     if (N == 0 || K == 0 || K > ORK_PACK_MAX_K || N > ORK_PACK_MAX_N)
         return ork_err_set(err, ORK_EINVAL, "bad packed weight shape (%llu, %llu)", (unsigned long long)N,
                            (unsigned long long)K);
     memset(hdr, 0, ORK_O4N1_HEADER);
-    memcpy(hdr, kind == ORK_KIND_INT8 ? "O8N1" : "O4N1", 4);
+    memcpy(hdr, ork_o4n1_magic(kind), 4);
     put32(hdr + 4, ORK_O4N1_VERSION);
     put32(hdr + 8, (uint32_t)kind);
     put32(hdr + 12, ORK_O4N1_HEADER);
@@ -29,7 +35,7 @@ ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[OR
     put64(hdr + 24, N);
     const int8_t *lut = ork_quant_lut(kind);
     if (lut) memcpy(hdr + 32, lut, 16);
-    put64(hdr + 48, store_off_for(N));
+    put64(hdr + 48, ork_o4n1_store_offset(N));
     put64(hdr + 56, ork_pack_store_bytes(kind, (size_t)N, (size_t)K));
     return ORK_OK;
 }
@@ -46,19 +52,19 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     else return BAD("bad magic %02x %02x %02x %02x (expected 'O4N1' or 'O8N1')", buf[0], buf[1], buf[2], buf[3]);
     uint32_t version = get32(buf + 4), kind = get32(buf + 8), hbytes = get32(buf + 12);
     if (version != ORK_O4N1_VERSION) return BAD("unsupported version %u (this orkpy reads version %d)", version, ORK_O4N1_VERSION);
-    if (is8 ? kind != ORK_KIND_INT8 : (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4))
+    const ork_kind_info *ki = kind < ORK_KIND_MAX ? ork_kind_get((ork_kind)kind) : NULL;
+    if (!ki || (ki->bits == 8) != is8)
         return BAD("unknown kind %u for a %s file", kind, is8 ? "O8N1" : "O4N1");
     if (hbytes != ORK_O4N1_HEADER) return BAD("header size field is %u, expected %d", hbytes, ORK_O4N1_HEADER);
     uint64_t K = get64(buf + 16), N = get64(buf + 24);
     if (K == 0 || N == 0 || K > ORK_PACK_MAX_K || N > ORK_PACK_MAX_N)
         return BAD("bad shape N = %llu, K = %llu", (unsigned long long)N, (unsigned long long)K);
-    const int8_t *lut = ork_quant_lut((ork_kind)kind);
-    static const int8_t zeros[16];
-    if (memcmp(buf + 32, lut ? lut : zeros, 16) != 0)
+    if (memcmp(buf + 32, ki->lut, 16) != 0) /* all zero for 8-bit kinds */
         return BAD("LUT in the header does not match kind %u", kind);
     uint64_t soff = get64(buf + 48), sbytes = get64(buf + 56);
-    if (soff != store_off_for(N)) return BAD("store offset %llu, expected %llu for N = %llu", (unsigned long long)soff,
-                                             (unsigned long long)store_off_for(N), (unsigned long long)N);
+    if (soff != ork_o4n1_store_offset(N))
+        return BAD("store offset %llu, expected %llu for N = %llu", (unsigned long long)soff,
+                   (unsigned long long)ork_o4n1_store_offset(N), (unsigned long long)N);
     uint64_t want = ork_pack_store_bytes((ork_kind)kind, (size_t)N, (size_t)K);
     if (sbytes != want) return BAD("store size %llu, expected %llu for N = %llu, K = %llu", (unsigned long long)sbytes,
                                    (unsigned long long)want, (unsigned long long)N, (unsigned long long)K);
@@ -78,7 +84,7 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     }
     for (uint64_t p = ORK_O4N1_HEADER + 4 * N; p < soff; p++)
         if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);
-    if (kind == ORK_KIND_INT8)
+    if (ki->bits == 8)
         for (uint64_t p = soff; p < soff + sbytes; p++)
             if (buf[p] == 0x80) return BAD("int8 store holds -128 at offset %llu (codes must be in [-127, 127])", (unsigned long long)p);
     info->kind = (ork_kind)kind;

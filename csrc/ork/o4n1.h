@@ -3,7 +3,7 @@
  *
  *   0   4  magic 'O4N1' | 'O8N1'
  *   4   4  u32 version = 1
- *   8   4  u32 kind: 0 nf4, 1 int4 (O4N1); 2 int8 (O8N1)
+ *   8   4  u32 kind: the kind's registry id (quant.h): 0 nf4, 1 int4 (O4N1); 2 int8 (O8N1)
  *   12  4  u32 header bytes = 64 (where bscale starts)
  *   16  8  u64 K (inputs)
  *   24  8  u64 N (outputs)
@@ -36,6 +36,10 @@ typedef struct ork_o4n1_info {
     uint64_t scales_off, store_off, store_bytes;
 } ork_o4n1_info;
 
+/* The store offset of a file with N outputs: round_up(64 + 4*N, 64). */
+uint64_t ork_o4n1_store_offset(uint64_t N);
+/* "O4N1" for 4-bit kinds, "O8N1" for 8-bit kinds, NULL for unknown kinds. */
+const char *ork_o4n1_magic(ork_kind kind);
 /* The 64-byte header for a weight (writes hdr[0..63]); store offset/bytes derived. */
 ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[ORK_O4N1_HEADER], ork_err *err);
 ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, ork_err *err);

@@ -9,16 +9,27 @@
 #include "cpu.h"
 #include "pool.h"
 
-static int is4(ork_kind k) { return k == ORK_KIND_NF4 || k == ORK_KIND_INT4; }
+static int is4(ork_kind k) {
+    const ork_kind_info *info = ork_kind_get(k);
+    return info && info->bits == 4;
+}
 
 size_t ork_pack_store_bytes(ork_kind kind, size_t N, size_t K) {
-    size_t np = ork_pack_round32(N), kp = ork_pack_round32(K);
-    return is4(kind) ? np * kp / 2 : np * kp;
+    size_t shape[4];
+    ork_pack_store_shape(kind, N, K, shape);
+    return shape[0] * shape[1] * shape[2] * shape[3];
+}
+
+void ork_pack_store_shape(ork_kind kind, size_t N, size_t K, size_t shape[4]) {
+    shape[0] = ork_pack_round32(N) / 32;
+    shape[1] = ork_pack_round32(K) / 32;
+    shape[2] = 32;
+    shape[3] = is4(kind) ? 16 : 32;
 }
 
 static ork_status check_shape(ork_kind kind, size_t N, size_t K, ork_err *err) {
-    if (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4 && kind != ORK_KIND_INT8)
-        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
+    ork_status st = ork_kind_check(kind, err);
+    if (st) return st;
     if (N == 0 || K == 0) return ork_err_set(err, ORK_EINVAL, "empty weight shape (%zu, %zu)", N, K);
     if (K > ORK_PACK_MAX_K)
         return ork_err_set(err, ORK_EINVAL, "K = %zu exceeds %zu (int32 accumulators could overflow)", K,
@@ -37,6 +48,7 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
     if (st) return st;
     const size_t KB = ork_pack_round32(K) / 32, NB = ork_pack_round32(N) / 32;
     if (is4(kind)) {
+        const uint8_t zero = ork_kind_get(kind)->zero_code;
         const uint8_t *c = (const uint8_t *)codes;
         uint8_t *s = (uint8_t *)store;
         const size_t rb = (K + 1) / 2;
@@ -47,8 +59,8 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
                     size_t n = nb * 32 + i;
                     for (size_t j = 0; j < 16; j++) {
                         size_t k0 = kb * 32 + 2 * j, k1 = k0 + 1;
-                        uint8_t lo = (n < N && k0 < K) ? code_at(c, rb, n, k0) : ORK_QUANT_ZERO_CODE;
-                        uint8_t hi = (n < N && k1 < K) ? code_at(c, rb, n, k1) : ORK_QUANT_ZERO_CODE;
+                        uint8_t lo = (n < N && k0 < K) ? code_at(c, rb, n, k0) : zero;
+                        uint8_t hi = (n < N && k1 < K) ? code_at(c, rb, n, k1) : zero;
                         row[j] = (uint8_t)(lo | (hi << 4));
                     }
                 }
@@ -81,7 +93,8 @@ ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void
         const uint8_t *s = (const uint8_t *)store;
         uint8_t *c = (uint8_t *)codes;
         const size_t rb = (K + 1) / 2;
-        memset(c, ORK_QUANT_ZERO_CODE | (ORK_QUANT_ZERO_CODE << 4), N * rb);
+        const uint8_t zero = ork_kind_get(kind)->zero_code;
+        memset(c, zero | (zero << 4), N * rb);
         for (size_t n = 0; n < N; n++)
             for (size_t k = 0; k < K; k++) {
                 size_t nb = n / 32, i = n % 32, kb = k / 32, j = k % 32;
@@ -204,10 +217,7 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
             else {
                 float as = j->ascale[m];
                 float *o = j->out_f + m * j->N + n0;
-                for (size_t i = 0; i < nn; i++) {
-                    float t = (float)a[i] * as;
-                    o[i] = t * j->bscale[n0 + i];
-                }
+                for (size_t i = 0; i < nn; i++) o[i] = ork_dequant_acc(a[i], as, j->bscale[n0 + i]);
             }
         }
     }

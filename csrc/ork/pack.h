@@ -5,7 +5,7 @@
  * Source of the layout facts: RKNN's documented "native" B layout for RK3588
  * int8 matmul, (N/32, K/32, 32, 32), as reproduced by the public reverse-
  * engineered driver (mtx512/rk3588-npu npu_matmul.c weight_int8) and
- * rknn_matmul_api.h (../shared/docs/npu-anchors.md §1.5, §3.3).
+ * rknn_matmul_api.h (docs/npu.md, "Sources of the facts").
  *
  *   Kp = ceil(K / 32) * 32,  Np = ceil(N / 32) * 32,  KB = Kp / 32,  NB = Np / 32
  *   int8 store:  int8  tile[NB][KB][32 n][32 k],  tile[nb][kb][i][j] = W[nb*32+i][kb*32+j]
@@ -13,8 +13,10 @@
  *                16 bytes, element 2j in the low nibble, 2j+1 in the high nibble,
  *                so inflating a tile row through the kind's int8 LUT yields the
  *                int8 tile row directly.
- *   Padding (k >= K or n >= N) is zero: int8 0, 4-bit code 7 (LUT value 0 for
- *   NF4 and INT4). bscale has N entries (float32, >= 0, finite).
+ *   Padding (k >= K or n >= N) is zero: int8 0, 4-bit the kind's zero_code
+ *   (quant.h registry; LUT value 0). bscale has N entries (float32, >= 0, finite).
+ *   ork_pack_store_shape gives the store's 4-D shape; every binding and the
+ *   Python layer take it from there (orkpy._core.packed_layout).
  *
  * ------------------------------------------------------------ matmul ----
  *   acc[m][n] = sum_k xq[m][k] * Wq[n][k]     (int32, exact)
@@ -63,6 +65,18 @@ static inline size_t ork_pack_round32(size_t x) { return (x + 31) & ~(size_t)31;
 
 /* bytes of the tile store: Np*Kp (int8) or Np*Kp/2 (4-bit) */
 size_t ork_pack_store_bytes(ork_kind kind, size_t N, size_t K);
+/* its shape: (NB, KB, 32, 32) int8 or (NB, KB, 32, 16) uint8 for 4-bit kinds */
+void ork_pack_store_shape(ork_kind kind, size_t N, size_t K, size_t shape[4]);
+
+/* The float scaling of an int32 accumulator, y = ((float)acc * ascale) * bscale:
+ * two float32 multiplies in this order, no FMA (-ffp-contract=off). Every
+ * float output of an int8 matmul goes through this one function (the CPU
+ * drivers here, linear.c's external matmuls, ffn_chain.c), so they stay
+ * bit-identical to each other. */
+static inline float ork_dequant_acc(int32_t acc, float ascale, float bscale) {
+    float t = (float)acc * ascale;
+    return t * bscale;
+}
 
 /* Pack QuantizedTensor codes (row-major: 4-bit (N, ceil(K/2)) nibbles, int8
  * (N, K)) into the tile store. */

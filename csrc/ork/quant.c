@@ -1,87 +1,145 @@
-/* quant.c - codebooks, argument checking, the per-row scale search and the
- * threaded drivers. The arithmetic lives in the per-ISA kernel tables; this
+/* quant.c - the kind registry, argument checking, the per-row scale search
+ * and the threaded drivers. The arithmetic lives in the per-ISA kernel tables; this
  * file only decides which kernel runs on which row with which scale. */
 #include "quant.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "pool.h"
 
-/* bitsandbytes NF4 code values (csrc/kernels.cu nf4_dequantization_lut),
- * exactly as float32 */
-static const float nf4_levels[16] = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f,
+/* ------------------------------------------------------ kind registry -- */
+/* One row per kind: name, bits, levels. The LUT, the zero code and the
+ * quantization grid are derived by ork_kind_derive when the table is first
+ * used; tests re-derive the LUTs independently (orkpy/reference.py). */
+static ork_kind_info g_kinds[ORK_KIND_MAX] = {
+    /* bitsandbytes NF4 code values (csrc/kernels.cu nf4_dequantization_lut), exactly as float32 */
+    {ORK_KIND_NF4, "nf4", 4, 16,
+     {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
+      -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
+      0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
+      0.7229568362236023f, 1.0f}},
+    /* uniform symmetric k/7, k = -7..7 */
+    {ORK_KIND_INT4, "int4", 4, 15,
+     {-1.0f, -6.0f / 7, -5.0f / 7, -4.0f / 7, -3.0f / 7, -2.0f / 7, -1.0f / 7, 0.0f, 1.0f / 7, 2.0f / 7,
+      3.0f / 7, 4.0f / 7, 5.0f / 7, 6.0f / 7, 1.0f}},
+    /* per-channel symmetric int8, codes in [-127, 127] */
+    {ORK_KIND_INT8, "int8", 8, 0, {0}},
 };
-static const float int4_levels[15] = {
-    -1.0f, -6.0f / 7, -5.0f / 7, -4.0f / 7, -3.0f / 7, -2.0f / 7, -1.0f / 7, 0.0f,
-    1.0f / 7, 2.0f / 7, 3.0f / 7, 4.0f / 7, 5.0f / 7, 6.0f / 7, 1.0f,
-};
+static atomic_size_t g_nkinds = 3; /* rows published (a row is complete before the count covers it) */
+static atomic_int g_sealed = 0;
+static pthread_once_t g_kinds_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_kinds_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_kind_register */
 
-/* round(level * 127), half away from zero; tests re-derive both tables */
-static const int8_t nf4_lut[16] = {-127, -88, -67, -50, -36, -23, -12, 0,
-                                   10,   20,  31,  43,  56,  71,  92,  127};
-static const int8_t int4_lut[16] = {-127, -109, -91, -73, -54, -36, -18, 0,
-                                    18,   36,   54,  73,  91,  109, 127, 0};
+ork_status ork_kind_derive(ork_kind_info *row, ork_err *err) {
+    memset(row->lut, 0, sizeof row->lut);
+    memset(&row->grid, 0, sizeof row->grid);
+    row->zero_code = 0;
+    if (row->bits == 8) return row->nlev == 0 ? ORK_OK : ork_err_set(err, ORK_EINVAL, "kind '%s': an 8-bit kind has no levels", row->name);
+    if (row->bits != 4) return ork_err_set(err, ORK_EINVAL, "kind '%s': bits must be 4 or 8, got %d", row->name, row->bits);
+    if (row->nlev < 2 || row->nlev > 16)
+        return ork_err_set(err, ORK_EINVAL, "kind '%s': a 4-bit kind needs 2..16 levels, got %d", row->name, row->nlev);
+    int zero = -1;
+    for (int c = 0; c < row->nlev; c++) {
+        float v = row->levels[c];
+        if (!(v >= -1.0f && v <= 1.0f))
+            return ork_err_set(err, ORK_EINVAL, "kind '%s': level %d = %g is not a number in [-1, 1]", row->name, c, (double)v);
+        double r = (double)v * 127.0, t = trunc(r), f = r - t;
+        row->lut[c] = (int8_t)(f >= 0.5 ? t + 1 : (f <= -0.5 ? t - 1 : t)); /* round half away from zero */
+        if (c > 0 && !(row->lut[c] > row->lut[c - 1]))
+            return ork_err_set(err, ORK_EINVAL, "kind '%s': levels %d and %d are not ascending on the int8 grid "
+                               "(LUT %d, %d)", row->name, c - 1, c, row->lut[c - 1], row->lut[c]);
+        if (v == 0.0f) zero = c;
+    }
+    if (zero < 0)
+        return ork_err_set(err, ORK_EINVAL, "kind '%s' has no 0.0 level (zero rows and padding need an exact zero)",
+                           row->name);
+    row->zero_code = (uint8_t)zero;
+    row->grid.nlev = row->nlev;
+    for (int c = 0; c < row->nlev; c++) row->grid.lev[c] = (float)row->lut[c];
+    for (int c = 0; c + 1 < row->nlev; c++) row->grid.thr[c] = (row->grid.lev[c] + row->grid.lev[c + 1]) / 2.0f;
+    return ORK_OK;
+}
 
-static const ork_q4_grid nf4_grid = {
-    16,
-    {-127, -88, -67, -50, -36, -23, -12, 0, 10, 20, 31, 43, 56, 71, 92, 127},
-    {-107.5f, -77.5f, -58.5f, -43.0f, -29.5f, -17.5f, -6.0f, 5.0f, 15.0f, 25.5f, 37.0f, 49.5f,
-     63.5f, 81.5f, 109.5f},
-};
-static const ork_q4_grid int4_grid = {
-    15,
-    {-127, -109, -91, -73, -54, -36, -18, 0, 18, 36, 54, 73, 91, 109, 127, 0},
-    {-118.0f, -100.0f, -82.0f, -63.5f, -45.0f, -27.0f, -9.0f, 9.0f, 27.0f, 45.0f, 63.5f, 82.0f,
-     100.0f, 118.0f, 0.0f},
-};
-
-size_t ork_quant_row_bytes(ork_kind kind, size_t K) {
-    switch (kind) {
-    case ORK_KIND_NF4:
-    case ORK_KIND_INT4: return (K + 1) / 2;
-    case ORK_KIND_INT8: return K;
-    default: return 0;
+static void kinds_init(void) {
+    for (size_t i = 0; i < atomic_load(&g_nkinds); i++) {
+        ork_err e;
+        if (ork_kind_derive(&g_kinds[i], &e) != ORK_OK) g_kinds[i].bits = 0; /* a broken built-in row is unusable */
     }
 }
 
-const int8_t *ork_quant_lut(ork_kind kind) {
-    return kind == ORK_KIND_NF4 ? nf4_lut : kind == ORK_KIND_INT4 ? int4_lut : NULL;
+size_t ork_kind_count(void) {
+    pthread_once(&g_kinds_once, kinds_init);
+    return atomic_load(&g_nkinds);
 }
 
-const float *ork_quant_levels(ork_kind kind, int *nlev) {
-    if (kind == ORK_KIND_NF4) {
-        if (nlev) *nlev = 16;
-        return nf4_levels;
-    }
-    if (kind == ORK_KIND_INT4) {
-        if (nlev) *nlev = 15;
-        return int4_levels;
-    }
-    if (nlev) *nlev = 0;
+const ork_kind_info *ork_kind_get(ork_kind kind) {
+    size_t n = ork_kind_count();
+    if ((int)kind < 0 || (size_t)kind >= n || !g_kinds[kind].bits) return NULL;
+    return &g_kinds[kind];
+}
+
+const ork_kind_info *ork_kind_find(const char *name) {
+    size_t n = ork_kind_count();
+    for (size_t i = 0; name && i < n; i++)
+        if (g_kinds[i].bits && strcmp(g_kinds[i].name, name) == 0) return &g_kinds[i];
     return NULL;
 }
 
-const ork_q4_grid *ork_quant_grid(ork_kind kind) {
-    return kind == ORK_KIND_NF4 ? &nf4_grid : kind == ORK_KIND_INT4 ? &int4_grid : NULL;
+ork_status ork_kind_check(ork_kind kind, ork_err *err) {
+    return ork_kind_get(kind) ? ORK_OK : ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
+}
+
+void ork_kind_seal(void) { atomic_store(&g_sealed, 1); }
+
+ork_status ork_kind_register(const char *name, const float *levels, int nlev, ork_kind *id, ork_err *err) {
+    if (!name || !levels || !id) return ork_err_set(err, ORK_EINVAL, "kind_register: NULL argument");
+    size_t len = strlen(name);
+    if (len == 0 || len >= ORK_KIND_NAME_MAX || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
+        return ork_err_set(err, ORK_EINVAL, "kind name '%.32s' must be 1..%d characters of [a-z0-9_]", name,
+                           ORK_KIND_NAME_MAX - 1);
+    if (nlev < 2 || nlev > 16) return ork_err_set(err, ORK_EINVAL, "kind '%s': a 4-bit kind needs 2..16 levels, got %d", name, nlev);
+    ork_kind_count(); /* the built-in rows are derived first */
+    pthread_mutex_lock(&g_kinds_mu);
+    ork_status st = ORK_OK;
+    size_t n = atomic_load(&g_nkinds);
+    if (atomic_load(&g_sealed))
+        st = ork_err_set(err, ORK_EINVAL, "the kind registry is sealed: kinds were already exported");
+    else if (ork_kind_find(name))
+        st = ork_err_set(err, ORK_EINVAL, "kind '%s' is already registered", name);
+    else if (n >= ORK_KIND_MAX)
+        st = ork_err_set(err, ORK_EINVAL, "the kind registry is full (%d rows)", ORK_KIND_MAX);
+    if (st == ORK_OK) {
+        ork_kind_info row;
+        memset(&row, 0, sizeof row);
+        row.id = (ork_kind)n;
+        memcpy(row.name, name, len + 1);
+        row.bits = 4;
+        row.nlev = nlev;
+        memcpy(row.levels, levels, (size_t)nlev * sizeof(float));
+        st = ork_kind_derive(&row, err);
+        if (st == ORK_OK) {
+            g_kinds[n] = row;
+            atomic_store(&g_nkinds, n + 1);
+            *id = row.id;
+        }
+    }
+    pthread_mutex_unlock(&g_kinds_mu);
+    return st;
+}
+
+size_t ork_quant_row_bytes(ork_kind kind, size_t K) {
+    const ork_kind_info *k = ork_kind_get(kind);
+    return !k ? 0 : k->bits == 4 ? (K + 1) / 2 : K;
+}
+
+const int8_t *ork_quant_lut(ork_kind kind) {
+    const ork_kind_info *k = ork_kind_get(kind);
+    return k && k->bits == 4 ? k->lut : NULL;
 }
 
 size_t ork_quant_default_grid(float *out, size_t cap) {
@@ -98,7 +156,8 @@ typedef struct {
     const float *grid;
     size_t ngrid;
     const ork_quant_kernels *kern;
-    const ork_q4_grid *g;
+    const ork_q4_grid *g; /* 4-bit kinds: the kind's grid; NULL for int8 */
+    uint8_t zero;         /* 4-bit kinds: the kind's zero code */
     uint8_t *codes;
     float *scales;
     size_t row_bytes;
@@ -138,7 +197,7 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
         }
         if (!(a >= ORK_QUANT_TINY)) { /* zero row */
             j->scales[n] = 0.0f;
-            if (j->g) memset(out, ORK_QUANT_ZERO_CODE | (ORK_QUANT_ZERO_CODE << 4), j->row_bytes);
+            if (j->g) memset(out, j->zero | (j->zero << 4), j->row_bytes);
             else memset(out, 0, j->row_bytes);
             continue;
         }
@@ -162,7 +221,7 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
             else j->kern->codes4_rtn(x, K, inv, j->g, tmp);
             size_t k = 0;
             for (; k + 1 < K; k += 2) out[k >> 1] = (uint8_t)(tmp[k] | (tmp[k + 1] << 4));
-            if (k < K) out[k >> 1] = (uint8_t)(tmp[k] | (ORK_QUANT_ZERO_CODE << 4));
+            if (k < K) out[k >> 1] = (uint8_t)(tmp[k] | (j->zero << 4));
         } else {
             if (j->p->sr) j->kern->codes8_sr(x, K, inv, key, 0, (int8_t *)out);
             else j->kern->codes8_rtn(x, K, inv, (int8_t *)out);
@@ -184,8 +243,8 @@ static ork_status check_dims(size_t N, size_t K, ork_err *err) {
 ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_params *p,
                         void *codes, float *scales, ork_err *err) {
     if (!p || !w || !codes || !scales) return ork_err_set(err, ORK_EINVAL, "quantize: NULL argument");
-    if (p->kind != ORK_KIND_NF4 && p->kind != ORK_KIND_INT4 && p->kind != ORK_KIND_INT8)
-        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)p->kind);
+    const ork_kind_info *info = ork_kind_get(p->kind);
+    if (!info) return ork_kind_check(p->kind, err);
     ork_status st = check_dims(N, K, err);
     if (st != ORK_OK) return st;
 
@@ -223,7 +282,8 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
     j.grid = grid;
     j.ngrid = ngrid;
     j.kern = ork_quant_kernels_active();
-    j.g = ork_quant_grid(p->kind);
+    j.g = info->bits == 4 ? &info->grid : NULL;
+    j.zero = info->zero_code;
     j.codes = (uint8_t *)codes;
     j.scales = scales;
     j.row_bytes = ork_quant_row_bytes(p->kind, K);
@@ -256,9 +316,8 @@ static ork_status dequant_rows(void *ctx, size_t begin, size_t end, ork_err *err
 ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales, size_t N,
                           size_t K, float *out, int nthreads, ork_err *err) {
     if (!codes || !scales || !out) return ork_err_set(err, ORK_EINVAL, "dequantize: NULL argument");
-    if (kind != ORK_KIND_NF4 && kind != ORK_KIND_INT4 && kind != ORK_KIND_INT8)
-        return ork_err_set(err, ORK_EINVAL, "unknown quantization kind %d", (int)kind);
-    ork_status st = check_dims(N, K, err);
+    ork_status st = ork_kind_check(kind, err);
+    if (st == ORK_OK) st = check_dims(N, K, err);
     if (st != ORK_OK) return st;
     for (size_t n = 0; n < N; n++)
         if (!(scales[n] >= 0.0f && scales[n] <= 3.40282347e+38f))

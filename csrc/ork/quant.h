@@ -5,14 +5,22 @@
  * Input: float32 weight W of shape (N, K), row-major: N output channels, K
  * inputs. Every row n gets one float32 scale s[n] >= 0.
  *
- * 4-bit kinds (ORK_KIND_NF4, ORK_KIND_INT4)
+ * Kinds: every quantization kind is one row of the kind registry (quant.c,
+ * ork_kind_info below); nothing else in the tree lists kinds. A row gives the
+ * name, the bits per code, the nominal levels and the code of level 0; the
+ * LUT and the quantization grid are derived from the levels by one function.
+ *
+ * 4-bit kinds (bits == 4: ORK_KIND_NF4, ORK_KIND_INT4)
  *   - Each kind has a 16-entry int8 LUT; a code is a 4-bit index into it and
  *     dequant(n,k) = (float)lut[code] * s[n]  (one float32 multiply).
- *       NF4 : lut[c] = round(NF4_LEVELS[c] * 127)  (bitsandbytes' 16 levels;
- *             code 0 = -1.0 -> -127, code 7 = 0.0 -> 0, code 15 = 1.0 -> 127).
+ *     lut[c] = round(levels[c] * 127) for the kind's nlev <= 16 ascending
+ *     levels in [-1, 1]; codes >= nlev are never produced and map to 0.
+ *       NF4 : bitsandbytes' 16 levels (code 0 = -1.0 -> -127,
+ *             code 7 = 0.0 -> 0, code 15 = 1.0 -> 127).
  *       INT4: uniform symmetric levels k/7, k = -7..7 -> lut[k+7] = round(k*127/7)
- *             (codes 0..14); code 15 is never produced and maps to 0.
- *     round() is half away from zero.
+ *             (codes 0..14).
+ *     round() is half away from zero. Every 4-bit kind has an exact 0.0
+ *     level; its code is the row's zero_code (7 for NF4 and INT4).
  *   - The quantization grid IS the LUT: a value is rounded to the nearest of
  *     the kind's int8 levels (the values the int8 hardware will multiply), so
  *     the thresholds are the midpoints between adjacent LUT levels. A value
@@ -24,7 +32,7 @@
  *     the code is the count of thresholds t with y > t.
  *   - Storage: two codes per byte, element 2j in the LOW nibble and element
  *     2j+1 in the HIGH nibble; rows are padded to ceil(K/2) bytes, a padding
- *     nibble holds the code of level 0 (code 7 for both kinds).
+ *     nibble holds the kind's zero_code.
  *
  * int8 kind (ORK_KIND_INT8): codes are int8 in [-127, 127],
  *   q = clamp(round_half_away(y), -127, 127), dequant = (float)q * s.
@@ -63,10 +71,11 @@
 
 #include "status.h"
 
+/* A kind is its row index in the registry; the built-in rows have fixed ids
+ * (the O4N1/O8N1 header stores the id, docs/o4n1.md). */
 typedef enum ork_kind { ORK_KIND_NF4 = 0, ORK_KIND_INT4 = 1, ORK_KIND_INT8 = 2 } ork_kind;
 
 #define ORK_QUANT_TINY 1e-30f /* rows with absmax below this are zero rows */
-#define ORK_QUANT_ZERO_CODE 7 /* 4-bit code of level 0 for NF4 and INT4   */
 #define ORK_QUANT_MAX_DIM ((size_t)1 << 31)
 #define ORK_QUANT_MAX_GRID 1024
 
@@ -76,6 +85,44 @@ typedef struct ork_q4_grid {
     float lev[16];  /* ascending, integer-valued: (float)lut[c] */
     float thr[15];  /* thr[i] = (lev[i] + lev[i+1]) / 2 (exact) */
 } ork_q4_grid;
+
+/* ------------------------------------------------------ kind registry -- */
+#define ORK_KIND_MAX 8       /* rows, built-in + registered */
+#define ORK_KIND_NAME_MAX 16 /* name bytes, NUL included */
+
+typedef struct ork_kind_info {
+    ork_kind id;                  /* row index; the O4N1/O8N1 header's kind field */
+    char name[ORK_KIND_NAME_MAX]; /* "nf4", "int4", "int8" */
+    int bits;                     /* 4: 4-bit codes into lut, two per byte; 8: int8 codes */
+    int nlev;                     /* 4-bit: number of levels (2..16); 8-bit: 0 */
+    float levels[16];             /* 4-bit: nominal levels, ascending, in [-1, 1] */
+    /* derived from levels (ork_kind_derive), never written by hand: */
+    int8_t lut[16];               /* 4-bit: round_half_away(levels[c] * 127), 0 for c >= nlev */
+    uint8_t zero_code;            /* 4-bit: the code of level 0.0 (zero rows, padding nibbles) */
+    ork_q4_grid grid;             /* 4-bit: lev[c] = lut[c], thr = midpoints */
+} ork_kind_info;
+
+/* The row of a kind, or NULL when no row has that id. */
+const ork_kind_info *ork_kind_get(ork_kind kind);
+/* The row named `name`, or NULL. */
+const ork_kind_info *ork_kind_find(const char *name);
+/* Rows in the registry (ids 0 .. count-1). */
+size_t ork_kind_count(void);
+/* ORK_EINVAL "unknown quantization kind %d" unless a row has that id. */
+ork_status ork_kind_check(ork_kind kind, ork_err *err);
+/* Fill lut, zero_code and grid of a 4-bit row from its levels after checking
+ * them (ascending, finite, in [-1, 1], an exact 0.0 level, distinct LUT
+ * values): the one place the registry's rules live. ORK_EINVAL naming the
+ * problem. 8-bit rows: everything derived is 0. */
+ork_status ork_kind_derive(ork_kind_info *row, ork_err *err);
+/* TESTS ONLY: append a 4-bit codebook row (name [a-z0-9_], nlev levels);
+ * ORK_EINVAL if the name is taken, the levels break a rule of
+ * ork_kind_derive, the table is full or the registry is sealed. The product
+ * never registers kinds; tests use it to prove a new kind needs only a row. */
+ork_status ork_kind_register(const char *name, const float *levels, int nlev, ork_kind *id, ork_err *err);
+/* Close the registry for ork_kind_register: called when the table is
+ * exported (the binding's kinds()), so derived lists can never go stale. */
+void ork_kind_seal(void);
 
 /* ------------------------------------------------------ per-ISA kernels -- */
 /* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
@@ -142,13 +189,10 @@ typedef struct ork_quant_params {
     int nthreads; /* <= 0: all cores */
 } ork_quant_params;
 
-/* Bytes of one quantized row: ceil(K/2) for 4-bit kinds, K for int8. */
+/* Bytes of one quantized row: ceil(K/2) for 4-bit kinds, K for int8; 0 for unknown kinds. */
 size_t ork_quant_row_bytes(ork_kind kind, size_t K);
-/* The kind's int8 LUT (16 entries) or NULL for int8 / unknown kinds. */
+/* The kind's int8 LUT (16 entries) or NULL for 8-bit / unknown kinds. */
 const int8_t *ork_quant_lut(ork_kind kind);
-/* The kind's nominal float levels (NF4_LEVELS, or k/7) and their count. */
-const float *ork_quant_levels(ork_kind kind, int *nlev);
-const ork_q4_grid *ork_quant_grid(ork_kind kind);
 /* Default clip-ratio grid: 1.00, 0.99, ..., 0.60 (ORK_QUANT_DEFAULT_GRID_N
  * ratios, r_i = (100 - i) / 100 in float32). Writes min(cap, n) ratios and
  * returns n. */

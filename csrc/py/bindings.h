@@ -4,7 +4,7 @@
 
 #include <Python.h>
 
-#include "../ork/model.h"
+#include "../ork/linear.h"
 #include "../ork/quant.h"
 
 /* coerce.c: boundary coercion (set a Python exception and return NULL / -1 on failure) */
@@ -13,7 +13,10 @@ struct tagPyArrayObject;
 struct tagPyArrayObject *orkpy_as_float32(PyObject *obj, int ndim, const char *name);
 /* exactly this dtype and ndim, C-contiguous (no value-changing casts) */
 struct tagPyArrayObject *orkpy_as_exact(PyObject *obj, int typenum, int ndim, const char *name);
-int orkpy_parse_kind(const char *s, ork_kind *kind);
+/* the kind registry row named s (quant.h), or NULL with a ValueError listing the kinds */
+const ork_kind_info *orkpy_parse_kind(const char *s);
+/* NumPy dtype of a kind's codes and packed store: int8 for 8-bit kinds, uint8 for 4-bit ones */
+int orkpy_code_typenum(const ork_kind_info *k);
 int orkpy_check_threads(int threads);
 
 /* py_pack.c */
@@ -25,6 +28,11 @@ PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg);
 /* packed_check(store, kind, N, K, bscale): the PackedWeight constructor's door (codes, scales) */
 PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw);
+/* packed_layout(kind, N, K) -> dict: the store's shape/dtype/bytes and the O4N1/O8N1 file offsets */
+PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw);
+/* the store array of a packed weight, exact dtype and shape (pack.h ork_pack_store_shape), or NULL */
+struct tagPyArrayObject *orkpy_as_store(PyObject *obj, const ork_kind_info *k, Py_ssize_t N, Py_ssize_t K,
+                                        const char *name);
 
 /* py_map.c: orkpy._core.MappedFile (guarded read-only file mappings, csrc/ork/mapguard.h) */
 int orkpy_map_init(PyObject *module);
@@ -43,6 +51,12 @@ int orkpy_model_init(PyObject *module);
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
+/* ffn_modes() -> tuple of the FFN chain's mode names (ffn_chain.h) */
+PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused);
+/* linear_names(hparams) -> list of the forward model's linear tensor names, in its order (model.h) */
+PyObject *orkpy_linear_names(PyObject *self, PyObject *arg);
+/* layer_linears() -> tuple of a layer's linear keys (the GGUF stems), in order */
+PyObject *orkpy_layer_linears(PyObject *self, PyObject *unused);
 
 /* py_npu.c */
 PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw);
@@ -52,8 +66,12 @@ PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg);
+/* npu_backends() -> tuple of the backend names (backend.h) */
+PyObject *orkpy_npu_backends(PyObject *self, PyObject *unused);
+/* npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS for a task body (regcmd.h) */
+PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg);
 int orkpy_npu_init(PyObject *module);
-/* the forward-pass hook of an NPUWeight (model.h ork_int_mm_fn); -1 + exception if obj is not a live NPUWeight */
+/* the forward-pass hook of an NPUWeight (linear.h ork_int_mm_fn); -1 + exception if obj is not a live NPUWeight */
 int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K);
 
 #endif

@@ -52,16 +52,22 @@ PyArrayObject *orkpy_as_exact(PyObject *obj, int typenum, int ndim, const char *
     return out;
 }
 
-int orkpy_parse_kind(const char *s, ork_kind *kind) {
-    if (strcmp(s, "nf4") == 0) *kind = ORK_KIND_NF4;
-    else if (strcmp(s, "int4") == 0) *kind = ORK_KIND_INT4;
-    else if (strcmp(s, "int8") == 0) *kind = ORK_KIND_INT8;
-    else {
-        PyErr_Format(PyExc_ValueError, "unknown kind '%s' (expected 'nf4', 'int4' or 'int8')", s);
-        return -1;
+/* the registry row named s (quant.h), or NULL with a ValueError listing the kinds */
+const ork_kind_info *orkpy_parse_kind(const char *s) {
+    const ork_kind_info *k = ork_kind_find(s);
+    if (k) return k;
+    char names[ORK_KIND_MAX * (ORK_KIND_NAME_MAX + 2)] = "";
+    for (size_t i = 0, n = ork_kind_count(); i < n; i++) {
+        const ork_kind_info *r = ork_kind_get((ork_kind)i);
+        if (!r) continue;
+        if (names[0]) strcat(names, ", ");
+        strcat(names, r->name);
     }
-    return 0;
+    PyErr_Format(PyExc_ValueError, "unknown kind '%s' (expected one of %s)", s, names);
+    return NULL;
 }
+
+int orkpy_code_typenum(const ork_kind_info *k) { return k->bits == 8 ? NPY_INT8 : NPY_UINT8; }
 
 int orkpy_check_threads(int threads) {
     if (threads < 0) {

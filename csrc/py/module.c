@@ -41,7 +41,9 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
         return NULL;
     ork_quant_params p;
     memset(&p, 0, sizeof p);
-    if (orkpy_parse_kind(kind_s, &p.kind) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || orkpy_check_threads(threads) < 0) return NULL;
+    p.kind = ki->id;
 
     PyArrayObject *w = NULL, *im = NULL, *grid = NULL, *codes = NULL, *scales = NULL;
     PyObject *result = NULL;
@@ -70,7 +72,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     p.nthreads = threads;
 
     npy_intp cdims[2] = {N, (npy_intp)ork_quant_row_bytes(p.kind, (size_t)K)};
-    codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, p.kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8);
+    codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, orkpy_code_typenum(ki));
     scales = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_FLOAT32);
     if (!codes || !scales) goto done;
 
@@ -109,12 +111,13 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOsn|i:dequantize", kwlist, &c_obj, &s_obj, &kind_s, &K,
                                      &threads))
         return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind kind = ki->id;
     if (K <= 0) return PyErr_Format(PyExc_ValueError, "K must be positive, got %zd", K);
     PyArrayObject *codes = NULL, *scales = NULL, *out = NULL;
     PyObject *result = NULL;
-    if (!(codes = orkpy_as_exact(c_obj, kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8, 2, "codes"))) goto done;
+    if (!(codes = orkpy_as_exact(c_obj, orkpy_code_typenum(ki), 2, "codes"))) goto done;
     if (!(scales = orkpy_as_exact(s_obj, NPY_FLOAT32, 1, "scales"))) goto done;
     npy_intp N = PyArray_DIM(codes, 0);
     if (PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(kind, (size_t)K) ||
@@ -150,31 +153,56 @@ done:
 
 /* ------------------------------------------------------------ tables -- */
 
-static PyObject *py_lut(PyObject *self, PyObject *arg) {
+/* kinds() -> [dict(name, id, bits, nlev, levels, lut, zero_code)]: the kind
+ * registry (quant.h), in id order. Exporting it seals the registry. */
+static PyObject *py_kinds(PyObject *self, PyObject *unused) {
     (void)self;
-    const char *s = PyUnicode_AsUTF8(arg);
-    ork_kind kind;
-    if (!s || orkpy_parse_kind(s, &kind) < 0) return NULL;
-    const int8_t *lut = ork_quant_lut(kind);
-    if (!lut) Py_RETURN_NONE;
-    npy_intp n = 16;
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_INT8);
-    if (a) memcpy(PyArray_DATA(a), lut, 16);
-    return (PyObject *)a;
+    (void)unused;
+    ork_kind_seal();
+    size_t n = ork_kind_count();
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < n; i++) {
+        const ork_kind_info *k = ork_kind_get((ork_kind)i);
+        if (!k) continue;
+        PyArrayObject *lev = NULL, *lut = NULL;
+        PyObject *row = NULL;
+        if (k->bits == 4) {
+            npy_intp nl = k->nlev, n16 = 16;
+            lev = (PyArrayObject *)PyArray_SimpleNew(1, &nl, NPY_FLOAT32);
+            lut = (PyArrayObject *)PyArray_SimpleNew(1, &n16, NPY_INT8);
+            if (lev && lut) {
+                memcpy(PyArray_DATA(lev), k->levels, (size_t)k->nlev * sizeof(float));
+                memcpy(PyArray_DATA(lut), k->lut, 16);
+            }
+        }
+        if (k->bits != 4 || (lev && lut))
+            row = Py_BuildValue("{s:s,s:i,s:i,s:i,s:O,s:O,s:i}", "name", k->name, "id", (int)k->id, "bits", k->bits,
+                                "nlev", k->nlev, "levels", lev ? (PyObject *)lev : Py_None, "lut",
+                                lut ? (PyObject *)lut : Py_None, "zero_code", (int)k->zero_code);
+        Py_XDECREF(lev);
+        Py_XDECREF(lut);
+        if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);
+        Py_XDECREF(row);
+    }
+    return out;
 }
 
-static PyObject *py_levels(PyObject *self, PyObject *arg) {
+/* _register_kind_for_tests(name, levels): TESTS ONLY (ork_kind_register):
+ * append a 4-bit codebook to the registry before anything exported it. */
+static PyObject *py_register_kind_for_tests(PyObject *self, PyObject *args) {
     (void)self;
-    const char *s = PyUnicode_AsUTF8(arg);
-    ork_kind kind;
-    if (!s || orkpy_parse_kind(s, &kind) < 0) return NULL;
-    int nlev = 0;
-    const float *lev = ork_quant_levels(kind, &nlev);
-    if (!lev) Py_RETURN_NONE;
-    npy_intp n = nlev;
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
-    if (a) memcpy(PyArray_DATA(a), lev, (size_t)nlev * sizeof(float));
-    return (PyObject *)a;
+    const char *name;
+    PyObject *lev_obj;
+    if (!PyArg_ParseTuple(args, "sO:_register_kind_for_tests", &name, &lev_obj)) return NULL;
+    PyArrayObject *lev = orkpy_as_float32(lev_obj, 1, "levels");
+    if (!lev) return NULL;
+    ork_kind id = ORK_KIND_NF4;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_kind_register(name, (const float *)PyArray_DATA(lev), (int)PyArray_DIM(lev, 0), &id, &err);
+    Py_DECREF(lev);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    return PyLong_FromLong((long)id);
 }
 
 static PyObject *py_default_grid(PyObject *self, PyObject *unused) {
@@ -331,8 +359,10 @@ static PyMethodDef core_methods[] = {
     {"quantize", (PyCFunction)(void (*)(void))py_quantize, METH_VARARGS | METH_KEYWORDS, quantize_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      dequantize_doc},
-    {"lut", py_lut, METH_O, "lut(kind) -> int8[16] or None for int8"},
-    {"levels", py_levels, METH_O, "levels(kind) -> the kind's nominal float levels"},
+    {"kinds", py_kinds, METH_NOARGS,
+     "kinds() -> [dict(name, id, bits, nlev, levels, lut, zero_code)]: the quantization kind registry"},
+    {"_register_kind_for_tests", py_register_kind_for_tests, METH_VARARGS,
+     "_register_kind_for_tests(name, levels) -> id: TESTS ONLY, a 4-bit codebook row before kinds() is called"},
     {"default_grid", py_default_grid, METH_NOARGS, "default clip-ratio grid"},
     {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
@@ -348,6 +378,8 @@ static PyMethodDef core_methods[] = {
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
     {"packed_check", (PyCFunction)(void (*)(void))orkpy_packed_check, METH_VARARGS | METH_KEYWORDS,
      "packed_check(store, kind, N, K, bscale): ValueError/TypeError unless a valid PackedWeight (codes, scales)"},
+    {"packed_layout", (PyCFunction)(void (*)(void))orkpy_packed_layout, METH_VARARGS | METH_KEYWORDS,
+     "packed_layout(kind, N, K) -> dict: store shape, dtype and bytes; O4N1/O8N1 magic and offsets"},
     {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,
      "mapguard_state() -> dict(installed, mappings): the SIGBUS guard of MappedFile"},
     {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets) -> float64 NLL per row (llama-perplexity)"},
@@ -363,8 +395,14 @@ static PyMethodDef core_methods[] = {
     {"npu_emulate", (PyCFunction)(void (*)(void))orkpy_npu_emulate, METH_VARARGS | METH_KEYWORDS,
      "npu_emulate(buffers, first_addr, amount, task_number) -> stats; runs the strict emulator"},
     {"npu_probe", orkpy_npu_probe, METH_O, "npu_probe(backend) -> None if usable here, else the reason"},
+    {"npu_backends", orkpy_npu_backends, METH_NOARGS, "npu_backends() -> tuple of the NPU backend names"},
+    {"npu_pc_amount", orkpy_npu_pc_amount, METH_O, "npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS of a task body"},
     {"ffn_lut", orkpy_ffn_lut, METH_O, "ffn_lut(step) -> (int16[1024], scale): the chain's SiLU LUT"},
     {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
+    {"ffn_modes", orkpy_ffn_modes, METH_NOARGS, "ffn_modes() -> tuple of the FFN chain's mode names"},
+    {"linear_names", orkpy_linear_names, METH_O,
+     "linear_names(hparams) -> the forward model's linear tensor names in its order (imatrix, set_npu)"},
+    {"layer_linears", orkpy_layer_linears, METH_NOARGS, "layer_linears() -> a layer's linear keys, in order"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,7 +28,7 @@ typedef struct {
     PyObject **ffn_keep;   /* per-layer array behind ffn[i].s_scale_ch (owned references) */
     ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
     PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
-    PyObject **npu_keep;     /* per linear (all_linears order): the NPUWeight it runs on, or NULL */
+    PyObject **npu_keep;     /* per linear (model.h order): the NPUWeight it runs on, or NULL */
     PyObject *maps;          /* list of the distinct MappedFiles the kept arrays view (checked around a forward) */
 } FwdObject;
 
@@ -73,20 +73,10 @@ static int fwd_lock(FwdObject *self) {
 }
 static void fwd_unlock(FwdObject *self) { PyThread_release_lock(self->lock); }
 
-/* every linear of the model, in a fixed order: layer by layer wq wk wv wo
- * w_gate w_up w_down, then the output head */
-static size_t all_linears(FwdObject *self, ork_linear **out) {
-    size_t n = 0;
-    for (size_t i = 0; i < self->m.n_layer; i++) {
-        ork_layer *L = &self->layers[i];
-        ork_linear *ls[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int j = 0; j < 7; j++) {
-            if (out) out[n] = ls[j];
-            n++;
-        }
-    }
-    if (out) out[n] = &self->m.output;
-    return n + 1;
+/* the model's linears in the forward model's order (model.h): count and linear i */
+static size_t fwd_n_linears(FwdObject *self) { return ork_model_linear_count(self->m.n_layer); }
+static ork_linear *fwd_linear(FwdObject *self, size_t i) {
+    return ork_model_linear(self->layers, self->m.n_layer, &self->m.output, i);
 }
 
 static void free_stats(FwdObject *self) {
@@ -105,7 +95,7 @@ static void fwd_dealloc(FwdObject *self) {
         PyMem_Free(self->ffn_keep);
     }
     if (self->npu_keep) {
-        size_t n = all_linears(self, NULL);
+        size_t n = fwd_n_linears(self);
         for (size_t i = 0; i < n; i++) Py_XDECREF(self->npu_keep[i]);
         PyMem_Free(self->npu_keep);
     }
@@ -183,22 +173,19 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
     }
     if (strcmp(path, "packed") == 0 && PyTuple_GET_SIZE(spec) == 7) {
         const char *kind_s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
-        if (!kind_s || orkpy_parse_kind(kind_s, &l->kind) < 0) return -1;
+        const ork_kind_info *ki = kind_s ? orkpy_parse_kind(kind_s) : NULL;
+        if (!ki) return -1;
+        l->kind = ki->id;
         Py_ssize_t N = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4)), K = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
         if (N <= 0 || K <= 0) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: bad packed shape", name);
             return -1;
         }
-        int four = l->kind != ORK_KIND_INT8;
-        PyArrayObject *store = orkpy_as_exact(PyTuple_GET_ITEM(spec, 2), four ? NPY_UINT8 : NPY_INT8, 4, name);
+        PyArrayObject *store = orkpy_as_store(PyTuple_GET_ITEM(spec, 2), ki, N, K, name);
         if (!store) return -1;
-        int bad = (size_t)PyArray_NBYTES(store) != ork_pack_store_bytes(l->kind, (size_t)N, (size_t)K);
-        if (bad || PyList_Append(self->keep, (PyObject *)store) < 0) {
-            if (bad) PyErr_Format(PyExc_ValueError, "%s: store size does not match N = %zd, K = %zd", name, N, K);
-            Py_DECREF(store);
-            return -1;
-        }
+        int r = PyList_Append(self->keep, (PyObject *)store);
         Py_DECREF(store);
+        if (r < 0) return -1;
         l->store = PyArray_DATA(store);
         npy_intp bd[1];
         if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), 1, name, bd))) return -1;
@@ -278,7 +265,6 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    static const char *lin_names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
     for (size_t i = 0; i < m->n_layer; i++) {
         PyObject *d = PyList_GET_ITEM(layers, (Py_ssize_t)i);
         if (!PyDict_Check(d)) {
@@ -286,7 +272,6 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
             return -1;
         }
         ork_layer *L = &self->layers[i];
-        ork_linear *lins[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         if (!(L->attn_norm = opt_vec(self, d, "attn_norm")) || !(L->ffn_norm = opt_vec(self, d, "ffn_norm"))) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "layer %zu is missing a norm", i);
             return -1;
@@ -295,13 +280,14 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         if (PyErr_Occurred()) return -1;
         L->k_norm = opt_vec(self, d, "k_norm");
         if (PyErr_Occurred()) return -1;
-        for (int j = 0; j < 7; j++) {
-            PyObject *spec = PyDict_GetItemString(d, lin_names[j]);
+        for (int j = 0; j < ORK_LAYER_LINEARS; j++) { /* keyed by the forward model's linear names (model.h) */
+            const char *key = ork_layer_linear_names[j];
+            PyObject *spec = PyDict_GetItemString(d, key);
             if (!spec) {
-                PyErr_Format(PyExc_KeyError, "layer %zu is missing '%s'", i, lin_names[j]);
+                PyErr_Format(PyExc_KeyError, "layer %zu is missing '%s'", i, key);
                 return -1;
             }
-            if (parse_linear(self, spec, lins[j], lin_names[j]) < 0) return -1;
+            if (parse_linear(self, spec, ork_layer_linear(L, j), key) < 0) return -1;
         }
     }
     m->layers = self->layers;
@@ -441,60 +427,53 @@ static PyObject *fwd_imatrix_enable_unlocked(FwdObject *self, PyObject *unused) 
         if (self->layers[i].ffn)
             return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect the imatrix on the "
                                 "per-op model (set every layer's FFN mode to baseline first)", i);
-    size_t n = all_linears(self, NULL);
-    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
-    if (!ls) return PyErr_NoMemory();
-    all_linears(self, ls);
+    const size_t n = fwd_n_linears(self);
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += ls[i]->K;
+    for (size_t i = 0; i < n; i++) total += fwd_linear(self, i)->K;
     PyMem_Free(self->x2);
     PyMem_Free(self->x2n);
     self->x2 = PyMem_Calloc(total ? total : 1, sizeof(double));
     self->x2n = PyMem_Calloc(n, sizeof(uint64_t));
-    if (!self->x2 || !self->x2n) {
-        PyMem_Free(ls);
-        return PyErr_NoMemory();
-    }
+    if (!self->x2 || !self->x2n) return PyErr_NoMemory();
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        ls[i]->x2_sum = self->x2 + off;
-        ls[i]->x2_count = &self->x2n[i];
-        off += ls[i]->K;
+        ork_linear *l = fwd_linear(self, i);
+        l->x2_sum = self->x2 + off;
+        l->x2_count = &self->x2n[i];
+        off += l->K;
     }
-    PyMem_Free(ls);
     Py_RETURN_NONE;
 }
 
-/* imatrix_take() -> list of (sums float64 (K,), count) in all_linears order; stops accumulating */
+/* imatrix_take() -> list of (sums float64 (K,), count) in linear_names order; stops accumulating */
 static PyObject *fwd_imatrix_take_unlocked(FwdObject *self, PyObject *unused) {
     (void)unused;
     if (!self->x2) return PyErr_Format(PyExc_RuntimeError, "imatrix collection is not enabled");
-    size_t n = all_linears(self, NULL);
-    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
-    if (!ls) return PyErr_NoMemory();
-    all_linears(self, ls);
+    const size_t n = fwd_n_linears(self);
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
-        npy_intp K = (npy_intp)ls[i]->K;
+        const ork_linear *l = fwd_linear(self, i);
+        npy_intp K = (npy_intp)l->K;
         PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT64);
-        if (!a) {
+        if (a) memcpy(PyArray_DATA(a), l->x2_sum, (size_t)K * sizeof(double));
+        PyObject *item = a ? Py_BuildValue("(NK)", a, (unsigned long long)*l->x2_count) : NULL;
+        if (!item) {
             Py_CLEAR(out);
             break;
         }
-        memcpy(PyArray_DATA(a), ls[i]->x2_sum, (size_t)K * sizeof(double));
-        PyList_SET_ITEM(out, (Py_ssize_t)i, Py_BuildValue("(NK)", a, (unsigned long long)*ls[i]->x2_count));
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
     }
-    for (size_t i = 0; i < n; i++) ls[i]->x2_sum = NULL, ls[i]->x2_count = NULL;
-    PyMem_Free(ls);
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = fwd_linear(self, i);
+        l->x2_sum = NULL;
+        l->x2_count = NULL;
+    }
     PyMem_Free(self->x2);
     PyMem_Free(self->x2n);
     self->x2 = NULL;
     self->x2n = NULL;
     return out;
 }
-
-static const char *const ffn_mode_names[8] = {NULL, "fused", "exact_silu", "fp32_silu_out", "exact_lut_input",
-                                              "asym_zero_point", "per_channel_out", "unfused"};
 
 /* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
 static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
@@ -524,22 +503,17 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
     for (int i = 0; i < 4; i++)
         if (!PyDict_GetItemString(d, required[i]))
             return PyErr_Format(PyExc_ValueError, "FFN settings are missing '%s'", required[i]);
-    int found = 0;
-    for (int i = 1; i < 8; i++)
-        if (strcmp(mode, ffn_mode_names[i]) == 0) {
-            p.mode = (ork_ffn_mode)i;
-            found = 1;
-        }
-    if (!found) return PyErr_Format(PyExc_ValueError, "unknown FFN chain mode '%s'", mode);
+    if (!(p.mode = ork_ffn_mode_find(mode))) return PyErr_Format(PyExc_ValueError, "unknown FFN chain mode '%s'", mode);
     if (get_float(d, "lut_step", &p.lut_step) || get_float(d, "s_scale", &p.s_scale) ||
         get_float(d, "u_scale", &p.u_scale) || get_float(d, "p_scale", &p.p_scale))
         return NULL;
     PyObject *zp = PyDict_GetItemString(d, "zp");
     if (zp) {
-        long z = PyLong_AsLong(zp);
+        int overflow = 0;
+        long long z = PyLong_AsLongLongAndOverflow(zp, &overflow);
         if (z == -1 && PyErr_Occurred()) return NULL;
-        if (z < -128 || z > 127) return PyErr_Format(PyExc_ValueError, "zero point %ld outside int8", z);
-        p.zp = (int32_t)z;
+        /* clamped into int32; ork_ffn_check refuses anything outside int8 */
+        p.zp = overflow > 0 || z > INT32_MAX ? INT32_MAX : overflow < 0 || z < INT32_MIN ? INT32_MIN : (int32_t)z;
     }
     PyObject *ch = PyDict_GetItemString(d, "s_scale_ch");
     PyArrayObject *ch_arr = NULL;
@@ -551,18 +525,18 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
         }
         p.s_scale_ch = (const float *)PyArray_DATA(ch_arr);
     }
-    if (!(p.lut_step > 0) || !(p.u_scale > 0) || !(p.p_scale > 0) || (p.mode != ORK_FFN_PER_CHANNEL_OUT && !(p.s_scale > 0)))
-    {
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_ffn_check(&L->w_gate, &L->w_up, &L->w_down, &p, &err);
+    if (st != ORK_OK) {
         Py_XDECREF(ch_arr);
-        return PyErr_Format(PyExc_ValueError, "FFN chain scales must be positive and finite");
-    }
-    const ork_linear *ls[3] = {&L->w_gate, &L->w_up, &L->w_down};
-    for (int i = 0; i < 3; i++)
-        if (ls[i]->path != ORK_LIN_PACKED)
-        {
-            Py_XDECREF(ch_arr);
-            return PyErr_Format(PyExc_ValueError, "layer %zd: the FFN chain needs packed gate/up/down weights", li);
+        PyObject *msg = PyUnicode_FromFormat("layer %zd: %s", li, err.msg);
+        if (msg) {
+            orkpy_raise_text(st, msg);
+            Py_DECREF(msg);
         }
+        return NULL;
+    }
     self->ffn[li] = p;
     Py_XSETREF(self->ffn_keep[li], (PyObject *)ch_arr); /* the previous array (if any) is released */
     L->ffn = &self->ffn[li];
@@ -604,10 +578,14 @@ static PyObject *fwd_ffn_stats_take_unlocked(FwdObject *self, PyObject *unused) 
         }
         memcpy(PyArray_DATA(ch), s->s_absmax_ch, (size_t)nf * sizeof(float));
         memcpy(PyArray_DATA(hist), s->hist, sizeof s->hist);
-        PyList_SET_ITEM(out, (Py_ssize_t)i,
-                        Py_BuildValue("{s:d,s:d,s:d,s:d,s:d,s:K,s:N,s:N}", "gmax", (double)s->gmax, "smin", (double)s->smin,
-                                      "smax", (double)s->smax, "umax", (double)s->umax, "pmax", (double)s->pmax, "n",
-                                      (unsigned long long)s->n, "s_absmax_ch", ch, "hist", hist));
+        PyObject *item = Py_BuildValue("{s:d,s:d,s:d,s:d,s:d,s:K,s:N,s:N}", "gmax", (double)s->gmax, "smin",
+                                       (double)s->smin, "smax", (double)s->smax, "umax", (double)s->umax, "pmax",
+                                       (double)s->pmax, "n", (unsigned long long)s->n, "s_absmax_ch", ch, "hist", hist);
+        if (!item) { /* "N" steals ch and hist even on failure */
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
     }
     free_stats(self);
     return out;
@@ -640,6 +618,52 @@ PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg) {
 
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused) { return py_ffn_hist_edges(self, unused); }
 
+PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *t = PyTuple_New(ORK_FFN_MODE_COUNT - 1);
+    for (int i = 1; t && i < ORK_FFN_MODE_COUNT; i++) {
+        PyObject *s = PyUnicode_FromString(ork_ffn_mode_names[i]);
+        if (!s) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i - 1, s);
+    }
+    return t;
+}
+
+PyObject *orkpy_layer_linears(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *t = PyTuple_New(ORK_LAYER_LINEARS);
+    for (int j = 0; t && j < ORK_LAYER_LINEARS; j++) {
+        PyObject *s = PyUnicode_FromString(ork_layer_linear_names[j]);
+        if (!s) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, j, s);
+    }
+    return t;
+}
+
+/* linear_names(hparams): the names of ork_model_linear_name for hparams['n_layer'] layers */
+PyObject *orkpy_linear_names(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyDict_Check(arg)) return PyErr_Format(PyExc_TypeError, "hparams must be a dict");
+    size_t n_layer;
+    if (get_size(arg, "n_layer", &n_layer) < 0) return NULL;
+    if (n_layer > ORK_MODEL_MAX_LAYERS) return PyErr_Format(PyExc_ValueError, "n_layer = %zu is out of range", n_layer);
+    const size_t n = ork_model_linear_count(n_layer);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        char name[64];
+        PyObject *s = ork_model_linear_name(n_layer, i, name, sizeof name) == 0 ? PyUnicode_FromString(name) : NULL;
+        if (!s) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "linear name does not fit");
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, s);
+    }
+    return out;
+}
+
 /* ffn_apply(layer, h) -> y: one layer's FFN chain on given normed inputs (tests, debugging) */
 static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t li;
@@ -662,7 +686,8 @@ static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     if (y && fwd_check_maps(self) < 0) Py_CLEAR(y);
     if (y) {
         Py_BEGIN_ALLOW_THREADS
-        st = ork_ffn_chain(L, L->ffn, (const float *)PyArray_DATA(h), (size_t)dims[0], (float *)PyArray_DATA(y), 0, &err);
+        st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, (const float *)PyArray_DATA(h), (size_t)dims[0],
+                           (float *)PyArray_DATA(y), 0, &err);
         Py_END_ALLOW_THREADS
         if (fwd_check_maps(self) < 0) Py_CLEAR(y);
     }
@@ -675,20 +700,16 @@ static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
     return (PyObject *)y;
 }
 
-/* set_npu(index, NPUWeight or None): run linear `index` (all_linears order)
+/* set_npu(index, NPUWeight or None): run linear `index` (linear_names order)
  * through an NPU backend; the weight must hold that linear's int8 values */
 static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;
     PyObject *wo;
     if (!PyArg_ParseTuple(args, "nO:set_npu", &idx, &wo)) return NULL;
     if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
-    size_t n = all_linears(self, NULL);
+    const size_t n = fwd_n_linears(self);
     if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
-    ork_linear **ls = PyMem_Calloc(n, sizeof *ls);
-    if (!ls) return PyErr_NoMemory();
-    all_linears(self, ls);
-    ork_linear *l = ls[idx];
-    PyMem_Free(ls);
+    ork_linear *l = fwd_linear(self, (size_t)idx);
     if (!self->npu_keep) {
         self->npu_keep = PyMem_Calloc(n, sizeof(PyObject *));
         if (!self->npu_keep) return PyErr_NoMemory();
@@ -774,7 +795,7 @@ static PyMethodDef fwd_methods[] = {
     {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
      "start accumulating sum x^2 per input channel of every linear"},
     {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,
-     "-> [(sums, count)] per linear (layer-major: wq wk wv wo w_gate w_up w_down, then output); stops"},
+     "-> [(sums, count)] per linear in linear_names(hparams) order; stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(tokens, first=0, threads=0) -> float32 logits (T - first, n_vocab)"},
     {NULL, NULL, 0, NULL},

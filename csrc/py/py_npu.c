@@ -1,4 +1,9 @@
-/* py_npu.c - binding of the NPU register-command slice (csrc/ork/npu/regcmd.h). */
+/* py_npu.c - binding of the NPU layer (csrc/ork/npu): register commands
+ * (regcmd.h), the planner and operand layouts (plan.h), the emulator (emu.h)
+ * and the NPUDevice / NPUWeight objects over the backends (backend.h), with
+ * the fake kernel drivers (fake_kernel.h) for tests. Same shape as every
+ * binding (module.c): parse, coerce, release the GIL, call the core, map the
+ * status; every function that holds references ends at one cleanup label. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NO_IMPORT_ARRAY
@@ -8,7 +13,7 @@
 
 #include <string.h>
 
-#include "../ork/model.h"
+#include "../ork/linear.h"
 #include "../ork/npu/regcmd.h"
 #include "../ork/pack.h"
 #include "pythread.h"
@@ -36,16 +41,21 @@ PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw) {
     d.w_addr = (uint32_t)w_a;
     d.out_addr = (uint32_t)out_a;
     npy_intp n = ORK_NPU_TASK_QWORDS;
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64);
-    if (!a) return NULL;
+    PyArrayObject *a = NULL;
+    PyObject *result = NULL;
+    if (!(a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64))) goto done;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st = ork_npu_matmul_task(&d, (uint64_t *)PyArray_DATA(a), &err);
     if (st != ORK_OK) {
-        Py_DECREF(a);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)a;
+    result = (PyObject *)a;
+    a = NULL;
+done:
+    Py_XDECREF(a);
+    return result;
 }
 
 PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
@@ -104,30 +114,26 @@ PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "LLL|LLL:npu_plan", kwlist, &M, &K, &N, &mm, &mk, &mn)) return NULL;
     ork_npu_plan p;
     if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
-    PyObject *tasks = PyList_New(p.n_tasks);
-    if (!tasks) goto fail;
+    PyObject *tasks = NULL, *result = NULL;
+    if (!(tasks = PyList_New(p.n_tasks))) goto done;
     for (uint32_t t = 0; t < p.n_tasks; t++) {
         const ork_npu_task_desc *d = &p.tasks[t];
         PyObject *row = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K}", "m0", d->m0, "Mt", d->Mt, "Mp", d->Mp,
                                       "k0", d->k0, "Kt", d->Kt, "n0", d->n0, "Nt", d->Nt, "in_off",
                                       (unsigned long long)d->in_off, "w_off", (unsigned long long)d->w_off, "out_off",
                                       (unsigned long long)d->out_off, "cmd_off", (unsigned long long)d->cmd_off);
-        if (!row) {
-            Py_DECREF(tasks);
-            goto fail;
-        }
+        if (!row) goto done;
         PyList_SET_ITEM(tasks, t, row);
     }
-    PyObject *r = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:N}", "M", p.M, "K", p.K, "N",
-                                p.N, "Kp", p.Kp, "Np", p.Np, "nm", p.nm, "nk", p.nk, "nn", p.nn, "n_tasks", p.n_tasks,
-                                "in_bytes", (unsigned long long)p.in_bytes, "w_bytes", (unsigned long long)p.w_bytes,
-                                "out_bytes", (unsigned long long)p.out_bytes, "cmd_bytes",
-                                (unsigned long long)p.cmd_bytes, "macs", (unsigned long long)p.macs, "tasks", tasks);
+    result = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:O}", "M", p.M, "K", p.K, "N", p.N,
+                           "Kp", p.Kp, "Np", p.Np, "nm", p.nm, "nk", p.nk, "nn", p.nn, "n_tasks", p.n_tasks, "in_bytes",
+                           (unsigned long long)p.in_bytes, "w_bytes", (unsigned long long)p.w_bytes, "out_bytes",
+                           (unsigned long long)p.out_bytes, "cmd_bytes", (unsigned long long)p.cmd_bytes, "macs",
+                           (unsigned long long)p.macs, "tasks", tasks);
+done:
+    Py_XDECREF(tasks);
     ork_npu_plan_free(&p);
-    return r;
-fail:
-    ork_npu_plan_free(&p);
-    return NULL;
+    return result;
 }
 
 PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
@@ -144,23 +150,26 @@ PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
     ork_npu_plan p;
     if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
     npy_intp n = (npy_intp)(p.cmd_bytes / 8);
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64);
+    PyArrayObject *a = NULL;
+    PyObject *result = NULL;
+    if (!(a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64))) goto done;
     ork_err err;
     err.msg[0] = 0;
-    ork_status st = ORK_OK;
-    if (a) {
-        uint64_t *q = (uint64_t *)PyArray_DATA(a);
-        Py_BEGIN_ALLOW_THREADS
-        st = ork_npu_plan_emit(&p, c, i, w, o, q, &err);
-        Py_END_ALLOW_THREADS
-    }
-    ork_npu_plan_free(&p);
-    if (!a) return NULL;
+    ork_status st;
+    uint64_t *q = (uint64_t *)PyArray_DATA(a);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_plan_emit(&p, c, i, w, o, q, &err);
+    Py_END_ALLOW_THREADS
     if (st) {
-        Py_DECREF(a);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)a;
+    result = (PyObject *)a;
+    a = NULL;
+done:
+    Py_XDECREF(a);
+    ork_npu_plan_free(&p);
+    return result;
 }
 
 /* npu_layout(op, M, K, N, array, max_m, max_k, max_n): op "pack_input" (A int8 (M,K) -> uint8 buffer),
@@ -176,21 +185,22 @@ PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
     ork_npu_plan p;
     if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
     PyArrayObject *in = NULL, *out = NULL;
+    PyObject *result = NULL;
     ork_err err;
     err.msg[0] = 0;
     ork_status st = ORK_OK;
     int pack_in = !strcmp(op, "pack_input"), pack_w = !strcmp(op, "pack_weights");
     if (pack_in || pack_w) {
         in = orkpy_as_exact(obj, NPY_INT8, 2, pack_in ? "A" : "B");
-        if (!in) goto fail;
+        if (!in) goto done;
         npy_intp rows = pack_in ? (npy_intp)p.M : (npy_intp)p.N;
         if (PyArray_DIM(in, 0) != rows || PyArray_DIM(in, 1) != (npy_intp)p.K) {
             PyErr_Format(PyExc_ValueError, "%s must have shape (%zd, %u)", pack_in ? "A" : "B", (Py_ssize_t)rows, p.K);
-            goto fail;
+            goto done;
         }
         npy_intp n = (npy_intp)(pack_in ? p.in_bytes : p.w_bytes);
         out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT8);
-        if (!out) goto fail;
+        if (!out) goto done;
         const int8_t *src = (const int8_t *)PyArray_DATA(in);
         uint8_t *dst = (uint8_t *)PyArray_DATA(out);
         Py_BEGIN_ALLOW_THREADS
@@ -199,16 +209,16 @@ PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
     } else if (!strcmp(op, "unpack_input") || !strcmp(op, "unpack_weights") || !strcmp(op, "unpack_output")) {
         int ui = op[7] == 'i', uw = op[7] == 'w';
         in = orkpy_as_exact(obj, NPY_UINT8, 1, "buffer");
-        if (!in) goto fail;
+        if (!in) goto done;
         uint64_t need = ui ? p.in_bytes : uw ? p.w_bytes : p.out_bytes;
         if ((uint64_t)PyArray_DIM(in, 0) != need) {
             PyErr_Format(PyExc_ValueError, "buffer must have %llu bytes for this plan, got %zd", (unsigned long long)need,
                          (Py_ssize_t)PyArray_DIM(in, 0));
-            goto fail;
+            goto done;
         }
         npy_intp dims[2] = {uw ? (npy_intp)p.N : (npy_intp)p.M, (ui || uw) ? (npy_intp)p.K : (npy_intp)p.N};
         out = (PyArrayObject *)PyArray_ZEROS(2, dims, (ui || uw) ? NPY_INT8 : NPY_INT32, 0);
-        if (!out) goto fail;
+        if (!out) goto done;
         const uint8_t *b = (const uint8_t *)PyArray_DATA(in);
         void *dst = PyArray_DATA(out);
         Py_BEGIN_ALLOW_THREADS
@@ -218,20 +228,19 @@ PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
         Py_END_ALLOW_THREADS
     } else {
         PyErr_Format(PyExc_ValueError, "unknown layout op '%s'", op);
-        goto fail;
+        goto done;
     }
-    Py_DECREF(in);
-    ork_npu_plan_free(&p);
     if (st) {
-        Py_DECREF(out);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)out;
-fail:
+    result = (PyObject *)out;
+    out = NULL;
+done:
     Py_XDECREF(in);
     Py_XDECREF(out);
     ork_npu_plan_free(&p);
-    return NULL;
+    return result;
 }
 
 /* npu_emulate(buffers=[(addr, uint8 array (writable)), ...], first_addr, amount, task_number) -> dict */
@@ -258,35 +267,36 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
     uint32_t first, amount, tasks;
     if (u32_arg(fa, "first_addr", &first) || u32_arg(am, "amount", &amount) || u32_arg(tn, "task_number", &tasks))
         return NULL;
-    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence of (address, uint8 array)");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > 64) {
-        Py_DECREF(seq);
-        return PyErr_Format(PyExc_ValueError, "at most 64 buffers");
-    }
     emu_bufs eb;
     eb.n = 0;
     PyArrayObject *arrs[64];
+    PyObject *result = NULL;
+    PyObject *seq = PySequence_Fast(bufs, "buffers must be a sequence of (address, uint8 array)");
+    if (!seq) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 64) {
+        PyErr_Format(PyExc_ValueError, "at most 64 buffers");
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
         long long addr;
         PyObject *arr;
         if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
             PyErr_SetString(PyExc_TypeError, "each buffer must be a tuple (npu_address, uint8 array)");
-            goto fail;
+            goto done;
         }
-        if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || u32_arg(addr, "buffer address", &eb.addr[i])) goto fail;
+        if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || u32_arg(addr, "buffer address", &eb.addr[i])) goto done;
         if (!PyArray_Check(arr) || PyArray_TYPE((PyArrayObject *)arr) != NPY_UINT8 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)arr) || !PyArray_ISWRITEABLE((PyArrayObject *)arr)) {
             PyErr_SetString(PyExc_TypeError, "each buffer must be a writable C-contiguous uint8 array");
-            goto fail;
+            goto done;
         }
         eb.size[i] = (uint64_t)PyArray_NBYTES((PyArrayObject *)arr);
         if ((uint64_t)eb.addr[i] + eb.size[i] > ((uint64_t)1 << 32)) {
             PyErr_Format(PyExc_ValueError, "buffer at 0x%08x of %llu bytes crosses the 32-bit NPU address space",
                          eb.addr[i], (unsigned long long)eb.size[i]);
-            goto fail;
+            goto done;
         }
         Py_INCREF(arr); /* held while the GIL is released */
         arrs[i] = (PyArrayObject *)arr;
@@ -302,26 +312,56 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
     Py_BEGIN_ALLOW_THREADS
     st = ork_npu_emu_run(&mem, first, amount, tasks, NULL, &stats, &err);
     Py_END_ALLOW_THREADS
+    if (st) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = Py_BuildValue("{s:K,s:K,s:K}", "tasks", (unsigned long long)stats.tasks, "qwords",
+                           (unsigned long long)stats.qwords, "macs", (unsigned long long)stats.macs);
+done:
     for (size_t i = 0; i < eb.n; i++) Py_DECREF(arrs[i]);
-    Py_DECREF(seq);
-    if (st) return orkpy_raise(st, &err);
-    return Py_BuildValue("{s:K,s:K,s:K}", "tasks", (unsigned long long)stats.tasks, "qwords",
-                         (unsigned long long)stats.qwords, "macs", (unsigned long long)stats.macs);
-fail:
-    for (size_t i = 0; i < eb.n; i++) Py_DECREF(arrs[i]);
-    Py_DECREF(seq);
-    return NULL;
+    Py_XDECREF(seq);
+    return result;
+}
+
+/* the backend named s (backend.h), or -1 with a ValueError listing the backends */
+static int backend_arg(const char *s, ork_npu_backend_kind *k) {
+    if (ork_npu_backend_find(s, k) == 0) return 0;
+    PyObject *names = orkpy_npu_backends(NULL, NULL), *sep = names ? PyUnicode_FromString(", ") : NULL;
+    PyObject *joined = sep ? PyUnicode_Join(sep, names) : NULL;
+    if (joined) PyErr_Format(PyExc_ValueError, "unknown NPU backend '%s' (expected one of %U)", s, joined);
+    Py_XDECREF(names);
+    Py_XDECREF(sep);
+    Py_XDECREF(joined);
+    return -1;
+}
+
+PyObject *orkpy_npu_backends(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *t = PyTuple_New(ORK_NPU_BE_COUNT);
+    for (int i = 0; t && i < ORK_NPU_BE_COUNT; i++) {
+        PyObject *s = PyUnicode_FromString(ork_npu_backend_names[i]);
+        if (!s) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg) {
+    (void)self;
+    long long body = PyLong_AsLongLong(arg);
+    if (body == -1 && PyErr_Occurred()) return NULL;
+    uint32_t b;
+    if (u32_arg(body, "body_qwords", &b) < 0) return NULL;
+    return PyLong_FromUnsignedLong(ork_npu_pc_amount(b));
 }
 
 PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
-    if (!name) return NULL;
     ork_npu_backend_kind k;
-    if (!strcmp(name, "emu")) k = ORK_NPU_BE_EMU;
-    else if (!strcmp(name, "rknpu")) k = ORK_NPU_BE_RKNPU;
-    else if (!strcmp(name, "rocket")) k = ORK_NPU_BE_ROCKET;
-    else return PyErr_Format(PyExc_ValueError, "unknown NPU backend '%s' (emu, rknpu, rocket)", name);
+    if (!name || backend_arg(name, &k) < 0) return NULL;
     char why[256] = "";
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -406,22 +446,16 @@ static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     ork_npu_backend_kind k;
-    if (!strcmp(be, "emu")) k = ORK_NPU_BE_EMU;
-    else if (!strcmp(be, "rknpu")) k = ORK_NPU_BE_RKNPU;
-    else if (!strcmp(be, "rocket")) k = ORK_NPU_BE_ROCKET;
-    else {
-        PyErr_Format(PyExc_ValueError, "unknown NPU backend '%s' (emu, rknpu, rocket)", be);
-        return -1;
-    }
+    if (backend_arg(be, &k) < 0) return -1;
     ork_err err;
     err.msg[0] = 0;
     const ork_npu_sys *sys = NULL;
     if (fake) {
-        if (k == ORK_NPU_BE_EMU || strcmp(fake, be)) {
+        if (strcmp(fake, be)) {
             PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
             return -1;
         }
-        ork_status st = ork_fake_kernel_new(k == ORK_NPU_BE_RKNPU ? ORK_FAKE_RKNPU : ORK_FAKE_ROCKET, &self->fake, &err);
+        ork_status st = ork_fake_kernel_for(k, &self->fake, &err);
         if (st) {
             orkpy_raise(st, &err);
             return -1;
@@ -502,18 +536,16 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:upload", kwlist, &obj, &mm, &mk, &mn) || dev_check(self)) return NULL;
     ork_npu_plan_opts o;
     if (caps_arg(mm, mk, mn, &o)) return NULL;
-    PyArrayObject *b = orkpy_as_exact(obj, NPY_INT8, 2, "B");
-    if (!b) return NULL;
+    PyArrayObject *b = NULL;
+    PyObject *result = NULL;
+    if (!(b = orkpy_as_exact(obj, NPY_INT8, 2, "B"))) goto done;
     npy_intp N = PyArray_DIM(b, 0), K = PyArray_DIM(b, 1);
     if (N <= 0 || K <= 0 || N > 0xffffffffLL || K > 0xffffffffLL) {
-        Py_DECREF(b);
-        return PyErr_Format(PyExc_ValueError, "B must be a non-empty (N, K) int8 matrix");
+        PyErr_Format(PyExc_ValueError, "B must be a non-empty (N, K) int8 matrix");
+        goto done;
     }
     WeightObject *w = (WeightObject *)new_weight(self);
-    if (!w) {
-        Py_DECREF(b);
-        return NULL;
-    }
+    if (!w) goto done;
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
@@ -523,8 +555,10 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
                                   &w->w, &err);
     Py_END_ALLOW_THREADS
     PyThread_release_lock(self->lock);
-    Py_DECREF(b);
-    return finish_upload(self, w, st, &err);
+    result = finish_upload(self, w, st, &err);
+done:
+    Py_XDECREF(b);
+    return result;
 }
 
 /* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0) -> NPUWeight */
@@ -536,40 +570,35 @@ static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLL:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn) ||
         dev_check(self))
         return NULL;
-    ork_kind kind;
+    const ork_kind_info *ki = orkpy_parse_kind(ks);
     ork_npu_plan_opts o;
     uint32_t n, k;
-    if (orkpy_parse_kind(ks, &kind) || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || caps_arg(mm, mk, mn, &o)) return NULL;
-    PyArrayObject *s = orkpy_as_exact(so, NPY_UINT8, 1, "store");
-    if (!s) return NULL;
-    PyArrayObject *l = orkpy_as_exact(lo, NPY_INT8, 1, "lut");
-    if (!l) {
-        Py_DECREF(s);
-        return NULL;
-    }
-    size_t need = ork_pack_store_bytes(kind, n, k);
+    if (!ki || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || caps_arg(mm, mk, mn, &o)) return NULL;
+    PyArrayObject *s = NULL, *l = NULL;
+    PyObject *result = NULL;
+    if (!(s = orkpy_as_exact(so, NPY_UINT8, 1, "store")) || !(l = orkpy_as_exact(lo, NPY_INT8, 1, "lut"))) goto done;
+    size_t need = ork_pack_store_bytes(ki->id, n, k);
     if (n == 0 || k == 0 || (size_t)PyArray_DIM(s, 0) != need || PyArray_DIM(l, 0) != 16) {
-        Py_DECREF(s);
-        Py_DECREF(l);
-        return PyErr_Format(PyExc_ValueError, "store must have %zu bytes for a %s (%u, %u) weight and lut 16 entries", need,
-                            ks, n, k);
+        PyErr_Format(PyExc_ValueError, "store must have %zu bytes for a %s (%u, %u) weight and lut 16 entries", need, ks,
+                     n, k);
+        goto done;
     }
     WeightObject *w = (WeightObject *)new_weight(self);
+    if (!w) goto done;
     ork_err err;
     err.msg[0] = 0;
-    ork_status st = ORK_OK;
-    if (w) {
-        dev_lock(self);
-        Py_BEGIN_ALLOW_THREADS
-        st = ork_npu_weight_upload_store(self->dev, kind, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
-                                         &err);
-        Py_END_ALLOW_THREADS
-        PyThread_release_lock(self->lock);
-    }
-    Py_DECREF(s);
-    Py_DECREF(l);
-    if (!w) return NULL;
-    return finish_upload(self, w, st, &err);
+    ork_status st;
+    dev_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_weight_upload_store(self->dev, ki->id, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
+                                     &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(self->lock);
+    result = finish_upload(self, w, st, &err);
+done:
+    Py_XDECREF(s);
+    Py_XDECREF(l);
+    return result;
 }
 
 /* matmul(weight, A int8 (M, K)) -> int32 (M, N) */
@@ -578,21 +607,17 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
     WeightObject *w = (WeightObject *)wo;
     if (w->owner != self || !w->live) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
-    PyArrayObject *a = orkpy_as_exact(ao, NPY_INT8, 2, "A");
-    if (!a) return NULL;
+    PyArrayObject *a = NULL, *c = NULL;
+    PyObject *result = NULL;
+    if (!(a = orkpy_as_exact(ao, NPY_INT8, 2, "A"))) goto done;
     npy_intp M = PyArray_DIM(a, 0);
     if (PyArray_DIM(a, 1) != (npy_intp)w->w.K || M <= 0 || M > (npy_intp)ORK_NPU_MAX_TOTAL_M) {
         PyErr_Format(PyExc_ValueError, "A must be (M, %u) int8 with 1 <= M <= %u, got (%zd, %zd)", w->w.K,
                      ORK_NPU_MAX_TOTAL_M, (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
-        Py_DECREF(a);
-        return NULL;
+        goto done;
     }
     npy_intp dims[2] = {M, (npy_intp)w->w.N};
-    PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32);
-    if (!c) {
-        Py_DECREF(a);
-        return NULL;
-    }
+    if (!(c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32))) goto done;
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
@@ -602,12 +627,16 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
                         (int32_t *)PyArray_DATA(c), self->timeout_ms, &err);
     Py_END_ALLOW_THREADS
     PyThread_release_lock(self->lock);
-    Py_DECREF(a);
     if (st) {
-        Py_DECREF(c);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)c;
+    result = (PyObject *)c;
+    c = NULL;
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(c);
+    return result;
 }
 
 static PyObject *dev_info(DevObject *self, PyObject *unused) {
@@ -622,29 +651,30 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
     if (self->lock) dev_lock(self);
     if (self->dev) ork_npu_dev_get_info(self->dev, &i);
     if (self->lock) PyThread_release_lock(self->lock);
-    PyObject *r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
-                                "submits", (unsigned long long)i.submits, "tasks", (unsigned long long)i.tasks,
-                                "bytes_to_device", (unsigned long long)i.bytes_to_device, "bytes_from_device",
-                                (unsigned long long)i.bytes_from_device, "timeout_ms", self->timeout_ms);
-    if (r && self->fake) {
+    PyObject *r = NULL, *f = NULL, *result = NULL;
+    r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys, "submits",
+                      (unsigned long long)i.submits, "tasks", (unsigned long long)i.tasks, "bytes_to_device",
+                      (unsigned long long)i.bytes_to_device, "bytes_from_device", (unsigned long long)i.bytes_from_device,
+                      "timeout_ms", self->timeout_ms);
+    if (!r) goto done;
+    if (self->fake) {
         ork_fake_stats s;
         dev_lock(self);
         ork_fake_kernel_get_stats(self->fake, &s);
-        PyObject *f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls,
-                                    "submits", (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks,
-                                    "refused", (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos,
-                                    "mapped", (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs,
-                                    "last_error", ork_fake_kernel_last_error(self->fake), "trace",
-                                    ork_fake_kernel_trace(self->fake));
+        f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls, "submits",
+                          (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks, "refused",
+                          (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos, "mapped",
+                          (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs, "last_error",
+                          ork_fake_kernel_last_error(self->fake), "trace", ork_fake_kernel_trace(self->fake));
         PyThread_release_lock(self->lock);
-        if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) {
-            Py_XDECREF(f);
-            Py_DECREF(r);
-            return NULL;
-        }
-        Py_DECREF(f);
+        if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) goto done;
     }
-    return r;
+    result = r;
+    r = NULL;
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(f);
+    return result;
 }
 
 static PyObject *dev_set_faults(DevObject *self, PyObject *arg) {

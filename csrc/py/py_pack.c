@@ -23,18 +23,17 @@ static int check_nk(Py_ssize_t N, Py_ssize_t K) {
     return 0;
 }
 
-/* the store array of a packed weight: (NB, KB, 32, 16) uint8 or (NB, KB, 32, 32) int8 */
-static PyArrayObject *as_store(PyObject *obj, ork_kind kind, Py_ssize_t N, Py_ssize_t K) {
-    int four = kind != ORK_KIND_INT8;
-    PyArrayObject *a = orkpy_as_exact(obj, four ? NPY_UINT8 : NPY_INT8, 4, "store");
+/* the store array of a packed weight: exactly the dtype and shape of ork_pack_store_shape */
+PyArrayObject *orkpy_as_store(PyObject *obj, const ork_kind_info *k, Py_ssize_t N, Py_ssize_t K, const char *name) {
+    PyArrayObject *a = orkpy_as_exact(obj, orkpy_code_typenum(k), 4, name);
     if (!a) return NULL;
-    npy_intp want[4] = {(npy_intp)(ork_pack_round32((size_t)N) / 32), (npy_intp)(ork_pack_round32((size_t)K) / 32),
-                        32, four ? 16 : 32};
+    size_t want[4];
+    ork_pack_store_shape(k->id, (size_t)N, (size_t)K, want);
     for (int d = 0; d < 4; d++)
-        if (PyArray_DIM(a, d) != want[d]) {
-            PyErr_Format(PyExc_ValueError, "store has shape (%zd, %zd, %zd, %zd), expected (%zd, %zd, 32, %zd) for N = %zd, K = %zd",
-                         (Py_ssize_t)PyArray_DIM(a, 0), (Py_ssize_t)PyArray_DIM(a, 1), (Py_ssize_t)PyArray_DIM(a, 2),
-                         (Py_ssize_t)PyArray_DIM(a, 3), (Py_ssize_t)want[0], (Py_ssize_t)want[1], (Py_ssize_t)want[3], N, K);
+        if (PyArray_DIM(a, d) != (npy_intp)want[d]) {
+            PyErr_Format(PyExc_ValueError, "%s has shape (%zd, %zd, %zd, %zd), expected (%zu, %zu, %zu, %zu) for N = %zd, K = %zd",
+                         name, (Py_ssize_t)PyArray_DIM(a, 0), (Py_ssize_t)PyArray_DIM(a, 1), (Py_ssize_t)PyArray_DIM(a, 2),
+                         (Py_ssize_t)PyArray_DIM(a, 3), want[0], want[1], want[2], want[3], N, K);
             Py_DECREF(a);
             return NULL;
         }
@@ -48,34 +47,35 @@ PyObject *orkpy_pack(PyObject *self, PyObject *args, PyObject *kw) {
     const char *kind_s;
     Py_ssize_t N, K;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Osnn:pack", kwlist, &c_obj, &kind_s, &N, &K)) return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0) return NULL;
-    int four = kind != ORK_KIND_INT8;
-    PyArrayObject *codes = orkpy_as_exact(c_obj, four ? NPY_UINT8 : NPY_INT8, 2, "codes");
-    if (!codes) return NULL;
-    if (PyArray_DIM(codes, 0) != N || PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(kind, (size_t)K)) {
-        Py_DECREF(codes);
-        return PyErr_Format(PyExc_ValueError, "codes do not fit kind '%s' with N = %zd, K = %zd", kind_s, N, K);
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    PyArrayObject *codes = NULL, *store = NULL;
+    PyObject *result = NULL;
+    if (!(codes = orkpy_as_exact(c_obj, orkpy_code_typenum(ki), 2, "codes"))) goto done;
+    if (PyArray_DIM(codes, 0) != N || PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(ki->id, (size_t)K)) {
+        PyErr_Format(PyExc_ValueError, "codes do not fit kind '%s' with N = %zd, K = %zd", kind_s, N, K);
+        goto done;
     }
-    npy_intp dims[4] = {(npy_intp)(ork_pack_round32((size_t)N) / 32), (npy_intp)(ork_pack_round32((size_t)K) / 32),
-                        32, four ? 16 : 32};
-    PyArrayObject *store = (PyArrayObject *)PyArray_SimpleNew(4, dims, four ? NPY_UINT8 : NPY_INT8);
-    if (!store) {
-        Py_DECREF(codes);
-        return NULL;
-    }
+    size_t shape[4];
+    ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
+    npy_intp dims[4] = {(npy_intp)shape[0], (npy_intp)shape[1], (npy_intp)shape[2], (npy_intp)shape[3]};
+    if (!(store = (PyArrayObject *)PyArray_SimpleNew(4, dims, orkpy_code_typenum(ki)))) goto done;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_pack(kind, PyArray_DATA(codes), (size_t)N, (size_t)K, PyArray_DATA(store), &err);
+    st = ork_pack(ki->id, PyArray_DATA(codes), (size_t)N, (size_t)K, PyArray_DATA(store), &err);
     Py_END_ALLOW_THREADS
-    Py_DECREF(codes);
     if (st != ORK_OK) {
-        Py_DECREF(store);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)store;
+    result = (PyObject *)store;
+    store = NULL;
+done:
+    Py_XDECREF(codes);
+    Py_XDECREF(store);
+    return result;
 }
 
 PyObject *orkpy_unpack(PyObject *self, PyObject *args, PyObject *kw) {
@@ -85,25 +85,26 @@ PyObject *orkpy_unpack(PyObject *self, PyObject *args, PyObject *kw) {
     const char *kind_s;
     Py_ssize_t N, K;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "Osnn:unpack", kwlist, &s_obj, &kind_s, &N, &K)) return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0) return NULL;
-    PyArrayObject *store = as_store(s_obj, kind, N, K);
-    if (!store) return NULL;
-    npy_intp dims[2] = {N, (npy_intp)ork_quant_row_bytes(kind, (size_t)K)};
-    PyArrayObject *codes = (PyArrayObject *)PyArray_SimpleNew(2, dims, kind == ORK_KIND_INT8 ? NPY_INT8 : NPY_UINT8);
-    if (!codes) {
-        Py_DECREF(store);
-        return NULL;
-    }
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    PyArrayObject *store = NULL, *codes = NULL;
+    PyObject *result = NULL;
+    if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
+    npy_intp dims[2] = {N, (npy_intp)ork_quant_row_bytes(ki->id, (size_t)K)};
+    if (!(codes = (PyArrayObject *)PyArray_SimpleNew(2, dims, orkpy_code_typenum(ki)))) goto done;
     ork_err err;
     err.msg[0] = '\0';
-    ork_status st = ork_unpack(kind, PyArray_DATA(store), (size_t)N, (size_t)K, PyArray_DATA(codes), &err);
-    Py_DECREF(store);
+    ork_status st = ork_unpack(ki->id, PyArray_DATA(store), (size_t)N, (size_t)K, PyArray_DATA(codes), &err);
     if (st != ORK_OK) {
-        Py_DECREF(codes);
-        return orkpy_raise(st, &err);
+        orkpy_raise(st, &err);
+        goto done;
     }
-    return (PyObject *)codes;
+    result = (PyObject *)codes;
+    codes = NULL;
+done:
+    Py_XDECREF(store);
+    Py_XDECREF(codes);
+    return result;
 }
 
 PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
@@ -116,11 +117,12 @@ PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO|i:matmul_int", kwlist, &s_obj, &kind_s, &N, &K, &x_obj,
                                      &threads))
         return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind kind = ki->id;
     PyArrayObject *store = NULL, *x = NULL, *out = NULL;
     PyObject *result = NULL;
-    if (!(store = as_store(s_obj, kind, N, K))) goto done;
+    if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(x = orkpy_as_exact(x_obj, NPY_INT8, 2, "xq"))) goto done;
     if (PyArray_DIM(x, 1) != K || PyArray_DIM(x, 0) < 1) {
         PyErr_Format(PyExc_ValueError, "xq must have shape (M >= 1, K = %zd), got (%zd, %zd)", K,
@@ -160,11 +162,12 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pi:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
                                      &per_tensor, &threads))
         return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
+    const ork_kind kind = ki->id;
     PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL;
     PyObject *result = NULL;
-    if (!(store = as_store(s_obj, kind, N, K))) goto done;
+    if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
     if (PyArray_DIM(bs, 0) != N) {
         PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
@@ -207,12 +210,12 @@ PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw) {
     const char *kind_s;
     Py_ssize_t N, K;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "snn:packed_header", kwlist, &kind_s, &N, &K)) return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
     uint8_t hdr[ORK_O4N1_HEADER];
     ork_err err;
     err.msg[0] = '\0';
-    ork_status st = ork_o4n1_header(kind, (uint64_t)N, (uint64_t)K, hdr, &err);
+    ork_status st = ork_o4n1_header(ki->id, (uint64_t)N, (uint64_t)K, hdr, &err);
     if (st != ORK_OK) return orkpy_raise(st, &err);
     return PyBytes_FromStringAndSize((const char *)hdr, ORK_O4N1_HEADER);
 }
@@ -230,8 +233,7 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (st != ORK_OK) return orkpy_raise(st, &err);
-    static const char *names[3] = {"nf4", "int4", "int8"};
-    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K}", "kind", names[info.kind], "N", (unsigned long long)info.N, "K",
+    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K}", "kind", ork_kind_get(info.kind)->name, "N", (unsigned long long)info.N, "K",
                          (unsigned long long)info.K, "scales_offset", (unsigned long long)info.scales_off,
                          "store_offset", (unsigned long long)info.store_off, "store_bytes",
                          (unsigned long long)info.store_bytes);
@@ -248,11 +250,12 @@ PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw) {
     Py_ssize_t N, K;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO:packed_check", kwlist, &s_obj, &kind_s, &N, &K, &b_obj))
         return NULL;
-    ork_kind kind;
-    if (orkpy_parse_kind(kind_s, &kind) < 0 || check_nk(N, K) < 0) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    const ork_kind kind = ki->id;
     PyArrayObject *store = NULL, *bs = NULL;
     PyObject *result = NULL;
-    if (!(store = as_store(s_obj, kind, N, K))) goto done;
+    if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
     if (PyArray_DIM(bs, 0) != N) {
         PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
@@ -275,4 +278,27 @@ done:
     Py_XDECREF(store);
     Py_XDECREF(bs);
     return result;
+}
+
+/* packed_layout(kind, N, K) -> dict(kind, bits, store_shape, store_dtype,
+ * store_bytes, magic, header_bytes, scales_offset, store_offset, file_bytes):
+ * the layout facts of pack.h and o4n1.h, so Python never re-derives them. */
+PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"kind", "N", "K", NULL};
+    const char *kind_s;
+    Py_ssize_t N, K;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn:packed_layout", kwlist, &kind_s, &N, &K)) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    size_t shape[4];
+    ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
+    const size_t bytes = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
+    const uint64_t soff = ork_o4n1_store_offset((uint64_t)N);
+    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K}", "kind", ki->name, "bits", ki->bits,
+                         "store_shape", (Py_ssize_t)shape[0], (Py_ssize_t)shape[1], (Py_ssize_t)shape[2],
+                         (Py_ssize_t)shape[3], "store_dtype", ki->bits == 8 ? "int8" : "uint8", "store_bytes",
+                         (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", ORK_O4N1_HEADER,
+                         "scales_offset", ORK_O4N1_HEADER, "store_offset", (unsigned long long)soff, "file_bytes",
+                         (unsigned long long)(soff + bytes));
 }

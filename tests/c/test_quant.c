@@ -60,7 +60,7 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
             for (size_t ii = 0; ii < sizeof invs / sizeof invs[0]; ii++) {
                 float inv = invs[ii], s = 1.0f / inv;
                 for (int kind = 0; kind < 2; kind++) {
-                    const ork_q4_grid *g = ork_quant_grid((ork_kind)kind);
+                    const ork_q4_grid *g = &ork_kind_get((ork_kind)kind)->grid;
                     ref->codes4_rtn(x, n, inv, g, c1);
                     kv->codes4_rtn(x, n, inv, g, c2);
                     CHECK(memcmp(c1, c2, n) == 0, "%s codes4_rtn kind=%d n=%zu inv=%g", kv->isa, kind, n,

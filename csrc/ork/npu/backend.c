@@ -38,9 +38,18 @@ struct ork_npu_dev {
 
 static uint64_t page_round(uint64_t x) { return (x + PAGE - 1) & ~(uint64_t)(PAGE - 1); }
 
-static const char *kind_name(ork_npu_backend_kind k) {
-    return k == ORK_NPU_BE_EMU ? "emu" : k == ORK_NPU_BE_RKNPU ? "rknpu" : "rocket";
+const char *const ork_npu_backend_names[ORK_NPU_BE_COUNT] = {"emu", "rknpu", "rocket"};
+
+int ork_npu_backend_find(const char *name, ork_npu_backend_kind *kind) {
+    for (int i = 0; name && i < ORK_NPU_BE_COUNT; i++)
+        if (strcmp(name, ork_npu_backend_names[i]) == 0) {
+            *kind = (ork_npu_backend_kind)i;
+            return 0;
+        }
+    return -1;
 }
+
+static const char *kind_name(ork_npu_backend_kind k) { return ork_npu_backend_names[k]; }
 
 static ork_status sys_fail(const ork_npu_dev *dev, const char *call, int rc, ork_err *err) {
     int e = rc < 0 ? -rc : rc;
@@ -93,7 +102,7 @@ ork_status ork_npu_dev_open(ork_npu_backend_kind kind, const ork_npu_sys *sys, u
                             ork_err *err) {
     if (!out) return ork_err_set(err, ORK_EINVAL, "npu open: NULL output");
     *out = NULL;
-    if (kind != ORK_NPU_BE_EMU && kind != ORK_NPU_BE_RKNPU && kind != ORK_NPU_BE_ROCKET)
+    if ((int)kind < 0 || (int)kind >= ORK_NPU_BE_COUNT)
         return ork_err_set(err, ORK_EINVAL, "npu open: unknown backend");
     if (kind == ORK_NPU_BE_EMU && (emu_base % PAGE))
         return ork_err_set(err, ORK_EINVAL, "npu open: emu base address 0x%08x is not page aligned", emu_base);

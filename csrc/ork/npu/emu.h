@@ -1,7 +1,8 @@
 /* emu.h - a strict emulator of the RK3588 NPU command processor for the
  * operations orkpy emits.
  *
- * What it models (from npu-anchors.md §1.3-1.5 and the TRM text quoted there):
+ * What it models (from the RK3588 TRM's PC description and the public
+ * generator's register programming; docs/npu.md, "Sources of the facts"):
  *  - the PC: fetches (amount + 1) * 2 qwords from a 32-bit NPU address,
  *    writes each (target, register, value) into that block's register file,
  *    and on the 0x0041 marker followed by op-enable (0x0081, reg 0x0008)

@@ -519,6 +519,13 @@ static int64_t f_now(void *ctx) {
 }
 static const char *f_last(void *ctx) { return ((ork_fake_kernel *)ctx)->last; }
 
+ork_status ork_fake_kernel_for(ork_npu_backend_kind backend, ork_fake_kernel **out, ork_err *err) {
+    if (backend == ORK_NPU_BE_RKNPU) return ork_fake_kernel_new(ORK_FAKE_RKNPU, out, err);
+    if (backend == ORK_NPU_BE_ROCKET) return ork_fake_kernel_new(ORK_FAKE_ROCKET, out, err);
+    return ork_err_set(err, ORK_EINVAL, "npu: the %s backend has no kernel driver to fake",
+                       (int)backend >= 0 && (int)backend < ORK_NPU_BE_COUNT ? ork_npu_backend_names[backend] : "unknown");
+}
+
 ork_status ork_fake_kernel_new(ork_fake_persona persona, ork_fake_kernel **out, ork_err *err) {
     if (!out || (persona != ORK_FAKE_RKNPU && persona != ORK_FAKE_ROCKET))
         return ork_err_set(err, ORK_EINVAL, "fake kernel: bad arguments");

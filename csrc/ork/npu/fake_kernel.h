@@ -2,7 +2,7 @@
  * device backends' system-call table, for testing the device paths end to
  * end without a board.
  *
- * It enforces each driver's documented contract (npu-anchors.md §2) and is
+ * It enforces each driver's documented contract (docs/npu.md) and is
  * stricter than the real kernels where they would crash or silently ignore
  * errors; a refused call returns an errno and leaves a message
  * (ork_fake_kernel_last_error, also surfaced by the backend as
@@ -47,6 +47,8 @@ typedef struct ork_fake_stats {
 } ork_fake_stats;
 
 ork_status ork_fake_kernel_new(ork_fake_persona persona, ork_fake_kernel **out, ork_err *err);
+/* the fake of a device backend's driver (rknpu, rocket); ORK_EINVAL for emu, which has no kernel driver */
+ork_status ork_fake_kernel_for(ork_npu_backend_kind backend, ork_fake_kernel **out, ork_err *err);
 void ork_fake_kernel_free(ork_fake_kernel *k); /* also reports leaks through stats before */
 const ork_npu_sys *ork_fake_kernel_sys(ork_fake_kernel *k);
 void ork_fake_kernel_set_faults(ork_fake_kernel *k, unsigned faults);

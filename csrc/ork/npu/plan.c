@@ -230,8 +230,9 @@ ork_status ork_npu_unpack_weights(const ork_npu_plan *p, const uint8_t *buf, int
 ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, const void *store, const int8_t lut[16],
                                       uint8_t *buf, ork_err *err) {
     if (!p || !store || !buf) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: bad arguments");
-    const int is4 = kind == ORK_KIND_NF4 || kind == ORK_KIND_INT4;
-    if (!is4 && kind != ORK_KIND_INT8) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: unknown kind");
+    const ork_kind_info *ki = ork_kind_get(kind);
+    if (!ki) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: unknown kind");
+    const int is4 = ki->bits == 4;
     if (is4 && !lut) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: a 4-bit store needs its LUT");
     const size_t KB = p->Kp / 32, tile_src = is4 ? 512 : 1024;
     for (uint32_t t = 0; t < p->n_tasks; t++) {

@@ -8,7 +8,8 @@
  *
  * ------------------------------------------------------- per-task limits --
  * One task is the 1x1 direct convolution of regcmd.h with H = Mt, W = 1,
- * C = Kt, Nt kernels (npu-anchors.md §1.4-1.6, mtx512 test limits):
+ * C = Kt, Nt kernels (the public generator's field widths and test limits;
+ * docs/npu.md, "Sources of the facts"):
  *   Mt == 1 or Mt % 4 == 0, Mt <= 2044 (11-bit height);  Kt % 32 == 0,
  *   Kt <= 8192 (RKNN splits K > 8192 the same way);  Nt % 32 == 0,
  *   Nt <= 8192 (13-bit DPU channel field);  Mt * Kt <= 11 CBUF banks of 32 KiB

@@ -1,19 +1,19 @@
 /* regcmd.h - RK3588 NPU register command streams: the 64-bit encoding, a
  * decoder for listings, and the register body of one int8 (or fp16) matmul
- * task. First slice of the NPU layer (planner, emulator and device backends
- * are not written yet).
+ * task, which the planner (plan.h) chains, the emulator (emu.h) executes and
+ * the backends (backend.h) submit.
  *
  * Encoding (RK3588 TRM part 1, "RKNN_pc_register_amounts"; the same in every
- * public implementation, ../shared/docs/npu-anchors.md §1.3):
+ * public implementation; docs/npu.md, "Sources of the facts"):
  *   qword = (u64)target << 48 | (u64)value32 << 16 | reg16
  *   targets: PC 0x0101, CNA 0x0201, CORE 0x0801, DPU 0x1001, DPU_RDMA 0x2001,
  *            PPU 0x4001, PPU_RDMA 0x8001; 0x0041 marker before op-enable 0x0081.
  * A single task is the 104-qword body below + the 4-qword tail
  *   0, (PC 0x0014 = 0), 0x0041..., (0x0081 0x0008 = enable 0xd).
  * Register values of the matmul body (a 1x1 direct convolution with feature
- * cube H = M, W = 1, C = K and N kernels) follow the facts of npu-anchors.md
- * §1.4 and are checked against the captured streams in
- * ../shared/docs/npu/golden-matmul-regcmd.txt (tests/test_npu_regcmd.py).
+ * cube H = M, W = 1, C = K and N kernels) follow the public generator's
+ * register programming (docs/npu.md) and are checked qword for qword against
+ * captured streams (tests/test_npu_regcmd.py).
  */
 #ifndef ORK_NPU_REGCMD_H
 #define ORK_NPU_REGCMD_H
@@ -59,8 +59,8 @@ ork_status ork_npu_matmul_task(const ork_npu_matmul_desc *d, uint64_t out[ORK_NP
  * fetches (amount + 1) * 2 qwords = the body + the 4-qword tail (rounded up
  * to an even count). The vendor driver computes the first task's value as
  * (regcfg_amount + 4 + 1) / 2 - 1 (rknpu_job.c, scale 2 on RK3588); a
- * captured RKNN chain shows the same value in the tails (108 -> 55,
- * npu-anchors.md §1.3). Mesa's rocket driver writes a different value
+ * captured RKNN chain shows the same value in the tails (108 -> 55;
+ * docs/npu.md, "Sources of the facts"). Mesa's rocket driver writes a different value
  * (ALIGN((count - 4) / 2, 2)); which one the PC honours under rocket is an
  * open question only a board can answer. */
 static inline uint32_t ork_npu_pc_amount(uint32_t body) { return (body + 4u + 1u) / 2u - 1u; }

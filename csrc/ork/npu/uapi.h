@@ -1,13 +1,12 @@
 /* uapi.h - the kernel ABI of the two RK3588 NPU drivers, typed by orkpy.
  *
- * Written from the published facts in ../shared/docs/npu-anchors.md §2
- * (struct layouts of the vendor rknpu driver 0.9.8, include/rknpu_ioctl.h,
- * and of mainline include/uapi/drm/rocket_accel.h, Linux 6.18) and
- * ../shared/docs/npu/uapi-sizes.txt (sizes and ioctl numbers measured with gcc
- * on x86_64). No header text was copied (the vendor header is GPL-2.0 without
+ * Written from the published struct layouts of the vendor rknpu driver 0.9.8
+ * (include/rknpu_ioctl.h) and of mainline include/uapi/drm/rocket_accel.h
+ * (Linux 6.18), with sizes, offsets and ioctl numbers measured with gcc on
+ * x86_64 (docs/npu.md, "Sources of the facts"). No header text was copied (the vendor header is GPL-2.0 without
  * the syscall note); names are orkpy's own. Both ABIs are LP64-identical on
  * x86_64 and aarch64: the _Static_asserts below are compiled on both (the
- * aarch64 cross build in tests/test_npu_abi.py).
+ * aarch64 cross build in tests/test_npu.py, test_uapi_abi_asserts_compile_x86_and_aarch64).
  *
  * Ioctl numbers are computed with the asm-generic encoding (x86_64 and arm64
  * share it): dir << 30 | size << 16 | type << 8 | nr, type 'd' (DRM), nr

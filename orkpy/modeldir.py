@@ -1,0 +1,310 @@
+"""The quantized model directory on disk (docs/formats.md): writing it
+atomically and reading it back with every checksum verified.
+
+- :func:`write_model_dir`: ``manifest.json`` (tensor -> tier, kind, file,
+  sha256; source / allocation / imatrix records; settings), one O4N1/O8N1 blob
+  per packed linear, and ``float.gguf`` (the source's metadata, embeddings,
+  norms and float-tier linears in their source precision), written to a
+  temporary folder of the writer's own and renamed into place.
+- :func:`read_model_dir`: the checked manifest and the files it lists
+  (:class:`ModelDir`); ``orkpy.load_model(dir)`` builds the model from it.
+
+This module knows files, not models: it imports nothing that runs a forward pass.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from ._core import FormatError
+from ._io import atomic_write, fsync_dir, sha256_file, temp_sibling
+from ._mapped import check as check_maps
+from ._mapped import maps_of
+from ._typing import StrPath
+from .packed import PackedWeight, load_packed, save_packed
+from .source import Source
+
+MANIFEST = "manifest.json"
+FORMAT = "orkpy-quantized-model"
+VERSION = 1
+MANIFEST_MAX = 64 << 20
+FLOAT_FILE = "float.gguf"
+_TIERS = ("int8", "int4", "float")
+
+
+# ------------------------------------------------------------------- write --
+
+def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Mapping[str, str],
+                    float_linears: Mapping[str, str], src: Source, record: Mapping[str, Any],
+                    overwrite: bool = False) -> str:
+    """Write a model directory atomically (temp folder + rename); returns its absolute path.
+
+    ``packed``: linear name -> PackedWeight (one blob each); ``tiers``: linear name -> tier;
+    ``float_linears``: float-tier linear name -> the source tensor holding its weight (stored in
+    ``float.gguf``); ``src``: the source of the metadata and the float tensors; ``record``: the
+    manifest's descriptive fields (source, alloc, imatrix, double_quant, settings, int8_share)."""
+    from .gguf_write import metadata_triples, write_gguf
+
+    path = os.path.abspath(os.fspath(path))
+    if os.path.lexists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
+        _check_replaceable(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:  # a temp folder of our own: concurrent saves to one path never share one
+        tmp = temp_sibling(path)
+        try:
+            os.mkdir(tmp)
+            break
+        except FileExistsError:
+            continue
+    try:
+        entries: Dict[str, Dict[str, Any]] = {}
+        for name, pw in packed.items():
+            fn = name + (".o8n1" if pw.kind == "int8" else ".o4n1")
+            save_packed(pw, os.path.join(tmp, fn))
+            entries[name] = {"tier": tiers[name], "kind": pw.kind, "file": fn, "shape": list(pw.shape),
+                             "sha256": sha256_file(os.path.join(tmp, fn))}
+        names = src.float_names()
+        names += [t for t in dict.fromkeys(float_linears.values()) if t not in names]
+        floats, read = [], []
+        for name in names:
+            a = src.tensor(name)
+            read.append(a)
+            floats.append((name, a.astype(np.float16) if src.type_of(name) == "F16" else np.asarray(a, np.float32)))
+        for name, tensor in float_linears.items():
+            entries[name] = {"tier": "float", "kind": "float", "tensor": tensor,
+                             "shape": list(src.shapes()[tensor])}
+        write_gguf(os.path.join(tmp, FLOAT_FILE), metadata_triples(src.meta), floats)
+        check_maps(maps_of(*read))  # no float.gguf from a source that changed while it was read
+        manifest = {"format": FORMAT, "version": VERSION, **record,
+                    "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
+                    "tensors": entries}
+        atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
+        _install_dir(tmp, path, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _check_replaceable(path: str) -> None:
+    """Refuse, before any work, to replace what is not a model directory: a file, a
+    symbolic link, or a non-empty folder without a manifest. (One open folder is
+    inspected, so a concurrent saver swapping ``path`` cannot confuse the check.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return  # moved away meanwhile: nothing to replace
+    except OSError as e:
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        kind = "a symbolic link" if os.path.islink(path) else "not a directory"
+        raise NotADirectoryError(f"{path}: exists and is {kind}; a model is saved as a directory of its own, "
+                                 "remove it or choose another path") from None
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
+    if names and MANIFEST not in names:
+        raise FileExistsError(f"{path}: a non-empty directory without {MANIFEST} (not an orkpy model "
+                              "directory): refusing to replace it")
+
+
+def _exchange_dirs(a: str, b: str) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE);
+    False where the C library, kernel or file system cannot (the caller then moves
+    ``b`` aside and renames, leaving a moment in which ``b`` is missing)."""
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            import ctypes
+            f = ctypes.CDLL(None, use_errno=True).renameat2
+            f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            _renameat2 = f
+        except (OSError, AttributeError):
+            _renameat2 = False
+    if _renameat2 is False:
+        return False
+    import ctypes
+    if _renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOENT):  # ENOENT: b moved away
+        return False
+    raise OSError(e, os.strerror(e), a, None, b)
+
+
+_renameat2: Any = None
+
+
+def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
+    """Rename the complete folder ``tmp`` to ``path``, moving an existing ``path``
+    aside first (overwrite) and deleting it after; the last of concurrent savers
+    wins. On an error the moved-aside original goes back when ``path`` is free,
+    and nothing moved aside is left behind."""
+    aside: List[str] = []
+    try:
+        while True:
+            try:
+                os.rename(tmp, path)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                if not overwrite:
+                    raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)") from None
+            _check_replaceable(path)  # another writer may have put something else there
+            if _exchange_dirs(tmp, path):  # atomic: path is never missing, even after a kill -9
+                aside.append(tmp)
+                break
+            old = temp_sibling(path)
+            try:
+                os.rename(path, old)
+            except FileNotFoundError:  # another saver moved it first
+                continue
+            aside.append(old)
+        fsync_dir(os.path.dirname(path))
+    except BaseException:
+        if aside and not os.path.lexists(path):
+            try:
+                os.rename(aside.pop(0), path)
+            except OSError:
+                pass
+        raise
+    finally:
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# -------------------------------------------------------------------- read --
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
+    """Type-check the fields the loader does not use but reports (``Model.manifest``)."""
+    def bad(key: str, want: str) -> FormatError:
+        return FormatError(f"{mpath}: {key!r} must be {want}, got {manifest.get(key)!r:.80}")
+    for key in ("source", "alloc", "settings"):
+        if not isinstance(manifest.get(key), dict):
+            raise bad(key, "a JSON object")
+    src = manifest["source"]
+    if not (isinstance(src.get("file"), str) and isinstance(src.get("sha256"), str)):
+        raise bad("source", "{file: string, sha256: string}")
+    im = manifest.get("imatrix")
+    if im is not None and not (isinstance(im, dict) and isinstance(im.get("sha256"), str)
+                               and type(im.get("chunks")) is int):
+        raise bad("imatrix", "null or {sha256: string, chunks: int}")
+    if not isinstance(manifest.get("double_quant"), bool):
+        raise bad("double_quant", "true or false")
+    share = manifest.get("int8_share")
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 <= share <= 1:
+        raise bad("int8_share", "a number in [0, 1]")
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model directory whose manifest and listed files have been checked (:func:`read_model_dir`):
+    ``manifest`` (the parsed JSON), ``float_file`` (path of ``float.gguf``), ``entries`` (linear
+    name -> manifest entry)."""
+
+    path: str
+    manifest: Dict[str, Any]
+    float_file: str
+    entries: Dict[str, Dict[str, Any]]
+
+    def tier(self, name: str) -> str:
+        """The tier of linear ``name`` (FormatError naming the manifest if it has no entry)."""
+        if name not in self.entries:
+            raise FormatError(f"{os.path.join(self.path, MANIFEST)}: no entry for {name!r}")
+        return str(self.entries[name]["tier"])
+
+    def packed(self, name: str) -> PackedWeight:
+        """The packed weight of an int8/int4 linear, checked against its manifest entry."""
+        e = self.entries[name]
+        pw = load_packed(os.path.join(self.path, e["file"]))
+        if list(pw.shape) != list(e["shape"]) or pw.kind != e["kind"]:
+            raise FormatError(f"{self.path}: {e['file']} does not match its manifest entry")
+        return pw
+
+    def float_tensor(self, name: str) -> Tuple[str, Tuple[int, int]]:
+        """(tensor name in float.gguf, shape) of a float-tier linear."""
+        e = self.entries[name]
+        return e["tensor"], (e["shape"][0], e["shape"][1])
+
+
+def read_model_dir(path: StrPath) -> ModelDir:
+    """Read and check a model directory's manifest, and verify every file it lists (checksums;
+    plain names; links only within the folder). Any problem is an orkpy.FormatError naming it."""
+    path = os.fspath(path)
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        st = os.stat(mpath)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX:  # a FIFO would block open()
+            raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
+        with open(mpath, "rb") as f:
+            raw = f.read(MANIFEST_MAX + 1)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
+    except OSError as e:  # a directory named manifest.json, no permission, path not a directory ...
+        raise FormatError(f"{mpath}: cannot read the manifest ({e.strerror or e})") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
+        raise FormatError(f"{mpath}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{mpath}: not an orkpy quantized model manifest")
+    version = manifest.get("version")
+    if type(version) is not int or version != VERSION:  # not true, not 1.0
+        raise FormatError(f"{mpath}: unsupported manifest version {version!r}")
+
+    def field(obj: Any, key: str, typ: type, where: str) -> Any:
+        v = obj.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            raise FormatError(f"{mpath}: {where}{key!r} is missing or not a JSON {typ.__name__}")
+        return v
+    entries = field(manifest, "tensors", dict, "")
+    float_file = field(manifest, "float_file", dict, "")
+    files = [(field(float_file, "file", str, "float_file "), field(float_file, "sha256", str, "float_file "))]
+    for name, ent in entries.items():
+        where = f"tensor {name!r} "
+        if not isinstance(ent, dict):
+            raise FormatError(f"{mpath}: {where}entry is not a JSON object")
+        shape = field(ent, "shape", list, where)
+        if len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
+        field(ent, "kind", str, where)
+        if ent.get("tier") not in _TIERS:
+            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not 'int8', 'int4' or 'float'")
+        if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
+            field(ent, "tensor", str, where)
+            if ent["kind"] != "float":
+                raise FormatError(f"{mpath}: {where}of tier 'float' has kind {ent['kind']!r}, not 'float'")
+            continue
+        files.append((field(ent, "file", str, where), field(ent, "sha256", str, where)))
+    _check_informational(manifest, mpath)
+    root = os.path.realpath(path)
+    for fn, digest in files:
+        if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
+            raise FormatError(f"{mpath}: bad file name {fn!r}")
+        fp = os.path.join(path, fn)
+        if not os.path.isfile(fp):
+            raise FormatError(f"{path}: {fn} is missing or not a regular file")
+        if os.path.commonpath([root, os.path.realpath(fp)]) != root:  # links may point only within the folder
+            raise FormatError(f"{path}: {fn} is a symbolic link to {os.path.realpath(fp)}, outside the model "
+                              "directory")
+        if sha256_file(fp) != digest:
+            raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
+    return ModelDir(path, manifest, os.path.join(path, float_file["file"]), entries)
+
+
+__all__ = ["FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "VERSION", "read_model_dir", "write_model_dir"]

@@ -1,0 +1,284 @@
+"""Where a model comes from: its float weights, hyper-parameters and tokenizer
+(a *source*), and which tier each weight gets (an *allocation*).
+
+- :func:`open_source` ``(path, meta=None)``: a GGUF file (F32 tensors used in
+  place, F16/BF16 widened, quantized types dequantized: "the GGUF's native
+  precision") or a Hugging Face safetensors checkpoint (a ``.safetensors``
+  file, a sharded ``*.json`` index or a folder holding either; Llama / Qwen3
+  tensor names; llama's q/k rows are permuted as llama.cpp's converter does).
+  A checkpoint carries no GGUF metadata, so the hyper-parameters and the
+  tokenizer come from ``meta``, a GGUF of the same model (e.g. the allocation
+  file), whose tensor data is never used. Both kinds have one interface,
+  :class:`Source`. ``load_model`` and ``quantize_model`` read sources only
+  through it.
+- :func:`read_allocation` ``(alloc, threshold=5.0)``: a :class:`~orkpy.TierMap`
+  as given, a llama.cpp mixed GGUF (its per-tensor types decide the tiers:
+  :func:`~orkpy.tier_map`), or an emit-map file (:meth:`~orkpy.TierMap.load`).
+  The one allocation reader of the library and the CLI.
+- :func:`hparams`: the forward pass's hyper-parameters from a GGUF's metadata
+  (architectures ``llama`` and ``qwen3``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._io import sha256_dir, sha256_file
+from ._typing import StrPath
+from .gguf import GGUFFile
+from .tiermap import EMBEDDING, FLOAT_TYPES, OUTPUT, TierMap, tier_map
+
+ARCHS = ("llama", "qwen3")
+_ROPE = {"llama": 0, "qwen3": 2}  # NORM, NEOX (llama.cpp's rope types)
+
+
+def hparams(g: GGUFFile) -> Dict[str, Any]:
+    """The forward pass's hyper-parameters from a GGUF's metadata; ValueError naming the file
+    for an unsupported architecture or a missing key."""
+    md = g.metadata
+    arch = md.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = md.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ValueError(f"{g.path}: metadata key '{arch}.{key}' is missing")
+        return v
+
+    n_embd = int(get("embedding_length"))
+    n_head = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", n_embd // n_head))
+    scale = 1.0
+    scaling = md.get(f"{arch}.rope.scaling.type", "none")
+    if scaling == "linear":
+        scale = 1.0 / float(get("rope.scaling.factor"))
+    elif scaling != "none":
+        raise NotImplementedError(f"{g.path}: RoPE scaling type {scaling!r} is not implemented (none, linear)")
+    emb = g.tensor_info(EMBEDDING)
+    return {
+        "arch": arch,
+        "n_layer": int(get("block_count")),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": int(get("attention.head_count_kv", n_head)),
+        "head_dim": head_dim,
+        "n_ff": int(get("feed_forward_length")),
+        "n_vocab": int(emb.shape[0]),
+        "n_rot": int(get("rope.dimension_count", head_dim)),
+        "rope_type": _ROPE[arch],
+        "rope_base": float(get("rope.freq_base", 10000.0)),
+        "rope_freq_scale": scale,
+        "norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "n_ctx_train": int(get("context_length", 0)),
+    }
+
+
+def float_tensor(g: GGUFFile, name: str) -> NDArray[np.float32]:
+    """A GGUF tensor as float32 (N, ...): F32 in place from the mapped file, any other type converted."""
+    t = g.tensor_info(name)
+    if t.type == "F32":  # used in place, no copy
+        return g.raw(name).view(np.float32).reshape(t.shape)
+    return g.tensor(name)
+
+
+# ------------------------------------------------------- Hugging Face names --
+
+_HF_NAMES = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+_HF_TOP = {"model.embed_tokens.weight": EMBEDDING, "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": OUTPUT}
+
+
+def hf_to_gguf_name(name: str) -> Optional[str]:
+    """Hugging Face Llama/Qwen3 tensor name -> llama.cpp's GGUF name (None if unknown)."""
+    if name in _HF_TOP:
+        return _HF_TOP[name]
+    parts = name.split(".")
+    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers" and parts[-1] == "weight":
+        key = ".".join(parts[3:-1])
+        if key in _HF_NAMES:
+            return f"blk.{parts[2]}.{_HF_NAMES[key]}.weight"
+    return None
+
+
+def llama_permute_qk(w: NDArray[Any], n_head: int) -> NDArray[Any]:
+    """llama.cpp's row permutation of a Hugging Face q/k projection for NORM RoPE
+    (convert_hf_to_gguf: reshape (n_head, 2, hd/2, K), swap axes 1 and 2)."""
+    N = w.shape[0]
+    return w.reshape(n_head, 2, N // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# ------------------------------------------------------------------ sources --
+
+class Source:
+    """A model's float tensors under their GGUF names, its hyper-parameters (``hp``), whether
+    its head is the embedding table (``tied``) and the GGUF whose metadata holds the
+    architecture and the tokenizer (``meta``). Open one with :func:`open_source`."""
+
+    path: str
+    hp: Dict[str, Any]
+    tied: bool
+    meta: GGUFFile
+
+    def tensor(self, name: str) -> NDArray[np.float32]:
+        """The float32 values of tensor ``name``."""
+        raise NotImplementedError
+
+    def type_of(self, name: str) -> str:
+        """The stored type of tensor ``name`` (F32, F16, BF16 or a ggml quantized type)."""
+        raise NotImplementedError
+
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """{tensor name: shape} of every tensor."""
+        raise NotImplementedError
+
+    def float_names(self) -> List[str]:
+        """The tensors that stay float in every weight path: 1-D ones (norms) and the embedding table."""
+        return [n for n, s in self.shapes().items() if len(s) == 1 or n == EMBEDDING]
+
+    def tensor_name(self, linear: str) -> str:
+        """The tensor holding the weight of linear layer ``linear``: a tied model's head
+        ``output.weight`` is the embedding table."""
+        return EMBEDDING if (linear == OUTPUT and self.tied) else linear
+
+    def linear(self, name: str) -> NDArray[np.float32]:
+        """The float32 (N, K) weight of linear layer ``name`` (see :meth:`tensor_name`)."""
+        return self.tensor(self.tensor_name(name))
+
+    def sha256(self) -> str:
+        """SHA-256 of the source file (of a checkpoint folder: over its files' names and hashes)."""
+        return sha256_file(self.path) if os.path.isfile(self.path) else sha256_dir(self.path)
+
+
+class GGUFSource(Source):
+    """Float tensors and metadata of a GGUF file."""
+
+    def __init__(self, path: StrPath) -> None:
+        self.path = os.fspath(path)
+        self.g = GGUFFile(self.path)
+        self.hp = hparams(self.g)
+        self.tied = OUTPUT not in self.g
+        self.meta = self.g
+
+    def type_of(self, name: str) -> str:
+        return self.g.tensor_info(name).type
+
+    def tensor(self, name: str) -> NDArray[np.float32]:
+        return float_tensor(self.g, name)
+
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {t.name: t.shape for t in self.g.tensors}
+
+
+class SafetensorsSource(Source):
+    """A Hugging Face checkpoint (Llama / Qwen3 names) as a source; the architecture's
+    hyper-parameters and the tokenizer come from ``meta``, a GGUF of the same model whose
+    tensor data is not used. Every tensor ``meta`` lists must be in the checkpoint, with its shape."""
+
+    def __init__(self, path: StrPath, meta: GGUFFile) -> None:
+        from .safetensors import load_safetensors
+
+        self.path = os.fspath(path)
+        st = load_safetensors(self.path)
+        self.meta = meta
+        self.hp = hparams(meta)
+        self.arrays: Dict[str, NDArray[Any]] = {}
+        for k, v in st.items():
+            gname = hf_to_gguf_name(k)
+            if gname is None:
+                raise ValueError(f"{self.path}: tensor {k!r} is not a Llama/Qwen3 weight orkpy knows")
+            if self.hp["arch"] == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+                nh = self.hp["n_head"] if gname.endswith("attn_q.weight") else self.hp["n_head_kv"]
+                v = llama_permute_qk(np.asarray(v), nh)
+            self.arrays[gname] = v
+        st.check()  # the permuted copies above read the mapping
+        self.tied = OUTPUT not in self.arrays
+        for t in meta.tensors:
+            if t.name not in self.arrays:
+                raise ValueError(f"{self.path}: no tensor for {t.name!r} (the allocation file is for another model?)")
+            if tuple(self.arrays[t.name].shape) != t.shape:
+                raise ValueError(f"{self.path}: {t.name} has shape {self.arrays[t.name].shape}, the allocation "
+                                 f"file says {t.shape}: it is for a different model")
+
+    def type_of(self, name: str) -> str:
+        return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(self.arrays[name].dtype, "BF16")
+
+    def tensor(self, name: str) -> NDArray[np.float32]:
+        return np.ascontiguousarray(self.arrays[name], dtype=np.float32)
+
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        return {n: tuple(a.shape) for n, a in self.arrays.items()}
+
+
+def is_safetensors(path: StrPath) -> bool:
+    """Whether ``path`` names a safetensors checkpoint: a ``.safetensors`` file, a ``*.json``
+    shard index, or a folder holding ``model.safetensors`` or ``model.safetensors.index.json``."""
+    from .safetensors import INDEX_FILE, MODEL_FILE
+
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        return os.path.isfile(os.path.join(p, MODEL_FILE)) or os.path.isfile(os.path.join(p, INDEX_FILE))
+    return p.endswith((".safetensors", ".json"))
+
+
+def open_source(path: StrPath, meta: Union[GGUFFile, StrPath, None] = None) -> Source:
+    """A :class:`Source`: a safetensors checkpoint (:func:`is_safetensors`; needs ``meta``, a GGUF
+    of the same model, for the hyper-parameters and the tokenizer; a folder is read as one) or
+    else a GGUF file."""
+    if not (os.path.isdir(path) or is_safetensors(path)):
+        return GGUFSource(path)
+    if meta is None or not (isinstance(meta, GGUFFile) or os.fspath(meta).endswith(".gguf")):
+        raise ValueError(f"{os.fspath(path)}: a safetensors source needs a GGUF of the same model (the allocation "
+                         "file, or meta= for load_model) for the hyper-parameters and the tokenizer")
+    return SafetensorsSource(path, meta if isinstance(meta, GGUFFile) else GGUFFile(meta))
+
+
+# -------------------------------------------------------------- allocations --
+
+@dataclass(frozen=True)
+class Allocation:
+    """A tier map and where it came from: ``kind`` "tiermap" (given as an object), "gguf" (a
+    llama.cpp mixed GGUF's types) or "emit-map" (a file), ``path`` (None for "tiermap")."""
+
+    tiers: TierMap
+    kind: str
+    path: Optional[str]
+    threshold: float
+
+    @property
+    def gguf(self) -> Optional[str]:
+        """The allocation GGUF's path (it can supply a safetensors source's metadata), else None."""
+        return self.path if self.kind == "gguf" else None
+
+    def info(self) -> Dict[str, Any]:
+        """What a model directory's manifest records about the allocation (files are hashed)."""
+        if self.path is None:
+            return {"kind": "tiermap", "source": self.tiers.source, "threshold": self.tiers.threshold}
+        return {"kind": self.kind, "file": os.path.basename(self.path), "sha256": sha256_file(self.path),
+                "threshold": self.threshold}
+
+
+def read_allocation(alloc: Union[TierMap, StrPath], threshold: float = 5.0) -> Allocation:
+    """The tier map of ``alloc``: a TierMap as given, a ``.gguf`` file's types at ``threshold``
+    bits per weight (:func:`~orkpy.tier_map`), or any other file as an emit-map
+    (:meth:`~orkpy.TierMap.load`, whose own threshold it keeps)."""
+    if isinstance(alloc, TierMap):
+        return Allocation(alloc, "tiermap", None, alloc.threshold)
+    path = os.fspath(alloc)
+    if path.endswith(".gguf"):
+        return Allocation(tier_map(path, threshold=threshold), "gguf", path, threshold)
+    tm = TierMap.load(path)
+    return Allocation(tm, "emit-map", path, tm.threshold)
+
+
+__all__ = ["FLOAT_TYPES", "Allocation", "GGUFSource", "SafetensorsSource", "Source", "float_tensor", "hf_to_gguf_name",
+           "hparams", "is_safetensors", "llama_permute_qk", "open_source", "read_allocation"]
