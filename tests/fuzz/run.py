@@ -102,7 +102,10 @@ def write_corpus(name, out):
                 n += 1
         return n
     import pytargets
-    return pytargets.write_seeds(name, out)
+    try:
+        return pytargets.write_seeds(name, out)
+    finally:
+        pytargets.cleanup()   # the scratch directory the seed writers used
 
 
 def command(name, corpus, art, seconds=None, runs=None, seed=None, build_dir=None, files=()):
