@@ -1,0 +1,108 @@
+"""llama.cpp as the live oracle, and the real models, for the tests (issue 15).
+
+`.ci/install` builds llama.cpp (from the llama-cpp-python sdist, `.ci/llama-oracle`)
+and fetches the two real models (`.ci/fetch-models`) into a cache outside the clone:
+``$ORKPY_CACHE`` (default ``~/.cache/orkpy``). This module finds them.
+
+Missing pieces skip a test with the reason, except when ``ORKPY_REQUIRE_ORACLE=1``
+(set by `.ci/run`): then they fail it, so CI can never count an absent oracle as a pass.
+
+- :func:`llama_bin` -- a llama.cpp tool (``llama-perplexity``, ``llama-imatrix``,
+  ``llama-tokenize``, ``llama-quantize``) or ``ork-oracle`` (tests/oracle/ork_oracle.c).
+- :func:`real_model` -- ``"smollm2"`` or ``"gemma3"``, the quantized GGUF as shipped.
+- :func:`oracle_tokens` -- llama.cpp's ids for a text file, as llama-perplexity
+  tokenizes text (add_special, no special parsing).
+- :func:`oracle_logits` -- llama.cpp's float32 logits for chunks of tokens (KV cache
+  float32, flash attention off).
+- :func:`llama_perplexity` -- run ``llama-perplexity`` and parse its final estimate.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pytest
+
+CACHE = pathlib.Path(os.environ.get("ORKPY_CACHE", pathlib.Path.home() / ".cache" / "orkpy"))
+LLAMA_VERSION = "0.3.36"  # llama-cpp-python sdist whose vendor/llama.cpp is the oracle
+BIN = CACHE / f"llama.cpp-{LLAMA_VERSION}" / "bin"
+MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
+
+
+def required() -> bool:
+    """True when a missing oracle or model must fail a test instead of skipping it (CI)."""
+    return os.environ.get("ORKPY_REQUIRE_ORACLE", "") == "1"
+
+
+def _missing(what: str) -> None:
+    msg = f"{what} (run .ci/install, or set ORKPY_CACHE)"
+    if required():
+        pytest.fail(f"ORKPY_REQUIRE_ORACLE=1 but {msg}")
+    pytest.skip(msg)
+
+
+def llama_bin(name: str) -> pathlib.Path:
+    """The path of a built llama.cpp tool or of ork-oracle; skips/fails when absent."""
+    p = BIN / name
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        _missing(f"llama.cpp tool {name} not built at {p}")
+    return p
+
+
+def real_model(name: str) -> pathlib.Path:
+    """The path of a real model of :data:`MODELS` in the cache; skips/fails when absent."""
+    p = CACHE / "models" / MODELS[name]
+    if not p.is_file():
+        _missing(f"real model {MODELS[name]} not fetched to {p}")
+    return p
+
+
+def _run(args: Sequence[str], timeout: float = 3600) -> str:
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return r.stdout + r.stderr
+
+
+def oracle_tokens(model: os.PathLike, text: os.PathLike) -> np.ndarray:
+    """llama.cpp's token ids (int32) for the bytes of the file ``text``."""
+    with tempfile.TemporaryDirectory() as d:
+        out = pathlib.Path(d) / "ids"
+        _run([llama_bin("ork-oracle"), "tokenize", model, text, out])
+        return np.fromfile(out, dtype=np.int32)
+
+
+def oracle_logits(model: os.PathLike, tokens: np.ndarray, n_ctx: int, first: int = 0,
+                  threads: int = 2) -> np.ndarray:
+    """llama.cpp's float32 logits, shape (n_chunk, n_ctx - first, n_vocab), for ``tokens``
+    cut into ``len(tokens) // n_ctx`` chunks of ``n_ctx``, each decoded from an empty cache."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    n_chunk = len(tokens) // n_ctx
+    with tempfile.TemporaryDirectory() as d:
+        tf, out = pathlib.Path(d) / "tokens", pathlib.Path(d) / "logits"
+        tokens[: n_chunk * n_ctx].tofile(tf)
+        _run([llama_bin("ork-oracle"), "logits", model, tf, n_ctx, first, threads, out])
+        a = np.fromfile(out, dtype=np.float32)
+    return a.reshape(n_chunk, n_ctx - first, -1)
+
+
+def llama_perplexity(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: int, threads: int = 2,
+                     extra: Sequence[str] = ()) -> Dict[str, object]:
+    """Run llama-perplexity; {"ppl": final estimate, "chunks": [running estimates], "tok_per_s": float or None,
+    "output": full text}."""
+    out = _run([llama_bin("llama-perplexity"), "-m", model, "-f", text, "-c", n_ctx, "--chunks", chunks,
+                "-t", threads, "-tb", threads, *extra])
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
+    if not m:
+        raise RuntimeError(f"no final estimate in llama-perplexity's output:\n{out[-3000:]}")
+    running: List[float] = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", out)]
+    tps: Optional[float] = None
+    t = re.search(r"prompt eval time =\s*[0-9.]+ ms /\s*(\d+) tokens .*?([0-9.]+) tokens per second", out)
+    if t:
+        tps = float(t.group(2))
+    return {"ppl": float(m.group(1)), "chunks": running, "tok_per_s": tps, "output": out}
