@@ -187,9 +187,9 @@ def test_real_text_chunks_match_reference(shared, stories, qwen, qwen_merges, te
 
 
 def test_qwen2_pretokenizer_splits(qwen):
-    words = [m.group() for m in qwen._pre_re.finditer("Hello world's 123\n\n  x  ")]
+    words = qwen._pretokenize("Hello world's 123\n\n  x  ")
     assert words == ["Hello", " world", "'s", " ", "1", "2", "3", "\n\n", " ", " x", "  "]
-    words = [m.group() for m in qwen._pre_re.finditer("WE'RE ok?!\r\n\tdone")]
+    words = qwen._pretokenize("WE'RE ok?!\r\n\tdone")
     assert words == ["WE", "'RE", " ok", "?!\r\n", "\tdone"]   # a tab may lead a word
 
 
@@ -276,7 +276,7 @@ def test_unsupported_or_broken_metadata(tmp_path):
         "merges": [kv("tokenizer.ggml.model", STRING, "gpt2"), toks],
         "pre-tokenizer": [kv("tokenizer.ggml.model", STRING, "gpt2"), toks,
                           kv("tokenizer.ggml.merges", ARRAY, ["a b"], STRING),
-                          kv("tokenizer.ggml.pre", STRING, "llama3")],
+                          kv("tokenizer.ggml.pre", STRING, "no-such-pre")],
         "duplicate": [kv("tokenizer.ggml.model", STRING, "llama"),
                       kv("tokenizer.ggml.tokens", ARRAY, ["a", "<s>", "a"], STRING)],
         "BOS": [kv("tokenizer.ggml.model", STRING, "gpt2"), toks,
@@ -325,6 +325,58 @@ def test_spm_user_defined_tokens_are_split_out():
     # the text after a user-defined token gets the space prefix again, as in llama.cpp
     assert tok.encode("x<tag>y").tolist() == [1, tokens.index("\u2581x"), tag, tokens.index("\u2581y")]
     assert tok.decode(tok.encode("x<tag>y", add_special=False)) == "x<tag> y"
+
+
+def ref_partition(text, users, rstrip=False):
+    """llama.cpp's tokenizer_st_partition by definition: the tokens in order, each splitting every
+    remaining text fragment at its leftmost non-overlapping occurrences (+ RSTRIP)."""
+    frags = [text]
+    for word, tid in users:
+        out = []
+        for f in frags:
+            if isinstance(f, int):
+                out.append(f)
+                continue
+            while word in f:
+                left, f = f.split(word, 1)
+                if left:
+                    out.append(left)
+                out.append(tid)
+                if rstrip:
+                    f = f.lstrip(" \t\n\v\f\r")
+            if f:
+                out.append(f)
+        frags = out
+    return frags
+
+
+@pytest.mark.parametrize("phi3", [False, True])
+def test_partition_matches_reference(phi3):
+    # overlapping user-defined tokens of equal and different lengths, taken longest first
+    users = ["abab", "bab", "ab", "ba", "b b", " a", "aa"]
+    tokens, scores, types = _spm_vocab(["a", "b", "\u2581"], user=users)
+    tok = Tokenizer(model="llama", tokens=tokens, scores=scores, token_types=types,
+                    model_name="Phi-3 mini" if phi3 else "other")
+    order = sorted(users, key=lambda w: (-len(w), tokens.index(w)))
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        text = "".join(rng.choice(list("aab b\t"), size=int(rng.integers(0, 25))))
+        want = ref_partition(text, [(w, tokens.index(w)) for w in order], rstrip=phi3)
+        assert tok._partition(text) == want, repr(text)
+
+
+def test_eog_and_fim_texts_are_control_even_when_user_defined():
+    # llama.cpp marks "<|end|>", "<|im_end|>", "<fim_prefix>", ... control by their text: not split
+    # out of raw text, dropped by decode; a fill-in-the-middle token named by id keeps its type
+    tokens, scores, types = _spm_vocab(["\u2581", "x"], user=["<|end|>", "<fim_prefix>", "<tag>"])
+    tok = Tokenizer(model="llama", tokens=tokens, scores=scores, token_types=types)
+    ids = tok.encode("x<|end|>x<fim_prefix>x<tag>", add_special=False).tolist()
+    assert tokens.index("<tag>") in ids
+    assert tokens.index("<|end|>") not in ids and tokens.index("<fim_prefix>") not in ids
+    assert tok.decode([tokens.index("<|end|>")]) == "" and tok.decode([tokens.index("<tag>")]) == "<tag>"
+    named = Tokenizer(model="llama", tokens=tokens, scores=scores, token_types=types,
+                      special_ids={"fim_pre": tokens.index("<fim_prefix>")})
+    assert tokens.index("<fim_prefix>") in named.encode("x<fim_prefix>x").tolist()
 
 
 def test_spm_flags_from_metadata(tmp_path):
