@@ -3,12 +3,14 @@ setup.py (the extension that ships) and tests/cbuild.py (the C test binaries,
 natively and for aarch64 under qemu), so the C tests run the code as shipped.
 
 Every file gets COMMON_FLAGS (-ffp-contract=off: the kernels promise
-bit-identical results across ISAs, and a fused multiply-add would break that).
-Per file (``per_file_flags``): *_avx2.c gets -mavx2 -mfma on x86; *_neondot.c
-gets the dot-product extension on aarch64 (plain NEON is baseline there);
-model.c, linear.c and emu.c get -O3, which lets the compiler vectorize their
-fixed 8-lane float dot products. Kernels are chosen at run time (csrc/ork/cpu.c), so
-one build runs on any CPU of its architecture.
+bit-identical results across ISAs, so the compiler may never fuse a multiply
+and an add on its own; where a contract wants a fused multiply-add, as the F32
+GEMM's does (csrc/ork/gemm_f32.h), the code says so: fmaf, _mm256_fmadd_ps,
+vfmaq_f32). Per file (``per_file_flags``): *_avx2.c gets -mavx2 -mfma on x86;
+*_neondot.c gets the dot-product extension on aarch64 (plain NEON is baseline
+there); model.c, linear.c and emu.c get -O3, which lets the compiler vectorize
+their float loops (attention's fixed 8-lane dot products). Kernels are chosen at run time
+(csrc/ork/cpu.c), so one build runs on any CPU of its architecture.
 
 Not installed: setup.py and tests/cbuild.py import it from the source tree
 (MANIFEST.in ships it in the sdist).

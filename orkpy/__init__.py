@@ -6,7 +6,9 @@ Python policy: argument checks, dataclasses, reports and the CLI.
 """
 from ._core import (FormatError, GGUFError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError,
                     UnavailableError)
-from .calibrate import QuantizedModel, collect_imatrix, quantize_model
+from .actcal import ActCalibration
+from .calibrate import QuantizedModel, calibrate_act_scales, calibrate_activations, collect_imatrix, quantize_model
+from .convert import dequantize_gguf
 from .cpu import capabilities, set_isa, use_isa
 from .gguf import GGML_TYPES, GGUFFile, TensorInfo, ggml_type_info
 from .gguf_write import write_gguf
@@ -32,6 +34,7 @@ from . import npu  # noqa: F401 -- orkpy.npu works after a plain `import orkpy` 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActCalibration",
     "DEFAULT_CLIP_GRID",
     "FormatError",
     "GGML_TYPES",
@@ -58,9 +61,12 @@ __all__ = [
     "QuantizedTensor",
     "SafetensorsError",
     "UnavailableError",
+    "calibrate_act_scales",
+    "calibrate_activations",
     "capabilities",
     "collect_imatrix",
     "dequantize",
+    "dequantize_gguf",
     "load_safetensors",
     "load_model",
     "load_packed",

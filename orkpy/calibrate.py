@@ -38,10 +38,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._io import progress_bar, sha256_file
 from ._typing import StrPath
-from .model import ACT_MODES, LinearSpec, Model, as_model, linear_names, load_quantized, tier_path
+from . import actcal
+from .actcal import DEFAULT_OUTLIERS, ActCalibration
+from .model import (LinearSpec, Model, as_model, calibrate_source_acts, linear_names, load_quantized, tier_path,
+                    transformed_source)
 from .modeldir import MANIFEST, write_model_dir
 from .packed import PackedWeight, pack
 from .quant import FOUR_BIT_KINDS, quantize
+from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
 from .tiermap import TierMap
 
@@ -88,15 +92,17 @@ class QuantizedModel:
     ``save``, ``to_model``."""
 
     def __init__(self, source: str, tensors: Dict[str, PackedWeight], tiers: Dict[str, str], settings: Dict[str, Any],
-                 hashes: Dict[str, Any], double_quant: bool, src: Optional[Source] = None) -> None:
+                 hashes: Dict[str, Any], double_quant: bool, src: Optional[Source] = None,
+                 act_calib: Optional[ActCalibration] = None) -> None:
         self.source = source
+        self.act_calib = act_calib  # calibrated activation ranges / outlier channels (orkpy.actcal), saved with it
         self._src = src if src is not None else GGUFSource(source)
         self.tensors = tensors
         self.tiers = tiers
         self.settings = settings
         self.hashes = hashes
         self.double_quant = double_quant
-        self._models: Dict[str, Model] = {}
+        self._models: Dict[Any, Model] = {}
 
     def float_linears(self) -> Dict[str, str]:
         """{float-tier linear name: the source tensor holding its weight}."""
@@ -116,22 +122,29 @@ class QuantizedModel:
         t = b["int8"] + b["int4"]
         return b["int8"] / t if t else 0.0
 
-    def to_model(self, act: str = "per_token") -> Model:
-        """A Model running the packed weights (cached per activation mode)."""
-        if act not in ACT_MODES:
-            raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
-        if act not in self._models:
+    def to_model(self, act: str = "per_token", act_method: str = "mse", act_outliers: int = DEFAULT_OUTLIERS,
+                 act_prefix: Optional[int] = None) -> Model:
+        """A Model running the packed weights in an activation mode (``load_model``'s ``act``,
+        ``act_method``, ``act_outliers``; the calibrated modes use :attr:`act_calib`), cached per
+        setting."""
+        actcal.check_mode(act)
+        actcal.check_method(act_method)
+        k = actcal.check_outliers(act_outliers)
+        key = (act, act_method if act == "static" else None, k if act == "per_token_outliers" else None, act_prefix)
+        if key not in self._models:
             src = self._src
-            pt = act == "per_tensor"
             linears: Dict[str, LinearSpec] = {}
             paths: Dict[str, str] = {}
             for n in linear_names(src.hp):
                 if n in self.tensors:
-                    linears[n], paths[n] = LinearSpec.from_packed(n, self.tensors[n], pt), self.tensors[n].kind
+                    pw = self.tensors[n]
+                    how = actcal.linear_act(act, n, self.act_calib, act_method, k, os.path.basename(self.source), pw.K,
+                                            act_prefix)
+                    linears[n], paths[n] = LinearSpec.from_packed(n, pw, **how), pw.kind
                 else:
                     linears[n], paths[n] = LinearSpec.f32(n, src.linear(n)), "gguf"
-            self._models[act] = Model(self.source, src.hp, linears, src.tensor, src.meta, src.tied, paths)
-        return self._models[act]
+            self._models[key] = Model(self.source, src.hp, linears, src.tensor, src.meta, src.tied, paths)
+        return self._models[key]
 
     def save(self, path: StrPath, overwrite: bool = False) -> str:
         """Write the model directory atomically (temp dir + rename); see :mod:`orkpy.modeldir`."""
@@ -143,7 +156,8 @@ class QuantizedModel:
             "settings": self.settings,
             "int8_share": self.int8_share(),
         }
-        return write_model_dir(path, self.tensors, self.tiers, self.float_linears(), self._src, record, overwrite)
+        return write_model_dir(path, self.tensors, self.tiers, self.float_linears(), self._src, record, overwrite,
+                               act_scales=None if self.act_calib is None else self.act_calib.to_bytes())
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({os.path.basename(self.source)!r}, {len(self.tensors)} linears, "
@@ -154,11 +168,26 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                    kind: str = "nf4", sr: bool = False, seed: int = 0, threshold: float = 5.0,
                    threads: Optional[int] = None, progress: bool = True,
                    clip_grid: Union[Sequence[float], NDArray[Any], None] = None,
-                   log: Optional[Callable[[str], None]] = None) -> QuantizedModel:
+                   log: Optional[Callable[[str], None]] = None, meta: Optional[StrPath] = None,
+                   rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
+                   calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
+                   calib_chunks: Optional[int] = 8, rotate_online: bool = False,
+                   act_prefix: int = actcal.DEFAULT_PREFIX) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
-    emit-map file); float-tier linears stay float."""
+    emit-map file); float-tier linears stay float. ``meta``: for a safetensors
+    source, the GGUF of the same model that supplies the hyper-parameters and the
+    tokenizer (default: the allocation GGUF; needed when ``alloc`` is a map).
+    ``rotate`` / ``rotate_online`` / ``smooth`` (with ``calib``, a calibration text): the
+    source is rotated and/or smoothed first (:func:`orkpy.model.transformed_source`, :mod:`orkpy.rotate`)
+    and saved so (the manifest's settings record how); an ``imatrix`` must then have been
+    collected on the transformed model (``load_model(source, rotate=..., smooth=...,
+    calib=...)``), since the linears' inputs are the transformed ones. With ``calib``, the
+    activations are calibrated too (:func:`orkpy.model.calibrate_source_acts`: the static ranges
+    and outlier channels of :mod:`orkpy.actcal`, on the transformed source in float32, the first
+    ``act_prefix`` positions left out) and saved with the model (``act_scales.json``), so
+    ``load_model(dir, act="static")`` runs."""
     from .imatrix import Imatrix
 
     if kind not in FOUR_BIT_KINDS:
@@ -169,9 +198,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     source = os.fspath(source)
     allocation = read_allocation(alloc, threshold)
     tm = allocation.tiers
-    src = open_source(source, allocation.gguf)
+    src = open_source(source, meta if meta is not None else allocation.gguf)
     names = linear_names(src.hp)
+    tm = src.split_tier_map(tm)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
     tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
+    src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads, rotate_online)
     quantized_src = sorted({src.type_of(src.tensor_name(n)) for n in names} - FLOAT_TYPES)
     double_quant = bool(quantized_src)
     if double_quant:
@@ -201,14 +232,45 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     if bar is not None:
         bar.close()
     settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),
-                "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid]}
+                "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid],
+                "rotate": rotate, "rotate_seed": int(rotate_seed) if (rotate is not None or rotate_online) else None,
+                "rotate_online": bool(rotate_online),
+                "smooth": None if smooth is None else float(smooth),
+                "transform": src.info() if isinstance(src, TransformedSource) else None}
     hashes = {"source": src.sha256(), "alloc": allocation.info(),
               "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
-    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src)
+    act_calib = None
+    if calib is not None:
+        act_calib = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads, act_prefix)
+        log(f"calibrated the activations of {len(act_calib)} linears on {act_calib.info['chunks']} chunks of "
+            f"{calib_ctx} tokens")
+    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src, act_calib)
     log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
         f"{qm.int8_share():.1%}")
     return qm
 
 
-__all__ = ["MANIFEST", "QuantizedModel", "collect_imatrix", "load_quantized", "quantize_model", "sha256_file",
+def calibrate_activations(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, ArrayLike],
+                          n_ctx: int = 512, chunks: Optional[int] = 8, threads: Optional[int] = None,
+                          progress: bool = True, prefix: int = actcal.DEFAULT_PREFIX) -> ActCalibration:
+    """Static activation ranges (``max`` and ``mse``) and outlier channels of every linear of
+    ``model``, from its inputs on ``chunks`` chunks of ``n_ctx`` tokens of calibration text
+    (:mod:`orkpy.actcal`), the block linears' first ``prefix`` positions left out (the static mode
+    quantizes them per token); pass the result to ``load_model(..., act_calib=)``."""
+    return actcal.calibrate_activations(as_model(model), text_or_tokens, n_ctx, chunks, threads, progress,
+                                        prefix=prefix)
+
+
+def calibrate_act_scales(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, ArrayLike],
+                         n_ctx: int = 512, chunks: Optional[int] = 8, method: str = "mse",
+                         threads: Optional[int] = None, progress: bool = True,
+                         prefix: int = actcal.DEFAULT_PREFIX) -> Dict[str, float]:
+    """{linear name: static activation range} by ``method`` (``"mse"`` or ``"max"``): the ``c``
+    of ``q = clamp(round(x * 127 / c), -127, 127)``, int8 step ``c / 127``
+    (:func:`calibrate_activations`)."""
+    actcal.check_method(method)
+    return calibrate_activations(model, text_or_tokens, n_ctx, chunks, threads, progress, prefix).clips(method)
+
+
+__all__ = ["MANIFEST", "QuantizedModel", "calibrate_act_scales", "calibrate_activations", "collect_imatrix", "load_quantized", "quantize_model", "sha256_file",
            "PackedWeight"]

@@ -153,6 +153,32 @@ def _check_output_path(path, what, *, is_dir=False, overwrite=True):
     return path
 
 
+_META_HELP = ("for a safetensors MODEL (a .safetensors file, a shard index or their folder): a GGUF of the same "
+              "model for the hyper-parameters and the tokenizer; its tensor data is not used")
+
+
+def _meta_arg(args, source, fallback=None, what="MODEL"):
+    """--meta, checked before any work: the GGUF that supplies a safetensors ``source``'s hyper-parameters and
+    tokenizer (``fallback``, e.g. the allocation GGUF, when --meta is not given); None for a GGUF source."""
+    from .source import is_safetensors
+
+    meta = getattr(args, "meta", None)
+    st = source is not None and is_safetensors(source)
+    if meta is not None:
+        if not st:
+            raise UsageError(f"--meta {meta}: {what} {source} is not a safetensors checkpoint (a GGUF or a model "
+                             "folder carries its own metadata); --meta is for safetensors sources only")
+        if not os.path.isfile(meta):
+            raise FileNotFoundError(f"--meta {meta}: no such file")
+        if not meta.endswith(".gguf"):
+            raise UsageError(f"--meta {meta}: expected a GGUF file (.gguf) of the same model")
+        return meta
+    if st and fallback is None:
+        raise UsageError(f"{what} {source} is a safetensors checkpoint: give --meta GGUF, a GGUF of the same model "
+                         "for the hyper-parameters and the tokenizer")
+    return fallback if st else None
+
+
 def _warn_ctx(n_ctx_train, ctx, command):
     """A warning on stderr when the context is longer than the model was trained for."""
     if n_ctx_train and ctx > n_ctx_train:
@@ -298,9 +324,10 @@ def _cmd_ppl(args):
         _check_output_path(save, "--save-logprobs" if args.kl_divergence_base is None else "--kl-divergence-base")
     if base is not None and not os.path.isfile(base):
         raise FileNotFoundError(f"{base}: no such reference log-prob file")
+    meta = _meta_arg(args, args.model)
     weights = _weights_arg(args.weights)
     text = read_text_like_llama_cpp(args.text)
-    model = load_model(args.model, weights=weights, int4_kind=args.int4_kind, threads=args.threads)
+    model = load_model(args.model, weights=weights, int4_kind=args.int4_kind, threads=args.threads, meta=meta)
     _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
     if args.npu:
         from . import npu
@@ -326,8 +353,9 @@ def _cmd_imatrix(args):
     from .model import load_model
 
     _check_output_path(args.output, "-o/--output")
+    meta = _meta_arg(args, args.model)
     text = read_text_like_llama_cpp(args.text)
-    model = load_model(args.model, threads=args.threads)
+    model = load_model(args.model, threads=args.threads, meta=meta)
     _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
     im = collect_imatrix(model, text, n_ctx=args.ctx, chunks=args.chunks,
                          threads=args.threads, progress=not args.no_progress)
@@ -345,8 +373,10 @@ def _cmd_quantize(args):
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
         raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
                               "(no manifest.json); --overwrite replaces only a model directory")
+    meta = _meta_arg(args, args.source, fallback=args.alloc if args.alloc.endswith(".gguf") else None,
+                     what="SOURCE")
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
-                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress)
+                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta)
     out = qm.save(args.output, overwrite=args.overwrite)
     b = qm.result_bytes()
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
@@ -361,11 +391,13 @@ def _cmd_ffn_sweep(args):
 
     if args.json_out:
         _check_output_path(args.json_out, "--json-out")
+    meta = _meta_arg(args, args.model)
     text, calib = read_text_like_llama_cpp(args.text), read_text_like_llama_cpp(args.calib)
-    with GGUFFile(args.model) as g:
+    with GGUFFile(meta if meta is not None else args.model) as g:
         _warn_ctx(hparams(g).get("n_ctx_train"), args.ctx, args.command)
     rows, stats = sweep(args.model, text, calib, n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks,
-                        threads=args.threads, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
+                        threads=args.threads, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr),
+                        meta=meta)
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -379,6 +411,18 @@ def _cmd_ffn_sweep(args):
     for r in rows:
         print(f"{r['mode']:<18}{str(r['exact_layers']):<22}{r['ppl']:>9.4f}{r['ppl_err']:>9.4f}{r['kl']:>11.6f}"
               f"{r['wall_s']:>7.1f}")
+    return 0
+
+
+def _cmd_dequantize(args):
+    from .convert import dequantize_gguf
+
+    _check_output_path(args.output, "-o/--output", overwrite=args.overwrite)
+    if os.path.exists(args.output) and os.path.samefile(args.file, args.output):
+        raise UsageError(f"-o/--output {args.output} is the source file itself: give another name")
+    types = dequantize_gguf(args.file, args.output, threads=args.threads)
+    what = f"dequantized {', '.join(types)} tensors" if types else "no quantized tensors: copied as F32"
+    print(f"wrote {args.output}: every tensor F32 ({what}; the exact dequantization of {args.file})")
     return 0
 
 
@@ -430,6 +474,9 @@ def _cmd_gate(args):
                          "synthetic model")
     if args.out is not None:
         _check_output_path(args.out, "--out", is_dir=True)
+    if synthetic and args.meta is not None:
+        raise UsageError("--meta is for a safetensors MODEL; the synthetic model (no files given) is a GGUF")
+    meta = _meta_arg(args, args.model, fallback=args.alloc if args.alloc and args.alloc.endswith(".gguf") else None)
     with tempfile.TemporaryDirectory(prefix="orkpy-synthetic-") as tmp:
         if synthetic:
             from .synthetic import make_synthetic
@@ -443,7 +490,7 @@ def _cmd_gate(args):
                 args.calib = paths["calib"]
         rows, out_dir = run_gate(args.model, args.alloc, args.text, calib_path=args.calib, n_ctx=args.ctx,
                                  chunks=args.chunks, calib_chunks=args.calib_chunks, kind=args.kind,
-                                 out_dir=args.out, threads=args.threads, progress=not args.no_progress)
+                                 out_dir=args.out, threads=args.threads, progress=not args.no_progress, meta=meta)
     print(format_gate(rows, synthetic=synthetic))
     if out_dir is not None:
         extra = ", synthetic/ (the generated model and texts)" if synthetic else ""
@@ -478,7 +525,7 @@ def _threshold(s):
     return v
 
 
-_MODEL_HELP = "GGUF model (llama or qwen3) or a quantized model folder; or -m/--model"
+_MODEL_HELP = "GGUF model, a safetensors checkpoint (with --meta) or a quantized model folder; or -m/--model"
 _TEXT_HELP = "UTF-8 text file, one trailing newline dropped as llama-perplexity -f does; or -f/--file"
 
 
@@ -508,6 +555,7 @@ def build_parser():
     s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
     s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
     _add_common_args(s, ctx=512)
+    s.add_argument("--meta", metavar="GGUF", default=None, help=_META_HELP + " (default: none)")
     s.add_argument("--weights", default="gguf",
                    help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
     s.add_argument("--int4-kind", choices=FOUR_BIT_KINDS, default="nf4",
@@ -533,6 +581,7 @@ def build_parser():
     s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
     s.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="FILE.dat: the legacy .dat; any other name: llama.cpp's GGUF imatrix (required)")
+    s.add_argument("--meta", metavar="GGUF", default=None, help=_META_HELP + " (default: none)")
     _add_common_args(s, ctx=512, even_ctx=False)
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_imatrix)
@@ -542,6 +591,9 @@ def build_parser():
                                   "double-quant, said loudly)")
     s.add_argument("--alloc", required=True,
                    help="a llama.cpp mixed GGUF (its types only) or an emit-map file (required)")
+    s.add_argument("--meta", metavar="GGUF", default=None,
+                   help=_META_HELP + " (default: the --alloc GGUF; required for a safetensors SOURCE with an "
+                                     "emit-map --alloc)")
     s.add_argument("--imatrix", default=None,
                    help="imatrix file, .dat or GGUF, llama.cpp's or orkpy's (default: none, plain absmax scales)")
     s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
@@ -558,9 +610,11 @@ def build_parser():
     s.set_defaults(func=_cmd_quantize)
 
     s = sub.add_parser("ffn-sweep", help="the fused int8 SwiGLU chain: every mode, ablation and sprinkle, PPL + KL")
-    s.add_argument("model", nargs="?", metavar="MODEL", help="GGUF model (llama or qwen3); or -m/--model")
+    s.add_argument("model", nargs="?", metavar="MODEL",
+                   help="GGUF model or a safetensors checkpoint (with --meta); or -m/--model")
     s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
     s.add_argument("--calib", required=True, metavar="TEXT", help="calibration text for the prep pass (required)")
+    s.add_argument("--meta", metavar="GGUF", default=None, help=_META_HELP + " (default: none)")
     _add_common_args(s, ctx=256)
     s.add_argument("--calib-chunks", type=_positive_int, default=None, metavar="N",
                    help="calibration chunks (default: the whole calibration text)")
@@ -570,6 +624,16 @@ def build_parser():
                    help="also write the JSON rows to FILE (default: not written)")
     s.add_argument("--no-progress", action="store_true", help="no progress bars")
     s.set_defaults(func=_cmd_ffn_sweep)
+
+    s = sub.add_parser("dequantize", help="the float reference of a quantized GGUF: every tensor as F32, exactly "
+                                          "as its type decodes")
+    s.add_argument("file", metavar="MODEL", help="a GGUF (any of the ggml types orkpy reads)")
+    s.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the F32 GGUF to write (the metadata copied, general.file_type 0); required")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="worker threads; never changes a result (default: all cores)")
+    s.set_defaults(func=_cmd_dequantize)
 
     s = sub.add_parser("npu-dump", help="decode an RK3588 NPU register command buffer into a listing")
     s.add_argument("file", help="little-endian binary qwords, or text with one hex qword per line")
@@ -616,6 +680,8 @@ def build_parser():
                    help="calibration chunks (default: all of --calib TEXT; without --calib, 10%% of the "
                         "evaluation text's chunks, at least 1)")
     s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
+    s.add_argument("--meta", metavar="GGUF", default=None,
+                   help=_META_HELP + " (default: ALLOC when it is a GGUF)")
     s.add_argument("--max-dppl", type=_gate_limit, default=None, metavar="X",
                    help="fail (exit 1) if PPL - source PPL of the main configuration exceeds X "
                         "(default: no limit)")

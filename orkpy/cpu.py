@@ -21,7 +21,8 @@ def capabilities() -> Dict[str, Any]:
     Keys: ``isa`` (the ISA whose kernels run now), ``available`` (ISAs this
     build can run here), ``forced_scalar`` (``ORKPY_FORCE_SCALAR`` was set),
     ``arch``, ``cpu_features`` (avx2, fma, neon, dotprod), ``default_threads``
-    and ``quant_kernels`` (the quantizer kernel table in use).
+    ``quant_kernels`` (the quantizer kernel table in use) and ``gemm_f32_kernels``
+    (the float32 GEMM of the F32 linears in use).
     """
     caps = _core.capabilities()
     caps["force_scalar_env"] = FORCE_SCALAR_ENV

@@ -11,6 +11,18 @@ Modes: ``baseline`` (per-op w8a8, float SiLU: the chain is off), ``fused``,
 ``exact_silu``, ``fp32_silu_out``, ``exact_lut_input``, ``clip_pct_<P>``,
 ``asym_zero_point``, ``per_channel_out``, ``unfused``.
 
+The activation is the model's (``model.hparams["act"]``, :mod:`orkpy.arch`): SiLU for
+llama / qwen2 / qwen3 / phi3, GELU-tanh for gemma2 / gemma3 (GeGLU). The C model
+hands it to the chain, so the LUT, the exact path and the prep statistics are of that
+activation; "silu" in the mode and statistic names stands for it. Nothing else changes
+for GELU: the LUT still spans the layer's gate range [-gmax, gmax] in 1024 entries and
+the output scale is set by max|act| (for GELU, as for SiLU, reached at +gmax). What differs
+is the negative side: GELU's lobe is shallower (minimum -0.170 at z = -0.75, SiLU -0.278)
+and gone by z = -4 (|gelu| < 1e-4; SiLU's tail is -0.07 at z = -4), so with one int8 scale
+of about gmax / 110 the whole lobe gets 0.17 * 110 / gmax levels: 3 at gmax 6, less than 1
+(0 or -1) on a layer with gmax 32 (Gemma-3-270M's first); ``asym_zero_point`` spends levels
+on it. Measured on Gemma-3-270M: bench/real_quant.py.
+
 Scales from the prep pass (per layer): LUT step ``gmax / 511``; SiLU output
 ``s_scale = 1.15 * max|silu| / 127`` (clip_pct_P: the P-th percentile of
 |silu| / 127, values above it clip); up ``u_scale = max|u| / 127``; product
@@ -116,8 +128,9 @@ SWEEP_CLIPS = (99.9, 99.5, 99.0)
 
 
 def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=None, threads=None, progress=False,
-          log=None):
-    """Every configuration of the issue's sweep; rows of dict(mode, exact_layers, ppl, ppl_err, kl, wall_s)."""
+          log=None, meta=None):
+    """Every configuration of the issue's sweep; rows of dict(mode, exact_layers, ppl, ppl_err, kl, wall_s).
+    ``meta``: a safetensors source's GGUF for hyper-parameters and tokenizer (:func:`orkpy.load_model`)."""
     import os
     import tempfile
     import time
@@ -128,9 +141,11 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
     log = log or (lambda m: None)
     with tempfile.TemporaryDirectory(prefix="orkpy-ffn-") as work:  # the reference log-probs, removed after
         ref_lp = os.path.join(work, "ref.npz")
-        ref = load_model(model_path, weights="gguf")
-        perplexity(ref, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
-        m = load_model(model_path, weights="int8")
+        ref = load_model(model_path, weights="gguf", meta=meta)
+        tokens = ref.tokens(text)  # tokenized once: every configuration scores these ids
+        perplexity(ref, tokens, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
+        del ref
+        m = load_model(model_path, weights="int8", meta=meta)
         stats = prep(m, m.tokenizer.encode(calib_text), n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
         n = m.hparams["n_layer"]
         rows = []
@@ -138,7 +153,8 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
         def run(label, modes):
             t0 = time.perf_counter()
             modes = configure(m, stats, modes)
-            r = perplexity(m, text, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, kld_base=ref_lp)
+            r = perplexity(m, tokens, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress,
+                           kld_base=ref_lp)
             exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")]
             rows.append({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
                          "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0})

@@ -69,23 +69,28 @@ def _same_file(a, b) -> bool:
 
 def run_gate(model_path, alloc_path, text_path, calib_path=None, n_ctx: int = 256, chunks: Optional[int] = None,
              calib_chunks: Optional[int] = None, kind: str = "nf4", out_dir=None, threads: Optional[int] = None,
-             progress: bool = True, log=print) -> Tuple[List[GateRow], Optional[str]]:
+             progress: bool = True, log=print, meta=None) -> Tuple[List[GateRow], Optional[str]]:
     """Run the gate; returns (rows, out_dir): rows[0] the source, rows[1] the main
     configuration (alloc + imatrix), rows[2] the same without imatrix; out_dir
-    is None when the files went to a temporary folder (removed)."""
+    is None when the files went to a temporary folder (removed). ``meta``: a
+    safetensors source's GGUF for hyper-parameters and tokenizer (default: the
+    allocation, when it is a GGUF)."""
     with contextlib.ExitStack() as stack:
         work = out_dir if out_dir is not None else stack.enter_context(
             tempfile.TemporaryDirectory(prefix="orkpy-gate-"))
         os.makedirs(work, exist_ok=True)
         return _run(model_path, alloc_path, text_path, calib_path, n_ctx, chunks, calib_chunks, kind, work,
-                    threads, progress, log), out_dir
+                    threads, progress, log, meta), out_dir
 
 
 def _run(model_path, alloc_path, text_path, calib_path, n_ctx, chunks, calib_chunks, kind, work, threads,
-         progress, log):
+         progress, log, meta=None):
     name = os.path.basename
-    alloc = read_allocation(alloc_path).tiers
-    src = load_model(model_path, weights="gguf", threads=threads)
+    allocation = read_allocation(alloc_path)
+    alloc = allocation.tiers
+    if meta is None:
+        meta = allocation.gguf
+    src = load_model(model_path, weights="gguf", threads=threads, meta=meta)
     c, share = alloc.counts_by_tier(), alloc.int8_share()
     log(f"source: {src}")
     has_int4 = alloc.result_bytes()["int4"] > 0
@@ -124,7 +129,7 @@ def _run(model_path, alloc_path, text_path, calib_path, n_ctx, chunks, calib_chu
                              im, "model-imatrix"),
                             (f"ours without imatrix ({what})", None, "model-plain")):
         qm = quantize_model(model_path, alloc, imatrix=imx, kind=kind, threads=threads, progress=progress,
-                            log=lambda m, label=label: log(f"[{label}] {m}"))
+                            log=lambda m, label=label: log(f"[{label}] {m}"), meta=meta)
         saved = qm.save(os.path.join(work, sub), overwrite=True)
         m = load_model(saved)  # the reloaded, checksum-verified model
         rows.append(GateRow(label, perplexity(m, score, kld_base=base_lp, **kw), qm.int8_share()))

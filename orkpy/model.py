@@ -1,7 +1,8 @@
-"""Models: a Llama / Qwen3 forward pass in C with a weight path per linear tensor.
+"""Models: a forward pass in C for every architecture of :mod:`orkpy.arch` (llama,
+qwen2, qwen3, gemma2, gemma3, phi3) with a weight path per linear tensor.
 
-``load_model(path, weights="gguf")`` reads a GGUF file (architectures
-``llama`` and ``qwen3``), a Hugging Face safetensors checkpoint (with
+``load_model(path, weights="gguf")`` reads a GGUF file (any architecture of the
+table; fused tensors are split when it is opened), a Hugging Face safetensors checkpoint (with
 ``meta=``, a GGUF of the same model for the hyper-parameters and the
 tokenizer; see :mod:`orkpy.source`) or a quantized model directory.
 ``weights`` says which path each linear layer runs on -- one way, three
@@ -29,7 +30,10 @@ The linear tensors (:func:`linear_names`, in the forward pass's order) are
 ``attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down`` of every
 block and the head ``output.weight`` (a tied model's head is
 ``token_embd.weight``; its path is still set under the name
-``output.weight``). The embedding lookup and the norms are always float32.
+``output.weight``), for every architecture: phi3's fused ``attn_qkv`` and gate + up
+``ffn_up`` are split into them when the file is opened, and a tier map made from a
+phi3 GGUF gives each part its fused tensor's tier. The embedding lookup, the norms
+and the biases are always float32.
 
 The seam to the C forward pass (``_core.ForwardModel``) is this module: each
 linear is a :class:`LinearSpec` (its one conversion to the C argument is
@@ -49,6 +53,7 @@ mapped 3.4 GB file (pages of which the OS can drop); on all-int8 paths about
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -59,13 +64,17 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from . import _core
+from . import arch as _arch
 from ._core import FormatError
 from ._typing import StrPath
+from .actcal import ACT_MODES, DEFAULT_OUTLIERS, DEFAULT_PREFIX, ActCalibration, as_calibration, calibrate_activations, linear_act
+from .actcal import check_method, check_mode, check_outliers
 from .gguf import GGUFFile
 from .modeldir import read_model_dir
 from .packed import PackedWeight, pack
 from .quant import FOUR_BIT_KINDS, KINDS, quantize
-from .source import GGUFSource, is_safetensors, open_source
+from .rotate import down_rot_block, rotate_source
+from .source import GGUFSource, Source, is_safetensors, open_source
 from .tiermap import EMBEDDING, OUTPUT, TierMap
 
 if TYPE_CHECKING:
@@ -76,7 +85,6 @@ if TYPE_CHECKING:
 Weights = Union[str, Dict[str, str], TierMap]
 
 PATHS = ("fp32", "gguf") + KINDS  # float32 paths, then one per quantization kind (the C registry)
-ACT_MODES = ("per_token", "per_tensor")
 LINEARS: Tuple[str, ...] = _core.layer_linears()  # a block's linears, in the C forward model's order and keys
 
 
@@ -120,8 +128,12 @@ def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4"
 @dataclass(frozen=True, eq=False)
 class LinearSpec:
     """How one linear layer runs in the forward pass: ``path`` ``"f32"`` (``weight``, float32
-    ``(N, K)``) or ``"packed"`` (``kind``, the tile ``store``, ``bscale`` float32 ``(N,)``, and
-    ``per_tensor_act``: one activation scale per input instead of per token; pack.h's layout)."""
+    ``(N, K)``) or ``"packed"`` (``kind``, the tile ``store``, ``bscale`` float32 ``(N,)``; pack.h's
+    layout) and the packed linear's activation mode (:mod:`orkpy.actcal`, csrc/ork/linear.h):
+    ``per_tensor_act`` (one dynamic scale per input instead of per token), ``act_clip`` (a
+    static range, float32 > 0) or ``outliers`` (int32 input channels, increasing, computed in
+    float), and ``act_prefix`` (the first rows of every call -- the sequence's first positions --
+    quantized per token, with per-tensor or static scales)."""
 
     name: str
     path: str
@@ -132,6 +144,20 @@ class LinearSpec:
     store: Optional[NDArray[Any]] = None
     bscale: Optional[NDArray[np.float32]] = None
     per_tensor_act: bool = False
+    act_clip: Optional[float] = None
+    outliers: Optional[NDArray[np.int32]] = None
+    act_prefix: int = 0
+
+    @property
+    def act(self) -> str:
+        """The activation mode (:data:`orkpy.actcal.ACT_MODES`; ``"float"`` for a float linear)."""
+        if self.path != "packed":
+            return "float"
+        if self.act_clip is not None:
+            return "static"
+        if self.outliers is not None:
+            return "per_token_outliers"
+        return "per_tensor" if self.per_tensor_act else "per_token"
 
     @classmethod
     def f32(cls, name: str, w: ArrayLike) -> LinearSpec:
@@ -140,17 +166,37 @@ class LinearSpec:
         return cls(name, "f32", int(a.shape[0]), int(a.shape[1]), weight=a)
 
     @classmethod
-    def from_packed(cls, name: str, pw: PackedWeight, per_tensor_act: bool = False) -> LinearSpec:
-        """A packed linear running ``pw``."""
+    def from_packed(cls, name: str, pw: PackedWeight, per_tensor_act: bool = False, act_clip: Optional[float] = None,
+                    outliers: Optional[ArrayLike] = None, act_prefix: int = 0) -> LinearSpec:
+        """A packed linear running ``pw`` (``act_clip`` rounded to float32; ``outliers`` as int32);
+        ValueError naming the linear for a range that is not a finite float32 >= 1e-30 or
+        channels that are not strictly increasing in ``[0, K)``."""
+        clip = None if act_clip is None else float(np.float32(act_clip))
+        if clip is not None and not (np.isfinite(clip) and clip >= 1e-30):
+            raise ValueError(f"{name}: static activation range {act_clip!r} is not a finite float32 >= 1e-30")
+        outl = None
+        if outliers is not None:
+            o = np.asarray(outliers)
+            if o.ndim != 1 or not np.issubdtype(o.dtype, np.integer):
+                raise ValueError(f"{name}: outlier channels must be a 1-D integer array")
+            if o.size and (o.min() < 0 or o.max() >= pw.K or np.any(np.diff(o) <= 0)):
+                raise ValueError(f"{name}: outlier channels must be strictly increasing in [0, {pw.K}), got "
+                                 f"{o.tolist()[:10]}")
+            outl = np.ascontiguousarray(o, dtype=np.int32)
+        if not isinstance(act_prefix, (int, np.integer)) or isinstance(act_prefix, bool) or act_prefix < 0:
+            raise ValueError(f"{name}: act_prefix must be an int >= 0, got {act_prefix!r}")
         return cls(name, "packed", pw.N, pw.K, kind=pw.kind, store=pw.store, bscale=pw.bscale,
-                   per_tensor_act=bool(per_tensor_act))
+                   per_tensor_act=bool(per_tensor_act), act_clip=clip, outliers=outl, act_prefix=int(act_prefix))
 
     def to_core(self) -> Tuple[Any, ...]:
         """The argument ``_core.ForwardModel`` takes for this linear (the only place that knows it)."""
         if self.path == "f32":
             return ("f32", self.weight)
         if self.path == "packed":
-            return ("packed", self.kind, self.store, self.bscale, self.N, self.K, self.per_tensor_act)
+            core = ("packed", self.kind, self.store, self.bscale, self.N, self.K, self.per_tensor_act)
+            if self.act_clip is None and self.outliers is None and not self.act_prefix:
+                return core
+            return core + (0.0 if self.act_clip is None else self.act_clip, self.outliers, self.act_prefix)
         raise ValueError(f"{self.name}: unknown linear path {self.path!r} (expected 'f32' or 'packed')")
 
     def packed_weight(self) -> PackedWeight:
@@ -161,29 +207,37 @@ class LinearSpec:
 
 
 def _linear_spec(name: str, w: NDArray[Any], path: str, threads: Optional[int],
-                 per_tensor_act: bool = False) -> LinearSpec:
+                 act: Optional[Mapping[str, Any]] = None) -> LinearSpec:
     if path in ("fp32", "gguf"):
         return LinearSpec.f32(name, w)
-    return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)), per_tensor_act)
+    return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)), **(act or {}))
 
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
                    linears: Mapping[str, LinearSpec]) -> _core.ForwardModel:
-    """The C model from the hyper-parameters, float_of(name) -> float tensor (embeddings,
-    norms) and a spec for every name of :func:`linear_names`."""
+    """The C model from the hyper-parameters (:func:`orkpy.arch.hparams`), float_of(name) ->
+    float tensor (embeddings, norms, biases, RoPE factors) and a spec for every name of
+    :func:`linear_names`. What each block holds comes from the architecture table."""
+    a = _arch.get(hp["arch"])
+    biases = set(hp.get("biases", ()))
     emb = float_of(EMBEDDING)
     layers = []
+    down_rot = down_rot_block(int(hp["n_ff"])) if hp.get("ffn_down_rot") else None
     for i in range(hp["n_layer"]):
         p = f"blk.{i}."
-        L: Dict[str, Any] = {"attn_norm": float_of(p + "attn_norm.weight"), "ffn_norm": float_of(p + "ffn_norm.weight")}
-        if hp["arch"] == "qwen3":
-            L["q_norm"] = float_of(p + "attn_q_norm.weight")
-            L["k_norm"] = float_of(p + "attn_k_norm.weight")
+        L: Dict[str, Any] = {role: float_of(f"{p}{_arch.NORM_STEMS[role]}.weight") for role in a.norms}
         for t in LINEARS:
             L[t] = linears[f"{p}{t}.weight"].to_core()
+            if t in biases:
+                L[t + ".bias"] = float_of(f"{p}{t}.bias")
+        L.update(_arch.layer_settings(hp, i))
+        if down_rot is not None:  # ffn_down's input rotated online (orkpy.rotate)
+            L["ffn_down.rot"] = down_rot
         layers.append(L)
-    return _core.ForwardModel({k: v for k, v in hp.items() if k not in ("arch", "n_ctx_train")}, emb,
-                              float_of("output_norm.weight"), linears[OUTPUT].to_core(), layers)
+    rope = hp.get("rope_factors")
+    return _core.ForwardModel(_arch.core_hparams(hp), emb, float_of(_arch.OUTPUT_NORM), linears[OUTPUT].to_core(),
+                              layers, output_bias=float_of("output.bias") if "output" in biases else None,
+                              rope_freqs=float_of(rope) if rope else None)
 
 
 class Model:
@@ -292,6 +346,26 @@ class Model:
             stats = self._fwd.imatrix_take()
         return {name: (sums, int(count)) for name, (sums, count) in zip(self._linears, stats)}
 
+    def collect_act_stats(self, chunks: Iterable[ArrayLike], threads: Optional[int] = None,
+                          prefix: int = 0) -> Dict[str, Dict[str, Any]]:
+        """{linear name: statistics of its input} over ``chunks`` (one forward pass each), taken in
+        the C forward pass before any quantization (csrc/ork/linear.h ``ork_act_stats``): ``rows``,
+        ``absmax``, ``ch_absmax`` (float32 (K,), max |x| per input channel), the |x| histogram
+        ``count`` / ``sum`` / ``sum2`` over :func:`orkpy.actcal.hist_edges`, and ``n_clipped``
+        (inputs beyond a static linear's range). What :func:`orkpy.calibrate_activations` uses.
+        The head sees the second half of each chunk's positions (the ones perplexity scores),
+        every other linear every position but the first ``prefix`` (which the per-tensor and
+        static modes can quantize per token: ``LinearSpec.act_prefix``)."""
+        self._fwd.act_stats_enable(int(prefix))
+        try:
+            nthreads = 0 if threads is None else int(threads)
+            for chunk in chunks:
+                c = np.asarray(chunk)
+                self._fwd.forward(c, len(c) // 2, nthreads)
+        finally:
+            stats = self._fwd.act_stats_take()
+        return dict(zip(self._linears, stats))
+
     def collect_ffn_stats(self, chunks: Iterable[ArrayLike], threads: Optional[int] = None) -> List[Dict[str, Any]]:
         """Per-layer statistics of the FFN (gmax = max|gate|, max|silu|, max|up|, ... and a
         |silu| histogram; csrc/ork/ffn_chain.h) over ``chunks``. The FFN chain is turned off on
@@ -315,7 +389,20 @@ class Model:
     def set_ffn(self, layer: int, params: Optional[Mapping[str, Any]]) -> None:
         """Run layer ``layer``'s FFN on the NPU's fused int8 SwiGLU chain with ``params``
         (:func:`orkpy.ffn.layer_params`), or with None on the per-op path. The layer's
-        gate / up / down linears must be packed."""
+        gate / up / down linears must be packed (and carry no bias: the chain has none)."""
+        if params is not None:
+            with_bias = [t for t in ("ffn_gate", "ffn_up", "ffn_down") if t in self.hparams.get("biases", ())]
+            if with_bias:
+                raise ValueError(f"{os.path.basename(self.path)}: the FFN linears {', '.join(with_bias)} have biases, "
+                                 "which the fused FFN chain does not model")
+            if self.hparams.get("ffn_down_rot"):
+                raise ValueError(f"{os.path.basename(self.path)}: ffn_down's input is rotated online "
+                                 "(rotate_online), which the fused FFN chain does not model")
+            outl = [t for t in ("ffn_gate", "ffn_up", "ffn_down")
+                    if self._linears[f"blk.{int(layer)}.{t}.weight"].outliers is not None]
+            if outl:
+                raise ValueError(f"{os.path.basename(self.path)}: the FFN linears {', '.join(outl)} keep outlier "
+                                 "channels in float (act='per_token_outliers'), which the fused FFN chain does not model")
         self._fwd.set_ffn(int(layer), params)
 
     def route_linears(self, device: Optional[Device], kinds: Optional[Collection[str]] = None) -> int:
@@ -356,39 +443,121 @@ def as_model(model: Union[Model, ToModel]) -> Model:
     return m
 
 
+def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
+                       calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512, calib_chunks: Optional[int] = 8,
+                       threads: Optional[int] = None, rotate_online: bool = False) -> Source:
+    """``src`` rotated (``rotate``; ``rotate_online``: ``ffn_down``'s input rotated online too)
+    and/or smoothed (:func:`orkpy.rotate.rotate_source`; itself when none is asked for).
+    Smoothing calibrates its scales on ``calib`` (a text or token ids; ``calib_chunks`` chunks
+    of ``calib_ctx`` tokens) with the rotated model run in float32; the calibration is
+    recorded in the source's ``info()``."""
+    if rotate is None and smooth is None and not rotate_online:
+        return src
+    rotated = rotate_source(src, rotate, rotate_seed, online=rotate_online)
+    if smooth is None:
+        return rotated
+    if calib is None:
+        raise ValueError("smooth= needs calib= (a calibration text or token ids, not the scored text)")
+    names = linear_names(src.hp)
+    m = Model(src.path, rotated.hp, {n: LinearSpec.f32(n, rotated.linear(n)) for n in names}, rotated.tensor,
+              rotated.meta, rotated.tied, {n: "fp32" for n in names})
+    tokens = m.tokens(calib)
+    n_chunk, chunks = m.chunks(tokens, calib_ctx, calib_chunks)
+    stats = m.collect_activation_stats(chunks, threads)
+    note = {"n_ctx": calib_ctx, "chunks": n_chunk,
+            "tokens_sha256": hashlib.sha256(tokens[: n_chunk * calib_ctx].tobytes()).hexdigest()}
+    return rotate_source(src, rotate, rotate_seed, smooth=smooth, stats=stats, calib_info=note, online=rotate_online)
+
+
 def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: str = "per_token",
-               threads: Optional[int] = None, meta: Union[GGUFFile, StrPath, None] = None) -> Model:
+               threads: Optional[int] = None, meta: Union[GGUFFile, StrPath, None] = None,
+               rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
+               calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
+               calib_chunks: Optional[int] = 8, rotate_online: bool = False,
+               act_calib: Union[ActCalibration, StrPath, None] = None, act_method: str = "mse",
+               act_outliers: int = DEFAULT_OUTLIERS, act_prefix: Optional[int] = None) -> Model:
     """Load a GGUF model, or a safetensors checkpoint (``meta``: a GGUF of the same model
     for the hyper-parameters and the tokenizer), with a weight path per linear tensor (see
-    module doc); or a quantized model directory written by ``QuantizedModel.save``."""
-    if act not in ACT_MODES:
-        raise ValueError(f"act must be 'per_token' or 'per_tensor', got {act!r}")
+    module doc); or a quantized model directory written by ``QuantizedModel.save``.
+    ``rotate`` / ``rotate_online`` / ``smooth``: run the source rotated and/or smoothed
+    (:func:`transformed_source`, :mod:`orkpy.rotate`; a model directory is saved already
+    transformed). ``act``: the packed linears' activation mode (:mod:`orkpy.actcal`);
+    ``"static"`` (range ``act_method``, ``"mse"`` or ``"max"``) and ``"per_token_outliers"``
+    (``act_outliers`` channels) use ``act_calib`` (an ActCalibration or an act_scales.json),
+    else a model directory's saved calibration, else one run now on ``calib``
+    (:func:`calibrate_source_acts`, leaving out ``act_prefix`` positions, default
+    :data:`orkpy.actcal.DEFAULT_PREFIX`). ``act_prefix``: the sequence positions the per-tensor
+    and static modes quantize per token (default: 0 for per_tensor, the calibration's for
+    static)."""
+    check_mode(act)
+    check_method(act_method)
+    k_outliers = check_outliers(act_outliers)
     if os.path.isdir(path) and not is_safetensors(path):
-        return load_quantized(path, act=act)
-    src = open_source(path, meta)
+        if rotate is not None or smooth is not None or rotate_online:
+            raise ValueError(f"{os.fspath(path)}: a quantized model directory holds its tensors as they were "
+                             "quantized (rotated or not, as its manifest records); rotate= / smooth= apply to a source")
+        return load_quantized(path, act=act, act_calib=act_calib, act_method=act_method, act_outliers=k_outliers,
+                              act_prefix=act_prefix)
+    src = transformed_source(open_source(path, meta), rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks,
+                             threads, rotate_online)
     names = linear_names(src.hp)
     if isinstance(weights, TierMap):
+        weights = src.split_tier_map(weights)  # a map naming fused tensors (phi3) -> their parts
         weights.check_fits(src.shapes(), os.fspath(path), names)
     paths = resolve_paths(weights, names, int4_kind)
     nthreads = None if threads is None else int(threads)
-    pt = act == "per_tensor"
-    linears = {n: _linear_spec(n, src.linear(n), paths[n], nthreads, pt) for n in names}
+    cal = as_calibration(act_calib)
+    if cal is None and act in ("static", "per_token_outliers") and calib is not None:
+        cal = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads,
+                                    DEFAULT_PREFIX if act_prefix is None else act_prefix)
+    where = os.fspath(path)
+    linears = {}
+    for n in names:
+        w = src.linear(n)
+        how = None if paths[n] in ("fp32", "gguf") else linear_act(act, n, cal, act_method, k_outliers, where,
+                                                                    w.shape[1], act_prefix)
+        linears[n] = _linear_spec(n, w, paths[n], nthreads, how)
     return Model(os.fspath(path), src.hp, linears, src.tensor, src.meta, src.tied, paths)
 
 
-def load_quantized(path: StrPath, act: str = "per_token") -> Model:
+def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: int = 512,
+                          calib_chunks: Optional[int] = 8, threads: Optional[int] = None,
+                          prefix: int = DEFAULT_PREFIX) -> ActCalibration:
+    """The activation calibration (:func:`orkpy.actcal.calibrate_activations`) of ``src`` run in
+    float32: every linear's input as the float model sees it, so one calibration serves every
+    weight path (w8a8, w4a8) of that source."""
+    names = linear_names(src.hp)
+    m = Model(src.path, src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in names}, src.tensor, src.meta,
+              src.tied, {n: "fp32" for n in names})
+    return calibrate_activations(m, calib, calib_ctx, calib_chunks, threads, progress=False, prefix=prefix)
+
+
+def load_quantized(path: StrPath, act: str = "per_token", act_calib: Union[ActCalibration, StrPath, None] = None,
+                   act_method: str = "mse", act_outliers: int = DEFAULT_OUTLIERS,
+                   act_prefix: Optional[int] = None) -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified
-    (:func:`orkpy.modeldir.read_model_dir`)."""
+    (:func:`orkpy.modeldir.read_model_dir`). ``act`` as in :func:`load_model`; the calibrated
+    modes use ``act_calib`` or the directory's saved ``act_scales.json``."""
+    check_mode(act)
+    check_method(act_method)
+    k_outliers = check_outliers(act_outliers)
     d = read_model_dir(path)
+    cal = as_calibration(act_calib)
+    if cal is None and d.act_scales_file is not None:
+        cal = ActCalibration.load(d.act_scales_file)
     src = GGUFSource(d.float_file)
+    hp = src.hp
+    transform = d.manifest["settings"].get("transform")
+    if isinstance(transform, dict) and transform.get("online"):  # ffn_down's weights expect a rotated input
+        hp = dict(hp, ffn_down_rot=True)
     names = linear_names(src.hp)
     missing = [n for n in names if n not in d.entries]
     if missing:
         d.tier(missing[0])  # raises FormatError naming it
-    pt = act == "per_tensor"
     linears: Dict[str, LinearSpec] = {}
     paths: Dict[str, str] = {}
     shapes = src.shapes()
+    where = os.fspath(path)
     for n in names:
         if d.tier(n) == "float":
             tensor, shape = d.float_tensor(n)
@@ -397,7 +566,9 @@ def load_quantized(path: StrPath, act: str = "per_token") -> Model:
             linears[n], paths[n] = LinearSpec.f32(n, src.tensor(tensor)), "gguf"
         else:
             pw = d.packed(n)
-            linears[n], paths[n] = LinearSpec.from_packed(n, pw, pt), pw.kind
-    m = Model(os.fspath(path), src.hp, linears, src.tensor, src.meta, src.tied, paths)
+            how = linear_act(act, n, cal, act_method, k_outliers, where, pw.K, act_prefix)
+            linears[n] = LinearSpec.from_packed(n, pw, **how)
+            paths[n] = pw.kind
+    m = Model(os.fspath(path), hp, linears, src.tensor, src.meta, src.tied, paths)
     m.manifest = d.manifest
     return m

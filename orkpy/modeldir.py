@@ -19,7 +19,7 @@ import os
 import shutil
 import stat
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -36,6 +36,7 @@ FORMAT = "orkpy-quantized-model"
 VERSION = 1
 MANIFEST_MAX = 64 << 20
 FLOAT_FILE = "float.gguf"
+ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.actcal)
 _TIERS = ("int8", "int4", "float")
 
 
@@ -43,13 +44,14 @@ _TIERS = ("int8", "int4", "float")
 
 def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Mapping[str, str],
                     float_linears: Mapping[str, str], src: Source, record: Mapping[str, Any],
-                    overwrite: bool = False) -> str:
+                    overwrite: bool = False, act_scales: Optional[bytes] = None) -> str:
     """Write a model directory atomically (temp folder + rename); returns its absolute path.
 
     ``packed``: linear name -> PackedWeight (one blob each); ``tiers``: linear name -> tier;
     ``float_linears``: float-tier linear name -> the source tensor holding its weight (stored in
     ``float.gguf``); ``src``: the source of the metadata and the float tensors; ``record``: the
-    manifest's descriptive fields (source, alloc, imatrix, double_quant, settings, int8_share)."""
+    manifest's descriptive fields (source, alloc, imatrix, double_quant, settings, int8_share);
+    ``act_scales``: the bytes of ``act_scales.json`` (:class:`orkpy.actcal.ActCalibration`), if any."""
     from .gguf_write import metadata_triples, write_gguf
 
     path = os.path.abspath(os.fspath(path))
@@ -87,6 +89,9 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
         manifest = {"format": FORMAT, "version": VERSION, **record,
                     "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
                     "tensors": entries}
+        if act_scales is not None:
+            atomic_write(os.path.join(tmp, ACT_FILE), [act_scales])
+            manifest["act_scales"] = {"file": ACT_FILE, "sha256": sha256_file(os.path.join(tmp, ACT_FILE))}
         atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
         _install_dir(tmp, path, overwrite)
     except BaseException:
@@ -215,12 +220,13 @@ def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
 class ModelDir:
     """A model directory whose manifest and listed files have been checked (:func:`read_model_dir`):
     ``manifest`` (the parsed JSON), ``float_file`` (path of ``float.gguf``), ``entries`` (linear
-    name -> manifest entry)."""
+    name -> manifest entry), ``act_scales_file`` (path of ``act_scales.json``, or None)."""
 
     path: str
     manifest: Dict[str, Any]
     float_file: str
     entries: Dict[str, Dict[str, Any]]
+    act_scales_file: Optional[str] = None
 
     def tier(self, name: str) -> str:
         """The tier of linear ``name`` (FormatError naming the manifest if it has no entry)."""
@@ -275,6 +281,11 @@ def read_model_dir(path: StrPath) -> ModelDir:
     entries = field(manifest, "tensors", dict, "")
     float_file = field(manifest, "float_file", dict, "")
     files = [(field(float_file, "file", str, "float_file "), field(float_file, "sha256", str, "float_file "))]
+    act = manifest.get("act_scales")
+    if act is not None:
+        if not isinstance(act, dict):
+            raise FormatError(f"{mpath}: 'act_scales' must be null or {{file: string, sha256: string}}")
+        files.append((field(act, "file", str, "act_scales "), field(act, "sha256", str, "act_scales ")))
     for name, ent in entries.items():
         where = f"tensor {name!r} "
         if not isinstance(ent, dict):
@@ -304,7 +315,8 @@ def read_model_dir(path: StrPath) -> ModelDir:
                               "directory")
         if sha256_file(fp) != digest:
             raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
-    return ModelDir(path, manifest, os.path.join(path, float_file["file"]), entries)
+    return ModelDir(path, manifest, os.path.join(path, float_file["file"]), entries,
+                    None if act is None else os.path.join(path, act["file"]))
 
 
-__all__ = ["FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "VERSION", "read_model_dir", "write_model_dir"]
+__all__ = ["ACT_FILE", "FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "VERSION", "read_model_dir", "write_model_dir"]

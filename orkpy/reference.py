@@ -162,3 +162,29 @@ def dequantize(codes, scales, kind, K):
     c[:, 0::2] = codes & 15
     c[:, 1::2] = codes >> 4
     return lut_of(kind).astype(np.float32)[c[:, :K]] * scales[:, None]
+
+
+# ------------------------------------------------- the float32 linear (F32 path) --
+def fmaf32(a, b, c):
+    """float32 a * b + c with one rounding (C's fmaf), elementwise, exact: the product of two
+    float32 values is exact in float64, TwoSum gives the float64 sum's error, the sum is rounded
+    to odd (53 >= 24 + 2 bits), then to float32 -- no double-rounding error."""
+    a, b, c = (np.asarray(v, dtype=np.float32).astype(np.float64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    e = (p - (s - bb)) + (c - bb)                      # p + c == s + e exactly
+    even = (s.view(np.int64) & 1) == 0
+    s = np.where((e != 0) & even, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def linear_f32(x, w):
+    """The F32 linear's contract (csrc/ork/gemm_f32.h): y (M, N) float32 = x (M, K) W^T with
+    y[m][n] = c_K, c_0 = +0, c_{k+1} = fmaf(x[m][k], W[n][k], c_k) -- one fused multiply-add
+    per term, in k order."""
+    x, w = np.asarray(x, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    c = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
+    for k in range(x.shape[1]):
+        c = fmaf32(x[:, k, None], w[None, :, k], c)
+    return c

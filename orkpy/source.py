@@ -4,8 +4,9 @@
 - :func:`open_source` ``(path, meta=None)``: a GGUF file (F32 tensors used in
   place, F16/BF16 widened, quantized types dequantized: "the GGUF's native
   precision") or a Hugging Face safetensors checkpoint (a ``.safetensors``
-  file, a sharded ``*.json`` index or a folder holding either; Llama / Qwen3
-  tensor names; llama's q/k rows are permuted as llama.cpp's converter does).
+  file, a sharded ``*.json`` index or a folder holding either; Llama / Qwen2 /
+  Qwen3 tensor names, biases included; llama's q/k rows are permuted as
+  llama.cpp's converter does; other architectures: NotImplementedError).
   A checkpoint carries no GGUF metadata, so the hyper-parameters and the
   tokenizer come from ``meta``, a GGUF of the same model (e.g. the allocation
   file), whose tensor data is never used. Both kinds have one interface,
@@ -15,8 +16,14 @@
   as given, a llama.cpp mixed GGUF (its per-tensor types decide the tiers:
   :func:`~orkpy.tier_map`), or an emit-map file (:meth:`~orkpy.TierMap.load`).
   The one allocation reader of the library and the CLI.
-- :func:`hparams`: the forward pass's hyper-parameters from a GGUF's metadata
-  (architectures ``llama`` and ``qwen3``).
+- :func:`hparams`: the forward pass's hyper-parameters from a GGUF's metadata, for
+  every architecture of the table in :mod:`orkpy.arch` (llama, qwen2, qwen3, gemma2,
+  gemma3, phi3; anything else is a ValueError listing them).
+
+Fused tensors (``attn_qkv``, phi3's gate + up ``ffn_up``) are split when a GGUF source is
+opened: the source lists and returns the parts (``blk.<i>.attn_q.weight``, ...) in place of
+the fused tensor, each part with the fused tensor's stored type, so everything downstream
+sees one set of linear names for every architecture (:mod:`orkpy.arch`).
 """
 from __future__ import annotations
 
@@ -29,53 +36,18 @@ from numpy.typing import NDArray
 
 from ._io import sha256_dir, sha256_file
 from ._typing import StrPath
+from . import arch as _arch
 from .gguf import GGUFFile
 from .tiermap import EMBEDDING, FLOAT_TYPES, OUTPUT, TierMap, tier_map
 
-ARCHS = ("llama", "qwen3")
-_ROPE = {"llama": 0, "qwen3": 2}  # NORM, NEOX (llama.cpp's rope types)
+ARCHS = _arch.SUPPORTED
 
 
 def hparams(g: GGUFFile) -> Dict[str, Any]:
-    """The forward pass's hyper-parameters from a GGUF's metadata; ValueError naming the file
-    for an unsupported architecture or a missing key."""
-    md = g.metadata
-    arch = md.get("general.architecture")
-    if arch not in ARCHS:
-        raise ValueError(f"{g.path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
-
-    def get(key: str, default: Any = None) -> Any:
-        v = md.get(f"{arch}.{key}", default)
-        if v is None:
-            raise ValueError(f"{g.path}: metadata key '{arch}.{key}' is missing")
-        return v
-
-    n_embd = int(get("embedding_length"))
-    n_head = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", n_embd // n_head))
-    scale = 1.0
-    scaling = md.get(f"{arch}.rope.scaling.type", "none")
-    if scaling == "linear":
-        scale = 1.0 / float(get("rope.scaling.factor"))
-    elif scaling != "none":
-        raise NotImplementedError(f"{g.path}: RoPE scaling type {scaling!r} is not implemented (none, linear)")
-    emb = g.tensor_info(EMBEDDING)
-    return {
-        "arch": arch,
-        "n_layer": int(get("block_count")),
-        "n_embd": n_embd,
-        "n_head": n_head,
-        "n_head_kv": int(get("attention.head_count_kv", n_head)),
-        "head_dim": head_dim,
-        "n_ff": int(get("feed_forward_length")),
-        "n_vocab": int(emb.shape[0]),
-        "n_rot": int(get("rope.dimension_count", head_dim)),
-        "rope_type": _ROPE[arch],
-        "rope_base": float(get("rope.freq_base", 10000.0)),
-        "rope_freq_scale": scale,
-        "norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "n_ctx_train": int(get("context_length", 0)),
-    }
+    """The forward pass's hyper-parameters from a GGUF's metadata and tensor list
+    (:func:`orkpy.arch.hparams`); ValueError naming the file for an unsupported architecture,
+    a missing key or tensor."""
+    return _arch.hparams(g.metadata, {t.name: t.shape for t in g.tensors}, g.path)
 
 
 def float_tensor(g: GGUFFile, name: str) -> NDArray[np.float32]:
@@ -98,15 +70,22 @@ _HF_TOP = {"model.embed_tokens.weight": EMBEDDING, "model.norm.weight": "output_
            "lm_head.weight": OUTPUT}
 
 
+#: the architectures whose Hugging Face tensor names (above) orkpy reads
+HF_ARCHS = ("llama", "qwen2", "qwen3")
+
+
 def hf_to_gguf_name(name: str) -> Optional[str]:
-    """Hugging Face Llama/Qwen3 tensor name -> llama.cpp's GGUF name (None if unknown)."""
+    """Hugging Face Llama/Qwen2/Qwen3 tensor name (weights and biases) -> llama.cpp's GGUF
+    name (None if unknown)."""
     if name in _HF_TOP:
         return _HF_TOP[name]
+    if name == "lm_head.bias":
+        return "output.bias"
     parts = name.split(".")
-    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers" and parts[-1] == "weight":
+    if len(parts) >= 5 and parts[0] == "model" and parts[1] == "layers" and parts[-1] in ("weight", "bias"):
         key = ".".join(parts[3:-1])
         if key in _HF_NAMES:
-            return f"blk.{parts[2]}.{_HF_NAMES[key]}.weight"
+            return f"blk.{parts[2]}.{_HF_NAMES[key]}.{parts[-1]}"
     return None
 
 
@@ -158,6 +137,12 @@ class Source:
         """SHA-256 of the source file (of a checkpoint folder: over its files' names and hashes)."""
         return sha256_file(self.path) if os.path.isfile(self.path) else sha256_dir(self.path)
 
+    def split_tier_map(self, tm: TierMap) -> TierMap:
+        """``tm`` with entries for fused tensors (a map made from a GGUF that stores e.g. phi3's
+        ``attn_qkv``) replaced by entries for the parts this source presents
+        (:func:`orkpy.arch.split_tier_map`: each part gets the fused tensor's tier and type)."""
+        return _arch.split_tier_map(tm, self.hp)
+
 
 class GGUFSource(Source):
     """Float tensors and metadata of a GGUF file."""
@@ -168,19 +153,45 @@ class GGUFSource(Source):
         self.hp = hparams(self.g)
         self.tied = OUTPUT not in self.g
         self.meta = self.g
+        file_shapes = {t.name: t.shape for t in self.g.tensors}
+        self._splits = _arch.splits(self.hp, file_shapes)  # part name -> (fused tensor, row0, row1)
+        self._shapes = _arch.split_shapes(file_shapes, self._splits)
+        self._emb: Optional[NDArray[np.float32]] = None   # a dequantized embedding table, read once
+        self._last: Tuple[str, Optional[NDArray[np.float32]]] = ("", None)  # the last fused tensor read
+
+    def _file_tensor(self, name: str) -> NDArray[np.float32]:
+        """A tensor of the file as float32; a dequantized embedding table is kept (a tied head and
+        the lookup share it), and the last fused tensor (its parts are read one after another)."""
+        if name == EMBEDDING:
+            if self._emb is None:
+                a = float_tensor(self.g, name)
+                if self.g.tensor_info(name).type == "F32":
+                    return a
+                self._emb = a
+            return self._emb
+        if self._last[0] == name and self._last[1] is not None:
+            return self._last[1]
+        a = float_tensor(self.g, name)
+        self._last = (name, a)
+        return a
 
     def type_of(self, name: str) -> str:
-        return self.g.tensor_info(name).type
+        return self.g.tensor_info(self._splits[name][0] if name in self._splits else name).type
 
     def tensor(self, name: str) -> NDArray[np.float32]:
-        return float_tensor(self.g, name)
+        if name in self._splits:
+            fused, r0, r1 = self._splits[name]
+            return self._file_tensor(fused)[r0:r1]
+        if name not in self._shapes:
+            raise KeyError(f"{self.path}: no tensor named {name!r}")
+        return float_tensor(self.g, name) if name != EMBEDDING else self._file_tensor(name)
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
-        return {t.name: t.shape for t in self.g.tensors}
+        return dict(self._shapes)
 
 
 class SafetensorsSource(Source):
-    """A Hugging Face checkpoint (Llama / Qwen3 names) as a source; the architecture's
+    """A Hugging Face checkpoint (Llama / Qwen2 / Qwen3 names, :data:`HF_ARCHS`) as a source; the architecture's
     hyper-parameters and the tokenizer come from ``meta``, a GGUF of the same model whose
     tensor data is not used. Every tensor ``meta`` lists must be in the checkpoint, with its shape."""
 
@@ -191,13 +202,18 @@ class SafetensorsSource(Source):
         st = load_safetensors(self.path)
         self.meta = meta
         self.hp = hparams(meta)
+        if self.hp["arch"] not in HF_ARCHS:
+            raise NotImplementedError(f"{self.path}: safetensors checkpoints of architecture {self.hp['arch']!r} "
+                                      f"are not read (only {', '.join(HF_ARCHS)}); convert it with llama.cpp's "
+                                      "convert_hf_to_gguf.py and load the GGUF")
         self.arrays: Dict[str, NDArray[Any]] = {}
         for k, v in st.items():
             gname = hf_to_gguf_name(k)
             if gname is None:
-                raise ValueError(f"{self.path}: tensor {k!r} is not a Llama/Qwen3 weight orkpy knows")
-            if self.hp["arch"] == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
-                nh = self.hp["n_head"] if gname.endswith("attn_q.weight") else self.hp["n_head_kv"]
+                raise ValueError(f"{self.path}: tensor {k!r} is not a Llama/Qwen2/Qwen3 tensor orkpy knows")
+            if self.hp["arch"] == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight", "attn_q.bias",
+                                                               "attn_k.bias")):
+                nh = self.hp["n_head"] if ".attn_q." in gname else self.hp["n_head_kv"]
                 v = llama_permute_qk(np.asarray(v), nh)
             self.arrays[gname] = v
         st.check()  # the permuted copies above read the mapping

@@ -93,7 +93,8 @@ def oracle_logits(model: os.PathLike, tokens: np.ndarray, n_ctx: int, first: int
 
 def llama_perplexity(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: int, threads: int = 2,
                      extra: Sequence[str] = ()) -> Dict[str, object]:
-    """Run llama-perplexity; {"ppl": final estimate, "chunks": [running estimates], "tok_per_s": float or None,
+    """Run llama-perplexity; {"ppl": final estimate, "chunks": [running estimates], "tok_per_s": tokens per second of
+    its first pass, or None,
     "output": full text}."""
     out = _run([llama_bin("llama-perplexity"), "-m", model, "-f", text, "-c", n_ctx, "--chunks", chunks,
                 "-t", threads, "-tb", threads, *extra])
@@ -102,7 +103,8 @@ def llama_perplexity(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: 
         raise RuntimeError(f"no final estimate in llama-perplexity's output:\n{out[-3000:]}")
     running: List[float] = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", out)]
     tps: Optional[float] = None
-    t = re.search(r"prompt eval time =\s*[0-9.]+ ms /\s*(\d+) tokens .*?([0-9.]+) tokens per second", out)
-    if t:
-        tps = float(t.group(2))
+    t = re.search(r"([0-9.]+) seconds per pass", out)  # the first pass: n_seq chunks of n_ctx tokens
+    s = re.search(r"n_seq\s*=\s*(\d+)", out)
+    if t and float(t.group(1)) > 0:
+        tps = n_ctx * min(int(s.group(1)) if s else 1, chunks) / float(t.group(1))
     return {"ppl": float(m.group(1)), "chunks": running, "tok_per_s": tps, "output": out}

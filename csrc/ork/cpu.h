@@ -9,6 +9,7 @@
 #ifndef ORK_CPU_H
 #define ORK_CPU_H
 
+#include "gemm_f32.h"
 #include "pack.h"
 #include "quant.h"
 #include "status.h"
@@ -38,5 +39,9 @@ const ork_quant_kernels *ork_quant_kernels_active(void);
 /* matmul kernels of an ISA; for neon, the sdot table when the CPU has dotprod */
 const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa);
 const ork_matmul_kernels *ork_matmul_kernels_active(void);
+
+/* float32 GEMM kernels of an ISA (gemm_f32.h) */
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa);
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void);
 
 #endif

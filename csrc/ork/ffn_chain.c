@@ -1,4 +1,4 @@
-/* ffn_chain.c - the fused int8 SwiGLU chain and its ablations (ffn_chain.h). */
+/* ffn_chain.c - the fused int8 SwiGLU / GeGLU chain and its ablations (ffn_chain.h). */
 #include "ffn_chain.h"
 
 #include <math.h>
@@ -8,23 +8,22 @@
 #include "pack.h"
 #include "quant_scalar.h"
 
-static inline float silu(float z) { return z / (1.0f + expf(-z)); }
 static inline float f16r(float x) { return (float)(_Float16)x; } /* round to fp16 (nearest even) */
 static inline float clamp_i8(float v, float lo) { return v > 127.0f ? 127.0f : (v < lo ? lo : v); }
 
-void ork_ffn_make_lut(float lut_step, int16_t lut[ORK_FFN_LUT], float *lut_scale) {
+void ork_ffn_make_lut(float lut_step, ork_act act, int16_t lut[ORK_FFN_LUT], float *lut_scale) {
     float mx = 0.0f;
     for (int i = 0; i < ORK_FFN_LUT; i++) {
-        float v = fabsf(silu((float)(i - 512) * lut_step));
+        float v = fabsf(ork_act_apply(act, (float)(i - 512) * lut_step));
         if (v > mx) mx = v;
     }
     float sc = mx > 0.0f ? mx / 32767.0f : 1.0f;
     for (int i = 0; i < ORK_FFN_LUT; i++)
-        lut[i] = (int16_t)ork_round_half_away(silu((float)(i - 512) * lut_step) / sc);
+        lut[i] = (int16_t)ork_round_half_away(ork_act_apply(act, (float)(i - 512) * lut_step) / sc);
     *lut_scale = sc;
 }
 
-static inline float silu_lut(float g, float inv_step, const int16_t *lut, float lut_scale) {
+static inline float act_lut(float g, float inv_step, const int16_t *lut, float lut_scale) {
     float r = ork_round_half_away(g * inv_step) + 512.0f;
     int idx = r < 0.0f ? 0 : (r > 1023.0f ? 1023 : (int)r);
     return (float)lut[idx] * lut_scale;
@@ -45,7 +44,7 @@ double ork_ffn_hist_edge(int bin) {
 void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t T, size_t F) {
     for (size_t t = 0; t < T; t++)
         for (size_t n = 0; n < F; n++) {
-            float gv = g[t * F + n], uv = u[t * F + n], sv = silu(gv), pv = fabsf(sv * uv);
+            float gv = g[t * F + n], uv = u[t * F + n], sv = ork_act_apply(s->act, gv), pv = fabsf(sv * uv);
             if (fabsf(gv) > s->gmax) s->gmax = fabsf(gv);
             if (sv < s->smin) s->smin = sv;
             if (sv > s->smax) s->smax = sv;
@@ -72,6 +71,8 @@ ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_l
                          ork_err *err) {
     if ((int)p->mode < 1 || (int)p->mode >= ORK_FFN_MODE_COUNT)
         return ork_err_set(err, ORK_EINVAL, "unknown FFN chain mode %d", (int)p->mode);
+    if ((int)p->act < 0 || (int)p->act >= ORK_ACT_COUNT)
+        return ork_err_set(err, ORK_EINVAL, "unknown FFN activation %d", (int)p->act);
     if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed gate, up and down weights");
     const int per_ch = p->mode == ORK_FFN_PER_CHANNEL_OUT;
@@ -103,8 +104,9 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
     if ((st = ork_linear_int(lu, hq, T, U, nthreads, err))) goto done;
     int16_t lut[ORK_FFN_LUT];
     float lut_scale;
-    ork_ffn_make_lut(p->lut_step, lut, &lut_scale);
+    ork_ffn_make_lut(p->lut_step, p->act, lut, &lut_scale);
     const float inv_step = 1.0f / p->lut_step;
+    const ork_act act = p->act;
     const int int_path = p->mode == ORK_FFN_FUSED || p->mode == ORK_FFN_EXACT_LUT_INPUT || p->mode == ORK_FFN_ASYM_ZP ||
                          p->mode == ORK_FFN_PER_CHANNEL_OUT;
     const float m = (p->s_scale * p->u_scale) / p->p_scale;
@@ -114,13 +116,13 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
             float g = ork_dequant_acc(G[i], a[t], lg->bscale[n]);
             float u = ork_dequant_acc(U[i], a[t], lu->bscale[n]);
             switch (p->mode) {
-            case ORK_FFN_EXACT_SILU: pf[i] = silu(g) * u; break;
-            case ORK_FFN_FP32_SILU_OUT: pf[i] = silu_lut(g, inv_step, lut, lut_scale) * u; break;
-            case ORK_FFN_UNFUSED: pf[i] = f16r(f16r(silu(f16r(g))) * f16r(u)); break;
+            case ORK_FFN_EXACT_SILU: pf[i] = ork_act_apply(act, g) * u; break;
+            case ORK_FFN_FP32_SILU_OUT: pf[i] = act_lut(g, inv_step, lut, lut_scale) * u; break;
+            case ORK_FFN_UNFUSED: pf[i] = f16r(f16r(ork_act_apply(act, f16r(g))) * f16r(u)); break;
             default: break;
             }
             if (!int_path) continue;
-            float s = (p->mode == ORK_FFN_EXACT_LUT_INPUT) ? silu(g) : silu_lut(g, inv_step, lut, lut_scale);
+            float s = (p->mode == ORK_FFN_EXACT_LUT_INPUT) ? ork_act_apply(act, g) : act_lut(g, inv_step, lut, lut_scale);
             float uq = clamp_i8(ork_round_half_away(u / p->u_scale), -127.0f);
             float mm = m;
             int32_t sq;

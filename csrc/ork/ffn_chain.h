@@ -1,6 +1,16 @@
 /* ffn_chain.h - an exact CPU model of the RK3588 NPU's fused int8 SwiGLU
  * chain, its ablations, and the statistics of the calibration ("prep") pass.
  *
+ * The gate activation is the model's (act.h: SiLU for llama / qwen / phi3,
+ * GELU-tanh for gemma2/3, GeGLU); "silu" below (and in the mode names
+ * exact_silu, fp32_silu_out, the |silu| statistics) stands for that activation,
+ * act(z) = ork_act_apply(p->act, z). Everything else is the same for both: the
+ * LUT spans [-gmax, gmax] with 1024 nearest entries and its int16 scale is
+ * max |act| over the table, so a GELU table stores the same way (GELU's
+ * negative lobe is smaller, min -0.170 at z = -0.75, and decays to 0 by
+ * z = -4, where SiLU's is -0.278 at z = -1.28 with a slow tail; the one int8
+ * output scale, about gmax / 110, gives GELU's lobe 0.17 * 110 / gmax levels).
+ *
  * Notation per token t and FFN channel n (D = n_embd, F = n_ff):
  *   hq[t], a[t]   int8 activations of the normed input h and their per-token scale
  *                 (ork_quantize_activations: a = absmax/127, round half away)
@@ -44,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "act.h"
 #include "linear.h"
 #include "status.h"
 
@@ -68,12 +79,14 @@ ork_ffn_mode ork_ffn_mode_find(const char *name);
 
 typedef struct ork_ffn_params {
     ork_ffn_mode mode;
+    ork_act act;              /* the gate activation (0 = SiLU): the model's, set by the binding */
     float lut_step, s_scale, u_scale, p_scale;
     int32_t zp;               /* asym_zero_point */
     const float *s_scale_ch;  /* per_channel_out: n_ff scales */
 } ork_ffn_params;
 
 typedef struct ork_ffn_stats {
+    ork_act act;              /* the gate activation the statistics are of (0 = SiLU) */
     float gmax, smin, smax, umax, pmax;
     float *s_absmax_ch;       /* n_ff, max |silu(g)| per channel */
     uint64_t hist[ORK_FFN_HIST];
@@ -85,7 +98,7 @@ int ork_ffn_hist_bin(float v);
 /* lower edge of a bin */
 double ork_ffn_hist_edge(int bin);
 
-/* Whether settings can run on these linears: a known mode; gate, up, down
+/* Whether settings can run on these linears: a known mode and activation; gate, up, down
  * packed; lut_step, u_scale, p_scale (and s_scale, or s_scale_ch for
  * per_channel_out) positive and finite; zp in int8 for asym_zero_point.
  * ORK_EINVAL naming the problem. */
@@ -97,10 +110,10 @@ ork_status ork_ffn_check(const ork_linear *gate, const ork_linear *up, const ork
 ork_status ork_ffn_chain(const ork_linear *gate, const ork_linear *up, const ork_linear *down, const ork_ffn_params *p,
                          const float *h, size_t T, float *y, int nthreads, ork_err *err);
 
-/* The LUT for a step (1024 int16) and its output scale. */
-void ork_ffn_make_lut(float lut_step, int16_t lut[ORK_FFN_LUT], float *lut_scale);
+/* The LUT of activation act for a step (1024 int16) and its output scale. */
+void ork_ffn_make_lut(float lut_step, ork_act act, int16_t lut[ORK_FFN_LUT], float *lut_scale);
 
-/* Accumulate statistics of the per-op FFN (g, u floats of T x F). */
+/* Accumulate statistics of the per-op FFN (g, u floats of T x F; activation s->act). */
 void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t T, size_t F);
 
 #endif

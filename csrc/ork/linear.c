@@ -1,47 +1,172 @@
 /* linear.c - a linear layer on its weight path (linear.h). */
 #include "linear.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "cpu.h"
 #include "pack.h"
 #include "pool.h"
 
 typedef struct {
+    const ork_gemm_f32_kernels *kern;
     const float *x, *w;
     size_t M, N, K;
     float *y;
 } gemm_job;
 
 static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
-    (void)err;
     const gemm_job *j = (const gemm_job *)ctx;
-    for (size_t n = begin; n < end; n++) {
-        const float *wr = j->w + n * j->K;
-        for (size_t m = 0; m < j->M; m++) j->y[m * j->N + n] = ork_dot8(j->x + m * j->K, wr, j->K);
+    float *scratch = (float *)aligned_alloc(64, ORK_GEMM_F32_SCRATCH * sizeof(float));
+    if (!scratch) return ork_err_set(err, ORK_ENOMEM, "out of memory for the float32 GEMM's scratch");
+    j->kern->cols(j->x, j->K, j->M, j->K, j->w, j->K, begin, end, j->y, j->N, scratch);
+    free(scratch);
+    return ORK_OK;
+}
+
+/* columns per work item: whole 16-column panels, about 4 items per thread (at most 8 panels each) */
+static size_t gemm_chunk(size_t N, int nt) {
+    size_t panels = (N + 15) / 16, per = (panels + 4 * (size_t)nt - 1) / (4 * (size_t)nt);
+    return 16 * (per < 1 ? 1 : per > 8 ? 8 : per);
+}
+
+/* ---------------------------------------------------- activation stats -- */
+int ork_act_stats_bin(float v) {
+    uint32_t b;
+    float a = fabsf(v);
+    memcpy(&b, &a, sizeof b);
+    const uint32_t lo = (uint32_t)(127 + ORK_ASTATS_EMIN) << 23, hi = (uint32_t)(127 + ORK_ASTATS_EMAX) << 23;
+    if (b < lo) return 0;
+    if (b >= hi) return ORK_ASTATS_BINS - 1;
+    return 1 + (int)((b - lo) >> (23 - 6)); /* 6 = log2(ORK_ASTATS_SUB) */
+}
+
+double ork_act_stats_edge(int bin) {
+    if (bin <= 0) return 0.0;
+    if (bin >= ORK_ASTATS_BINS - 1) return ldexp(1.0, ORK_ASTATS_EMAX);
+    int q = bin - 1;
+    return ldexp(1.0 + (double)(q % ORK_ASTATS_SUB) / ORK_ASTATS_SUB, ORK_ASTATS_EMIN + q / ORK_ASTATS_SUB);
+}
+
+static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
+    ork_act_stats *s = l->act_stats;
+    const size_t K = l->K;
+    size_t j = 0;
+    for (size_t m = s->skip_rows; m < M; m++) {
+        const float *xr = x + m * K;
+        const int clips = l->act_clip > 0.0f && m >= l->act_prefix;
+        j = 0;
+        for (size_t k = 0; k < K; k++) {
+            float v = xr[k], a = fabsf(v);
+            if (!isfinite(v)) continue;
+            int bin = ork_act_stats_bin(v);
+            s->count[bin]++;
+            s->sum[bin] += (double)a;
+            s->sum2[bin] += (double)a * (double)a;
+            if (a > s->absmax) s->absmax = a;
+            if (s->ch_absmax && a > s->ch_absmax[k]) s->ch_absmax[k] = a;
+            int outlier = j < l->n_outliers && (size_t)l->outliers[j] == k;
+            if (outlier) j++;
+            else if (clips && a > l->act_clip) s->n_clipped++;
+        }
+    }
+    if (M > s->skip_rows) s->rows += M - s->skip_rows;
+}
+
+ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
+    if (l->path != ORK_LIN_PACKED) {
+        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix)
+            return ork_err_set(err, ORK_EINVAL, "activation settings apply to packed linears, not float ones");
+        return ORK_OK;
+    }
+    if (l->act_clip != 0.0f) {
+        ork_status st = ork_act_clip_check(l->act_clip, err);
+        if (st) return st;
+    }
+    if (l->n_outliers && !l->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
+    for (size_t j = 0; j < l->n_outliers; j++) {
+        int32_t o = l->outliers[j];
+        if (o < 0 || (size_t)o >= l->K)
+            return ork_err_set(err, ORK_EINVAL, "outlier channel %ld (entry %zu) outside [0, %zu)", (long)o, j, l->K);
+        if (j && o <= l->outliers[j - 1])
+            return ork_err_set(err, ORK_EINVAL, "outlier channels must be strictly increasing (entry %zu: %ld after %ld)",
+                               j, (long)o, (long)l->outliers[j - 1]);
     }
     return ORK_OK;
 }
 
-/* a packed linear whose int8 matmul runs outside (int_mm) */
-static ork_status linear_external(const ork_linear *l, const float *x, size_t M, float *y, ork_err *err) {
-    const size_t Kp = ork_pack_round32(l->K);
+/* y[m][n] += (sum_j x[m][o_j] * w[n][o_j]) * bscale[n]: the outlier channels in float (linear.h) */
+static ork_status add_outliers(const ork_linear *l, const float *x, size_t M, float *y, ork_err *err) {
+    const size_t no = l->n_outliers, N = l->N, K = l->K;
+    for (size_t m = 0; m < M; m++)
+        for (size_t j = 0; j < no; j++) {
+            float v = x[m * K + (size_t)l->outliers[j]];
+            if (!isfinite(v))
+                return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
+                                   isnan(v) ? "NaN" : "Inf", m, (size_t)l->outliers[j]);
+        }
+    float *w = (float *)malloc(N * no * sizeof(float));
+    if (!w) return ork_err_set(err, ORK_ENOMEM, "out of memory for the outlier channels' weights");
+    for (size_t n = 0; n < N; n++)
+        for (size_t j = 0; j < no; j++) w[n * no + j] = (float)ork_pack_value(l->kind, l->store, K, n, (size_t)l->outliers[j]);
+    for (size_t m = 0; m < M; m++) {
+        const float *xr = x + m * K;
+        for (size_t n = 0; n < N; n++) {
+            float s = 0.0f;
+            for (size_t j = 0; j < no; j++) {
+                float p = xr[l->outliers[j]] * w[n * no + j];
+                s += p;
+            }
+            float t = s * l->bscale[n];
+            y[m * N + n] += t;
+        }
+    }
+    free(w);
+    return ORK_OK;
+}
+
+/* a packed linear: activations quantized in its mode, the int8 matmul on the CPU kernels or
+ * outside (int_mm), the same float scaling on both, then the outlier channels */
+static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    ork_status st = ork_linear_check_act(l, err);
+    if (st) return st;
+    if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
+    const size_t Kp = ork_pack_round32(l->K), K = l->K, N = l->N;
     int8_t *xq = (int8_t *)malloc(M * Kp);
     float *as = (float *)malloc(M * sizeof(float));
-    int32_t *acc = (int32_t *)malloc(M * l->N * sizeof(int32_t));
-    ork_status st = ORK_OK;
-    if (!xq || !as || !acc) st = ork_err_set(err, ORK_ENOMEM, "out of memory for an external matmul");
-    if (!st) st = ork_quantize_activations(x, M, l->K, Kp, l->per_tensor_act, xq, as, err);
-    if (!st) st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err);
-    if (!st)
+    float *xm = l->n_outliers ? (float *)malloc(M * K * sizeof(float)) : NULL;
+    int32_t *acc = l->int_mm ? (int32_t *)malloc(M * N * sizeof(int32_t)) : NULL;
+    if (!xq || !as || (l->n_outliers && !xm) || (l->int_mm && !acc)) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory for the activations of a packed linear");
+        goto done;
+    }
+    const float *xin = x;
+    if (xm) {
+        memcpy(xm, x, M * K * sizeof(float));
         for (size_t m = 0; m < M; m++)
-            for (size_t n = 0; n < l->N; n++) y[m * l->N + n] = ork_dequant_acc(acc[m * l->N + n], as[m], l->bscale[n]);
+            for (size_t j = 0; j < l->n_outliers; j++) xm[m * K + (size_t)l->outliers[j]] = 0.0f;
+        xin = xm;
+    }
+    if ((st = ork_quantize_acts(xin, M, K, Kp, l->per_tensor_act, l->act_clip, l->act_prefix, xq, as, err))) goto done;
+    if (l->int_mm) {
+        if ((st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err))) goto done;
+        for (size_t m = 0; m < M; m++)
+            for (size_t n = 0; n < N; n++) y[m * N + n] = ork_dequant_acc(acc[m * N + n], as[m], l->bscale[n]);
+    } else if ((st = ork_matmul_q8(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, N, K, xq, as, M, y, nthreads,
+                                   err))) {
+        goto done;
+    }
+    if (l->n_outliers) st = add_outliers(l, x, M, y, err);
+done:
     free(xq);
     free(as);
+    free(xm);
     free(acc);
     return st;
 }
 
-ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+static ork_status linear_product(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
     if (l->x2_sum) {
         for (size_t m = 0; m < M; m++) {
             const float *xr = x + m * l->K;
@@ -49,15 +174,22 @@ ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float
         }
         if (l->x2_count) *l->x2_count += M;
     }
+    if (l->act_stats) act_stats_add(l, x, M);
     if (l->path == ORK_LIN_F32) {
-        gemm_job j = {x, l->w, M, l->N, l->K, y};
-        size_t chunk = 16;
+        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix) return ork_linear_check_act(l, err);
+        gemm_job j = {ork_gemm_f32_kernels_active(), x, l->w, M, l->N, l->K, y};
         int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 1 << 20);
-        return ork_parallel_for(nt, l->N, chunk, gemm_cols, &j, err);
+        return ork_parallel_for(nt, l->N, gemm_chunk(l->N, nt), gemm_cols, &j, err);
     }
-    if (l->int_mm) return linear_external(l, x, M, y, err);
-    return ork_matmul_f32(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->N, l->K, x, M, l->per_tensor_act, y,
-                          nthreads, err);
+    return linear_packed(l, x, M, y, nthreads, err);
+}
+
+ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    ork_status st = linear_product(l, x, M, y, nthreads, err);
+    if (st == ORK_OK && l->bias)
+        for (size_t m = 0; m < M; m++)
+            for (size_t n = 0; n < l->N; n++) y[m * l->N + n] += l->bias[n];
+    return st;
 }
 
 ork_status ork_linear_int(const ork_linear *l, const int8_t *xq, size_t M, int32_t *acc, int nthreads, ork_err *err) {

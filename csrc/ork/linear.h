@@ -3,8 +3,11 @@
  * their linears through.
  *
  * Paths:
- *   ORK_LIN_F32     W float32 (N, K) row-major; y[m][n] = ork_dot8(x[m], W[n], K)
- *                   (fixed 8-lane order, so the thread count never matters).
+ *   ORK_LIN_F32     W float32 (N, K) row-major; y = x W^T by the float32 GEMM
+ *                   (gemm_f32.h): each y[m][n] one chain of fused multiply-adds
+ *                   over k in order from +0.0f, so neither the ISA (scalar
+ *                   fmaf, AVX2, NEON), the blocking nor the thread count
+ *                   changes a bit; the pool splits over output columns.
  *   ORK_LIN_PACKED  W a packed store of a registered kind (pack.h, quant.h);
  *                   activations quantized to int8 (per token, or per tensor
  *                   when per_tensor_act), int32 accumulation on the CPU
@@ -15,6 +18,37 @@
  * Importance statistics: when x2_sum is set, every ork_linear_apply adds
  * sum over rows of x[m][k]^2 to x2_sum[k] (double, rows in order) and the row
  * count to *x2_count -- llama.cpp's imatrix in_sum2 / counts.
+ *
+ * Activation modes of a packed linear (on the CPU kernels and through int_mm
+ * alike, so an external backend stays bit-identical):
+ *   per token      the default: one dynamic scale per row;
+ *   per tensor     per_tensor_act: one dynamic scale for the M rows of a call;
+ *   static         act_clip > 0: one fixed range for every call (pack.h:
+ *                  a = act_clip/127, |x| beyond act_clip saturates at +-127),
+ *                  calibrated once -- what lets the NPU chain matmuls without
+ *                  a host round trip to measure the input;
+ *   prefix         act_prefix = p > 0 (with per tensor or static): the first p
+ *                  rows of every call are quantized per token (and left out
+ *                  of a per-tensor absmax). The forward pass calls each block
+ *                  linear with the sequence's positions 0..T-1 as rows, so these
+ *                  are the first p positions -- BOS and the attention sink, whose
+ *                  massive activations no range shared with the other tokens
+ *                  serves; on a device they are computed once, at prefill
+ *                  (PrefixQuant's observation).
+ *   outliers       n_outliers > 0 (with any of the above): the input channels
+ *                  outliers[0..n) (strictly increasing, < K) are taken out of
+ *                  the int8 product (their values set to 0 before the scale is
+ *                  measured and the row quantized) and computed in float:
+ *                    y[m][n] = int8 part + (sum_j x[m][o_j] * w[n][o_j]) * bscale[n]
+ *                  with w the int8 weight value (ork_pack_value), the sum in
+ *                  j order from 0.0f, multiplies and adds rounded apart (no
+ *                  FMA). LLM.int8()'s decomposition with the linear's own
+ *                  weights, so only the activations' treatment changes. NPU
+ *                  cost: the int8 matmul keeps its shape; the host adds an
+ *                  M x n x N float product (and reads n weight columns) per
+ *                  linear, and the input must come back to the host.
+ * Activation statistics: when act_stats is set, every ork_linear_apply adds
+ * its input to them (ork_act_stats below), before any quantization.
  */
 #ifndef ORK_LINEAR_H
 #define ORK_LINEAR_H
@@ -26,6 +60,32 @@
 #include "status.h"
 
 typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
+
+/* Histogram of |x| for calibrating static ranges: bin 0 holds |x| <
+ * 2^ORK_ASTATS_EMIN (zeros included), the last bin |x| >= 2^ORK_ASTATS_EMAX,
+ * and in between ORK_ASTATS_SUB bins per octave, bin edges 2^e * (1 + s/SUB)
+ * (the float's exponent and top mantissa bits: ork_act_stats_bin). Each bin
+ * keeps its count and the sums of |x| and x^2 (double), so the error of a
+ * clipped range is exact for bins above it. Non-finite values are not
+ * counted. */
+#define ORK_ASTATS_SUB 64
+#define ORK_ASTATS_EMIN (-20)
+#define ORK_ASTATS_EMAX 20
+#define ORK_ASTATS_BINS (2 + (ORK_ASTATS_EMAX - ORK_ASTATS_EMIN) * ORK_ASTATS_SUB)
+
+typedef struct ork_act_stats {
+    size_t skip_rows;          /* set by the caller: the first skip_rows rows of each call are not counted */
+    uint64_t rows;             /* rows counted */
+    uint64_t n_clipped;        /* values quantized with act_clip (static linears) and |x| > act_clip */
+    float absmax;              /* max |x| */
+    float *ch_absmax;          /* (K): max |x| per input channel (caller-owned, zeroed) */
+    uint64_t count[ORK_ASTATS_BINS];
+    double sum[ORK_ASTATS_BINS], sum2[ORK_ASTATS_BINS];
+} ork_act_stats;
+
+/* The histogram bin of |v| (v finite) and the lower edge of a bin (bin 0: 0). */
+int ork_act_stats_bin(float v);
+double ork_act_stats_edge(int bin);
 
 /* An external int8 matmul for a packed linear (an NPU backend):
  * acc (M, N) int32 = xq (M rows of K values, row stride ldq >= K) times the
@@ -44,9 +104,22 @@ typedef struct ork_linear {
     uint64_t *x2_count;
     ork_int_mm_fn int_mm;  /* optional (ORK_LIN_PACKED): the int8 matmul runs there */
     void *int_mm_ctx;
+    const float *bias;     /* optional (N): ork_linear_apply adds it to every output row, on every path */
+    float act_clip;        /* ORK_LIN_PACKED: > 0 static activation range, 0 dynamic (see above) */
+    const int32_t *outliers; /* ORK_LIN_PACKED: n_outliers input channels computed in float (see above) */
+    size_t n_outliers;
+    size_t act_prefix;     /* ORK_LIN_PACKED: leading rows quantized per token (see above) */
+    ork_act_stats *act_stats; /* optional activation statistics (see above) */
 } ork_linear;
 
-/* dot of n floats in 8 interleaved lanes, combined in a fixed tree, tail last */
+/* The activation settings of a linear: act_clip 0 or a valid range (pack.h
+ * ork_act_clip_check), outliers strictly increasing and < K, both only on a
+ * packed linear. ORK_EINVAL naming the problem. */
+ork_status ork_linear_check_act(const ork_linear *l, ork_err *err);
+
+/* dot of n floats in 8 interleaved lanes, combined in a fixed tree, tail last
+ * (multiplies and adds rounded apart; the attention scores use it, the F32
+ * linear does not) */
 static inline float ork_dot8(const float *a, const float *b, size_t n) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t k = 0;
@@ -57,12 +130,14 @@ static inline float ork_dot8(const float *a, const float *b, size_t n) {
     return s;
 }
 
-/* y (M, N) float32 = x (M, K) W^T on the linear's path (see above). */
+/* y (M, N) float32 = x (M, K) W^T on the linear's path (see above), then
+ * y[m][n] += bias[n] when the linear has a bias (after the product, so the
+ * product itself is the same with or without one). */
 ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err);
 
 /* The int8 matmul of a packed linear: acc (M, N) int32 for int8 activations
  * xq (M rows of K values, stride K), on its external backend when int_mm is
- * set, else the CPU kernels. No importance statistics. */
+ * set, else the CPU kernels. No importance statistics, no bias. */
 ork_status ork_linear_int(const ork_linear *l, const int8_t *xq, size_t M, int32_t *acc, int nthreads, ork_err *err);
 
 #endif

@@ -49,11 +49,18 @@ static void rmsnorm(const float *x, const float *w, size_t n, float eps, float *
     }
 }
 
-static void rope(float *v, size_t n_rot, ork_rope_type type, float pos, float base, float freq_scale) {
+/* theta_i = freq_scale * (pos * base^(-2i/n_rot) / ff_i), the running product as ggml's rope cache */
+static void rope(float *v, size_t n_rot, ork_rope_type type, float pos, float base, float freq_scale, const float *ff,
+                 float mscale) {
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
-    float theta = pos * freq_scale;
+    float theta = pos;
     for (size_t i0 = 0; i0 < n_rot; i0 += 2) {
-        float c = cosf(theta), s = sinf(theta);
+        float th = freq_scale * (ff ? theta / ff[i0 / 2] : theta);
+        float c = cosf(th), s = sinf(th);
+        if (mscale != 1.0f) {
+            c *= mscale;
+            s *= mscale;
+        }
         size_t a = (type == ORK_ROPE_NEOX) ? i0 / 2 : i0;
         size_t b = (type == ORK_ROPE_NEOX) ? i0 / 2 + n_rot / 2 : i0 + 1;
         float x0 = v[a], x1 = v[b];
@@ -85,8 +92,21 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
     if (m->n_rot > m->head_dim || (m->n_rot & 1))
         return ork_err_set(err, ORK_EINVAL, "rope dimension %zu must be even and <= head_dim %zu", m->n_rot, m->head_dim);
     if (!m->tok_embd || !m->out_norm || !m->layers) return ork_err_set(err, ORK_EINVAL, "model is missing tensors");
-    if (!(m->norm_eps > 0.0f) || !(m->rope_base > 0.0f) || !(m->rope_freq_scale > 0.0f))
+    if (!(m->norm_eps > 0.0f) || !(m->rope_base > 0.0f) || !(m->rope_freq_scale > 0.0f) || !isfinite(m->norm_eps) ||
+        !isfinite(m->rope_base) || !isfinite(m->rope_freq_scale))
         return ork_err_set(err, ORK_EINVAL, "bad norm epsilon or rope parameters");
+    if ((unsigned)m->act >= ORK_ACT_COUNT) return ork_err_set(err, ORK_EINVAL, "unknown activation %d", (int)m->act);
+    const float opt[5] = {m->embd_scale, m->attn_scale, m->attn_softcap, m->final_softcap, m->rope_attn_factor};
+    static const char *const opt_name[5] = {"embedding scale", "attention scale", "attention soft-cap",
+                                            "final soft-cap", "rope attention factor"};
+    for (int i = 0; i < 5; i++)
+        if (!(opt[i] >= 0.0f) || !isfinite(opt[i]))
+            return ork_err_set(err, ORK_EINVAL, "%s %g must be finite and >= 0 (0: off)", opt_name[i], (double)opt[i]);
+    if (m->rope_freqs)
+        for (size_t i = 0; i < m->n_rot / 2; i++)
+            if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
+                return ork_err_set(err, ORK_EINVAL, "rope frequency factor %zu is %g, expected a positive number", i,
+                                   (double)m->rope_freqs[i]);
     ork_status st;
     const size_t D = m->n_embd, qd = m->n_head * m->head_dim, kvd = m->n_head_kv * m->head_dim, F = m->n_ff;
     /* (N, K) of each linear, in ork_layer_linear_names order */
@@ -94,6 +114,19 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
     for (size_t i = 0; i < m->n_layer; i++) {
         const ork_layer *L = &m->layers[i];
         if (!L->attn_norm || !L->ffn_norm) return ork_err_set(err, ORK_EINVAL, "layer %zu is missing a norm", i);
+        if (!(L->rope_base >= 0.0f) || !(L->rope_freq_scale >= 0.0f) || !isfinite(L->rope_base) ||
+            !isfinite(L->rope_freq_scale))
+            return ork_err_set(err, ORK_EINVAL, "layer %zu has a bad rope base %g / scale %g", i, (double)L->rope_base,
+                               (double)L->rope_freq_scale);
+        if (L->down_rot) {
+            const size_t p = L->down_rot_p, mm = p ? F / p : 0;
+            if (!p || p > ORK_DOWN_ROT_MAX_P || F % p || !mm || (mm & (mm - 1)))
+                return ork_err_set(err, ORK_EINVAL, "layer %zu: an online down rotation of order %zu x H_m needs "
+                                   "n_ff %zu = %zu x a power of two (and at most %d)", i, p, F, p, ORK_DOWN_ROT_MAX_P);
+            if (L->ffn)
+                return ork_err_set(err, ORK_EINVAL, "layer %zu: the fused FFN chain does not apply the online down "
+                                   "rotation", i);
+        }
         for (int j = 0; j < ORK_LAYER_LINEARS; j++) {
             const ork_linear *l = (const ork_linear *)(const void *)((const char *)L + layer_linear_off[j]);
             if ((st = check_linear(l, shape[j][0], shape[j][1], ork_layer_linear_names[j], i, err))) return st;
@@ -107,7 +140,7 @@ typedef struct {
     const ork_model *m;
     const float *q, *k, *v; /* (T, H*hd), (T, Hkv*hd) */
     float *out;             /* (T, H*hd) */
-    size_t T;
+    size_t T, n_swa;        /* n_swa: the layer's sliding window, 0 = none */
 } attn_job;
 
 static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) {
@@ -115,27 +148,30 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
     const ork_model *m = j->m;
     const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, T = j->T;
     const size_t group = m->n_head / m->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)hd);
+    const float cap = m->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     float *s = (float *)malloc(T * sizeof(float));
     if (!s) return ork_err_set(err, ORK_ENOMEM, "out of memory for attention scores");
     for (size_t h = begin; h < end; h++) {
         size_t kh = h / group;
         for (size_t t = 0; t < T; t++) {
             const float *qv = j->q + t * qd + h * hd;
+            const size_t lo = j->n_swa && t >= j->n_swa ? t + 1 - j->n_swa : 0; /* keys lo..t: t - u < n_swa */
             float mx = -INFINITY;
-            for (size_t u = 0; u <= t; u++) {
+            for (size_t u = lo; u <= t; u++) {
                 s[u] = ork_dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
+                if (cap > 0.0f) s[u] = tanhf(s[u] * inv_cap) * cap;
                 if (s[u] > mx) mx = s[u];
             }
             double sum = 0.0;
-            for (size_t u = 0; u <= t; u++) {
+            for (size_t u = lo; u <= t; u++) {
                 s[u] = expf(s[u] - mx);
                 sum += s[u];
             }
             float inv = (float)(1.0 / sum);
             float *o = j->out + t * qd + h * hd;
             for (size_t d = 0; d < hd; d++) o[d] = 0.0f;
-            for (size_t u = 0; u <= t; u++) {
+            for (size_t u = lo; u <= t; u++) {
                 const float *vv = j->v + u * kvd + kh * hd;
                 float p = s[u] * inv;
                 for (size_t d = 0; d < hd; d++) o[d] += p * vv[d];
@@ -146,12 +182,46 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
     return ORK_OK;
 }
 
+/* ------------------------------------------------- online down rotation -- */
+/* each of the T rows x (n = p * m) <- x kron(R, H_m): a fast Walsh-Hadamard transform of each
+ * of the p blocks of m values (H_m symmetric, unnormalized), then R (p x p) mixes the blocks:
+ * out[i*m + j] = sum_a y[a*m + j] R[a][i]. A fixed order of operations per row. */
+static void down_rotate(float *x, size_t T, size_t n, const float *R, size_t p) {
+    const size_t m = n / p;
+    float in[ORK_DOWN_ROT_MAX_P];
+    for (size_t t = 0; t < T; t++) {
+        float *r = x + t * n;
+        for (size_t b = 0; b < p; b++) {
+            float *v = r + b * m;
+            for (size_t hl = 1; hl < m; hl <<= 1)
+                for (size_t i = 0; i < m; i += 2 * hl)
+                    for (size_t j = i; j < i + hl; j++) {
+                        const float u = v[j], w = v[j + hl];
+                        v[j] = u + w;
+                        v[j + hl] = u - w;
+                    }
+        }
+        for (size_t j = 0; j < m; j++) {
+            for (size_t a = 0; a < p; a++) in[a] = r[a * m + j];
+            for (size_t i = 0; i < p; i++) {
+                float s = 0.0f;
+                for (size_t a = 0; a < p; a++) s += in[a] * R[a * p + i];
+                r[i * m + j] = s;
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------- forward -- */
 ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T, size_t first, float *logits,
                              int nthreads, ork_err *err) {
     ork_status st = ork_model_check(m, err);
     if (st) return st;
     if (T == 0 || first >= T) return ork_err_set(err, ORK_EINVAL, "need 0 <= first < T, got first %zu, T %zu", first, T);
+    if (m->n_ctx_max && T > m->n_ctx_max)
+        return ork_err_set(err, ORK_EINVAL, "a %zu-token chunk is longer than the %zu positions this model description "
+                           "is valid for (n_ctx_max: its RoPE factors for longer contexts are not implemented)", T,
+                           m->n_ctx_max);
     for (size_t t = 0; t < T; t++)
         if (tokens[t] < 0 || (size_t)tokens[t] >= m->n_vocab)
             return ork_err_set(err, ORK_EINVAL, "token %d at position %zu is outside the vocabulary (%zu)", tokens[t], t,
@@ -166,47 +236,60 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
         goto done;
     }
     for (size_t t = 0; t < T; t++) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
+    if (m->embd_scale > 0.0f)
+        for (size_t i = 0; i < T * D; i++) x[i] *= m->embd_scale;
+    const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
     for (size_t l = 0; l < m->n_layer; l++) {
         const ork_layer *L = &m->layers[l];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
         if ((st = ork_linear_apply(&L->wq, h, T, q, nthreads, err))) goto done;
         if ((st = ork_linear_apply(&L->wk, h, T, k, nthreads, err))) goto done;
         if ((st = ork_linear_apply(&L->wv, h, T, v, nthreads, err))) goto done;
+        const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
+        const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
         for (size_t t = 0; t < T; t++) {
             for (size_t hh = 0; hh < m->n_head; hh++) {
                 float *qh = q + t * qd + hh * hd;
                 if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
-                rope(qh, m->n_rot, m->rope_type, (float)t, m->rope_base, m->rope_freq_scale);
+                rope(qh, m->n_rot, m->rope_type, (float)t, base, fscale, m->rope_freqs, mscale);
             }
             for (size_t hh = 0; hh < m->n_head_kv; hh++) {
                 float *kh = k + t * kvd + hh * hd;
                 if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
-                rope(kh, m->n_rot, m->rope_type, (float)t, m->rope_base, m->rope_freq_scale);
+                rope(kh, m->n_rot, m->rope_type, (float)t, base, fscale, m->rope_freqs, mscale);
             }
         }
-        attn_job aj = {m, q, k, v, a, T};
+        attn_job aj = {m, q, k, v, a, T, L->n_swa};
         int nt = ork_pool_threads_for(nthreads, (double)T * (double)T * (double)qd, 1 << 20);
         if ((st = ork_parallel_for(nt, m->n_head, 1, attn_heads, &aj, err))) goto done;
         if ((st = ork_linear_apply(&L->wo, a, T, tmp, nthreads, err))) goto done;
+        if (L->post_attn_norm)
+            for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
         if (L->ffn) {
             if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) goto done;
-            for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
-            continue;
+        } else {
+            if ((st = ork_linear_apply(&L->w_gate, h, T, g, nthreads, err))) goto done;
+            if ((st = ork_linear_apply(&L->w_up, h, T, a, nthreads, err))) goto done;
+            if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
+            if (m->act == ORK_ACT_SILU)
+                for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(ORK_ACT_SILU, g[i]) * a[i];
+            else
+                for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(m->act, g[i]) * a[i];
+            if (L->down_rot) down_rotate(a, T, F, L->down_rot, L->down_rot_p);
+            if ((st = ork_linear_apply(&L->w_down, a, T, tmp, nthreads, err))) goto done;
         }
-        if ((st = ork_linear_apply(&L->w_gate, h, T, g, nthreads, err))) goto done;
-        if ((st = ork_linear_apply(&L->w_up, h, T, a, nthreads, err))) goto done;
-        if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
-        for (size_t i = 0; i < T * F; i++) {
-            float z = g[i];
-            a[i] = (z / (1.0f + expf(-z))) * a[i];
-        }
-        if ((st = ork_linear_apply(&L->w_down, a, T, tmp, nthreads, err))) goto done;
+        if (L->post_ffn_norm)
+            for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_ffn_norm, D, m->norm_eps, tmp + t * D);
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
     }
     for (size_t t = first; t < T; t++) rmsnorm(x + t * D, m->out_norm, D, m->norm_eps, h + (t - first) * D);
     st = ork_linear_apply(&m->output, h, T - first, logits, nthreads, err);
+    if (st == ORK_OK && m->final_softcap > 0.0f) {
+        const float cap = m->final_softcap, inv_cap = 1.0f / cap;
+        for (size_t i = 0; i < (T - first) * m->n_vocab; i++) logits[i] = tanhf(logits[i] * inv_cap) * cap;
+    }
 done:
     free(x); free(h); free(q); free(k); free(v); free(a); free(g); free(tmp);
     return st;

@@ -1,22 +1,34 @@
-/* model.h - a float32 forward pass for Llama- and Qwen3-architecture models,
- * batched over one chunk of tokens (prefill style, causal, positions 0..T-1),
- * every linear layer on its own weight path.
+/* model.h - a float32 forward pass for the decoder-only architectures of
+ * orkpy's architecture table (orkpy/arch.py: llama, qwen2, qwen3, gemma2,
+ * gemma3, phi3), batched over one chunk of tokens (prefill style, causal,
+ * positions 0..T-1), every linear layer on its own weight path. Each feature
+ * is a flag or an optional pointer, off by default (0 / NULL), so a plain
+ * Llama description runs the plain Llama arithmetic.
  *
  * Arithmetic (float32 activations throughout):
- *   x = tok_embd[tokens]
+ *   x = tok_embd[tokens]                          (* embd_scale when set: Gemma's sqrt(n_embd))
  *   per layer:  h = rmsnorm(x) * attn_norm
- *               q = h Wq^T, k = h Wk^T, v = h Wv^T          (linear paths)
- *               qwen3: q, k per-head rmsnorm * q_norm / k_norm
- *               RoPE on q, k (NORM: pairs (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)),
- *                 theta_i = pos * base^(-2i/n_rot), first n_rot dims of each head
- *               attention per head (grouped KV heads), scale 1/sqrt(head_dim), causal
- *               x += attn Wo^T
- *               h = rmsnorm(x) * ffn_norm;  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
- *   logits = (rmsnorm(x) * out_norm) Wout^T   for rows first..T-1 only
+ *               q = h Wq^T (+ bq), k = h Wk^T (+ bk), v = h Wv^T (+ bv)   (linear paths; optional biases)
+ *               q_norm / k_norm set: q, k per-head rmsnorm * q_norm / k_norm  (qwen3, gemma3)
+ *               RoPE on q, k (NORM: pairs (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)), first n_rot dims of
+ *                 each head: theta_i = freq_scale * (pos * base^(-2i/n_rot) / ff_i), ff = rope_freqs or 1,
+ *                 (cos, sin) * rope_attn_factor when set; base / freq_scale per layer when the layer sets them
+ *               attention per head (grouped KV heads): s = (q . k) * attn_scale (default 1/sqrt(head_dim));
+ *                 attn_softcap c set: s = c * tanh(s * (1/c)); causal, and with the layer's n_swa > 0 a
+ *                 key at u is seen from t only when t - u < n_swa (llama.cpp's standard sliding window)
+ *               o = attn Wo^T (+ bo);  post_attn_norm set: o = rmsnorm(o) * post_attn_norm;  x += o
+ *               h = rmsnorm(x) * ffn_norm;  f = (act(h Wg^T) * (h Wu^T)) Wd^T   (act: act.h, SiLU or GELU-tanh)
+ *               post_ffn_norm set: f = rmsnorm(f) * post_ffn_norm;  x += f
+ *   logits = (rmsnorm(x) * out_norm) Wout^T (+ bout)   for rows first..T-1 only
+ *            final_softcap c set: logits = c * tanh(logits * (1/c))
  * rmsnorm(v) = v * (1 / sqrt(mean(v^2) + eps)), the mean accumulated in double.
- * Float dot products use a fixed 8-lane accumulation order and work is split
- * over output columns / heads only, so results do not depend on the thread
- * count. Every linear runs through ork_linear_apply (linear.h).
+ * Norm weights are used as stored: llama.cpp's converter already stores
+ * Gemma's (1 + w) norm weights with the 1 added.
+ * Float linears are one fused multiply-add chain per output (gemm_f32.h),
+ * attention scores a fixed 8-lane dot product (ork_dot8), and work is split
+ * over output columns / heads only, so results depend on neither the ISA nor
+ * the thread count. Every linear runs through ork_linear_apply (linear.h), which adds its
+ * bias when it has one.
  *
  * Linear names and order: the forward model owns them. A layer's linears are
  * ORK_LAYER_LINEARS in the order of ork_layer_linear_names (the GGUF tensor
@@ -25,6 +37,9 @@
  * output head: index i of ork_model_linear, named by ork_model_linear_name
  * ("blk.<layer>.<stem>.weight", "output.weight"). The binding exports this
  * order; imatrix results, NPU routing and FFN settings are keyed by it.
+ * Architectures that store some of these fused (phi3's attn_qkv and gate+up
+ * ffn_up) are split into them when loaded (orkpy/arch.py), so the order and
+ * the names are the same for every architecture.
  */
 #ifndef ORK_MODEL_H
 #define ORK_MODEL_H
@@ -32,6 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "act.h"
 #include "linear.h"
 #include "status.h"
 
@@ -43,17 +59,37 @@ struct ork_ffn_stats;
 typedef struct ork_layer {
     const float *attn_norm, *ffn_norm;
     const float *q_norm, *k_norm; /* (head_dim) or NULL */
+    const float *post_attn_norm, *post_ffn_norm; /* (n_embd) or NULL: norm of the block output before the add */
+    size_t n_swa;                 /* 0: full causal attention; else the sliding window (see above) */
+    float rope_base, rope_freq_scale; /* > 0: this layer's RoPE base / scale; 0: the model's */
     ork_linear wq, wk, wv, wo, w_gate, w_up, w_down;
     /* optional: run the FFN on the NPU chain model (ffn_chain.h) instead of per-op */
     const struct ork_ffn_params *ffn;
     /* optional: collect prep-pass statistics of the per-op FFN */
     struct ork_ffn_stats *ffn_stats;
+    /* optional online rotation of w_down's input (QuaRot; orkpy/rotate.py): each token's n_ff values
+     * are multiplied by kron(down_rot, H_m) before w_down, down_rot (down_rot_p x down_rot_p,
+     * row-major; it carries the normalization) and H_m the unnormalized Sylvester Hadamard matrix of
+     * order m = n_ff / down_rot_p, a power of two (a fast Walsh-Hadamard transform); w_down holds the
+     * weight rotated to match. NULL: off. The fused FFN chain (ffn) does not apply it: both is an error. */
+    const float *down_rot;
+    size_t down_rot_p;
 } ork_layer;
+
+#define ORK_DOWN_ROT_MAX_P 256
 
 typedef struct ork_model {
     size_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_rot;
     float rope_base, rope_freq_scale, norm_eps;
     ork_rope_type rope_type;
+    ork_act act;                  /* FFN gate activation (act.h); 0 = SiLU */
+    float embd_scale;             /* > 0: embeddings multiplied by it; 0: not scaled */
+    float attn_scale;             /* > 0: attention score scale; 0: 1/sqrt(head_dim) */
+    float attn_softcap;           /* > 0: attention logit soft-capping; 0: off */
+    float final_softcap;          /* > 0: output logit soft-capping; 0: off */
+    float rope_attn_factor;       /* > 0: RoPE cos/sin multiplier; 0: 1 */
+    const float *rope_freqs;      /* (n_rot/2) RoPE frequency divisors, or NULL */
+    size_t n_ctx_max;             /* > 0: longest chunk the description is valid for; 0: any */
     const float *tok_embd; /* (n_vocab, n_embd) */
     const float *out_norm;
     ork_linear output;

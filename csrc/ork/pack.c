@@ -146,8 +146,24 @@ ork_status ork_pack_check_scales(const float *bscale, size_t N, size_t K, ork_st
 }
 
 /* ----------------------------------------------------- activations ---- */
+ork_status ork_act_clip_check(float clip, ork_err *err) {
+    if (!isfinite(clip) || !(clip >= ORK_QUANT_TINY))
+        return ork_err_set(err, ORK_EINVAL, "static activation range %g is not a finite number >= %g", (double)clip,
+                           (double)ORK_QUANT_TINY);
+    return ORK_OK;
+}
+
 ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
                                     int8_t *xq, float *ascale, ork_err *err) {
+    return ork_quantize_acts(x, M, K, ldq, per_tensor, 0.0f, 0, xq, ascale, err);
+}
+
+ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, int per_tensor, float clip, size_t prefix,
+                             int8_t *xq, float *ascale, ork_err *err) {
+    if (clip != 0.0f) {
+        ork_status st = ork_act_clip_check(clip, err);
+        if (st) return st;
+    }
     const ork_quant_kernels *qk = ork_quant_kernels_active();
     float tmax = 0.0f;
     for (size_t m = 0; m < M; m++) {
@@ -159,10 +175,10 @@ ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t l
                                        isnan(x[m * K + k]) ? "NaN" : "Inf", m, k);
         }
         ascale[m] = a;
-        if (a > tmax) tmax = a;
+        if (a > tmax && m >= prefix) tmax = a;
     }
     for (size_t m = 0; m < M; m++) {
-        float a = per_tensor ? tmax : ascale[m];
+        float a = m < prefix ? ascale[m] : clip > 0.0f ? clip : per_tensor ? tmax : ascale[m];
         int8_t *q = xq + m * ldq;
         memset(q + K, 0, ldq - K);
         if (!(a >= ORK_QUANT_TINY)) {
@@ -259,13 +275,24 @@ ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16]
     return st;
 }
 
+ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
+                         size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
+                         ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
+    if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
+    size_t Kp = ork_pack_round32(K);
+    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xq, NULL, out, ascale, bscale, NULL};
+    return run_strips(&j, NULL, nthreads, err);
+}
+
 ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
                           size_t N, size_t K, const float *x, size_t M, int per_tensor, float *out,
                           int nthreads, ork_err *err) {
     ork_status st = check_shape(kind, N, K, err);
     if (st) return st;
     if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
-    if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
     size_t Kp = ork_pack_round32(K);
     int8_t *xp = (int8_t *)malloc(M * Kp);
     float *as = (float *)malloc(M * sizeof(float));
@@ -275,11 +302,15 @@ ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16]
         return ork_err_set(err, ORK_ENOMEM, "out of memory for quantized activations");
     }
     st = ork_quantize_activations(x, M, K, Kp, per_tensor, xp, as, err);
-    if (st == ORK_OK) {
-        mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, NULL, out, as, bscale, NULL};
-        st = run_strips(&j, NULL, nthreads, err);
-    }
+    if (st == ORK_OK) st = ork_matmul_q8(kind, store, lut, bscale, N, K, xp, as, M, out, nthreads, err);
     free(xp);
     free(as);
     return st;
+}
+
+int8_t ork_pack_value(ork_kind kind, const void *store, size_t K, size_t n, size_t k) {
+    const size_t KB = ork_pack_round32(K) / 32, at = ((n / 32 * KB + k / 32) * 32 + n % 32) * 32 + k % 32;
+    if (!is4(kind)) return ((const int8_t *)store)[at];
+    uint8_t b = ((const uint8_t *)store)[at / 2];
+    return ork_quant_lut(kind)[(k & 1) ? (b >> 4) : (b & 15)];
 }

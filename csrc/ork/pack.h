@@ -42,6 +42,12 @@
  * a = absmax/127, round half away from zero), and
  *   y[m][n] = ((float)acc[m][n] * a[m]) * bscale[n]      (float32, no FMA)
  * A zero activation row (absmax < 1e-30) has a = 0 and gives y = 0.
+ * Static per-tensor activations (clip > 0, calibrated once): the same
+ * quantizer with the fixed range `clip` in place of the absmax, for every
+ * row and call: a = clip/127 (float32), q = clamp(round_half_away(x * (127 /
+ * clip)), -127, 127) -- values beyond +-clip saturate at +-127 -- so for
+ * clip == the tensor's absmax the result is bit-identical to per_tensor.
+ * clip must be finite and >= ORK_QUANT_TINY (ork_act_clip_check).
  *
  * bscale[n] is finite, >= +0 (not -0) and at most ork_pack_max_scale(K) =
  * FLT_MAX / (127 * 127 * K): the largest |acc| times the scale then fits
@@ -133,5 +139,26 @@ ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16]
  * repeated when per_tensor). */
 ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
                                     int8_t *xq, float *ascale, ork_err *err);
+
+/* The same with every activation mode: clip > 0 is the static range (see
+ * above; per_tensor is then ignored), clip == 0 the dynamic modes; the first
+ * `prefix` rows are quantized per row in every mode (and left out of the
+ * per-tensor absmax). Any x that is not finite is ORK_ENONFINITE naming it,
+ * in every mode. */
+ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, int per_tensor, float clip, size_t prefix,
+                             int8_t *xq, float *ascale, ork_err *err);
+/* A static range: ORK_EINVAL unless finite and >= ORK_QUANT_TINY. */
+ork_status ork_act_clip_check(float clip, ork_err *err);
+
+/* float32 out (M, N) from activations already quantized: xq (M rows, stride
+ * round32(K), zero-padded) with row scales ascale (M):
+ * out[m][n] = ork_dequant_acc(acc[m][n], ascale[m], bscale[n]). */
+ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
+                         size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
+                         ork_err *err);
+
+/* The int8 value the kernels multiply for weight [n][k] of a store
+ * (lut[code] for 4-bit kinds); n < N, k < K. */
+int8_t ork_pack_value(ork_kind kind, const void *store, size_t K, size_t n, size_t k);
 
 #endif

@@ -51,6 +51,7 @@ int orkpy_model_init(PyObject *module);
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
+PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused);
 /* ffn_modes() -> tuple of the FFN chain's mode names (ffn_chain.h) */
 PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused);
 /* linear_names(hparams) -> list of the forward model's linear tensor names, in its order (model.h) */

@@ -240,7 +240,7 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
 #else
         "other";
 #endif
-    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O},s:i,s:s}", "isa",
+    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O},s:i,s:s,s:s}", "isa",
                          ork_isa_name(ork_cpu_isa()), "available", avail, "forced_scalar",
                          ork_cpu_forced_scalar() ? Py_True : Py_False, "arch", arch, "cpu_features",
                          "avx2", (f & ORK_CPU_AVX2) ? Py_True : Py_False, "fma",
@@ -248,7 +248,7 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
                          (f & ORK_CPU_NEON) ? Py_True : Py_False, "dotprod",
                          (f & ORK_CPU_DOTPROD) ? Py_True : Py_False, "default_threads",
                          ork_pool_default_threads(), "quant_kernels",
-                         ork_quant_kernels_active()->isa);
+                         ork_quant_kernels_active()->isa, "gemm_f32_kernels", ork_gemm_f32_kernels_active()->isa);
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
@@ -397,8 +397,11 @@ static PyMethodDef core_methods[] = {
     {"npu_probe", orkpy_npu_probe, METH_O, "npu_probe(backend) -> None if usable here, else the reason"},
     {"npu_backends", orkpy_npu_backends, METH_NOARGS, "npu_backends() -> tuple of the NPU backend names"},
     {"npu_pc_amount", orkpy_npu_pc_amount, METH_O, "npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS of a task body"},
-    {"ffn_lut", orkpy_ffn_lut, METH_O, "ffn_lut(step) -> (int16[1024], scale): the chain's SiLU LUT"},
+    {"ffn_lut", orkpy_ffn_lut, METH_VARARGS,
+     "ffn_lut(step, act=0) -> (int16[1024], scale): the chain's LUT of activation act (0 SiLU, 1 GELU-tanh)"},
     {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
+    {"act_stats_edges", orkpy_act_stats_edges, METH_NOARGS,
+     "lower edges of the activation statistics' |x| histogram bins (+ inf)"},
     {"ffn_modes", orkpy_ffn_modes, METH_NOARGS, "ffn_modes() -> tuple of the FFN chain's mode names"},
     {"linear_names", orkpy_linear_names, METH_O,
      "linear_names(hparams) -> the forward model's linear tensor names in its order (imatrix, set_npu)"},

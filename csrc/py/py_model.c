@@ -9,6 +9,7 @@
 #include <numpy/arrayobject.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../ork/ffn_chain.h"
@@ -30,6 +31,8 @@ typedef struct {
     PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
     PyObject **npu_keep;     /* per linear (model.h order): the NPUWeight it runs on, or NULL */
     PyObject *maps;          /* list of the distinct MappedFiles the kept arrays view (checked around a forward) */
+    ork_act_stats *astats;   /* per linear activation statistics (NULL when off) */
+    float *astats_ch;        /* their per-channel maxima, all linears back to back */
 } FwdObject;
 
 /* every file the model's arrays map still unchanged (docs/security.md), else FormatError */
@@ -88,8 +91,18 @@ static void free_stats(FwdObject *self) {
     for (size_t i = 0; self->layers && i < self->m.n_layer; i++) self->layers[i].ffn_stats = NULL;
 }
 
+static void free_act_stats(FwdObject *self) {
+    const size_t n = self->layers ? fwd_n_linears(self) : 0;
+    for (size_t i = 0; i < n; i++) fwd_linear(self, i)->act_stats = NULL;
+    PyMem_Free(self->astats);
+    PyMem_Free(self->astats_ch);
+    self->astats = NULL;
+    self->astats_ch = NULL;
+}
+
 static void fwd_dealloc(FwdObject *self) {
     if (self->lock) PyThread_free_lock(self->lock);
+    free_act_stats(self);
     if (self->ffn_keep) {
         for (size_t i = 0; i < self->m.n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
         PyMem_Free(self->ffn_keep);
@@ -154,7 +167,47 @@ static int get_float(PyObject *d, const char *key, float *out) {
     return 0;
 }
 
-/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor) */
+/* items 7, 8, 9 of a packed spec: the static range, the outlier channels, the prefix rows; checked by the core */
+static int parse_act(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
+    double clip = PyFloat_AsDouble(PyTuple_GET_ITEM(spec, 7));
+    if (clip == -1.0 && PyErr_Occurred()) return -1;
+    l->act_clip = (float)clip;
+    if (clip != 0.0 && l->act_clip == 0.0f) {
+        PyErr_Format(PyExc_ValueError, "%s: static activation range %R underflows float32", name, PyTuple_GET_ITEM(spec, 7));
+        return -1;
+    }
+    Py_ssize_t prefix = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 9));
+    if (prefix < 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: act_prefix must be >= 0", name);
+        return -1;
+    }
+    l->act_prefix = (size_t)prefix;
+    PyObject *o = PyTuple_GET_ITEM(spec, 8);
+    if (o != Py_None) {
+        PyArrayObject *a = orkpy_as_exact(o, NPY_INT32, 1, "outliers");
+        if (!a) return -1;
+        int r = PyList_Append(self->keep, (PyObject *)a);
+        Py_DECREF(a);
+        if (r < 0) return -1;
+        l->outliers = (const int32_t *)PyArray_DATA(a);
+        l->n_outliers = (size_t)PyArray_DIM(a, 0);
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_linear_check_act(l, &err);
+    if (st != ORK_OK) {
+        PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
+        if (msg) {
+            orkpy_raise_text(st, msg);
+            Py_DECREF(msg);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor[, act_clip, outliers, act_prefix]) (act_clip
+ * a float, 0 = dynamic; outliers None or a 1-D int32 array; act_prefix rows: linear.h) */
 static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
     memset(l, 0, sizeof *l);
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
@@ -171,7 +224,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         l->K = (size_t)dims[1];
         return 0;
     }
-    if (strcmp(path, "packed") == 0 && PyTuple_GET_SIZE(spec) == 7) {
+    if (strcmp(path, "packed") == 0 && (PyTuple_GET_SIZE(spec) == 7 || PyTuple_GET_SIZE(spec) == 10)) {
         const char *kind_s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
         const ork_kind_info *ki = kind_s ? orkpy_parse_kind(kind_s) : NULL;
         if (!ki) return -1;
@@ -209,6 +262,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         l->N = (size_t)N;
         l->K = (size_t)K;
         l->per_tensor_act = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6));
+        if (PyTuple_GET_SIZE(spec) == 10 && parse_act(self, spec, l, name) < 0) return -1;
         return 0;
     }
     PyErr_Format(PyExc_ValueError, "%s: unknown linear spec '%s'", name, path);
@@ -221,11 +275,42 @@ static const float *opt_vec(FwdObject *self, PyObject *d, const char *key) {
     return keep_f32(self, v, 1, key, NULL);
 }
 
+/* an optional 1-D float32 array of exactly n entries (NULL, no error, when absent or None) */
+static const float *opt_vec_n(FwdObject *self, PyObject *v, const char *what, size_t layer, size_t n) {
+    if (!v || v == Py_None) return NULL;
+    npy_intp dims[1];
+    const float *p = keep_f32(self, v, 1, what, dims);
+    if (p && (size_t)dims[0] != n) {
+        PyErr_Format(PyExc_ValueError, "layer %zu: %s has %zd entries, expected %zu", layer, what, (Py_ssize_t)dims[0], n);
+        return NULL;
+    }
+    return p;
+}
+
+/* optional hparams: absent means the default 0 (off) */
+static int opt_float(PyObject *d, const char *key, float *out) {
+    *out = 0.0f;
+    return PyDict_GetItemString(d, key) ? get_float(d, key, out) : 0;
+}
+static int opt_size(PyObject *d, const char *key, size_t *out) {
+    *out = 0;
+    return PyDict_GetItemString(d, key) ? get_size(d, key, out) : 0;
+}
+
+/* layer dict key "<stem>.bias" of linear j (NULL when absent), its length checked */
+static int linear_bias(FwdObject *self, PyObject *d, ork_linear *l, const char *stem, size_t layer) {
+    char key[64];
+    snprintf(key, sizeof key, "%s.bias", stem);
+    PyObject *v = PyDict_GetItemString(d, key);
+    l->bias = opt_vec_n(self, v, key, layer, l->N);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"hparams", "tok_embd", "out_norm", "output", "layers", NULL};
-    PyObject *hp, *emb, *onorm, *out, *layers;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO!:ForwardModel", kwlist, &PyDict_Type, &hp, &emb, &onorm, &out,
-                                     &PyList_Type, &layers))
+    static char *kwlist[] = {"hparams", "tok_embd", "out_norm", "output", "layers", "output_bias", "rope_freqs", NULL};
+    PyObject *hp, *emb, *onorm, *out, *layers, *out_bias = NULL, *rope_freqs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!OOOO!|OO:ForwardModel", kwlist, &PyDict_Type, &hp, &emb, &onorm, &out,
+                                     &PyList_Type, &layers, &out_bias, &rope_freqs))
         return -1;
     if (self->keep) {
         PyErr_SetString(PyExc_RuntimeError, "a ForwardModel cannot be initialised twice");
@@ -247,6 +332,17 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     m->rope_type = (ork_rope_type)rope_type;
+    size_t act = 0; /* the optional features (model.h): absent keys leave them off */
+    if (opt_size(hp, "act", &act) || opt_float(hp, "embd_scale", &m->embd_scale) ||
+        opt_float(hp, "attn_scale", &m->attn_scale) || opt_float(hp, "attn_softcap", &m->attn_softcap) ||
+        opt_float(hp, "final_softcap", &m->final_softcap) || opt_float(hp, "rope_attn_factor", &m->rope_attn_factor) ||
+        opt_size(hp, "n_ctx_max", &m->n_ctx_max))
+        return -1;
+    if (act >= ORK_ACT_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown activation %zu", act);
+        return -1;
+    }
+    m->act = (ork_act)act;
     if ((size_t)PyList_GET_SIZE(layers) != m->n_layer) {
         PyErr_Format(PyExc_ValueError, "%zd layers given, hparams say %zu", PyList_GET_SIZE(layers), m->n_layer);
         return -1;
@@ -259,6 +355,10 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     }
     if (!(m->out_norm = keep_f32(self, onorm, 1, "out_norm", NULL))) return -1;
     if (parse_linear(self, out, &m->output, "output") < 0) return -1;
+    m->output.bias = opt_vec_n(self, out_bias, "output_bias", m->n_layer, m->output.N);
+    if (PyErr_Occurred()) return -1;
+    m->rope_freqs = opt_vec_n(self, rope_freqs, "rope_freqs", 0, m->n_rot / 2);
+    if (PyErr_Occurred()) return -1;
     PyMem_Free(self->layers);
     self->layers = PyMem_Calloc(m->n_layer ? m->n_layer : 1, sizeof(ork_layer));
     if (!self->layers) {
@@ -280,6 +380,24 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         if (PyErr_Occurred()) return -1;
         L->k_norm = opt_vec(self, d, "k_norm");
         if (PyErr_Occurred()) return -1;
+        L->post_attn_norm = opt_vec_n(self, PyDict_GetItemString(d, "post_attn_norm"), "post_attn_norm", i, m->n_embd);
+        if (PyErr_Occurred()) return -1;
+        L->post_ffn_norm = opt_vec_n(self, PyDict_GetItemString(d, "post_ffn_norm"), "post_ffn_norm", i, m->n_embd);
+        if (PyErr_Occurred()) return -1;
+        PyObject *rot = PyDict_GetItemString(d, "ffn_down.rot");
+        if (rot && rot != Py_None) { /* the online down rotation's p x p block (model.h) */
+            npy_intp dims[2];
+            if (!(L->down_rot = keep_f32(self, rot, 2, "ffn_down.rot", dims))) return -1;
+            if (dims[0] != dims[1]) {
+                PyErr_Format(PyExc_ValueError, "layer %zu: ffn_down.rot must be square, got %zd x %zd", i,
+                             (Py_ssize_t)dims[0], (Py_ssize_t)dims[1]);
+                return -1;
+            }
+            L->down_rot_p = (size_t)dims[0];
+        }
+        if (opt_size(d, "n_swa", &L->n_swa) || opt_float(d, "rope_base", &L->rope_base) ||
+            opt_float(d, "rope_freq_scale", &L->rope_freq_scale))
+            return -1;
         for (int j = 0; j < ORK_LAYER_LINEARS; j++) { /* keyed by the forward model's linear names (model.h) */
             const char *key = ork_layer_linear_names[j];
             PyObject *spec = PyDict_GetItemString(d, key);
@@ -288,6 +406,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
                 return -1;
             }
             if (parse_linear(self, spec, ork_layer_linear(L, j), key) < 0) return -1;
+            if (linear_bias(self, d, ork_layer_linear(L, j), key, i) < 0) return -1;
         }
     }
     m->layers = self->layers;
@@ -475,6 +594,90 @@ static PyObject *fwd_imatrix_take_unlocked(FwdObject *self, PyObject *unused) {
     return out;
 }
 
+/* act_stats_enable(prefix=0): start collecting activation statistics of every linear's input (linear.h),
+ * the first `prefix` rows of each block linear's calls left out (positions 0..prefix-1; not the head's) */
+static PyObject *fwd_act_stats_enable_unlocked(FwdObject *self, PyObject *args) {
+    Py_ssize_t prefix = 0;
+    if (!PyArg_ParseTuple(args, "|n:act_stats_enable", &prefix)) return NULL;
+    if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
+    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
+    for (size_t i = 0; i < self->m.n_layer; i++)
+        if (self->layers[i].ffn)
+            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect activation statistics "
+                                "on the per-op model (set every layer's FFN mode to baseline first)", i);
+    free_act_stats(self);
+    const size_t n = fwd_n_linears(self);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += fwd_linear(self, i)->K;
+    self->astats = PyMem_Calloc(n, sizeof(ork_act_stats));
+    self->astats_ch = PyMem_Calloc(total ? total : 1, sizeof(float));
+    if (!self->astats || !self->astats_ch) {
+        free_act_stats(self);
+        return PyErr_NoMemory();
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = fwd_linear(self, i);
+        self->astats[i].ch_absmax = self->astats_ch + off;
+        self->astats[i].skip_rows = i + 1 < n ? (size_t)prefix : 0; /* the head (last) runs on positions first.. */
+        l->act_stats = &self->astats[i];
+        off += l->K;
+    }
+    Py_RETURN_NONE;
+}
+
+/* act_stats_take() -> list per linear (linear_names order) of dict(rows, n_clipped, absmax, ch_absmax float32 (K,),
+ * count uint64 (B,), sum, sum2 float64 (B,)); stops collecting */
+static PyObject *fwd_act_stats_take_unlocked(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    if (!self->astats) return PyErr_Format(PyExc_RuntimeError, "activation statistics are not enabled");
+    const size_t n = fwd_n_linears(self);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        const ork_act_stats *st = &self->astats[i];
+        npy_intp K = (npy_intp)fwd_linear(self, i)->K, B = ORK_ASTATS_BINS;
+        PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT32);
+        PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_UINT64);
+        PyArrayObject *s1 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
+        PyArrayObject *s2 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
+        if (!ch || !c || !s1 || !s2) {
+            Py_XDECREF(ch);
+            Py_XDECREF(c);
+            Py_XDECREF(s1);
+            Py_XDECREF(s2);
+            Py_CLEAR(out);
+            break;
+        }
+        memcpy(PyArray_DATA(ch), st->ch_absmax, (size_t)K * sizeof(float));
+        memcpy(PyArray_DATA(c), st->count, sizeof st->count);
+        memcpy(PyArray_DATA(s1), st->sum, sizeof st->sum);
+        memcpy(PyArray_DATA(s2), st->sum2, sizeof st->sum2);
+        PyObject *item = Py_BuildValue("{s:K,s:K,s:d,s:N,s:N,s:N,s:N}", "rows", (unsigned long long)st->rows,
+                                       "n_clipped", (unsigned long long)st->n_clipped, "absmax", (double)st->absmax,
+                                       "ch_absmax", ch, "count", c, "sum", s1, "sum2", s2);
+        if (!item) { /* "N" steals the arrays even on failure */
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    free_act_stats(self);
+    return out;
+}
+
+/* act_stats_edges() -> float64 (B + 1,): the lower edge of every histogram bin, then +inf */
+PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    npy_intp n = ORK_ASTATS_BINS + 1;
+    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT64);
+    if (!a) return NULL;
+    double *e = (double *)PyArray_DATA(a);
+    for (int i = 0; i < ORK_ASTATS_BINS; i++) e[i] = ork_act_stats_edge(i);
+    e[ORK_ASTATS_BINS] = INFINITY;
+    return (PyObject *)a;
+}
+
 /* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
 static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t li;
@@ -495,6 +698,7 @@ static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
     if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "FFN settings must be a dict or None");
     ork_ffn_params p;
     memset(&p, 0, sizeof p);
+    p.act = self->m.act; /* the chain's activation is the model's (ffn_chain.h) */
     PyObject *mode_obj = PyDict_GetItemString(d, "mode");
     if (!mode_obj || !PyUnicode_Check(mode_obj)) return PyErr_Format(PyExc_ValueError, "FFN settings need a 'mode' string");
     const char *mode = PyUnicode_AsUTF8(mode_obj);
@@ -555,6 +759,7 @@ static PyObject *fwd_ffn_stats_enable_unlocked(FwdObject *self, PyObject *unused
             return PyErr_NoMemory();
         }
         self->stats[i].smin = 0.0f;
+        self->stats[i].act = self->m.act;
         self->layers[i].ffn_stats = &self->stats[i];
     }
     Py_RETURN_NONE;
@@ -603,16 +808,19 @@ static PyObject *py_ffn_hist_edges(PyObject *self, PyObject *unused) {
     return (PyObject *)a;
 }
 
-PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg) {
+/* ffn_lut(step, act=0) -> (int16[1024], scale): the chain's LUT of activation act (act.h's ork_act) */
+PyObject *orkpy_ffn_lut(PyObject *self, PyObject *args) {
     (void)self;
-    double step = PyFloat_AsDouble(arg);
-    if (step == -1.0 && PyErr_Occurred()) return NULL;
-    if (!(step > 0)) return PyErr_Format(PyExc_ValueError, "LUT step must be positive");
+    double step;
+    int act = ORK_ACT_SILU;
+    if (!PyArg_ParseTuple(args, "d|i:ffn_lut", &step, &act)) return NULL;
+    if (!(step > 0) || !isfinite(step)) return PyErr_Format(PyExc_ValueError, "LUT step must be positive and finite");
+    if (act < 0 || act >= ORK_ACT_COUNT) return PyErr_Format(PyExc_ValueError, "unknown activation %d", act);
     npy_intp n = ORK_FFN_LUT;
     PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_INT16);
     if (!a) return NULL;
     float sc;
-    ork_ffn_make_lut((float)step, (int16_t *)PyArray_DATA(a), &sc);
+    ork_ffn_make_lut((float)step, (ork_act)act, (int16_t *)PyArray_DATA(a), &sc);
     return Py_BuildValue("(Nd)", a, (double)sc);
 }
 
@@ -757,6 +965,20 @@ static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
     return r;
 }
 
+static PyObject *fwd_act_stats_enable(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_act_stats_enable_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_act_stats_take(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_act_stats_take_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
 static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
     if (fwd_lock(self) < 0) return NULL;
     PyObject *r = fwd_ffn_stats_enable_unlocked(self, unused);
@@ -792,6 +1014,11 @@ static PyMethodDef fwd_methods[] = {
     {"set_ffn", (PyCFunction)fwd_set_ffn, METH_VARARGS, "set_ffn(layer, settings or None): FFN chain mode of a layer"},
     {"ffn_stats_enable", (PyCFunction)fwd_ffn_stats_enable, METH_NOARGS, "start collecting prep-pass FFN statistics"},
     {"ffn_stats_take", (PyCFunction)fwd_ffn_stats_take, METH_NOARGS, "-> per-layer FFN statistics; stops"},
+    {"act_stats_enable", (PyCFunction)fwd_act_stats_enable, METH_VARARGS,
+     "act_stats_enable(prefix=0): start collecting activation statistics (|x| histogram, per-channel max) of every "
+     "linear's input, the first prefix positions of the block linears left out"},
+    {"act_stats_take", (PyCFunction)fwd_act_stats_take, METH_NOARGS,
+     "-> [dict(rows, n_clipped, absmax, ch_absmax, count, sum, sum2)] per linear in linear_names order; stops"},
     {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
      "start accumulating sum x^2 per input channel of every linear"},
     {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../ork/o4n1.h"
+#include "../ork/linear.h"
 #include "../ork/pack.h"
 #include "bindings.h"
 #include "errors.h"
@@ -154,19 +155,24 @@ done:
 
 PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "per_tensor", "threads", NULL};
-    PyObject *s_obj, *b_obj, *x_obj;
+    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "per_tensor", "threads", "clip", "outliers",
+                             "prefix", NULL};
+    PyObject *s_obj, *b_obj, *x_obj, *o_obj = Py_None;
     const char *kind_s;
     Py_ssize_t N, K;
     int per_tensor = 0, threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pi:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
-                                     &per_tensor, &threads))
+    double clip = 0.0;
+    Py_ssize_t prefix = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pidOn:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
+                                     &per_tensor, &threads, &clip, &o_obj, &prefix))
         return NULL;
+    if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
     const ork_kind kind = ki->id;
-    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL;
+    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL, *outl = NULL;
     PyObject *result = NULL;
+    if (o_obj != Py_None && !(outl = orkpy_as_exact(o_obj, NPY_INT32, 1, "outliers"))) goto done;
     if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
     if (PyArray_DIM(bs, 0) != N) {
@@ -185,10 +191,27 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
+    ork_linear l; /* one packed linear in its activation mode (linear.h) */
+    memset(&l, 0, sizeof l);
+    l.path = ORK_LIN_PACKED;
+    l.N = (size_t)N;
+    l.K = (size_t)K;
+    l.kind = kind;
+    l.store = PyArray_DATA(store);
+    l.bscale = (const float *)PyArray_DATA(bs);
+    l.per_tensor_act = per_tensor;
+    l.act_prefix = (size_t)prefix;
+    l.act_clip = (float)clip; /* rounded to float32; a nonzero value that rounds to 0 is refused below */
+    if (clip != 0.0 && (st = ork_act_clip_check(l.act_clip, &err)) != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    if (outl) {
+        l.outliers = (const int32_t *)PyArray_DATA(outl);
+        l.n_outliers = (size_t)PyArray_DIM(outl, 0);
+    }
     Py_BEGIN_ALLOW_THREADS
-    st = ork_matmul_f32(kind, PyArray_DATA(store), ork_quant_lut(kind), (const float *)PyArray_DATA(bs), (size_t)N,
-                        (size_t)K, (const float *)PyArray_DATA(x), (size_t)M, per_tensor,
-                        (float *)PyArray_DATA(out), threads, &err);
+    st = ork_linear_apply(&l, (const float *)PyArray_DATA(x), (size_t)M, (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);
@@ -201,6 +224,7 @@ done:
     Py_XDECREF(bs);
     Py_XDECREF(x);
     Py_XDECREF(out);
+    Py_XDECREF(outl);
     return result;
 }
 
