@@ -26,6 +26,20 @@ def _env():
     return env
 
 
+def _mem_limits(mb=2048):
+    """libFuzzer memory flags that mean `mb` of the fuzzer's own memory.
+
+    libFuzzer's RSS check reads getrusage(RUSAGE_SELF).ru_maxrss, and Linux carries the parent's peak RSS
+    into a child across fork/vfork + exec, so a fuzzer started from a pytest process that once held a real
+    model (several GiB) would report an "out-of-memory" on its first input. The RSS limit is therefore the
+    inherited peak plus `mb`; the malloc limit (checked per allocation, not inherited) stays `mb`, which is
+    what catches a header that asks for a huge buffer.
+    """
+    import resource
+    inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    return [f"-rss_limit_mb={inherited + mb}", f"-malloc_limit_mb={mb}"]
+
+
 def _tail(text, n=60):
     return "\n".join(text.splitlines()[-n:])
 
@@ -73,7 +87,7 @@ def test_fuzz_gguf_short_run(fuzzer, tmp_path):
     written = seeds.write_corpus(corpus)
     assert len(written) >= 30
     cmd = [str(fuzzer), str(corpus), f"-dict={FUZZ / 'gguf.dict'}", "-seed=1", f"-runs={RUNS['gguf']}",
-           "-rss_limit_mb=2048", "-timeout=10", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
+           *_mem_limits(), "-timeout=10", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=600)
     log = r.stdout + r.stderr
     assert r.returncode == 0, (f"libFuzzer exited with {r.returncode}; artifacts {_crashes(tmp_path)} "
@@ -118,7 +132,7 @@ def test_fuzz_npu_emulator_short_run(fuzzer, tmp_path):
     corpus = tmp_path / "corpus"
     assert len(seeds_npu.write_corpus(corpus)) >= 10
     exe = fuzzer.parent / "fuzz_npu_emu"
-    cmd = [str(exe), str(corpus), "-seed=1", f"-runs={RUNS['npu_emu']}", "-rss_limit_mb=2048", "-timeout=10",
+    cmd = [str(exe), str(corpus), "-seed=1", f"-runs={RUNS['npu_emu']}", *_mem_limits(), "-timeout=10",
            "-max_len=16384", "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=600)
     log = r.stdout + r.stderr
@@ -149,7 +163,7 @@ def test_fuzz_o4n1_short_run(fuzzer, tmp_path):
     log = r.stdout + r.stderr
     assert r.returncode == 0, f"replay: exit {r.returncode}\n{_tail(log)}"
     assert len(re.findall(r"^Executed .* in \d+ ms", log, re.M)) == len(stored) + len(seeds), _tail(log)
-    cmd = [str(exe), str(corpus), "-seed=1", f"-runs={RUNS['o4n1']}", "-rss_limit_mb=2048", "-timeout=10",
+    cmd = [str(exe), str(corpus), "-seed=1", f"-runs={RUNS['o4n1']}", *_mem_limits(), "-timeout=10",
            "-print_final_stats=1", f"-artifact_prefix={tmp_path}/"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=600)
     log = r.stdout + r.stderr

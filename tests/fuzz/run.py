@@ -111,7 +111,14 @@ def write_corpus(name, out):
 def command(name, corpus, art, seconds=None, runs=None, seed=None, build_dir=None, files=()):
     """The argv running target name over corpus (a directory) or files (replayed once)."""
     rss = RSS_LIMIT_MB if name in C_TARGETS else PY_RSS_LIMIT_MB
-    flags = [f"-artifact_prefix={art}/", "-print_final_stats=1", f"-rss_limit_mb={rss}", f"-timeout={PY_TIMEOUT}"]
+    # Linux carries the parent's peak RSS into the child's ru_maxrss (which libFuzzer checks), so the
+    # limit is this process's peak plus the budget; the per-allocation malloc limit is not inherited.
+    import resource
+    inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    flags = [f"-artifact_prefix={art}/", "-print_final_stats=1", f"-rss_limit_mb={inherited + rss}",
+             f"-timeout={PY_TIMEOUT}"]
+    if name in C_TARGETS:
+        flags.append(f"-malloc_limit_mb={rss}")
     if seconds is not None:
         flags.append(f"-max_total_time={int(seconds)}")
     if runs is not None:
