@@ -11,10 +11,16 @@ first --chunks chunks of n_ctx --ctx of the scored text (wikitext by default):
              int4, with orkpy's imatrix (collected on --calib, never the scored text) and
              without; KL and same-top against orkpy's F32 log-probs
   FFN chain  the fused int8 chain (SiLU or GELU-tanh, the model's) on the all-int8 model: the
-             per-op baseline, fused, its ablations and the automatic sprinkle
+             per-op baseline, fused, its ablations, the automatic (gmax) sprinkle, and the sprinkle
+             chosen by sensitivity (ffn.sensitivity_sprinkle on --sens-chunks chunks of --calib,
+             --sens-method, --sens-budget; default 25% of the layers) next to the gmax sprinkle
+             with as many exact layers; a summary per model: PPL per-op / fused / gmax / sensitivity,
+             % of the fused-vs-per-op PPL gap recovered, layers chosen, search seconds
 
     python bench/real_quant.py [--models smollm2 gemma3] [--chunks 4] [--ctx 512]
-                               [--thresholds 5.0 5.5] [--calib-chunks 8] [--no-ffn] [--json-out F]
+                               [--thresholds 5.0 5.5] [--calib-chunks 8] [--no-ffn] [--ffn-only]
+                               [--sens-chunks 4] [--sens-method lazy] [--sens-budget N|KL]
+                               [--sens-exact exact_silu unfused] [--json-out F]
 
 Needs the llama.cpp tools and the models of .ci/install (tests/oracle.py finds them).
 """
@@ -50,15 +56,24 @@ def main():
     ap.add_argument("--thresholds", type=float, nargs="+", default=[5.0, 5.5])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-ffn", action="store_true", help="leave out the FFN chain rows")
+    ap.add_argument("--ffn-only", action="store_true", help="only the F32 reference, the per-op int8 model and the "
+                    "FFN chain's fused / sprinkle rows (no llama.cpp, tier-map or ablation rows)")
+    ap.add_argument("--sens-chunks", type=int, default=4, help="calibration chunks of the sensitivity search")
+    ap.add_argument("--sens-method", default="lazy", choices=ffn.SENS_METHODS)
+    ap.add_argument("--sens-budget", default=None, help="exact layers (int) or a KL target (float); default 25%%")
+    ap.add_argument("--sens-exact", nargs="+", default=["exact_silu"], choices=["exact_silu", "unfused"],
+                    help="the mode of the chosen layers: one search (and row) each")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     try:
         srcs = {name: real_model(name) for name in a.models}
     except pytest.skip.Exception as e:
         sys.exit(f"real_quant: {e.msg}")
+    budget = None if a.sens_budget is None else (float(a.sens_budget) if any(c in a.sens_budget for c in ".eE")
+                                                 else int(a.sens_budget))
     text, calib = read_text_like_llama_cpp(a.text), read_text_like_llama_cpp(a.calib)
     kw = dict(n_ctx=a.ctx, chunks=a.chunks, threads=a.threads, progress=False)
-    rows = []
+    rows, summary = [], []
 
     def row(model, what, ppl, kl=None, same=None, share=None, secs=None):
         rows.append(dict(model=model, what=what, ppl=ppl, kl=kl, same_top=same, int8_share=share, seconds=secs))
@@ -73,7 +88,8 @@ def main():
         for name in a.models:
             f32 = pathlib.Path(work) / f"{name}-F32.gguf"
             dequantize_gguf(srcs[name], f32)
-            for label, path in (("llama.cpp F32 reference", f32), (f"llama.cpp shipped {srcs[name].name}", srcs[name])):
+            for label, path in () if a.ffn_only else (("llama.cpp F32 reference", f32),
+                                                      (f"llama.cpp shipped {srcs[name].name}", srcs[name])):
                 t0 = time.perf_counter()
                 r = llama_perplexity(path, a.text, a.ctx, a.chunks)
                 row(name, label, r["ppl"], secs=time.perf_counter() - t0)
@@ -81,21 +97,24 @@ def main():
             m = orkpy.load_model(f32)
             toks = m.tokens(text)
             ctoks = m.tokens(calib)
+            if ffn.text_overlap(toks[: a.chunks * a.ctx], ctoks) >= 0.5:
+                sys.exit(f"real_quant: --calib {a.calib} holds the scored text {a.text}: calibrate on another text")
             t0 = time.perf_counter()
             r = orkpy.perplexity(m, toks, save_logprobs=ref_lp, **kw)
             row(name, "orkpy F32 reference", r.ppl, secs=time.perf_counter() - t0)
-            im = orkpy.collect_imatrix(m, ctoks, n_ctx=a.ctx, chunks=a.calib_chunks, threads=a.threads,
-                                       progress=False)
+            im = None if a.ffn_only else orkpy.collect_imatrix(m, ctoks, n_ctx=a.ctx, chunks=a.calib_chunks,
+                                                               threads=a.threads, progress=False)
             del m
 
             def scored(label, model, share=None):
                 t0 = time.perf_counter()
                 r = orkpy.perplexity(model, toks, kld_base=ref_lp, **kw)
                 row(name, label, r.ppl, r.kld["mean"], r.kld["same_top"], share, time.perf_counter() - t0)
+                return r.ppl
 
             i8 = orkpy.load_model(f32, weights="int8", threads=a.threads)
-            scored("orkpy int8 w8a8 (every linear, absmax)", i8, 1.0)
-            for thr in a.thresholds:
+            per_op = scored("orkpy int8 w8a8 (every linear, absmax)", i8, 1.0)
+            for thr in () if a.ffn_only else a.thresholds:
                 tm = orkpy.tier_map(srcs[name], threshold=thr)
                 c = tm.counts_by_tier()
                 for kind in ("nf4", "int4"):
@@ -112,15 +131,54 @@ def main():
             stats = ffn.prep(i8, ctoks, n_ctx=a.ctx, chunks=a.calib_chunks, threads=a.threads)
             print(f"{name:<9}FFN prep ({i8.hparams['act']}): gmax per layer "
                   + ", ".join(f"{s['gmax']:.1f}" for s in stats), flush=True)
-            for mode in ("fused", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "auto"):
+            act = i8.hparams["act"]
+            ppl = {}
+            for mode in ("fused", "auto") if a.ffn_only else ("fused", "fp32_silu_out", "exact_lut_input",
+                                                                "asym_zero_point", "per_channel_out", "auto"):
                 modes = ffn.sprinkle(stats, "auto") if mode == "auto" else mode
                 ffn.configure(i8, stats, modes)
                 label = mode if mode != "auto" else ("sprinkle auto, exact layers " + str(
                     [i for i, md in enumerate(modes) if md == "exact_silu"]))
-                scored(f"FFN chain ({i8.hparams['act']}): {label}", i8)
+                ppl[mode] = scored(f"FFN chain ({act}): {label}", i8)
+            gap = ppl["fused"] - per_op
+            for exact in a.sens_exact:
+                modes, rep = ffn.sensitivity_sprinkle(i8, stats, ctoks, n_ctx=a.ctx, chunks=a.sens_chunks,
+                                                      budget=budget, method=a.sens_method, exact=exact,
+                                                      threads=a.threads)
+                chosen, k = rep["exact_layers"], len(rep["exact_layers"])
+                print(f"{name:<9}sensitivity search ({exact}, {rep['method']}, {rep['chunks']} chunks of "
+                      f"{pathlib.Path(a.calib).name}): {rep['seconds']:.0f} s, {rep['evaluations']} evaluations; "
+                      "KL gain alone " + ", ".join(f"{i}: {g:.4f}" for i, g in enumerate(rep["gain"])), flush=True)
+                p_sens = scored(f"FFN chain ({act}): sprinkle sensitivity ({exact}), layers {chosen}", i8)
+                if exact != "exact_silu":
+                    summary.append(dict(model=name, exact=exact, per_op=per_op, fused=ppl["fused"], sens=p_sens,
+                                        sens_layers=chosen, sens_recovered=(ppl["fused"] - p_sens) / gap,
+                                        calib_s=rep["seconds"], evaluations=rep["evaluations"]))
+                    continue
+                gm = ffn.sprinkle(stats, k)
+                gm_layers = [i for i, md in enumerate(gm) if md == "exact_silu"]
+                ffn.configure(i8, stats, gm)
+                p_gmax = scored(f"FFN chain ({act}): sprinkle gmax, {k} layers {gm_layers}", i8)
+                summary.append(dict(model=name, exact=exact, n_layer=len(stats), per_op=per_op, fused=ppl["fused"],
+                                    gmax=p_gmax, gmax_layers=gm_layers, sens=p_sens, sens_layers=chosen,
+                                    gmax_recovered=(ppl["fused"] - p_gmax) / gap,
+                                    sens_recovered=(ppl["fused"] - p_sens) / gap,
+                                    calib_s=rep["seconds"], evaluations=rep["evaluations"]))
             ffn.configure(i8, stats, "baseline")
+    if summary:
+        print(f"\nFFN chain, sprinkle by sensitivity vs gmax at the same number of exact layers (PPL, "
+              f"{a.chunks} chunks of {a.ctx} of {pathlib.Path(a.text).name}; recovered = share of the fused-vs-per-op "
+              "gap):")
+        print(f"{'model':<9}{'exact':<11}{'per-op':>9}{'fused':>9}{'gmax':>9}{'sens':>9}{'gmax rec':>10}{'sens rec':>10}"
+              f"  {'k':>2}  sensitivity layers / gmax layers, search seconds")
+        for r in summary:
+            g = r.get("gmax", float("nan"))
+            print(f"{r['model']:<9}{r['exact']:<11}{r['per_op']:>9.4f}{r['fused']:>9.4f}{g:>9.4f}{r['sens']:>9.4f}"
+                  f"{100 * r.get('gmax_recovered', float('nan')):>9.1f}%{100 * r['sens_recovered']:>9.1f}%"
+                  f"  {len(r['sens_layers']):>2}  {r['sens_layers']} / {r.get('gmax_layers', '-')}, "
+                  f"{r['calib_s']:.0f} s ({r['evaluations']} evaluations)")
     if a.json_out:
-        pathlib.Path(a.json_out).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        pathlib.Path(a.json_out).write_text("\n".join(json.dumps(r) for r in rows + summary) + "\n")
 
 
 if __name__ == "__main__":

@@ -168,13 +168,13 @@ def main():
                     src.tied, {n: "dequantized" for n in w8}))
                 del w8
             scored("w8a8 per-token", name, orkpy.load_model(f32, weights="int8", **tf))
-            if a.no_w4 or name not in ("none", "rot", "rot+online"):
+            if a.no_w4 or name not in ("none", "rot", "rot+online", "online"):
                 continue
             im = orkpy.collect_imatrix(orkpy.load_model(f32, **tf), calib, n_ctx=a.ctx, chunks=a.calib_chunks,
                                        progress=False)
             qm = orkpy.quantize_model(f32, shipped, imatrix=im, threshold=a.threshold, progress=False,
                                       log=lambda msg: None, **tf)
-            if name in ("none", "rot+online"):
+            if name in ("none", "rot+online", "online"):
                 scored(f"w4 mix @{a.threshold:g} + imatrix, float act.", name, dequantized_model(src, qm))
             scored(f"w4a8 mix @{a.threshold:g} + imatrix, per-token", name, qm)
     if a.json_out:

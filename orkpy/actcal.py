@@ -31,8 +31,9 @@ from 2^-20 to 2^20, each with its count and sums of ``|x|`` and ``x^2``; and the
   the rounding error of a step ``c / 127``, integrated over each bin's span (uniform within
   a bin); ``c = max`` is evaluated first and a smaller range replaces it only when strictly
   better;
-- ``outliers``: the :data:`SAVED_OUTLIERS` channels with the largest calibration ``|x|``,
-  largest first (``load_model(act_outliers=k)`` takes the first ``k``).
+- ``outliers``: the :data:`SAVED_OUTLIERS` channels with the largest calibration ``|x|`` over
+  every position (the prefix included: the per-token mode has none), largest first
+  (``load_model(act_outliers=k)`` takes the first ``k``).
 
 :class:`ActCalibration` holds them and is saved as ``act_scales.json`` in a model directory
 (docs/formats.md). This module knows no model class: the calibration run takes any object with

@@ -96,6 +96,53 @@ def _add_common_args(s, *, ctx=512, slots=("model", "text"), required=True, even
     s.set_defaults(_slots=tuple(slots), _slots_required=required)
 
 
+def _add_transform_args(s, *, calib=True):
+    """--rotate / --rotate-online / --smooth (orkpy.rotate) and, with ``calib``, --calib /
+    --calib-chunks: the calibration text they and the static activation ranges need."""
+    s.add_argument("--rotate", choices=("hadamard",), default=None,
+                   help="fold a randomized Hadamard rotation into the weights (QuaRot-style; the float model "
+                        "computes the same function) (default: none)")
+    s.add_argument("--rotate-online", action="store_true",
+                   help="also rotate ffn_down's input online (a fast Walsh-Hadamard per token on the host)")
+    s.add_argument("--smooth", type=_smooth_alpha, default=None, metavar="ALPHA",
+                   help="SmoothQuant migration strength in [0, 1], scales folded into the norms; needs --calib "
+                        "(default: none)")
+    if calib:
+        s.add_argument("--calib", metavar="TEXT", default=None,
+                       help="calibration text for --smooth and the static / outlier activation modes; never the "
+                            "scored text (default: none)")
+        s.add_argument("--calib-chunks", type=_positive_int, default=8, metavar="N",
+                       help="calibration chunks of --ctx tokens (default: 8)")
+
+
+def _add_act_args(s):
+    from .actcal import ACT_MODES
+    s.add_argument("--act", choices=ACT_MODES, default="per_token",
+                   help="activation mode of the packed linears: one int8 scale per token (dynamic), per forward "
+                        "call, static calibrated ranges (the NPU can chain them), or per token with outlier "
+                        "channels in float (default: per_token)")
+    s.add_argument("--act-calib", metavar="FILE", default=None,
+                   help="act_scales.json of an earlier calibration for --act static / per_token_outliers "
+                        "(default: a model directory's own, else one run on --calib)")
+
+
+def _smooth_alpha(v):
+    try:
+        a = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if not 0.0 <= a <= 1.0:
+        raise argparse.ArgumentTypeError(f"{v} is outside [0, 1]")
+    return a
+
+
+def _transform_kwargs(args, calib_text):
+    """load_model / quantize_model keywords of the --rotate / --smooth / --calib flags."""
+    if args.smooth is not None and calib_text is None:
+        raise UsageError("--smooth needs --calib TEXT: the migration scales come from calibration activations")
+    return dict(rotate=args.rotate, rotate_online=args.rotate_online, smooth=args.smooth, calib=calib_text)
+
+
 def _fill_slots(args):
     """Resolve -m/--model and -f/--file against the positional MODEL / TEXT (see _add_common_args)."""
     slots = getattr(args, "_slots", ())
@@ -327,7 +374,14 @@ def _cmd_ppl(args):
     meta = _meta_arg(args, args.model)
     weights = _weights_arg(args.weights)
     text = read_text_like_llama_cpp(args.text)
-    model = load_model(args.model, weights=weights, int4_kind=args.int4_kind, threads=args.threads, meta=meta)
+    calib = read_text_like_llama_cpp(args.calib) if args.calib else None
+    if args.act in ("static", "per_token_outliers") and calib is None and args.act_calib is None \
+            and not os.path.isdir(args.model):
+        raise UsageError(f"--act {args.act} needs calibrated activations: --calib TEXT (a text that is not scored) "
+                         "or --act-calib act_scales.json")
+    model = load_model(args.model, weights=weights, int4_kind=args.int4_kind, threads=args.threads, meta=meta,
+                       act=args.act, act_calib=args.act_calib, calib_ctx=args.ctx, calib_chunks=args.calib_chunks,
+                       **_transform_kwargs(args, calib))
     _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
     if args.npu:
         from . import npu
@@ -375,8 +429,10 @@ def _cmd_quantize(args):
                               "(no manifest.json); --overwrite replaces only a model directory")
     meta = _meta_arg(args, args.source, fallback=args.alloc if args.alloc.endswith(".gguf") else None,
                      what="SOURCE")
+    calib = read_text_like_llama_cpp(args.calib) if args.calib else None
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
-                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta)
+                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
+                        calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, **_transform_kwargs(args, calib))
     out = qm.save(args.output, overwrite=args.overwrite)
     b = qm.result_bytes()
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
@@ -397,7 +453,9 @@ def _cmd_ffn_sweep(args):
         _warn_ctx(hparams(g).get("n_ctx_train"), args.ctx, args.command)
     rows, stats = sweep(args.model, text, calib, n_ctx=args.ctx, chunks=args.chunks, calib_chunks=args.calib_chunks,
                         threads=args.threads, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr),
-                        meta=meta)
+                        meta=meta, sens_chunks=args.sens_chunks, sens_budget=args.sens_budget,
+                        sens_method=args.sens_method, act=args.act, act_calib=args.act_calib, rotate=args.rotate,
+                        rotate_online=args.rotate_online, smooth=args.smooth)
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -407,10 +465,15 @@ def _cmd_ffn_sweep(args):
     if args.json:
         return 0
     print("gmax per layer: " + ", ".join(f"{i}: {s['gmax']:.3f}" for i, s in enumerate(stats)))
-    print(f"{'mode':<18}{'exact layers':<22}{'PPL':>9}{'+/-':>9}{'KL':>11}{'s':>7}")
+    print(f"{'mode':<30}{'exact layers':<22}{'PPL':>9}{'+/-':>9}{'KL':>11}{'s':>7}")
     for r in rows:
-        print(f"{r['mode']:<18}{str(r['exact_layers']):<22}{r['ppl']:>9.4f}{r['ppl_err']:>9.4f}{r['kl']:>11.6f}"
+        print(f"{r['mode']:<30}{str(r['exact_layers']):<22}{r['ppl']:>9.4f}{r['ppl_err']:>9.4f}{r['kl']:>11.6f}"
               f"{r['wall_s']:>7.1f}")
+    for r in rows:
+        if "calib_s" in r:
+            print(f"{r['mode']}: {r['method']} search, budget {r['budget']}, on {r['calib_chunks']} calibration "
+                  f"chunks: {r['calib_s']:.1f} s, calibration KL {r['calib_kl']:.6f}; KL gain of each layer alone: "
+                  + ", ".join(f"{i}: {g:.5f}" for i, g in enumerate(r["gain"])))
     return 0
 
 
@@ -518,6 +581,19 @@ _even_ctx = _int_arg(4, "an even integer >= 4 (the second half of a chunk is sco
 _ctx_size = _int_arg(2, "an integer >= 2")
 
 
+def _sens_budget(s):
+    """ffn-sweep --sens-budget: an int (exact layers) or, written with a point or exponent, a KL target."""
+    if any(c in s for c in ".eE"):
+        v = float(s)
+        if not v >= 0.0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"KL target must be a finite number >= 0, got {s}")
+        return v
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of layers >= 0 or a KL target, got {s}")
+    return v
+
+
 def _threshold(s):
     v = float(s)
     if not 0.0 < v < 64.0:
@@ -563,6 +639,8 @@ def build_parser():
     s.add_argument("--npu", choices=BACKENDS, default=None,
                    help="run the packed linears' int8 matmuls on an NPU backend, same results as the CPU path; "
                         f"needs --weights {_PACKED_WEIGHTS} (default: the CPU)")
+    _add_act_args(s)
+    _add_transform_args(s)
     s.add_argument("--save-logprobs", metavar="FILE", default=None,
                    help="store the reference log-probs for a later --kld-base (default: not stored)")
     s.add_argument("--kld-base", metavar="FILE", default=None,
@@ -603,6 +681,10 @@ def build_parser():
                    help="bits/weight at or above which an allocation type is int8")
     s.add_argument("-t", "--threads", type=_positive_int, default=None,
                    help="worker threads; never changes a result (default: all cores)")
+    _add_transform_args(s)
+    s.add_argument("--calib-ctx", type=_positive_int, default=512, metavar="N",
+                   help="tokens per calibration chunk (default: 512); with --calib the static activation ranges "
+                        "and outlier channels are calibrated and saved with the model (act_scales.json)")
     s.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="output model folder; missing parent folders are created (required)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -618,6 +700,16 @@ def build_parser():
     _add_common_args(s, ctx=256)
     s.add_argument("--calib-chunks", type=_positive_int, default=None, metavar="N",
                    help="calibration chunks (default: the whole calibration text)")
+    s.add_argument("--sens-budget", type=_sens_budget, default=None, metavar="N|KL",
+                   help="sprinkle_sensitivity's budget: a number of exact layers, or a KL target (a number with a "
+                        "point: add layers until the calibration KL is at most it) (default: 25%% of the layers, "
+                        "rounded down)")
+    _add_act_args(s)
+    _add_transform_args(s, calib=False)
+    s.add_argument("--sens-method", choices=("lazy", "greedy", "single"), default="lazy",
+                   help="sensitivity search: greedy, lazy greedy, or each layer's gain alone measured once")
+    s.add_argument("--sens-chunks", type=_positive_int, default=None, metavar="N",
+                   help="calibration chunks of the sensitivity search (default: 2048 tokens' worth, at least 2)")
     s.add_argument("--json", action="store_true",
                    help="print one JSON row per configuration (JSON lines) instead of the table")
     s.add_argument("--json-out", metavar="FILE", default=None,

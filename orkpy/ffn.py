@@ -6,6 +6,8 @@ The arithmetic contract is csrc/ork/ffn_chain.h.
     stats = prep(model, calib_tokens, n_ctx=256)            # gmax, max|silu|, ... per layer
     configure(model, stats, "fused")                        # every layer on the fused chain
     configure(model, stats, sprinkle(stats, "auto"))        # exact fp32 SiLU on the high-gmax layers
+    modes, report = sensitivity_sprinkle(model, stats, other_tokens, n_ctx=256, chunks=8)  # ... or on the
+                                                            # layers whose exact SiLU lowers the KL most
 
 Modes: ``baseline`` (per-op w8a8, float SiLU: the chain is off), ``fused``,
 ``exact_silu``, ``fp32_silu_out``, ``exact_lut_input``, ``clip_pct_<P>``,
@@ -39,6 +41,19 @@ any c >= 2.3 selects nothing on this model. One small model is a thin basis:
 Qwen3-1.7B's 7/13/19-of-28 results suggest c around 1 there too, but that was
 not measured here. Ties keep the lower layer index; the choice is
 deterministic (pure function of the prep statistics).
+
+gmax is a poor predictor of which layer matters. The sensitivity sprinkle
+(:func:`sensitivity_sprinkle`) measures it instead: the mean KL between the
+per-op model and the chain with a set of exact layers, on calibration text
+(never the scored text), searched greedily (``lazy``: lazy greedy, the default;
+``greedy``; or ``single``, each layer's gain alone measured once, the cheap
+proxy) under a budget: a number of layers (default :func:`default_budget`, 25%
+of the layers rounded down) or a KL target. The same search with
+``exact="unfused"`` chooses which layers leave the fused chain for the un-fused
+fp16 ops. Cost: n + 1 forward passes over the calibration chunks for the gains
+alone, then about one to a few per chosen layer (``lazy``), n - j at step j
+(``greedy``). Measured: bench/ffn_sweep.py (stories260K), bench/real_quant.py
+(the real models).
 """
 import math
 
@@ -107,9 +122,142 @@ def sprinkle(stats, select="auto", c=AUTO_C):
         exact = [i for i in range(len(g)) if g[i] > select]
     elif isinstance(select, (list, tuple)):
         exact = sorted(int(i) for i in select)
+    elif isinstance(select, str) and select == "sensitivity":
+        raise ValueError("the sensitivity sprinkle measures the model: sensitivity_sprinkle(model, stats, "
+                         "calib_tokens, ...)")
     else:
         raise ValueError(f"bad sprinkle selection {select!r}")
     return ["exact_silu" if i in exact else "fused" for i in range(len(g))]
+
+
+SENS_SHARE = 0.25
+SENS_METHODS = ("lazy", "greedy", "single")
+
+
+def default_budget(n_layer):
+    """The sensitivity sprinkle's default number of exact layers: 25% of the layers rounded
+    down (never above a quarter), at least 1: 1 of 5, 4 of 18, 7 of 30."""
+    return max(1, int(n_layer) // 4)
+
+
+def _sens_args(n, budget, method):
+    """(most layers, KL target or None) of a sensitivity budget; ValueError on a bad budget or method."""
+    if method not in SENS_METHODS:
+        raise ValueError(f"unknown sensitivity method {method!r} (expected one of {', '.join(SENS_METHODS)})")
+    if budget is None:
+        return default_budget(n), None
+    if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
+        if not 0 <= budget <= n:
+            raise ValueError(f"budget of {budget} exact layers: the model has {n} layers")
+        return int(budget), None
+    if isinstance(budget, float):
+        if not (math.isfinite(budget) and budget >= 0):
+            raise ValueError(f"KL target must be a finite float >= 0, got {budget}")
+        return n, budget
+    raise ValueError(f"bad budget {budget!r} (None, a number of layers or a float KL target)")
+
+
+def sensitivity_search(kl, n, budget=None, method="lazy", log=None):
+    """The search of :func:`sensitivity_sprinkle` over any cost ``kl(layers)`` (a tuple of exact
+    layers -> the KL it leaves; each distinct set is measured once): a dict with
+    ``exact_layers`` (sorted), ``steps`` (layer added, KL after it; in order), ``kl_fused``,
+    ``kl_single`` (each layer exact alone), ``gain``, ``kl`` (of the chosen set) and
+    ``evaluations`` (distinct sets measured)."""
+    log = log or (lambda m: None)
+    k_max, target = _sens_args(n, budget, method)
+    cache = {}
+
+    def cost(layers):
+        key = frozenset(layers)
+        if key not in cache:
+            cache[key] = float(kl(tuple(sorted(key))))
+        return cache[key]
+
+    kl_fused = cost(())
+    single = [cost((i,)) for i in range(n)]
+    log("KL all fused %.6f; gain of each layer alone " % kl_fused
+        + ", ".join(f"{i}: {kl_fused - v:.6f}" for i, v in enumerate(single)))
+    chosen, cur, steps = [], kl_fused, []
+    bound = {i: kl_fused - single[i] for i in range(n)}  # a gain, measured when len(chosen) was fresh[i]
+    fresh = dict.fromkeys(range(n), 0)
+    while len(chosen) < k_max and (target is None or cur > target):
+        if method == "greedy":
+            for i in bound:
+                bound[i], fresh[i] = cur - cost(chosen + [i]), len(chosen)
+        while method != "single":  # lazy: re-measure the best bound until it is current
+            best = min(bound, key=lambda i: (-bound[i], i))
+            if fresh[best] == len(chosen):
+                break
+            bound[best], fresh[best] = cur - cost(chosen + [best]), len(chosen)
+        best = min(bound, key=lambda i: (-bound[i], i))  # single: the best gain alone
+        chosen.append(best)
+        del bound[best]
+        cur = cost(chosen)
+        steps.append({"layer": best, "kl": cur})
+        log(f"+ layer {best}: KL {cur:.6f} ({len(cache)} evaluations)")
+    return {"exact_layers": sorted(chosen), "steps": steps, "kl_fused": kl_fused, "kl_single": single,
+            "gain": [kl_fused - v for v in single], "kl": cur, "evaluations": len(cache),
+            "budget": k_max if budget is None else budget}
+
+
+def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, budget=None, method="lazy",
+                         exact="exact_silu", threads=None, log=None):
+    """Choose the sprinkle's exact layers by their measured effect: (modes, report).
+
+    The effect of a set E of exact layers (mode ``exact`` on E, ``fused`` elsewhere) is the
+    mean KL(per-op model || chain) over the scored positions of ``chunks`` chunks of
+    ``n_ctx`` of ``calib_tokens`` (perplexity's KL mode; the reference is the same model with
+    the chain off, ``baseline``, so the KL is what the chain costs, 0 when every layer is
+    exact). ``calib_tokens`` (a text or ids; ``chunks`` None: all of it) must not be the text
+    the result is scored on: a choice made on the scored text is fitted to it (``sweep``
+    refuses a calibration text that holds the scored one).
+
+    ``budget``: None (:func:`default_budget`: 25% of the layers, rounded down), an int (that
+    many layers), or a float (a KL target: add layers until the calibration KL is at most it).
+    ``method`` (every one first measures each layer exact alone, n + 1 evaluations):
+
+    - ``greedy``: add the layer whose addition lowers the KL most; re-measure every remaining
+      layer after each addition (n + (n - 1) + ... evaluations);
+    - ``lazy`` (default): greedy's choice with fewer evaluations when a layer's gain only
+      shrinks as layers are added (lazy greedy: a layer's last measured gain stands for its
+      gain now; only the best one is re-measured, and taken if it still beats every other);
+      where gains grow instead it may differ from greedy;
+    - ``single``: the proxy measured once: the layers with the largest gain alone (KL all
+      fused minus KL with that layer exact) are taken.
+
+    ``exact``: the mode of the chosen layers: ``exact_silu`` (the host's fp32 activation),
+    ``unfused`` (the per-layer choice between the fused chain and the un-fused fp16 ops) or
+    another chain mode. Ties keep the lower layer index. The model is left configured with
+    the returned modes. The report (JSON-able): :func:`sensitivity_search`'s dict plus
+    ``method``, ``exact``, ``n_ctx``, ``chunks`` and ``seconds`` (the search's wall time)."""
+    import os
+    import tempfile
+    import time
+
+    from .ppl import perplexity
+
+    t0 = time.perf_counter()
+    n = model.hparams["n_layer"]
+    if exact not in MODES or exact in ("baseline", "fused"):
+        raise ValueError(f"exact mode {exact!r} must be a chain mode other than fused "
+                         f"({', '.join(md for md in MODES if md not in ('baseline', 'fused'))})")
+    _sens_args(n, budget, method)  # checked before any forward pass
+    tokens = model.tokens(calib_tokens)
+    kw = dict(n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False)
+    with tempfile.TemporaryDirectory(prefix="orkpy-sens-") as work:
+        ref = os.path.join(work, "ref.npz")
+        configure(model, stats, "baseline")
+        n_chunk = perplexity(model, tokens, save_logprobs=ref, **kw).chunks
+
+        def kl(layers):
+            configure(model, stats, [exact if i in layers else "fused" for i in range(n)])
+            return perplexity(model, tokens, kld_base=ref, **kw).kld["mean"]
+
+        log = log or (lambda m: None)
+        rep = sensitivity_search(kl, n, budget, method, log=lambda m: log(f"sensitivity ({exact}): {m}"))
+    modes = configure(model, stats, [exact if i in rep["exact_layers"] else "fused" for i in range(n)])
+    rep.update(method=method, exact=exact, n_ctx=n_ctx, chunks=n_chunk, seconds=time.perf_counter() - t0)
+    return modes, rep
 
 
 def configure(model, stats, modes):
@@ -125,12 +273,40 @@ def configure(model, stats, modes):
 
 
 SWEEP_CLIPS = (99.9, 99.5, 99.0)
+#: calibration tokens of the sweep's sensitivity search (chunks of n_ctx, at least 2) unless sens_chunks says
+SENS_TOKENS = 2048
+OVERLAP_WINDOW = 32
+
+
+def text_overlap(scored, calib, window=OVERLAP_WINDOW):
+    """The share of the scored ids' non-overlapping ``window``-token windows that occur anywhere
+    in the calibration ids (0: disjoint texts; 1: the scored text is inside the calibration)."""
+    scored, calib = np.asarray(scored, np.int64), np.asarray(calib, np.int64)
+    if len(scored) < window or len(calib) < window:
+        return 0.0
+    pw = np.uint64(1_000_003) ** np.arange(window, dtype=np.uint64)  # wraps mod 2^64: a hash
+
+    def hashes(t, step):
+        v = np.lib.stride_tricks.sliding_window_view(t.astype(np.uint64), window)[::step]
+        return (v * pw).sum(axis=1)
+    with np.errstate(over="ignore"):
+        return float(np.isin(hashes(scored, window), hashes(calib, 1)).mean())
 
 
 def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=None, threads=None, progress=False,
-          log=None, meta=None):
+          log=None, meta=None, sens_chunks=None, sens_budget=None, sens_method="lazy", act="per_token",
+          act_calib=None, rotate=None, smooth=None, rotate_online=False):
     """Every configuration of the issue's sweep; rows of dict(mode, exact_layers, ppl, ppl_err, kl, wall_s).
-    ``meta``: a safetensors source's GGUF for hyper-parameters and tokenizer (:func:`orkpy.load_model`)."""
+    ``meta``: a safetensors source's GGUF for hyper-parameters and tokenizer (:func:`orkpy.load_model`).
+    The sensitivity rows (:func:`sensitivity_sprinkle` on ``sens_chunks`` chunks of the calibration
+    text, default ``SENS_TOKENS`` tokens' worth; ``sens_budget``, ``sens_method``) also carry
+    ``calib_s`` (the search's seconds), ``calib_kl`` (its KL on the calibration text) and ``gain``
+    (each layer's KL gain alone); ``sprinkle_gmax`` repeats the gmax sprinkle row with as many
+    exact layers as ``sprinkle_sensitivity``. A calibration text holding half or more of the
+    scored text's 32-token windows is a ValueError. ``act`` / ``act_calib`` (the packed linears'
+    activation mode, :func:`orkpy.load_model`; the chain quantizes its input in it) and ``rotate`` /
+    ``smooth`` (folded into the int8 model, calibrated on ``calib_text``) change the quantized model;
+    the reference stays the float model as given, so the KL includes what they cost or save."""
     import os
     import tempfile
     import time
@@ -139,26 +315,36 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
     from .ppl import perplexity
 
     log = log or (lambda m: None)
+    if rotate_online:
+        raise ValueError("rotate_online rotates ffn_down's input inside the FFN, which the fused chain does not "
+                         "model: sweep with rotate='hadamard' alone")
     with tempfile.TemporaryDirectory(prefix="orkpy-ffn-") as work:  # the reference log-probs, removed after
         ref_lp = os.path.join(work, "ref.npz")
         ref = load_model(model_path, weights="gguf", meta=meta)
         tokens = ref.tokens(text)  # tokenized once: every configuration scores these ids
+        n_scored, _ = ref.chunks(tokens, n_ctx, chunks)
+        calib_tokens = ref.tokenizer.encode(calib_text)
+        shared = text_overlap(tokens[: n_scored * n_ctx], calib_tokens)
+        if shared >= 0.5:
+            raise ValueError(f"the calibration text holds {shared:.0%} of the scored text's {OVERLAP_WINDOW}-token "
+                             "windows: calibrate (--calib) on a text that is not scored")
         perplexity(ref, tokens, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress, save_logprobs=ref_lp)
         del ref
-        m = load_model(model_path, weights="int8", meta=meta)
-        stats = prep(m, m.tokenizer.encode(calib_text), n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
+        m = load_model(model_path, weights="int8", meta=meta, act=act, act_calib=act_calib, rotate=rotate,
+                       smooth=smooth, calib=calib_text, calib_ctx=n_ctx, calib_chunks=calib_chunks)
+        stats = prep(m, calib_tokens, n_ctx=n_ctx, chunks=calib_chunks, threads=threads)
         n = m.hparams["n_layer"]
         rows = []
 
-        def run(label, modes):
+        def run(label, modes, layers=None, **extra):
             t0 = time.perf_counter()
             modes = configure(m, stats, modes)
             r = perplexity(m, tokens, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=progress,
                            kld_base=ref_lp)
-            exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")]
-            rows.append({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
-                         "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0})
-            log(f"{label:<18} exact {str(exact):<20} PPL {r.ppl:.4f} KL {r.kld['mean']:.6f}")
+            exact = [i for i, md in enumerate(modes) if md in ("exact_silu", "baseline")] if layers is None else layers
+            rows.append(dict({"mode": label, "exact_layers": exact, "ppl": r.ppl, "ppl_err": r.ppl_err,
+                              "kl": r.kld["mean"], "wall_s": time.perf_counter() - t0}, **extra))
+            log(f"{label:<30} exact {str(exact):<20} PPL {r.ppl:.4f} KL {r.kld['mean']:.6f}")
 
         for mode in ("baseline", "fused", "exact_silu", "fp32_silu_out", "exact_lut_input"):
             run(mode, mode)
@@ -169,4 +355,15 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
         for k in range(n + 1):
             run("sprinkle", sprinkle(stats, k))
         run("sprinkle_auto", sprinkle(stats, "auto"))
+        sens_chunks = sens_chunks or max(2, SENS_TOKENS // n_ctx)
+        for exact, label in (("exact_silu", "sprinkle_sensitivity"), ("unfused", "sprinkle_sensitivity_unfused")):
+            modes, rep = sensitivity_sprinkle(m, stats, calib_tokens, n_ctx=n_ctx, chunks=sens_chunks,
+                                              budget=sens_budget, method=sens_method, exact=exact, threads=threads,
+                                              log=log)
+            run(label, modes, rep["exact_layers"], calib_s=rep["seconds"], calib_kl=rep["kl"], gain=rep["gain"],
+                method=rep["method"], budget=rep["budget"], calib_chunks=rep["chunks"])
+            if exact == "exact_silu":
+                k = len(rep["exact_layers"])
+                rows.append(dict(next(r for r in rows if r["mode"] == "sprinkle" and len(r["exact_layers"]) == k),
+                                 mode="sprinkle_gmax"))
         return rows, stats

@@ -355,7 +355,8 @@ class Model:
         (inputs beyond a static linear's range). What :func:`orkpy.calibrate_activations` uses.
         The head sees the second half of each chunk's positions (the ones perplexity scores),
         every other linear every position but the first ``prefix`` (which the per-tensor and
-        static modes can quantize per token: ``LinearSpec.act_prefix``)."""
+        static modes can quantize per token: ``LinearSpec.act_prefix``); ``ch_absmax`` counts
+        every position (it chooses the per-token mode's outlier channels)."""
         self._fwd.act_stats_enable(int(prefix))
         try:
             nthreads = 0 if threads is None else int(threads)

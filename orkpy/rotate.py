@@ -2,7 +2,8 @@
 float while its activations lose their outlier channels (QuaRot-style rotations folded into
 the weights), and SmoothQuant-style migration of activation outliers into the weights.
 
-:func:`rotate_source` ``(src, rotate="hadamard", seed=0, heads=True, smooth=None, stats=None)``
+:func:`rotate_source` ``(src, rotate="hadamard", seed=0, heads=True, smooth=None, stats=None,
+online=False)``
 returns a :class:`TransformedSource`: a :class:`~orkpy.source.Source` whose tensors are the
 transformed ones, computed per tensor when asked for (nothing is held but the transformation
 matrices and, once computed, the embedding table), with the wrapped source's
@@ -26,6 +27,21 @@ through pre-norms: llama, qwen2, qwen3, phi3):
   ``R`` (exact offline: attention mixes positions, not channels): ``attn_v``'s rows of each
   KV head ``R^T V_j`` (its bias too), ``attn_output``'s columns of each query head ``W R``.
   That spreads the outliers of ``attn_output``'s input as ``Q`` does the residual's.
+
+Online rotation of ``ffn_down``'s input (``online=True``; any architecture, Gemma included:
+it stays inside the FFN): ``act(gate) * up`` passes a nonlinearity, so no offline fold
+reaches it; the forward pass multiplies each token's ``n_ff`` values by
+``H / sqrt(n_ff)``, ``H = kron(H_p, H_m)`` (:func:`hadamard`), as a fast Walsh-Hadamard
+transform of the ``p`` blocks of ``m = n_ff / p`` values and a ``p x p`` mix of the blocks
+(csrc/ork/model.c ``down_rotate``, the block from :func:`down_rot_block`), and
+``ffn_down`` becomes ``W diag(signs) H / sqrt(n_ff)`` with the random signs (``seed``)
+folded into ``ffn_up``'s rows and bias. Cost per token: ``n_ff log2(m)`` additions and
+``n_ff p`` multiply-adds on the host, against ``n_embd n_ff`` for ``ffn_down`` itself:
+SmolLM2 (1536 = 12 x 128) 10.8k + 18.4k = 29k vs 885k, 3.3% of ``ffn_down``'s
+multiply-adds, about 1% of the layer's; run on the CPU, single-threaded, between the
+FFN's two halves (on the NPU it is a host round trip unless the NPU does it). The source's
+``hp`` says ``ffn_down_rot``; a model directory's manifest records it and loading re-applies
+it; the fused FFN chain refuses such a layer.
 
 ``Q = diag(signs) H / sqrt(D)`` with random signs (``seed``) and ``H`` a Hadamard matrix of
 order D built as Kronecker products of a Paley block and a Sylvester power of two
@@ -56,7 +72,8 @@ weights, each pair folded where it is exact:
   bias ``/ s``, ``attn_output`` columns ``* s`` (each query head's columns take its KV
   head's scales);
 - ``ffn_up`` -> ``ffn_down`` (``act(gate) * up`` is linear in ``up`` per channel): ``ffn_up``
-  rows and bias ``/ s``, ``ffn_down`` columns ``* s``.
+  rows and bias ``/ s``, ``ffn_down`` columns ``* s`` (not with ``online``: the input is
+  rotated there).
 
 With a rotation, smoothing happens after it, in the rotated basis (folded norms are ones,
 so the norm weight becomes ``1 / s``); ``stats`` must then come from the rotated model

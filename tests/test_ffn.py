@@ -136,8 +136,8 @@ def test_bad_input(setup, shared):
 @pytest.mark.gate
 def test_ffn_sweep_cli(shared, tmp_path, capsys):
     out = tmp_path / "sweep.jsonl"
-    text = str(shared / "text" / "tinystories-val-B.txt")
-    assert main(["ffn-sweep", str(shared / ST), text, "--calib", text, "--chunks", "20", "--calib-chunks", "40",
+    text, calib = str(shared / "text" / "tinystories-val-B.txt"), str(shared / "text" / "wikitext-2-raw-test.txt")
+    assert main(["ffn-sweep", str(shared / ST), text, "--calib", calib, "--chunks", "20", "--calib-chunks", "40",
                  "--json-out", str(out), "--no-progress"]) == 0
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     modes = [r["mode"] for r in rows]
@@ -150,6 +150,15 @@ def test_ffn_sweep_cli(shared, tmp_path, capsys):
     assert by["exact_silu"]["ppl"] == by["baseline"]["ppl"] == sprinkles[-1]["ppl"]
     assert sprinkles[0]["ppl"] == by["fused"]["ppl"]
     assert set(rows[0]) == {"mode", "exact_layers", "ppl", "ppl_err", "kl", "wall_s"}
+    # the sensitivity sprinkle at its default budget (25% of 5 layers: 1), next to gmax at the same count
+    sens, gmax = by["sprinkle_sensitivity"], by["sprinkle_gmax"]
+    assert len(sens["exact_layers"]) == len(gmax["exact_layers"]) == 1
+    assert gmax == dict(sprinkles[1], mode="sprinkle_gmax")
+    assert sens["method"] == "lazy" and sens["budget"] == 1 and sens["calib_chunks"] == 8 and sens["calib_s"] > 0
+    assert len(sens["gain"]) == 5 and sens["exact_layers"] == [int(np.argmax(sens["gain"]))]
+    assert sens["kl"] < gmax["kl"] and sens["ppl"] < gmax["ppl"]
+    unf = by["sprinkle_sensitivity_unfused"]
+    assert len(unf["exact_layers"]) == 1 and by["fused"]["ppl"] != unf["ppl"] != by["unfused"]["ppl"]
 
 
 # ------------------------------------------------ review regressions --
@@ -182,3 +191,34 @@ def test_set_ffn_releases_replaced_arrays_and_names_missing_keys(shared):
         m._fwd.set_ffn(0, {"lut_step": 1.0})
     with pytest.raises(ValueError, match="missing 'u_scale'"):
         m._fwd.set_ffn(0, {"mode": "fused", "lut_step": 0.1, "s_scale": 0.1, "p_scale": 0.1})
+
+
+# ------------------------------------------------ activation modes in the chain --
+@pytest.mark.parametrize("act", ["per_tensor", "static"])
+def test_chain_input_follows_the_activation_mode(setup, shared, act):
+    """The chain quantizes h in the gate's activation mode: its exact path still equals the
+    per-op path of a model loaded in that mode, and differs from the per-token one."""
+    m0, toks, stats = setup
+    calib = read_text_like_llama_cpp(shared / "text" / "wikitext-2-raw-test.txt")
+    m = orkpy.load_model(shared / ST, weights="int8", act=act, calib=calib if act == "static" else None,
+                         calib_ctx=256, calib_chunks=4)
+    chunk = toks[256:512]
+    ffn.configure(m, stats, "baseline")
+    base = m.forward(chunk)
+    ffn.configure(m, stats, "exact_silu")
+    exact = m.forward(chunk)
+    assert np.array_equal(exact, base)
+    ffn.configure(m0, stats, "exact_silu")
+    assert not np.array_equal(exact, m0.forward(chunk))
+    ffn.configure(m, stats, "fused")
+    fused = m.forward(chunk)
+    assert np.all(np.isfinite(fused)) and not np.array_equal(fused, exact)
+
+
+def test_chain_refuses_outlier_channels(setup, shared):
+    m0, toks, stats = setup
+    calib = read_text_like_llama_cpp(shared / "text" / "wikitext-2-raw-test.txt")
+    m = orkpy.load_model(shared / ST, weights="int8", act="per_token_outliers", calib=calib, calib_ctx=256,
+                         calib_chunks=4)
+    with pytest.raises(ValueError, match="outlier"):
+        ffn.configure(m, stats, "fused")

@@ -53,8 +53,14 @@ def check_ffn_sweep(c):
         "each extra exact layer lowers KL; all exact == baseline": (
             all(a > b for a, b in zip(spr_kl, spr_kl[1:]))
             and math.isclose(c["sprinkle_ppl"][-1], ppl["baseline"], rel_tol=1e-9)),
+        "sensitivity sprinkle within its budget (25% of the layers)": (
+            len(c["sensitivity_layers"]) == len(c["gmax_layers"]) == max(1, c["n_layer"] // 4)),
+        "sensitivity sprinkle >= gmax sprinkle at equal layer count (PPL, KL)": (
+            kl["sprinkle_sensitivity"] <= kl["sprinkle_gmax"] and ppl["sprinkle_sensitivity"] <= ppl["sprinkle_gmax"]),
     }
     assert c["sprinkle_kl"][0] == kl["fused"] and c["sprinkle_auto_layers"]
+    k = len(c["gmax_layers"])  # the gmax row is the sprinkle row with as many exact layers
+    assert kl["sprinkle_gmax"] == c["sprinkle_kl"][k] and ppl["sprinkle_gmax"] == c["sprinkle_ppl"][k]
     return derived
 
 
@@ -103,9 +109,15 @@ def test_there_is_a_notebook():
 
 def test_claims_check_can_fail():
     c = {"kl": {"baseline": 0.002, "fused": 0.02, "sprinkle_auto": 0.025, "fp32_silu_out": 0.002,
-                "exact_lut_input": 0.02},
-         "ppl": {"baseline": 6.6, "fused": 6.8, "sprinkle_auto": 6.7},
-         "sprinkle_kl": [0.02, 0.01, 0.002], "sprinkle_ppl": [6.8, 6.7, 6.6], "sprinkle_auto_layers": [1]}
+                "exact_lut_input": 0.02, "sprinkle_sensitivity": 0.012, "sprinkle_gmax": 0.01},
+         "ppl": {"baseline": 6.6, "fused": 6.8, "sprinkle_auto": 6.7, "sprinkle_sensitivity": 6.65,
+                 "sprinkle_gmax": 6.7},
+         "sprinkle_kl": [0.02, 0.01, 0.002], "sprinkle_ppl": [6.8, 6.7, 6.6], "sprinkle_auto_layers": [1],
+         "n_layer": 2, "sensitivity_layers": [0], "gmax_layers": [1]}
     assert not check_ffn_sweep(c)["sprinkle_auto recovers part of the gap (PPL, KL)"]
     c["kl"]["sprinkle_auto"] = 0.01
+    assert not check_ffn_sweep(c)["sensitivity sprinkle >= gmax sprinkle at equal layer count (PPL, KL)"]
+    c["kl"]["sprinkle_sensitivity"] = 0.008
     assert all(check_ffn_sweep(c).values())
+    c["sensitivity_layers"] = [0, 1]
+    assert not check_ffn_sweep(c)["sensitivity sprinkle within its budget (25% of the layers)"]

@@ -12,7 +12,9 @@ The imatrix is orkpy's (``orkpy imatrix``) on tinystories, the scored text wikit
 512, Q_CHUNKS chunks. The fused FFN chain runs on both (SiLU for SmolLM2, GELU-tanh for
 Gemma, ffn_chain.h) through ``orkpy ffn-sweep`` at a small size (n_ctx 64, one scored chunk):
 its identities must hold (the exact path is the per-op model; 0 exact layers is the fused
-chain). Figures at full size: bench/real_quant.py.
+chain), and its sensitivity rows are there (one calibration chunk, the single-gain proxy: cheap;
+the search itself is tested in tests/test_ffn_sensitivity.py). Figures at full size:
+bench/real_quant.py.
 """
 import json
 
@@ -79,7 +81,8 @@ def test_ffn_sweep_cli(shared, tmp_path, name, capsys):
     f32 = str(f32_reference(name))
     out = tmp_path / "sweep.jsonl"
     assert main(["ffn-sweep", f32, str(shared / "text" / WIKI), "--calib", str(shared / "text" / TINY), "-c", "64",
-                 "--chunks", "1", "--calib-chunks", "8", "--json-out", str(out), "--no-progress"]) == 0
+                 "--chunks", "1", "--calib-chunks", "8", "--sens-chunks", "1", "--sens-method", "single",
+                 "--json-out", str(out), "--no-progress"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     by = {r["mode"]: r for r in rows}
     n_layer = orkpy.load_model(f32).hparams["n_layer"]
@@ -88,6 +91,12 @@ def test_ffn_sweep_cli(shared, tmp_path, name, capsys):
     assert by["exact_silu"]["ppl"] == by["baseline"]["ppl"] == sprinkles[-1]["ppl"]  # the exact path is per-op
     assert sprinkles[0]["ppl"] == by["fused"]["ppl"] != by["baseline"]["ppl"]
     assert all(np.isfinite(r["ppl"]) and r["kl"] >= 0 for r in rows)
+    # the sensitivity sprinkle: 25% of the layers (rounded down), gmax at the same count next to it
+    sens, gmax = by["sprinkle_sensitivity"], by["sprinkle_gmax"]
+    assert len(sens["exact_layers"]) == len(gmax["exact_layers"]) == n_layer // 4 == len(by["sprinkle_sensitivity_unfused"]["exact_layers"])
+    assert gmax == dict(sprinkles[n_layer // 4], mode="sprinkle_gmax") and len(sens["gain"]) == n_layer
+    assert sens["exact_layers"] == sorted(np.argsort(-np.array(sens["gain"]), kind="stable")[: n_layer // 4].tolist())
     print(f"\n{name} ffn-sweep (n_ctx 64, 1 chunk): " + ", ".join(
         f"{m} {by[m]['ppl']:.3f}" for m in ("baseline", "fused", "fp32_silu_out", "exact_lut_input", "asym_zero_point",
-                                             "per_channel_out", "unfused", "sprinkle_auto")))
+                                             "per_channel_out", "unfused", "sprinkle_auto", "sprinkle_gmax",
+                                             "sprinkle_sensitivity")))

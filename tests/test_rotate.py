@@ -80,13 +80,15 @@ def test_rotation_is_seeded_and_checked():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("how", ["rotate", "smooth", "both", "orthogonal"])
+@pytest.mark.parametrize("how", ["rotate", "smooth", "both", "orthogonal", "online", "rotate+online+smooth"])
 def test_transformed_model_computes_the_same_function(tmp_path, case, how):
     """The rotated / smoothed C forward pass against the float64 reference of the original weights."""
     p, T, c = _make(tmp_path, case)
     tok = archgen.tokens(64)
     kw = {"rotate": dict(rotate="hadamard"), "orthogonal": dict(rotate="orthogonal", rotate_seed=4),
-          "smooth": dict(smooth=0.5), "both": dict(rotate="hadamard", smooth=0.6)}[how]
+          "smooth": dict(smooth=0.5), "both": dict(rotate="hadamard", smooth=0.6),
+          "online": dict(rotate_online=True, rotate_seed=1),
+          "rotate+online+smooth": dict(rotate="hadamard", rotate_online=True, smooth=0.5)}[how]
     if "smooth" in kw:
         kw.update(calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)
     m = orkpy.load_model(p, **kw)
@@ -96,8 +98,12 @@ def test_transformed_model_computes_the_same_function(tmp_path, case, how):
     # the weights did change: every linear (rotated) or the smoothed groups
     changed = [n for n in m.linear_names() if not np.array_equal(m.linears[n].weight, plain.linears[n].weight)]
     assert len(changed) == len(m.linear_names()) if "rotate" in kw else len(changed) > 0
-    if c["tied"]:
+    if c["tied"] and how != "online":
         assert plain.tied and not m.tied  # the head E diag(g) Q is not the embedding E Q any more
+    assert bool(m.hparams.get("ffn_down_rot")) == ("online" in how)
+    if "online" in how:  # ffn_down's weight expects its input rotated online: only that gives the reference
+        down = "blk.0.ffn_down.weight"
+        assert not np.array_equal(m.linears[down].weight, plain.linears[down].weight)
 
 
 def test_rotation_folds_norms_and_biases_as_documented(tmp_path):
@@ -126,9 +132,13 @@ def test_gemma_refuses_a_rotation_and_smooths_exactly(tmp_path, arch_name):
         orkpy.load_model(p, rotate="hadamard")
     m = orkpy.load_model(p, smooth=0.5, calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)
     tok = archgen.tokens(64)
-    diff, rel, kl = archgen.compare(m.forward(tok), archgen.ref_forward(T, c, tok))
+    ref = archgen.ref_forward(T, c, tok)
+    diff, rel, kl = archgen.compare(m.forward(tok), ref)
     assert rel < REL, (arch_name, diff, rel)
     assert m.tied == (arch_name == "gemma2")  # Gemma 2's head is always the embedding: its group is not smoothed
+    m = orkpy.load_model(p, rotate_online=True)  # inside the FFN, before the post norm: exact
+    diff, rel, kl = archgen.compare(m.forward(tok), ref)
+    assert rel < REL and m.hparams["ffn_down_rot"], (arch_name, diff, rel)
 
 
 def test_stories260k_rotated_float_outputs(shared):
@@ -159,6 +169,31 @@ def test_argument_errors(tmp_path, shared):
     out = qm.save(tmp_path / "q")
     with pytest.raises(ValueError, match="quantized model directory"):
         orkpy.load_model(out, rotate="hadamard")
+
+
+def test_online_rotation_round_trip_and_refusals(tmp_path, shared):
+    p, T, c = _make(tmp_path, "llama-48-wide")  # n_ff 80 = Paley 20 x Sylvester 4
+    qm = orkpy.quantize_model(p, tier_map(p), rotate="hadamard", rotate_online=True, progress=False,
+                              log=lambda m: None)
+    assert qm.settings["rotate_online"] and qm.settings["transform"]["online_construction"] == \
+        "Hadamard 80 = Paley 20 x Sylvester 4"
+    out = qm.save(tmp_path / "q")
+    m = orkpy.load_model(out)
+    assert m.hparams["ffn_down_rot"]  # re-applied from the manifest: the saved ffn_down expects it
+    tok = archgen.tokens(64)
+    np.testing.assert_array_equal(m.forward(tok), qm.to_model().forward(tok))
+    ref = archgen.ref_forward(T, c, tok)
+    assert archgen.compare(m.forward(tok), ref)[2] < archgen.compare(
+        orkpy.load_model(p, weights="int8").forward(tok), ref)[2]  # int8 KL: rotated below plain here too
+    from orkpy import ffn
+    st = ffn.prep(m, archgen.tokens(256), n_ctx=64, chunks=2)
+    with pytest.raises(ValueError, match="rotated online"):
+        m.set_ffn(0, ffn.layer_params(st[0], "fused"))
+    m._fwd.set_ffn(0, ffn.layer_params(st[0], "fused"))  # past the Python check, the C model refuses it
+    with pytest.raises(ValueError, match="does not apply the online down rotation"):
+        m.forward(tok)
+    with pytest.raises(ValueError, match="n_ff = 172"):  # stories260K: 172 = 4 x 43, no Hadamard built
+        orkpy.load_model(shared / "models" / "stories260K" / "stories260K-F32.gguf", rotate_online=True)
 
 
 def test_quantize_model_saves_the_rotated_model(tmp_path, shared):

@@ -69,12 +69,19 @@ static int pos(float v) { return v > 0.0f && isfinite(v); }
 
 ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_linear *ld, const ork_ffn_params *p,
                          ork_err *err) {
+    ork_status st0;
     if ((int)p->mode < 1 || (int)p->mode >= ORK_FFN_MODE_COUNT)
         return ork_err_set(err, ORK_EINVAL, "unknown FFN chain mode %d", (int)p->mode);
     if ((int)p->act < 0 || (int)p->act >= ORK_ACT_COUNT)
         return ork_err_set(err, ORK_EINVAL, "unknown FFN activation %d", (int)p->act);
     if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed gate, up and down weights");
+    if (lg->n_outliers || lu->n_outliers)
+        return ork_err_set(err, ORK_EINVAL, "the fused FFN chain keeps no outlier channels apart (an int8-only path); "
+                           "use act='per_token', 'per_tensor' or 'static' with it");
+    if (lg->per_tensor_act != lu->per_tensor_act || lg->act_clip != lu->act_clip || lg->act_prefix != lu->act_prefix)
+        return ork_err_set(err, ORK_EINVAL, "gate and up share the chain input, so their activation modes must agree");
+    if ((st0 = ork_linear_check_act(lg, err))) return st0;
     const int per_ch = p->mode == ORK_FFN_PER_CHANNEL_OUT;
     if (!pos(p->lut_step) || !(pos(p->s_scale) || per_ch) || !pos(p->u_scale) || !pos(p->p_scale))
         return ork_err_set(err, ORK_EINVAL, "FFN chain scales must be positive and finite (run the prep pass first)");
@@ -97,7 +104,9 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the FFN chain (T = %zu)", T);
         goto done;
     }
-    if ((st = ork_quantize_activations(h, T, D, Dp, 0, hq, a, err))) goto done;
+    /* the chain input is quantized in the gate's activation mode (per token, per tensor, static,
+     * with a per-token prefix); gate and up share it, so their modes must agree (ork_ffn_check) */
+    if ((st = ork_quantize_acts(h, T, D, Dp, lg->per_tensor_act, lg->act_clip, lg->act_prefix, hq, a, err))) goto done;
     /* compact the padded rows for ork_matmul_int (it pads itself) */
     for (size_t t = 1; t < T; t++) memmove(hq + t * D, hq + t * Dp, D);
     if ((st = ork_linear_int(lg, hq, T, G, nthreads, err))) goto done;

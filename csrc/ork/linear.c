@@ -53,12 +53,20 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
     ork_act_stats *s = l->act_stats;
     const size_t K = l->K;
     size_t j = 0;
-    for (size_t m = s->skip_rows; m < M; m++) {
+    for (size_t m = 0; m < M; m++) {
         const float *xr = x + m * K;
         const int clips = l->act_clip > 0.0f && m >= l->act_prefix;
+        if (m < s->skip_rows) { /* the channel maxima only */
+            if (s->ch_absmax)
+                for (size_t k = 0; k < K; k++)
+                    if (isfinite(xr[k]) && fabsf(xr[k]) > s->ch_absmax[k]) s->ch_absmax[k] = fabsf(xr[k]);
+            continue;
+        }
         j = 0;
         for (size_t k = 0; k < K; k++) {
             float v = xr[k], a = fabsf(v);
+            int outlier = j < l->n_outliers && (size_t)l->outliers[j] == k;
+            j += (size_t)outlier;
             if (!isfinite(v)) continue;
             int bin = ork_act_stats_bin(v);
             s->count[bin]++;
@@ -66,9 +74,7 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
             s->sum2[bin] += (double)a * (double)a;
             if (a > s->absmax) s->absmax = a;
             if (s->ch_absmax && a > s->ch_absmax[k]) s->ch_absmax[k] = a;
-            int outlier = j < l->n_outliers && (size_t)l->outliers[j] == k;
-            if (outlier) j++;
-            else if (clips && a > l->act_clip) s->n_clipped++;
+            if (!outlier && clips && a > l->act_clip) s->n_clipped++;
         }
     }
     if (M > s->skip_rows) s->rows += M - s->skip_rows;

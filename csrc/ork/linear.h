@@ -74,11 +74,11 @@ typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
 #define ORK_ASTATS_BINS (2 + (ORK_ASTATS_EMAX - ORK_ASTATS_EMIN) * ORK_ASTATS_SUB)
 
 typedef struct ork_act_stats {
-    size_t skip_rows;          /* set by the caller: the first skip_rows rows of each call are not counted */
+    size_t skip_rows;          /* set by the caller: the first skip_rows rows of each call count in ch_absmax only */
     uint64_t rows;             /* rows counted */
     uint64_t n_clipped;        /* values quantized with act_clip (static linears) and |x| > act_clip */
     float absmax;              /* max |x| */
-    float *ch_absmax;          /* (K): max |x| per input channel (caller-owned, zeroed) */
+    float *ch_absmax;          /* (K): max |x| per input channel, every row (caller-owned, zeroed) */
     uint64_t count[ORK_ASTATS_BINS];
     double sum[ORK_ASTATS_BINS], sum2[ORK_ASTATS_BINS];
 } ork_act_stats;

@@ -312,6 +312,16 @@ static void stats(void) {
     for (int b = 0; b < ORK_ASTATS_BINS; b++) n += s->count[b];
     CHECK(s->rows == M - 2 && n == (M - 2) * K && s->n_clipped == c2, "stats skip/prefix rows %llu clipped %llu vs %llu",
           (unsigned long long)s->rows, (unsigned long long)s->n_clipped, (unsigned long long)c2);
+    chok = 1;
+    float amax2 = 0;
+    for (size_t k = 0; k < K; k++) {
+        float c = 0;
+        for (size_t m = 0; m < M; m++) c = fmaxf(c, fabsf(x[m * K + k]));
+        chok &= chmax[k] == c;                     /* the channel maxima see the skipped rows too */
+    }
+    for (size_t m = 2; m < M; m++)
+        for (size_t k = 0; k < K; k++) amax2 = fmaxf(amax2, fabsf(x[m * K + k]));
+    CHECK(chok && s->absmax == amax2, "stats skip: channel maxima over every row, absmax over the counted ones");
     free(s);
     free(w.store);
 }
