@@ -57,6 +57,9 @@ def check_ffn_sweep(c):
             len(c["sensitivity_layers"]) == len(c["gmax_layers"]) == max(1, c["n_layer"] // 4)),
         "sensitivity sprinkle >= gmax sprinkle at equal layer count (PPL, KL)": (
             kl["sprinkle_sensitivity"] <= kl["sprinkle_gmax"] and ppl["sprinkle_sensitivity"] <= ppl["sprinkle_gmax"]),
+        "in every activation mode the chain costs KL and the sensitivity layers recover part of it": all(
+            c["act_modes"][f"{a}/per-op"]["kl"] < c["act_modes"][f"{a}/sensitivity"]["kl"]
+            < c["act_modes"][f"{a}/fused"]["kl"] for a in {k.split("/")[0] for k in c["act_modes"]}),
     }
     assert c["sprinkle_kl"][0] == kl["fused"] and c["sprinkle_auto_layers"]
     k = len(c["gmax_layers"])  # the gmax row is the sprinkle row with as many exact layers
@@ -113,7 +116,8 @@ def test_claims_check_can_fail():
          "ppl": {"baseline": 6.6, "fused": 6.8, "sprinkle_auto": 6.7, "sprinkle_sensitivity": 6.65,
                  "sprinkle_gmax": 6.7},
          "sprinkle_kl": [0.02, 0.01, 0.002], "sprinkle_ppl": [6.8, 6.7, 6.6], "sprinkle_auto_layers": [1],
-         "n_layer": 2, "sensitivity_layers": [0], "gmax_layers": [1]}
+         "n_layer": 2, "sensitivity_layers": [0], "gmax_layers": [1],
+         "act_modes": {"static/per-op": {"kl": 0.003}, "static/sensitivity": {"kl": 0.01}, "static/fused": {"kl": 0.02}}}
     assert not check_ffn_sweep(c)["sprinkle_auto recovers part of the gap (PPL, KL)"]
     c["kl"]["sprinkle_auto"] = 0.01
     assert not check_ffn_sweep(c)["sensitivity sprinkle >= gmax sprinkle at equal layer count (PPL, KL)"]
@@ -121,3 +125,5 @@ def test_claims_check_can_fail():
     assert all(check_ffn_sweep(c).values())
     c["sensitivity_layers"] = [0, 1]
     assert not check_ffn_sweep(c)["sensitivity sprinkle within its budget (25% of the layers)"]
+    c["act_modes"]["static/sensitivity"]["kl"] = 0.025
+    assert not check_ffn_sweep(c)["in every activation mode the chain costs KL and the sensitivity layers recover part of it"]
