@@ -1,12 +1,22 @@
-"""The activation-scale modes of the packed linears (orkpy.actcal) on a real model: mean KL vs the
-float model and PPL for w8a8 / w4a8 per mode, with and without the Hadamard rotation.
+"""The activation-scale modes of the packed linears (orkpy.actcal) on real models: mean KL vs the
+float model and PPL for w8a8 / w4a8 per mode, with and without rotation, next to llama.cpp's
+Q8_0 and Q4_K_M+imatrix measured in the same run by the live llama.cpp.
 
-The float reference is the exact dequantization of the shipped GGUF (orkpy.convert.dequantize_gguf,
-written once to --work). Calibration text and scored text differ (default: calibrate on
-tinystories-val-B.txt, score wikitext-2-raw-test.txt). Per rotation the activations are
-calibrated once on the float (rotated) model: --calib-chunks chunks of --ctx tokens. Rows:
+Models (--model, several allowed): smollm2 and gemma3 (their float reference is the exact
+dequantization of the shipped GGUF, orkpy.convert.dequantize_gguf, written once to --work; scored
+on wikitext-2-raw-test.txt, calibrated on tinystories-val-B.txt) and stories260k (the F32 GGUF of
+../shared, used as is; a TinyStories model, so it is scored on TinyStories: the first half of
+tinystories-val-B.txt, cut at a line end, and calibrated on the second half -- disjoint text of
+the kind it was trained on; whenever --text and --calib name the same file it is split so).
+--ctx is capped at stories260K's training context, 512 (llama2.c's max_seq_len; its GGUF says
+2048). Per rotation the activations are calibrated once on the float (rotated) model:
+--calib-chunks chunks of --ctx tokens. Rows:
 
-  float             the (rotated) float model (its KL vs the unrotated F32: the rotation's own error)
+  f32 float         the (rotated) float model (its KL vs the unrotated F32: the rotation's own error)
+  llama.cpp rows    llama.cpp's own F32, Q8_0 and Q4_K_M+imatrix (llama-quantize of the same F32 GGUF;
+                    the imatrix by llama-imatrix on the calibration text, --calib-chunks x --ctx):
+                    PPL and mean KL from llama-perplexity's KL mode against its F32 run on the scored
+                    text, same n_ctx and chunks (tests/oracle.py llama_kld); files cached in --work
   weight-only       the quantized weights with float activations (dequantized into float linears):
                     what the weights alone cost, so each mode's excess over it is the activations' cost
   per_token         dynamic, one scale per token (today's default)
@@ -16,13 +26,22 @@ calibrated once on the float (rotated) model: --calib-chunks chunks of --ctx tok
                     is the share of the statically quantized inputs beyond the range on the scored text
   outliers_k        per token with the k largest-|x| calibration channels in float
 
-    python bench/act_modes.py [--model smollm2] [--chunks 8] [--calib-chunks 8] [--ctx 512]
-                              [--weights int8 nf4] [--imatrix nf4] [--outliers 8]
-                              [--rotate none hadamard hadamard+online] [--work DIR] [--json-out FILE]
+"MB": bytes of the linear weights (every block linear and the head; a tied head counts the
+embedding), as packed by orkpy or as stored in llama.cpp's GGUF; "file_bytes" in the JSON: the
+whole llama.cpp file.
 
---rotate: none, hadamard (QuaRot-style, orkpy.rotate, folded into the weights) or hadamard+online (plus
-the online Hadamard before ffn_down). --imatrix: the weight kinds quantized with an importance matrix
+    python bench/act_modes.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
+                              [--ctx 512] [--weights int8 nf4] [--imatrix nf4] [--gptq int8] [--outliers 8]
+                              [--rotate none hadamard hadamard+online online] [--no-llama]
+                              [--work DIR] [--json-out FILE_WITH_{model}]
+
+--rotate: none, hadamard (QuaRot-style, orkpy.rotate, folded into the weights), hadamard+online (plus
+the online Hadamard before ffn_down) or online (only that); a rotation the model cannot take (Gemma's
+post-norms refuse the residual rotation; stories260K's n_ff = 172 has no Hadamard order) is reported
+("skipped" in the JSON) and not run. --imatrix: the weight kinds quantized with an importance matrix
 collected on the calibration text by the float (rotated) model (weights "nf4+im" in the table).
+--gptq: the weight kinds (int8) rounded by GPTQ (orkpy.gptq: error compensation on each linear's input
+Gram matrix, collected on the calibration text by the float (rotated) model; weights "int8+gptq").
 
 Needs the real models of .ci/install (tests/oracle.py finds them).
 """
@@ -42,12 +61,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402,F401  (tests/oracle.py reports a missing model as a pytest skip)
+import oracle  # noqa: E402
 from oracle import real_model  # noqa: E402
 
 import orkpy  # noqa: E402
 from orkpy.actcal import linear_act  # noqa: E402
+from orkpy.gguf import GGUFFile  # noqa: E402
+from orkpy.gptq import gptq_linears  # noqa: E402
 from orkpy.model import LinearSpec, Model, transformed_source  # noqa: E402
 from orkpy.source import open_source  # noqa: E402
+
+
+ROTATES = ["none", "hadamard", "hadamard+online", "online"]
 
 
 def build(src, path, packed, how):
@@ -75,70 +100,183 @@ def saturation(m, tokens, ctx, chunks):
     return clipped / total if total else 0.0
 
 
+MODELS = {  # name -> (scored text, calibration text); the same file twice: its halves (see the module doc)
+    "smollm2": ("wikitext-2-raw-test.txt", "tinystories-val-B.txt"),
+    "gemma3": ("wikitext-2-raw-test.txt", "tinystories-val-B.txt"),
+    "stories260k": ("tinystories-val-B.txt", "tinystories-val-B.txt"),
+}
+STORIES = SHARED / "models" / "stories260K" / "stories260K-F32.gguf"
+TRAIN_CTX = {"stories260k": 512}  # llama2.c's max_seq_len; its GGUF says 2048
+
+
+def linear_bytes(path, names):
+    """Bytes of the linears ``names`` as stored in the GGUF ``path`` (a tied head: the embedding)."""
+    with GGUFFile(path) as g:
+        return sum(g.tensor_info(n if n in g else "token_embd.weight").nbytes for n in names)
+
+
+def reused_reference(ref, tokens, ctx, chunks):
+    """The F32 PPL of an earlier run's reference log-probs ``ref`` when it holds exactly these
+    scored tokens (the same model file, text, ctx and chunks), else None (it is recomputed)."""
+    if not os.path.exists(ref):
+        return None
+    with np.load(ref) as z:
+        n = len(z["tokens"])
+        if int(z["n_ctx"]) != ctx or n != ctx * min(chunks, len(tokens) // ctx) or \
+                not np.array_equal(z["tokens"], tokens[:n]):
+            return None
+        return float(np.exp(z["nll"].mean()))
+
+
+def split_text(path, work):
+    """The first and second half of ``path`` (cut at a line end) as two files in ``work``."""
+    text = open(path, encoding="utf-8").read()
+    cut = text.index("\n", len(text) // 2) + 1
+    out = []
+    for part, body in (("A", text[:cut]), ("B", text[cut:])):
+        p = pathlib.Path(work) / f"{pathlib.Path(path).stem}.{part}.txt"
+        if not p.exists() or p.read_text(encoding="utf-8") != body:
+            p.write_text(body, encoding="utf-8")
+        out.append(str(p))
+    return out
+
+
+def llama_rows(name, f32, text, calib, ctx, chunks, calib_chunks, work, names):
+    """llama.cpp's own F32 / Q8_0 / Q4_K_M+imatrix rows: PPL and mean KL vs its F32 run on the scored
+    text (llama-perplexity's KL mode); the imatrix from llama-imatrix on the calibration text. The
+    quantized files and the imatrix are cached in ``work`` (keyed by model, texts, ctx and chunks)."""
+    w = pathlib.Path(work)
+    tag = f"{name}-{pathlib.Path(text).stem}-{ctx}-{chunks}"
+    ctag = f"{name}-{pathlib.Path(calib).stem}-{ctx}-{calib_chunks}"
+    base = w / f"{tag}.llama-base.kld"
+    r = oracle.llama_kld(f32, base, text, ctx, chunks)
+    rows = [{"rotate": "-", "weights": "F32", "act": "llama.cpp", "ppl": r["ppl"], "kld": 0.0, "sat": None,
+             "bytes": linear_bytes(f32, names), "file_bytes": os.path.getsize(f32)}]
+    im = w / f"{ctag}.imatrix.gguf"
+    if not im.exists():
+        oracle.llama_imatrix(f32, calib, ctx, calib_chunks, im)
+    for label, qtype, imx, dst in (("Q8_0", "Q8_0", None, w / f"{name}.Q8_0.gguf"),
+                                   ("Q4_K_M+im", "Q4_K_M", im, w / f"{ctag}.Q4_K_M-im.gguf")):
+        if not dst.exists():
+            oracle.llama_quantize(f32, dst, qtype, imatrix=imx)
+        r = oracle.llama_kld(dst, base, n_ctx=ctx)
+        rows.append({"rotate": "-", "weights": label, "act": "llama.cpp", "ppl": r["ppl"], "kld": r["kld"],
+                     "sat": None, "bytes": linear_bytes(dst, names), "file_bytes": os.path.getsize(dst)})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
+    ap.add_argument("--model", nargs="+", default=["smollm2"], choices=sorted(MODELS))
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--calib-chunks", type=int, default=8)
     ap.add_argument("--sat-chunks", type=int, default=2, help="scored chunks the saturation share is measured on")
-    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--ctx", type=int, default=512, help="(capped at the model's training context)")
     ap.add_argument("--weights", nargs="+", default=["int8", "nf4"])
-    ap.add_argument("--rotate", nargs="+", default=["none", "hadamard"])
+    ap.add_argument("--rotate", nargs="+", default=["none", "hadamard"], choices=ROTATES)
     ap.add_argument("--outliers", type=int, nargs="+", default=[8])
     ap.add_argument("--prefix", type=int, nargs="+", default=[0, 1],
                     help="leading positions quantized per token by per_tensor / static (static: calibrated so)")
     ap.add_argument("--imatrix", nargs="*", default=["nf4"],
                     help="weight kinds quantized with an imatrix of the calibration text (default: nf4)")
-    ap.add_argument("--text", default=str(SHARED / "text" / "wikitext-2-raw-test.txt"))
-    ap.add_argument("--calib", default=str(SHARED / "text" / "tinystories-val-B.txt"))
+    ap.add_argument("--gptq", nargs="*", default=[], choices=["int8"],
+                    help="weight kinds rounded by GPTQ on Gram matrices of the calibration text (default: none)")
+    ap.add_argument("--text", help="scored text (default per model, see the module doc)")
+    ap.add_argument("--calib", help="calibration text (default per model)")
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpy-act-modes"))
-    ap.add_argument("--json-out")
+    ap.add_argument("--json-out", help="a JSON file of the rows; with several models it must contain {model}")
     a = ap.parse_args(argv)
+    if a.json_out and len(a.model) > 1 and "{model}" not in a.json_out:
+        ap.error("--json-out must contain {model} when several models are measured")
     os.makedirs(a.work, exist_ok=True)
-    q = real_model(a.model)
-    f32 = pathlib.Path(a.work) / (q.stem + ".F32.gguf")
-    if not f32.exists():
-        orkpy.dequantize_gguf(q, f32)
-    text = open(a.text, encoding="utf-8").read()
-    calib = open(a.calib, encoding="utf-8").read()
-    ref = os.path.join(a.work, f"{a.model}-ref-{a.ctx}-{a.chunks}.npz")
+    for name in a.model:
+        run_model(a, name)
+
+
+def run_model(a, name):
+    if name == "stories260k":
+        f32 = STORIES
+        if not f32.is_file():
+            oracle._missing(f"stories260K not at {f32}")
+    else:
+        q = real_model(name)
+        f32 = pathlib.Path(a.work) / (q.stem + ".F32.gguf")
+        if not f32.exists():
+            orkpy.dequantize_gguf(q, f32)
+    text_f = a.text or str(SHARED / "text" / MODELS[name][0])
+    calib_f = a.calib or str(SHARED / "text" / MODELS[name][1])
+    split = os.path.realpath(text_f) == os.path.realpath(calib_f)
+    if split:
+        text_f, calib_f = split_text(text_f, a.work)
+    text = open(text_f, encoding="utf-8").read()
+    calib = open(calib_f, encoding="utf-8").read()
+    ctx = min(a.ctx, TRAIN_CTX.get(name, a.ctx))
+    ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")
     base = orkpy.load_model(f32)
     tokens = base.tokens(text)
+    names = orkpy.model.linear_names(open_source(f32).hp)
     t0 = time.time()
-    r = orkpy.perplexity(base, tokens, n_ctx=a.ctx, chunks=a.chunks, save_logprobs=ref, progress=False)
-    rows = [{"rotate": "none", "weights": "f32", "act": "float", "ppl": r.ppl, "kld": 0.0, "sat": None}]
-    print(f"{a.model}: {f32.name}, scored {os.path.basename(a.text)} ({a.chunks} x {a.ctx}), calibrated on "
-          f"{os.path.basename(a.calib)} ({a.calib_chunks} x {a.ctx}); F32 PPL {r.ppl:.4f} ({time.time() - t0:.0f} s)",
+    ppl = reused_reference(ref, tokens, ctx, a.chunks)
+    if ppl is None:
+        ppl = orkpy.perplexity(base, tokens, n_ctx=ctx, chunks=a.chunks, save_logprobs=ref, progress=False).ppl
+    del base
+    rows = [{"rotate": "none", "weights": "f32", "act": "float", "ppl": ppl, "kld": 0.0, "sat": None,
+             "bytes": linear_bytes(f32, names)}]
+    print(f"{name}: {f32.name}, scored {os.path.basename(text_f)} ({a.chunks} x {ctx}), calibrated on "
+          f"{os.path.basename(calib_f)} ({a.calib_chunks} x {ctx}){' (halves of one file)' if split else ''}; "
+          f"F32 PPL {ppl:.4f} ({time.time() - t0:.0f} s); MB: bytes of the linears' weights (head included)",
           flush=True)
-    hdr = f"{'rotate':15} {'weights':7} {'act':16} {'PPL':>8} {'mean KL':>8} {'sat':>9}"
+    hdr = f"{'rotate':15} {'weights':9} {'act':16} {'PPL':>8} {'mean KL':>8} {'sat':>9} {'MB':>7}"
     print(hdr + "\n" + "-" * len(hdr), flush=True)
 
-    def row(rot, w, act, m, sat=None):
-        res = orkpy.perplexity(m, tokens, n_ctx=a.ctx, chunks=a.chunks, kld_base=ref, progress=False)
-        d = {"rotate": rot, "weights": w, "act": act, "ppl": res.ppl, "kld": res.kld["mean"], "sat": sat}
-        rows.append(d)
-        s = "" if sat is None else f"{sat:.2e}"
-        print(f"{rot:15} {w:7} {act:16} {d['ppl']:8.4f} {d['kld']:8.5f} {s:>9}", flush=True)
+    def show(d):
+        s = "" if d["sat"] is None else f"{d['sat']:.2e}"
+        print(f"{d['rotate']:15} {d['weights']:9} {d['act']:16} {d['ppl']:8.4f} {d['kld']:8.5f} {s:>9} "
+              f"{d['bytes'] / 1e6:7.2f}", flush=True)
 
+    show(rows[0])
+    if not a.no_llama:
+        for d in llama_rows(name, f32, text_f, calib_f, ctx, a.chunks, a.calib_chunks, a.work, names):
+            rows.append(d)
+            show(d)
+
+    def row(rot, w, act, m, nbytes, sat=None):
+        res = orkpy.perplexity(m, tokens, n_ctx=ctx, chunks=a.chunks, kld_base=ref, progress=False)
+        d = {"rotate": rot, "weights": w, "act": act, "ppl": res.ppl, "kld": res.kld["mean"], "sat": sat,
+             "bytes": nbytes}
+        rows.append(d)
+        show(d)
+
+    skipped = {}
     for rot in a.rotate:
-        rotate = None if rot == "none" else "hadamard"
-        src = transformed_source(open_source(f32), rotate, rotate_online=rot.endswith("+online"))
-        names = orkpy.model.linear_names(src.hp)
+        try:
+            src = transformed_source(open_source(f32), None if rot in ("none", "online") else "hadamard",
+                                     rotate_online=rot.endswith("online"))
+        except (NotImplementedError, ValueError) as e:
+            skipped[rot] = str(e)
+            print(f"# rotate {rot}: not run: {e}", flush=True)
+            continue
         fm = Model(str(f32), src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in names}, src.tensor, src.meta,
                    src.tied, {n: "fp32" for n in names})
         if rot != "none":
-            row(rot, "f32", "float", fm)
-        cals = {p: orkpy.calibrate_activations(fm, calib, n_ctx=a.ctx, chunks=a.calib_chunks, progress=False, prefix=p)
+            row(rot, "f32", "float", fm, rows[0]["bytes"])
+        cals = {p: orkpy.calibrate_activations(fm, calib, n_ctx=ctx, chunks=a.calib_chunks, progress=False, prefix=p)
                 for p in a.prefix}
         cal = cals[a.prefix[-1]]
-        im = orkpy.collect_imatrix(fm, calib, n_ctx=a.ctx, chunks=a.calib_chunks, progress=False) \
+        im = orkpy.collect_imatrix(fm, calib, n_ctx=ctx, chunks=a.calib_chunks, progress=False) \
             if set(a.weights) & set(a.imatrix) else None
         del fm
         for w in a.weights:
-            packed = {n: orkpy.pack(orkpy.quantize(src.linear(n), w, imatrix=im.values(n) if (
-                w in a.imatrix and n in im) else None)) for n in names}
-            wl = w + ("+im" if w in a.imatrix else "")
-            row(rot, wl, "weight-only", build(src, f32, packed, None))
+            if w in a.gptq:
+                packed = {n: orkpy.pack(qt) for n, qt in gptq_linears(src, calib, w, n_ctx=ctx, chunks=a.calib_chunks,
+                                                                       progress=False).items()}
+            else:
+                packed = {n: orkpy.pack(orkpy.quantize(src.linear(n), w, imatrix=im.values(n) if (
+                    w in a.imatrix and n in im) else None)) for n in names}
+            nbytes = sum(pw.nbytes for pw in packed.values())
+            wl = w + ("+gptq" if w in a.gptq else "+im" if w in a.imatrix else "")
+            row(rot, wl, "weight-only", build(src, f32, packed, None), nbytes)
             modes = [("per_token", "per_token", "mse", 8, 0)]
             modes += [(f"per_tensor_p{p}", "per_tensor", "mse", 8, p) for p in a.prefix]
             modes += [(f"static_{meth}_p{p}", "static", meth, 8, p) for p in a.prefix for meth in ("mse", "max")]
@@ -146,12 +284,13 @@ def main(argv=None):
             for label, act, method, k, p in modes:
                 c = cals[p] if act == "static" else cal
                 m = build(src, f32, packed, lambda n, pw: linear_act(act, n, c, method, k, rot, pw.K, p))
-                sat = saturation(m, tokens, a.ctx, a.sat_chunks) if act == "static" else None
-                row(rot, wl, label, m, sat)
+                sat = saturation(m, tokens, ctx, a.sat_chunks) if act == "static" else None
+                row(rot, wl, label, m, nbytes, sat)
     if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump({"model": a.model, "chunks": a.chunks, "calib_chunks": a.calib_chunks, "ctx": a.ctx,
-                       "rows": rows}, f, indent=1)
+        with open(a.json_out.replace("{model}", name), "w") as f:
+            json.dump({"model": name, "f32": str(f32), "text": text_f, "calib": calib_f, "chunks": a.chunks,
+                       "calib_chunks": a.calib_chunks, "ctx": ctx, "skipped": skipped, "rows": rows}, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                    rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                    calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                    calib_chunks: Optional[int] = 8, rotate_online: bool = False,
-                   act_prefix: int = actcal.DEFAULT_PREFIX) -> QuantizedModel:
+                   act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn") -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -187,11 +187,22 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     activations are calibrated too (:func:`orkpy.model.calibrate_source_acts`: the static ranges
     and outlier channels of :mod:`orkpy.actcal`, on the transformed source in float32, the first
     ``act_prefix`` positions left out) and saved with the model (``act_scales.json``), so
-    ``load_model(dir, act="static")`` runs."""
+    ``load_model(dir, act="static")`` runs. ``method``: ``"rtn"`` (round to nearest, the default) or
+    ``"gptq"`` (with ``calib``): the int8-tier linears are rounded by GPTQ (:func:`orkpy.gptq.gptq_linears`: error compensation on each linear's input Gram
+    matrix on ``calib``, collected by the transformed source in float32) instead of plain rounding;
+    the int4 tier is unchanged."""
+    from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
     if kind not in FOUR_BIT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)} (the int4 tier's codebook), got {kind!r}")
+    if method not in ("rtn", "gptq"):
+        raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
+    gptq = method == "gptq"
+    if gptq and calib is None:
+        raise ValueError("method='gptq' needs calib= (a calibration text or token ids, not the scored text)")
+    if gptq and sr:
+        raise ValueError("method='gptq' and sr=True exclude each other: GPTQ chooses every int8 code itself")
     if not (imatrix is None or isinstance(imatrix, Imatrix)):
         imatrix = Imatrix.load(imatrix)
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
@@ -210,12 +221,22 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
             f"({', '.join(quantized_src)}).\n!! They are dequantized and quantized AGAIN. This is the comparison "
             "configuration,\n!! not the product's path (fp16 is the source; a mixed GGUF only allocates).\n" + "!" * 78)
     tensors, tiers = {}, {}
+    gq = {}
+    if gptq and calib is not None:
+        int8_names = [n for n in names if tier_path(tm.linear_tier(n), kind) == "int8"]
+        gq = gptq_linears(src, calib, "int8", n_ctx=calib_ctx, chunks=calib_chunks, names=int8_names,
+                          threads=threads, progress=progress)
     bar = progress_bar(len(names), "quantize", progress, "tensor")
     for name in names:
         tier = tm.linear_tier(name)
         tiers[name] = tier
         qkind = tier_path(tier, kind)
         if qkind == "gguf":  # the float tier: the linear stays float
+            if bar is not None:
+                bar.update(1)
+            continue
+        if name in gq:
+            tensors[name] = pack(gq.pop(name))
             if bar is not None:
                 bar.update(1)
             continue
@@ -236,6 +257,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                 "rotate": rotate, "rotate_seed": int(rotate_seed) if (rotate is not None or rotate_online) else None,
                 "rotate_online": bool(rotate_online),
                 "smooth": None if smooth is None else float(smooth),
+                "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": int(calib_ctx),
+                         "chunks": calib_chunks} if gptq else None,
                 "transform": src.info() if isinstance(src, TransformedSource) else None}
     hashes = {"source": src.sha256(), "alloc": allocation.info(),
               "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}

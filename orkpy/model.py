@@ -346,6 +346,22 @@ class Model:
             stats = self._fwd.imatrix_take()
         return {name: (sums, int(count)) for name, (sums, count) in zip(self._linears, stats)}
 
+    def collect_grams(self, chunks: Iterable[ArrayLike], names: Sequence[str],
+                      threads: Optional[int] = None) -> Dict[str, Tuple[NDArray[np.float64], int]]:
+        """{name: (sum of x^T x over every input row, float64 (K, K), rows)} of the linears ``names``
+        over ``chunks`` (each run as one forward pass, every position counted), accumulated inside the
+        C forward pass (csrc/ork/linear.h, "Input Gram matrix"): GPTQ's Hessian (:mod:`orkpy.gptq`)."""
+        idx = {n: i for i, n in enumerate(self._linears)}
+        bad = [n for n in names if n not in idx]
+        if bad:
+            raise ValueError(f"no linear named {bad[0]!r} in {self.path}")
+        self._fwd.gram_enable([idx[n] for n in names])
+        try:
+            self._run_chunks(chunks, threads)
+        finally:
+            got = self._fwd.gram_take()
+        return {n: (got[idx[n]][0], int(got[idx[n]][1])) for n in names}
+
     def collect_act_stats(self, chunks: Iterable[ArrayLike], threads: Optional[int] = None,
                           prefix: int = 0) -> Dict[str, Dict[str, Any]]:
         """{linear name: statistics of its input} over ``chunks`` (one forward pass each), taken in

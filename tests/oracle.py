@@ -15,6 +15,10 @@ Missing pieces skip a test with the reason, except when ``ORKPY_REQUIRE_ORACLE=1
 - :func:`oracle_logits` -- llama.cpp's float32 logits for chunks of tokens (KV cache
   float32, flash attention off).
 - :func:`llama_perplexity` -- run ``llama-perplexity`` and parse its final estimate.
+- :func:`llama_quantize`, :func:`llama_imatrix` -- ``llama-quantize`` (optionally with an
+  importance matrix) and ``llama-imatrix``.
+- :func:`llama_kld` -- ``llama-perplexity``'s KL mode: PPL and mean KL divergence of a model
+  against the log-probabilities a reference run saved.
 """
 from __future__ import annotations
 
@@ -62,8 +66,34 @@ def real_model(name: str) -> pathlib.Path:
     return p
 
 
+_EXIT_DELAY_C = ("#include <unistd.h>\n"
+                 "__attribute__((destructor)) static void ork_exit_delay(void) { usleep(500000); }\n")
+
+
+def _exit_delay() -> Optional[str]:
+    """A preload library holding a tool's exit for 0.5 s (built once next to the tools, None
+    without a C compiler): llama.cpp writes its log from a thread its exit can cut off
+   , and under load the final figures were lost here (observed: 5 of 6 runs without this delay)."""
+    so = BIN.parent / "ork-exit-delay.so"
+    if not so.is_file():
+        with tempfile.TemporaryDirectory() as d:
+            c = pathlib.Path(d) / "d.c"
+            c.write_text(_EXIT_DELAY_C)
+            try:
+                subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(c.with_suffix(".so")), str(c)],
+                               capture_output=True, check=True)
+            except (OSError, subprocess.CalledProcessError):
+                return None
+            os.replace(c.with_suffix(".so"), so)
+    return str(so)
+
+
 def _run(args: Sequence[str], timeout: float = 3600) -> str:
-    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    env = dict(os.environ)
+    delay = _exit_delay() if pathlib.Path(str(args[0])).name.startswith("llama-") else None
+    if delay:
+        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), delay]))
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, args))} failed ({r.returncode}):\n{r.stderr[-4000:]}")
     return r.stdout + r.stderr
@@ -108,3 +138,45 @@ def llama_perplexity(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: 
     if t and float(t.group(1)) > 0:
         tps = n_ctx * min(int(s.group(1)) if s else 1, chunks) / float(t.group(1))
     return {"ppl": float(m.group(1)), "chunks": running, "tok_per_s": tps, "output": out}
+
+
+def llama_quantize(src: os.PathLike, dst: os.PathLike, qtype: str, imatrix: Optional[os.PathLike] = None,
+                   threads: int = 2) -> pathlib.Path:
+    """``llama-quantize src dst qtype`` (e.g. ``"Q8_0"``, ``"Q4_K_M"``), with ``--imatrix`` when given."""
+    _run([llama_bin("llama-quantize"), *(["--imatrix", imatrix] if imatrix else []), src, dst, qtype, threads])
+    return pathlib.Path(dst)
+
+
+def llama_imatrix(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: int, out: os.PathLike,
+                  threads: int = 2) -> pathlib.Path:
+    """``llama-imatrix``'s importance matrix of ``model`` on ``chunks`` chunks of ``n_ctx`` tokens of
+    ``text``, written to ``out`` (GGUF format when it ends in .gguf)."""
+    _run([llama_bin("llama-imatrix"), "-m", model, "-f", text, "-c", n_ctx, "--chunks", chunks, "-o", out,
+          "-t", threads, "--no-ppl"])
+    return pathlib.Path(out)
+
+
+def llama_kld(model: os.PathLike, base: os.PathLike, text: Optional[os.PathLike] = None, n_ctx: int = 512,
+              chunks: int = -1, threads: int = 2, tries: int = 3) -> Dict[str, object]:
+    """With ``text``: score ``chunks`` chunks of it and save the log-probabilities to ``base`` (the
+    reference run); {"ppl", "output"}. Without: llama-perplexity's KL mode against ``base`` (its
+    tokens and chunks); {"ppl": PPL(Q), "ppl_base", "kld": mean KL divergence, "same_top": share,
+    "output"}. llama.cpp's asynchronous log can lose its last lines at exit: a run whose figures
+    are missing is repeated (``tries``)."""
+    args = [llama_bin("llama-perplexity"), "-m", model, "--kl-divergence-base", base, "-c", n_ctx,
+            "-t", threads, "-tb", threads]
+    args += ["-f", text, "--chunks", chunks] if text is not None else ["--kl-divergence"]
+    num = r"\s*[:=]\s*(-?[0-9.]+(?:e[-+]?\d+)?)"
+    pats = {"ppl": r"Final estimate: PPL"} if text is not None else {
+        "ppl": r"Mean PPL\(Q\)", "ppl_base": r"Mean PPL\(base\)", "kld": r"Mean\s+KLD", "same_top": r"Same top p"}
+    for _ in range(tries):
+        out = _run(args)
+        got = {k: re.search(p + num, out) for k, p in pats.items()}
+        if all(got.values()):
+            res: Dict[str, object] = {k: float(m.group(1)) for k, m in got.items()}
+            if "same_top" in res:
+                res["same_top"] = float(res["same_top"]) / 100
+            res["output"] = out
+            return res
+    raise RuntimeError(f"no {'final estimate' if text is not None else 'KL statistics'} in llama-perplexity's "
+                       f"output ({tries} tries; fewer than 100 scored tokens?):\n{out[-3000:]}")

@@ -172,7 +172,40 @@ done:
     return st;
 }
 
+/* ------------------------------------------------- input Gram matrix -- */
+typedef struct {
+    const float *x;
+    size_t M, K;
+    double *g;
+} gram_job;
+
+/* rows [begin, end) of the upper triangle, 8 at a time; every element sums the rows m in order */
+static ork_status gram_rows(void *ctx, size_t begin, size_t end, ork_err *err) {
+    (void)err;
+    const gram_job *j = (const gram_job *)ctx;
+    const size_t K = j->K;
+    for (size_t i0 = begin; i0 < end; i0 += 8) {
+        const size_t i1 = i0 + 8 < end ? i0 + 8 : end;
+        for (size_t m = 0; m < j->M; m++) {
+            const float *xr = j->x + m * K;
+            for (size_t i = i0; i < i1; i++) {
+                const double xi = (double)xr[i];
+                double *g = j->g + i * K;
+                for (size_t c = i; c < K; c++) g[c] += xi * (double)xr[c];
+            }
+        }
+    }
+    return ORK_OK;
+}
+
 static ork_status linear_product(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    if (l->xx_sum) {
+        gram_job gj = {x, M, l->K, l->xx_sum};
+        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->K * (double)l->K / 2, 1 << 20);
+        ork_status st = ork_parallel_for(nt, l->K, 8, gram_rows, &gj, err);
+        if (st) return st;
+        if (l->xx_count) *l->xx_count += M;
+    }
     if (l->x2_sum) {
         for (size_t m = 0; m < M; m++) {
             const float *xr = x + m * l->K;

@@ -18,6 +18,12 @@
  * Importance statistics: when x2_sum is set, every ork_linear_apply adds
  * sum over rows of x[m][k]^2 to x2_sum[k] (double, rows in order) and the row
  * count to *x2_count -- llama.cpp's imatrix in_sum2 / counts.
+ * Input Gram matrix: when xx_sum is set (K x K doubles, row-major), every
+ * ork_linear_apply adds x[m][i] * x[m][j] (converted to double, product and
+ * sum in double) to xx_sum[i * K + j] for every j >= i, rows m in order, and
+ * the row count to *xx_count; the lower triangle is never written. Each
+ * element is one sum in row order, so no thread count changes a bit. The
+ * Hessian of GPTQ's rounding (orkpy.gptq).
  *
  * Activation modes of a packed linear (on the CPU kernels and through int_mm
  * alike, so an external backend stays bit-identical):
@@ -110,6 +116,8 @@ typedef struct ork_linear {
     size_t n_outliers;
     size_t act_prefix;     /* ORK_LIN_PACKED: leading rows quantized per token (see above) */
     ork_act_stats *act_stats; /* optional activation statistics (see above) */
+    double *xx_sum;        /* optional input Gram matrix, upper triangle (see above) */
+    uint64_t *xx_count;
 } ork_linear;
 
 /* The activation settings of a linear: act_clip 0 or a valid range (pack.h

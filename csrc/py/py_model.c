@@ -33,6 +33,8 @@ typedef struct {
     PyObject *maps;          /* list of the distinct MappedFiles the kept arrays view (checked around a forward) */
     ork_act_stats *astats;   /* per linear activation statistics (NULL when off) */
     float *astats_ch;        /* their per-channel maxima, all linears back to back */
+    double **xx;             /* per linear: its input Gram matrix (K x K) or NULL (NULL when off) */
+    uint64_t *xxn;
 } FwdObject;
 
 /* every file the model's arrays map still unchanged (docs/security.md), else FormatError */
@@ -100,9 +102,25 @@ static void free_act_stats(FwdObject *self) {
     self->astats_ch = NULL;
 }
 
+/* stop the Gram matrix collection and free its buffers */
+static void free_gram(FwdObject *self) {
+    const size_t n = self->layers ? fwd_n_linears(self) : 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = fwd_linear(self, i);
+        l->xx_sum = NULL;
+        l->xx_count = NULL;
+    }
+    for (size_t i = 0; self->xx && i < n; i++) PyMem_Free(self->xx[i]);
+    PyMem_Free(self->xx);
+    PyMem_Free(self->xxn);
+    self->xx = NULL;
+    self->xxn = NULL;
+}
+
 static void fwd_dealloc(FwdObject *self) {
     if (self->lock) PyThread_free_lock(self->lock);
     free_act_stats(self);
+    free_gram(self);
     if (self->ffn_keep) {
         for (size_t i = 0; i < self->m.n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
         PyMem_Free(self->ffn_keep);
@@ -594,6 +612,82 @@ static PyObject *fwd_imatrix_take_unlocked(FwdObject *self, PyObject *unused) {
     return out;
 }
 
+/* gram_enable(indices): start accumulating the input Gram matrix (linear.h) of the linears at these
+ * positions of linear_names; replaces a collection in progress */
+static PyObject *fwd_gram_enable_unlocked(FwdObject *self, PyObject *args) {
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    for (size_t i = 0; i < self->m.n_layer; i++)
+        if (self->layers[i].ffn)
+            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect Gram matrices on the "
+                                "per-op model (set every layer's FFN mode to baseline first)", i);
+    PyObject *fast = PySequence_Fast(seq, "gram_enable expects a sequence of linear indices");
+    if (!fast) return NULL;
+    const size_t n = fwd_n_linears(self);
+    free_gram(self);
+    self->xx = PyMem_Calloc(n, sizeof(double *));
+    self->xxn = PyMem_Calloc(n, sizeof(uint64_t));
+    if (!self->xx || !self->xxn) {
+        Py_DECREF(fast);
+        free_gram(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); k++) {
+        Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(fast, k), PyExc_OverflowError);
+        if (i == -1 && PyErr_Occurred()) goto fail;
+        if (i < 0 || (size_t)i >= n) {
+            PyErr_Format(PyExc_ValueError, "linear index %zd is outside 0..%zu", i, n - 1);
+            goto fail;
+        }
+        ork_linear *l = fwd_linear(self, (size_t)i);
+        if (self->xx[i]) continue;
+        if (l->K > ((size_t)1 << 15)) {
+            PyErr_Format(PyExc_ValueError, "linear %zd has K = %zu: a Gram matrix needs K <= 32768", i, l->K);
+            goto fail;
+        }
+        if (!(self->xx[i] = PyMem_Calloc(l->K * l->K, sizeof(double)))) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        l->xx_sum = self->xx[i];
+        l->xx_count = &self->xxn[i];
+    }
+    Py_DECREF(fast);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(fast);
+    free_gram(self);
+    return NULL;
+}
+
+/* gram_take() -> {index: (G float64 (K, K) symmetric, rows)}; stops accumulating */
+static PyObject *fwd_gram_take_unlocked(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    if (!self->xx) return PyErr_Format(PyExc_RuntimeError, "Gram matrix collection is not enabled");
+    const size_t n = fwd_n_linears(self);
+    PyObject *out = PyDict_New();
+    for (size_t i = 0; out && i < n; i++) {
+        if (!self->xx[i]) continue;
+        const size_t K = fwd_linear(self, i)->K;
+        npy_intp dims[2] = {(npy_intp)K, (npy_intp)K};
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT64);
+        if (a) {
+            double *g = (double *)PyArray_DATA(a);
+            const double *u = self->xx[i];
+            for (size_t r = 0; r < K; r++)
+                for (size_t c = 0; c < K; c++) g[r * K + c] = c >= r ? u[r * K + c] : u[c * K + r];
+        }
+        PyObject *item = a ? Py_BuildValue("(NK)", a, (unsigned long long)self->xxn[i]) : NULL;
+        PyObject *key = item ? PyLong_FromSize_t(i) : NULL;
+        int r = key ? PyDict_SetItem(out, key, item) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(item);
+        if (r < 0) Py_CLEAR(out);
+    }
+    free_gram(self);
+    return out;
+}
+
 /* act_stats_enable(prefix=0): start collecting activation statistics of every linear's input (linear.h),
  * the first `prefix` rows of each block linear's calls left out (positions 0..prefix-1; not the head's) */
 static PyObject *fwd_act_stats_enable_unlocked(FwdObject *self, PyObject *args) {
@@ -965,6 +1059,20 @@ static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
     return r;
 }
 
+static PyObject *fwd_gram_enable(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_gram_enable_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
+}
+
+static PyObject *fwd_gram_take(FwdObject *self, PyObject *unused) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_gram_take_unlocked(self, unused);
+    fwd_unlock(self);
+    return r;
+}
+
 static PyObject *fwd_act_stats_enable(FwdObject *self, PyObject *args) {
     if (fwd_lock(self) < 0) return NULL;
     PyObject *r = fwd_act_stats_enable_unlocked(self, args);
@@ -1019,6 +1127,9 @@ static PyMethodDef fwd_methods[] = {
      "linear's input, the first prefix positions of the block linears left out"},
     {"act_stats_take", (PyCFunction)fwd_act_stats_take, METH_NOARGS,
      "-> [dict(rows, n_clipped, absmax, ch_absmax, count, sum, sum2)] per linear in linear_names order; stops"},
+    {"gram_enable", (PyCFunction)fwd_gram_enable, METH_VARARGS,
+     "gram_enable(indices): start accumulating the input Gram matrix sum x^T x of the linears at these positions"},
+    {"gram_take", (PyCFunction)fwd_gram_take, METH_NOARGS, "-> {index: (G float64 (K, K), rows)}; stops"},
     {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
      "start accumulating sum x^2 per input channel of every linear"},
     {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,

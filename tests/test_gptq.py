@@ -1,0 +1,250 @@
+"""GPTQ int8 rounding (orkpy.gptq) and the input Gram matrices the forward pass collects for it
+(csrc/ork/linear.h, "Input Gram matrix")."""
+import json
+
+import numpy as np
+import pytest
+
+import orkpy
+from orkpy.gptq import collect_grams, gptq_linears, gptq_quantize
+from orkpy.model import LinearSpec, Model, linear_names
+from orkpy.source import open_source
+from orkpy.testing import synthetic_forward_model
+
+
+def correlated_gram(rng, K, rows=3000):
+    x = rng.standard_normal((rows, K)) @ rng.standard_normal((K, K)) * 0.2 + rng.standard_normal((rows, K))
+    x[:, :3] *= 20  # a few outlier channels
+    return x.T @ x
+
+
+def out_err(w, qt, g):
+    d = w.astype(np.float64) - orkpy.dequantize(qt).astype(np.float64)
+    return float(np.einsum("nk,kj,nj->", d, g, d))
+
+
+def naive_gptq(w, g, damp):
+    """The textbook column loop (no lazy blocks): round column k like quantize(), push its error
+    (w_k - q_k s) / U[k, k] onto the later columns through U's row k, U = chol(inv(G + damp))^T."""
+    w = w.astype(np.float64).copy()
+    K = w.shape[1]
+    h = g + damp * np.mean(np.diag(g)) * np.eye(K)
+    u = np.linalg.cholesky(np.linalg.inv(h)).T
+    amax = np.abs(w).max(1).astype(np.float32)
+    s, inv = (amax / np.float32(127)).astype(np.float64), np.float32(127) / amax
+    q = np.empty(w.shape, np.int8)
+    for k in range(K):
+        y = w[:, k].astype(np.float32) * inv
+        qk = np.clip(np.trunc(y + np.copysign(np.float32(0.5), y)), -127, 127)
+        q[:, k] = qk
+        e = (w[:, k] - qk * s) / u[k, k]
+        w[:, k + 1:] -= np.outer(e, u[k, k + 1:])
+    return q
+
+
+def test_diagonal_gram_without_damping_is_plain_rounding(rng):
+    w = rng.standard_normal((40, 96)).astype(np.float32)
+    w[3] = 0.0  # a zero row
+    g = np.diag(rng.uniform(0.5, 2.0, 96))
+    g[7, 7] = 0.0  # a channel that never fired
+    q, p = gptq_quantize(w, g, damp=0.0), orkpy.quantize(w, "int8")
+    assert q.kind == "int8" and q.shape == (40, 96) and q.lut is None
+    assert np.array_equal(q.codes, p.codes) and np.array_equal(q.scales, p.scales)
+
+
+def test_gptq_lowers_the_output_error_and_keeps_the_format(rng):
+    K = 160
+    w = rng.standard_normal((48, K)).astype(np.float32)
+    g = correlated_gram(rng, K)
+    q, p = gptq_quantize(w, g), orkpy.quantize(w, "int8")
+    assert np.array_equal(q.scales, p.scales)  # plain rounding's per-row scale
+    assert q.codes.dtype == np.int8 and q.codes.min() >= -127
+    assert out_err(w, q, g) < 0.75 * out_err(w, p, g)  # measured 0.57-0.60
+    pw = orkpy.pack(q)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    assert np.array_equal(pw.dequantize(), orkpy.dequantize(q))
+    assert pw.matmul(x).shape == (3, 48)
+
+
+@pytest.mark.parametrize("block", [1, 7, 128, 1000])
+def test_lazy_blocks_follow_the_textbook_column_loop(rng, block):
+    K = 96
+    w = rng.standard_normal((32, K)).astype(np.float32)
+    g = correlated_gram(rng, K)
+    ref = naive_gptq(w, g, 0.01)
+    q = gptq_quantize(w, g, damp=0.01, block=block)
+    # the same arithmetic up to the order of the float64 updates: a rounding tie may flip
+    assert np.mean(q.codes != ref) < 2e-3
+    assert np.abs(q.codes.astype(int) - ref).max() <= 1
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(kind="nf4"), "int8. only"),
+    (dict(damp=-1.0), "damp"),
+    (dict(block=0), "block"),
+    (dict(gram=np.eye(5)), r"must be \(8, 8\)"),
+    (dict(gram=np.full((8, 8), np.nan)), "non-finite"),
+    (dict(gram=-np.eye(8)), "negative diagonal"),
+    (dict(gram=np.zeros((8, 8)) + np.eye(8) - 2 * np.eye(8, k=1) - 2 * np.eye(8, k=-1), damp=0.0), "positive definite"),
+])
+def test_bad_arguments_name_the_weight(rng, kw, msg):
+    args = dict(w=rng.standard_normal((4, 8)).astype(np.float32), gram=np.eye(8))
+    args.update(kw)
+    with pytest.raises(ValueError, match=msg) as e:
+        gptq_quantize(where="blk.3.attn_q.weight", **args)
+    assert "blk.3.attn_q.weight" in str(e.value)
+
+
+# ------------------------------------------------------------ Gram matrices --
+def tiny_forward():
+    return synthetic_forward_model(n_layer=2, n_embd=64, n_ff=96, n_head=2, n_head_kv=1, head_dim=32, n_vocab=50)
+
+
+def test_gram_is_symmetric_per_linear_with_its_row_count():
+    fwd = tiny_forward()
+    tokens = np.arange(1, 41, dtype=np.int32)
+    fwd.gram_enable([0, 6, 14])  # blk.0.attn_q, blk.0.ffn_down, the head
+    fwd.forward(tokens, 30)
+    got = fwd.gram_take()
+    assert sorted(got) == [0, 6, 14]
+    (g, rows), (gd, rows_d), (gh, rows_h) = got[0], got[6], got[14]
+    assert rows == rows_d == 40 and rows_h == 10  # the head sees the rows from `first` on
+    assert g.shape == (64, 64) and gd.shape == (96, 96) and gh.shape == (64, 64)
+    for m in (g, gd, gh):
+        assert np.array_equal(m, m.T)
+        assert np.linalg.eigvalsh(m).min() > -1e-6 * np.abs(m).max()
+    with pytest.raises(RuntimeError, match="not enabled"):
+        fwd.gram_take()
+
+
+def test_gram_diagonal_is_the_imatrix_bit_for_bit_and_threads_change_nothing():
+    fwd = tiny_forward()
+    tokens = np.arange(3, 35, dtype=np.int32)
+    n = len(linear_names({"n_layer": 2}))
+    res = []
+    for threads in (1, 2):
+        fwd.imatrix_enable()
+        fwd.gram_enable(range(n))
+        fwd.forward(tokens, 0, threads)
+        im, gr = fwd.imatrix_take(), fwd.gram_take()
+        for i, (sums, count) in enumerate(im):
+            assert np.array_equal(np.diag(gr[i][0]), sums) and gr[i][1] == count
+        res.append(gr)
+    for i in range(n):
+        assert np.array_equal(res[0][i][0], res[1][i][0])
+
+
+def test_gram_enable_refuses_bad_indices():
+    fwd = tiny_forward()
+    with pytest.raises(ValueError, match="outside"):
+        fwd.gram_enable([15])
+    with pytest.raises(TypeError):
+        fwd.gram_enable(3)
+
+
+# --------------------------------------------------------------- real model --
+STORIES = "models/stories260K/stories260K-F32.gguf"
+
+
+def halves(shared):
+    text = (shared / "text" / "tinystories-val-B.txt").read_text(encoding="utf-8")
+    cut = text.index("\n", len(text) // 2) + 1
+    return text[:cut], text[cut:]
+
+
+def test_gram_matches_numpy_on_the_first_linear_of_stories260k(shared):
+    src = open_source(shared / STORIES)
+    m = orkpy.load_model(shared / STORIES)
+    tokens = m.tokens("Once upon a time there was a little dog.")
+    grams = m.collect_grams([tokens], ["blk.0.attn_q.weight", "blk.0.attn_k.weight"])
+    x = src.tensor("token_embd.weight")[tokens].astype(np.float64)
+    h = x / np.sqrt((x * x).mean(1, keepdims=True) + src.hp["norm_eps"]) * src.tensor("blk.0.attn_norm.weight")
+    g, rows = grams["blk.0.attn_q.weight"]
+    assert rows == len(tokens)
+    np.testing.assert_allclose(g, h.T @ h, rtol=1e-5, atol=1e-5 * np.abs(g).max())
+    assert np.array_equal(grams["blk.0.attn_k.weight"][0], g)  # the same input, accumulated the same way
+    with pytest.raises(ValueError, match="no linear named 'blk.9.attn_q.weight'"):
+        m.collect_grams([tokens], ["blk.9.attn_q.weight"])
+    shared_in = collect_grams(m, [tokens], ["blk.0.attn_v.weight", "blk.0.ffn_up.weight"])
+    assert np.array_equal(shared_in["blk.0.attn_v.weight"][0], g)  # k/v share q's matrix
+
+
+@pytest.mark.slow
+def test_gptq_lowers_weight_only_kl_on_stories260k(shared, tmp_path):
+    """Measured (4 x 256 tokens of the held-out half, calibration 4 x 256 of the other): int8 weight-only
+    mean KL 0.000545 plain, 0.000470 GPTQ; each linear's output error on the calibration text lower."""
+    path = shared / STORIES
+    calib, scored = halves(shared)
+    src = open_source(path)
+    names = linear_names(src.hp)
+    gq = gptq_linears(src, calib, n_ctx=256, chunks=4, progress=False, max_bytes=64 << 10)  # several passes
+    assert set(gq) == set(names)
+    base = orkpy.load_model(path)
+    grams = collect_grams(base, base.chunks(base.tokens(calib), 256, 4)[1], names)
+    worse = [n for n in names
+             if out_err(src.linear(n), gq[n], grams[n][0]) > out_err(src.linear(n), orkpy.quantize(src.linear(n), "int8"),
+                                                                   grams[n][0])]
+    assert not worse, worse
+    toks = base.tokens(scored)
+    ref = tmp_path / "ref.npz"
+    orkpy.perplexity(base, toks, n_ctx=256, chunks=4, save_logprobs=ref, progress=False)
+
+    def kl(qts):
+        lin = {n: LinearSpec.f32(n, orkpy.dequantize(qts[n])) for n in names}
+        m = Model(str(path), src.hp, lin, src.tensor, src.meta, src.tied, {n: "int8" for n in names})
+        return orkpy.perplexity(m, toks, n_ctx=256, chunks=4, kld_base=ref, progress=False).kld["mean"]
+
+    plain = kl({n: orkpy.quantize(src.linear(n), "int8") for n in names})
+    assert kl(gq) < 0.93 * plain
+
+
+def test_quantize_model_gptq_rounds_the_int8_tier_and_saves_so(shared, tmp_path):
+    path = shared / STORIES  # an F32 GGUF as its own allocation: every linear in the int8 tier
+    calib, scored = halves(shared)
+    quiet = dict(progress=False, log=lambda s: None)
+    with pytest.raises(ValueError, match="needs calib"):
+        orkpy.quantize_model(path, path, method="gptq", **quiet)
+    with pytest.raises(ValueError, match="exclude each other"):
+        orkpy.quantize_model(path, path, method="gptq", sr=True, calib=calib, **quiet)
+    qm = orkpy.quantize_model(path, path, calib=calib, calib_ctx=256, calib_chunks=4, method="gptq", **quiet)
+    plain = orkpy.quantize_model(path, path, **quiet)
+    direct = gptq_linears(open_source(path), calib, n_ctx=256, chunks=4, progress=False)
+    assert set(qm.tensors) == set(direct) and all(t == "int8" for t in qm.tiers.values())
+    for n, pw in qm.tensors.items():
+        assert np.array_equal(pw.int8_weight(), direct[n].codes) and np.array_equal(pw.bscale, direct[n].scales)
+    assert any(not np.array_equal(pw.int8_weight(), plain.tensors[n].int8_weight()) for n, pw in qm.tensors.items())
+    assert qm.settings["gptq"] == {"damp": 0.01, "block": 128, "n_ctx": 256, "chunks": 4}
+    assert plain.settings["gptq"] is None
+    back = orkpy.load_model(qm.save(tmp_path / "m"))
+    ids = back.tokens(scored[:400])
+    assert np.array_equal(back.forward(ids), qm.to_model().forward(ids))
+
+
+@pytest.mark.slow
+def test_act_modes_bench_selects_gptq(shared, tmp_path):
+    import json
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+    import act_modes
+    act_modes.main(["--model", "stories260k", "--chunks", "1", "--calib-chunks", "2", "--ctx", "256", "--weights", "int8",
+                    "--gptq", "int8", "--imatrix", "--rotate", "none", "--prefix", "1", "--outliers", "8", "--no-llama",
+                    "--work", str(tmp_path), "--json-out", str(tmp_path / "{model}.json")])
+    rows = {(r["weights"], r["act"]): r for r in json.loads((tmp_path / "stories260k.json").read_text())["rows"]}
+    assert 0 < rows[("int8+gptq", "weight-only")]["kld"] < rows[("int8+gptq", "per_token")]["kld"]
+    assert ("int8", "weight-only") not in rows  # --gptq int8 replaces plain rounding of the int8 rows
+
+
+def test_quantize_cli_method_gptq(shared, tmp_path):
+    from orkpy.cli import main
+    calib = tmp_path / "calib.txt"
+    calib.write_text(halves(shared)[0], encoding="utf-8")
+    out = tmp_path / "gq"
+    assert main(["quantize", str(shared / STORIES), "--alloc", str(shared / STORIES), "--method", "gptq",
+                 "--calib", str(calib), "--calib-ctx", "256", "--calib-chunks", "2", "-o", str(out),
+                 "--no-progress"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["settings"]["gptq"]["chunks"] == 2
+    assert main(["quantize", str(shared / STORIES), "--alloc", str(shared / STORIES), "--method", "gptq",
+                 "-o", str(tmp_path / "x"), "--no-progress"]) == 1   # no --calib: a ValueError, named
+    with pytest.raises(ValueError):
+        orkpy.quantize_model(shared / STORIES, shared / STORIES, method="awq")
