@@ -40,7 +40,7 @@ the online Hadamard before ffn_down) or online (only that); a rotation the model
 post-norms refuse the residual rotation; stories260K's n_ff = 172 has no Hadamard order) is reported
 ("skipped" in the JSON) and not run. --imatrix: the weight kinds quantized with an importance matrix
 collected on the calibration text by the float (rotated) model (weights "nf4+im" in the table).
---gptq: the weight kinds (int8) rounded by GPTQ (orkpy.gptq: error compensation on each linear's input
+--gptq: the weight kinds (int8, nf4, int4) rounded by GPTQ (orkpy.gptq: error compensation on each linear's input
 Gram matrix, collected on the calibration text by the float (rotated) model; weights "int8+gptq").
 
 Needs the real models of .ci/install (tests/oracle.py finds them).
@@ -179,7 +179,7 @@ def main(argv=None):
                     help="leading positions quantized per token by per_tensor / static (static: calibrated so)")
     ap.add_argument("--imatrix", nargs="*", default=["nf4"],
                     help="weight kinds quantized with an imatrix of the calibration text (default: nf4)")
-    ap.add_argument("--gptq", nargs="*", default=[], choices=["int8"],
+    ap.add_argument("--gptq", nargs="*", default=[], choices=["int8", "nf4", "int4"],
                     help="weight kinds rounded by GPTQ on Gram matrices of the calibration text (default: none)")
     ap.add_argument("--text", help="scored text (default per model, see the module doc)")
     ap.add_argument("--calib", help="calibration text (default per model)")

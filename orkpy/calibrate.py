@@ -188,9 +188,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     and outlier channels of :mod:`orkpy.actcal`, on the transformed source in float32, the first
     ``act_prefix`` positions left out) and saved with the model (``act_scales.json``), so
     ``load_model(dir, act="static")`` runs. ``method``: ``"rtn"`` (round to nearest, the default) or
-    ``"gptq"`` (with ``calib``): the int8-tier linears are rounded by GPTQ (:func:`orkpy.gptq.gptq_linears`: error compensation on each linear's input Gram
-    matrix on ``calib``, collected by the transformed source in float32) instead of plain rounding;
-    the int4 tier is unchanged."""
+    ``"gptq"`` (with ``calib``): every quantized linear is rounded by GPTQ
+    (:func:`orkpy.gptq.gptq_linears`: error compensation on the linear's input Gram matrix on
+    ``calib``, collected by the transformed source in float32) instead of plain rounding; the int8
+    tier keeps absmax scales, the 4-bit tier's scales come from the imatrix clip search with the
+    Gram matrix's diagonal as the importance (``imatrix`` is then not used)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -223,8 +225,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     tensors, tiers = {}, {}
     gq = {}
     if gptq and calib is not None:
-        int8_names = [n for n in names if tier_path(tm.linear_tier(n), kind) == "int8"]
-        gq = gptq_linears(src, calib, "int8", n_ctx=calib_ctx, chunks=calib_chunks, names=int8_names,
+        kinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
+        kinds = {n: k for n, k in kinds.items() if k != "gguf"}
+        gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
                           threads=threads, progress=progress)
     bar = progress_bar(len(names), "quantize", progress, "tensor")
     for name in names:

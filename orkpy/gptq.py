@@ -1,11 +1,14 @@
-"""GPTQ: per-channel int8 weights rounded with error compensation (Frantar et al., 2022).
+"""GPTQ: per-channel int8 / NF4 / int4 weights rounded with error compensation (Frantar et al., 2022).
 
 Plain rounding (``quantize(w, "int8")``) makes each weight's error independently; GPTQ quantizes
 the input columns one at a time and moves each column's rounding error onto the columns not yet
 quantized, weighted by the inverse of the linear's input Gram matrix ``G = sum x^T x`` on
 calibration text, so the error of the layer's *output* ``x W^T`` shrinks rather than that of the
 weights. The stored format is unchanged: int8 codes in [-127, 127] and the per-row scale of plain
-rounding (``absmax / 127``), so a GPTQ tensor packs, saves and runs like any int8 one.
+rounding (``absmax / 127``), so a GPTQ tensor packs, saves and runs like any int8 one. The 4-bit
+kinds keep their format too: the per-row scale of :func:`orkpy.quantize` with the Gram diagonal as
+importance (its imatrix clip search), each column sent to the nearest codebook level (stories260K,
+Q4_0 allocation, w4a8 KL: 0.114 RTN + imatrix -> 0.084 GPTQ, ``tests/test_gptq.py``).
 
 :func:`gptq_quantize` ``(w, gram, damp=0.01, block=128)``: one weight. ``G + damp * mean(diag G)
 I`` is inverted (float64, NumPy/LAPACK) and its inverse's upper Cholesky factor ``U`` drives the
@@ -66,12 +69,26 @@ def _check_gram(gram: ArrayLike, K: int, where: str) -> NDArray[np.float64]:
     return g
 
 
+def _nearest_level(y: NDArray[np.float64], mids: NDArray[np.float64]) -> NDArray[np.int64]:
+    """Index of the nearest codebook level (ascending levels, ``mids`` their midpoints; a tie goes up)."""
+    return np.searchsorted(mids, y, side="right")
+
+
+def _pack_nibbles(codes: NDArray[np.uint8]) -> NDArray[np.uint8]:
+    """(N, K) 4-bit codes -> (N, K/2) bytes, element 2j in the low nibble (quant.py's layout)."""
+    return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
 def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float = DEFAULT_DAMP,
-                  block: int = DEFAULT_BLOCK, where: str = "weight") -> QuantizedTensor:
-    """Quantize a float ``(N, K)`` weight to per-channel int8 with GPTQ's error compensation on
-    the input Gram matrix ``gram`` ``(K, K)`` (see module doc). ``where`` names the weight in errors."""
-    if kind != "int8":
-        raise ValueError(f"{where}: GPTQ is implemented for kind 'int8' only, got {kind!r}")
+                  block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0) -> QuantizedTensor:
+    """Quantize a float ``(N, K)`` weight per channel (``kind`` int8, nf4 or int4) with GPTQ's error
+    compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc). ``where`` names the
+    weight in errors. 4-bit kinds: each row's scale is the one :func:`orkpy.quantize` picks with the
+    importance ``diag(gram) / rows`` (its imatrix clip search; ``rows`` = the Gram matrix's input
+    rows, 0 = no imatrix, plain absmax), then every column goes to the nearest level of the kind's
+    codebook times that scale, with the same error feedback as int8."""
+    if kind not in ("int8", "nf4", "int4"):
+        raise ValueError(f"{where}: GPTQ is implemented for kinds 'int8', 'nf4' and 'int4', got {kind!r}")
     if not (isinstance(damp, (int, float)) and not isinstance(damp, bool) and np.isfinite(damp) and damp >= 0):
         raise ValueError(f"{where}: damp must be a finite number >= 0, got {damp!r}")
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
@@ -81,12 +98,24 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
         raise ValueError(f"{where}: w must be a 2-D (N, K) array, got shape {w32.shape}")
     N, K = w32.shape
     g = _check_gram(gram, K, where)
-    plain = quantize(w32, "int8")  # the scales (and the checks of w: shape, finiteness)
+    four = kind != "int8"
+    im = np.diag(g) / rows if (four and rows > 0) else None
+    # the scales (and the checks of w: shape, finiteness); an all-zero importance means none
+    plain = quantize(w32, kind, imatrix=im if (im is not None and np.any(im > 0)) else None)
     s = plain.scales
     amax = np.abs(w32).max(axis=1)
     live = s > 0
     inv = np.zeros(N, np.float32)
     inv[live] = np.float32(127) / amax[live]
+    if four:
+        # the codebook's distinct int8 levels, ascending, and the first code of each (int4's 16th
+        # code repeats 0); value = level * scale
+        lv_u, code_of = np.unique(np.asarray(plain.lut, np.float64), return_index=True)
+        lv = np.asarray(plain.lut, np.float64)
+        mids = (lv_u[1:] + lv_u[:-1]) / 2
+        zero = int(code_of[int(np.argmin(np.abs(lv_u)))])
+        inv_s = np.zeros(N, np.float64)
+        inv_s[live] = 1.0 / s[live].astype(np.float64)
     h = g.copy()
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
@@ -99,6 +128,7 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
             from None
     W = w32.astype(np.float64)
     Q = np.empty((N, K), np.float32)
+    C = np.empty((N, K), np.uint8) if four else None
     s64 = s.astype(np.float64)
     for i1 in range(0, K, block):
         i2 = min(i1 + block, K)
@@ -106,7 +136,12 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
         err = np.zeros((N, i2 - i1))
         for i in range(i2 - i1):
             k = i1 + i
-            q = _round_int8(W1[:, i], inv)
+            if C is not None:
+                idx = np.where(live, code_of[_nearest_level(W1[:, i] * inv_s, mids)], zero)
+                C[:, k] = idx
+                q = lv[idx].astype(np.float32)
+            else:
+                q = _round_int8(W1[:, i], inv)
             Q[:, k] = q
             if dead[k]:
                 continue
@@ -115,6 +150,10 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
             err[:, i] = e
         if i2 < K:
             W[:, i2:] -= err @ u[i1:i2, i2:]
+    if C is not None:
+        if K % 2:
+            C = np.concatenate([C, np.full((N, 1), zero, np.uint8)], axis=1)
+        return QuantizedTensor(kind=kind, shape=(N, K), codes=_pack_nibbles(C), scales=plain.scales, lut=plain.lut)
     codes = np.ascontiguousarray(Q.astype(np.int8))
     return QuantizedTensor(kind="int8", shape=(N, K), codes=codes, scales=plain.scales, lut=None)
 
@@ -142,13 +181,14 @@ def collect_grams(model: Any, chunks: Iterable[ArrayLike], names: Sequence[str],
     return {n: got[o] for n, o in owners.items()}
 
 
-def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: str = "int8", n_ctx: int = 512,
+def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[str, str]] = "int8", n_ctx: int = 512,
                  chunks: Optional[int] = 8, damp: float = DEFAULT_DAMP, block: int = DEFAULT_BLOCK,
                  names: Optional[Sequence[str]] = None, max_bytes: int = 1 << 30, threads: Optional[int] = None,
                  progress: bool = True) -> Dict[str, QuantizedTensor]:
     """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.source.Source` ``src``
     (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
-    chunks of ``n_ctx`` tokens of ``calib`` by ``src`` run in float32 (see module doc)."""
+    chunks of ``n_ctx`` tokens of ``calib`` by ``src`` run in float32 (see module doc). ``kind``: one
+    kind for all, or {name: kind}."""
     from .model import LinearSpec, Model, linear_names
 
     order = linear_names(src.hp)
@@ -181,7 +221,8 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: str = "int8", n_c
             _, it = m.chunks(tokens, n_ctx, chunks)
             grams = collect_grams(m, it, grp, threads)
             for n in grp:
-                out[n] = gptq_quantize(src.linear(n), grams[n][0], kind, damp, block, where=n)
+                k = kind if isinstance(kind, str) else kind[n]
+                out[n] = gptq_quantize(src.linear(n), grams[n][0], k, damp, block, where=n, rows=grams[n][1])
                 if bar is not None:
                     bar.update(1)
             del grams

@@ -58,3 +58,13 @@ def shared():
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def load_bench(name):
+    """bench/<name>.py as a module, without putting bench/ on sys.path (bench/gguf.py would then
+    shadow the gguf package for every later test)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"orkpy_bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

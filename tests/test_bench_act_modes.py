@@ -3,17 +3,15 @@ live llama.cpp in the same run, its texts are disjoint halves of one file, and a
 model cannot take is reported, not run; a second run reuses the float reference."""
 import json
 import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from conftest import load_bench
 
 
 @pytest.mark.slow
 def test_act_modes_bench_on_stories260k(shared, tmp_path):
-    import act_modes
+    act_modes = load_bench("act_modes")
     out = tmp_path / "{model}.json"
     act_modes.main(["--model", "stories260k", "--chunks", "1", "--calib-chunks", "1", "--ctx", "256",
                     "--weights", "int8", "--rotate", "none", "hadamard+online", "--prefix", "1",

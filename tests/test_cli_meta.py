@@ -66,9 +66,10 @@ def test_quantize_with_an_emit_map_needs_meta(hf, tmp_path, capsys):
     assert main(["quantize", hf["dir"], "--alloc", hf["alloc"], "-o", str(tmp_path / "q2"), "--no-progress"]) == 0
 
 
-def test_ffn_sweep_and_gate_take_meta(hf, tmp_path, capsys):
+def test_ffn_sweep_and_gate_take_meta(hf, shared, tmp_path, capsys):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    common = [hf["text"], "--calib", hf["text"], "-c", "64", "--chunks", "2", "--calib-chunks", "2", "--no-progress"]
+    calib = str(shared / "text" / "wikitext-2-raw-test.txt")  # ffn-sweep refuses to calibrate on the scored text
+    common = [hf["text"], "--calib", calib, "-c", "64", "--chunks", "2", "--calib-chunks", "2", "--no-progress"]
     assert main(["ffn-sweep", hf["gguf"], *common, "--json-out", str(a)]) == 0
     assert main(["ffn-sweep", hf["dir"], *common, "--json-out", str(b), "--meta", hf["gguf"]]) == 0
     key = lambda p: [(r["mode"], r["exact_layers"], r["ppl"], r["kl"]) for r in map(json.loads, p.read_text().splitlines())]

@@ -170,7 +170,8 @@ def test_gate_and_ffn_sweep_leave_no_temp_files(private_tmp, shared, capsys):
     assert os.listdir(private_tmp) == []
     text = read_text_like_llama_cpp(shared / "text" / "tinystories-val-B.txt")
     from orkpy.ffn import sweep
-    rows, _ = sweep(str(shared / "models" / "stories260K" / "stories260K-F32.gguf"), text, text, n_ctx=64, chunks=2,
+    calib = read_text_like_llama_cpp(shared / "text" / "wikitext-2-raw-test.txt")  # never the scored text
+    rows, _ = sweep(str(shared / "models" / "stories260K" / "stories260K-F32.gguf"), text, calib, n_ctx=64, chunks=2,
                     calib_chunks=2)
     assert len(rows) > 10 and os.listdir(private_tmp) == []
     from orkpy.table import ppl_table

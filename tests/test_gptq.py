@@ -66,6 +66,26 @@ def test_gptq_lowers_the_output_error_and_keeps_the_format(rng):
     assert pw.matmul(x).shape == (3, 48)
 
 
+@pytest.mark.parametrize("kind", ["nf4", "int4"])
+def test_four_bit_gptq(rng, kind):
+    """4-bit kinds: a diagonal Gram without damping is plain nearest-level rounding (bit-identical
+    codes and scales); on correlated inputs the output error drops below plain rounding with the
+    same importance (the Gram diagonal); the tensor packs and runs like any 4-bit one."""
+    K = 160
+    w = rng.standard_normal((48, K)).astype(np.float32)
+    w[5] = 0.0
+    q, p = gptq_quantize(w, np.diag(rng.uniform(0.5, 2.0, K)), kind, damp=0.0), orkpy.quantize(w, kind)
+    assert q.kind == kind and np.array_equal(q.codes, p.codes) and np.array_equal(q.scales, p.scales)
+    g = correlated_gram(rng, K)
+    rows = 1000
+    q = gptq_quantize(w, g, kind, rows=rows)
+    plain = orkpy.quantize(w, kind, imatrix=np.diag(g) / rows)
+    assert np.array_equal(q.scales, plain.scales) and np.array_equal(q.lut, plain.lut)
+    assert out_err(w, q, g) < 0.9 * out_err(w, plain, g)
+    pw = orkpy.pack(q)
+    assert np.array_equal(pw.dequantize(), orkpy.dequantize(q))
+
+
 @pytest.mark.parametrize("block", [1, 7, 128, 1000])
 def test_lazy_blocks_follow_the_textbook_column_loop(rng, block):
     K = 96
@@ -79,7 +99,7 @@ def test_lazy_blocks_follow_the_textbook_column_loop(rng, block):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(kind="nf4"), "int8. only"),
+    (dict(kind="q4_0"), "'int8', 'nf4' and 'int4'"),
     (dict(damp=-1.0), "damp"),
     (dict(block=0), "block"),
     (dict(gram=np.eye(5)), r"must be \(8, 8\)"),
@@ -222,11 +242,8 @@ def test_quantize_model_gptq_rounds_the_int8_tier_and_saves_so(shared, tmp_path)
 
 @pytest.mark.slow
 def test_act_modes_bench_selects_gptq(shared, tmp_path):
-    import json
-    import pathlib
-    import sys
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
-    import act_modes
+    from conftest import load_bench
+    act_modes = load_bench("act_modes")
     act_modes.main(["--model", "stories260k", "--chunks", "1", "--calib-chunks", "2", "--ctx", "256", "--weights", "int8",
                     "--gptq", "int8", "--imatrix", "--rotate", "none", "--prefix", "1", "--outliers", "8", "--no-llama",
                     "--work", str(tmp_path), "--json-out", str(tmp_path / "{model}.json")])
@@ -248,3 +265,33 @@ def test_quantize_cli_method_gptq(shared, tmp_path):
                  "-o", str(tmp_path / "x"), "--no-progress"]) == 1   # no --calib: a ValueError, named
     with pytest.raises(ValueError):
         orkpy.quantize_model(shared / STORIES, shared / STORIES, method="awq")
+
+
+@pytest.mark.slow
+@pytest.mark.gate
+def test_quantize_model_gptq_beats_rtn_imatrix_on_the_4bit_tier(shared, tmp_path):
+    """A mixed allocation (stories260K's Q4_0 file: int4 tier nf4, ffn_down int8): method='gptq'
+    rounds both tiers, the 4-bit scales from the imatrix clip search with the Gram diagonal, and
+    beats plain rounding with orkpy's imatrix of the same calibration text (w4a8 per token, KL vs
+    F32 on the held-out half)."""
+    path, alloc = shared / STORIES, shared / "models/stories260K/stories260K-Q4_0.gguf"
+    calib, scored = halves(shared)
+    quiet = dict(progress=False, log=lambda s: None)
+    base = orkpy.load_model(path)
+    im = orkpy.collect_imatrix(base, calib, n_ctx=256, chunks=8, progress=False)
+    rtn = orkpy.quantize_model(path, alloc, imatrix=im, **quiet)
+    gq = orkpy.quantize_model(path, alloc, method="gptq", calib=calib, calib_ctx=256, calib_chunks=8, **quiet)
+    four = [n for n, t in gq.tiers.items() if t == "int4"]
+    assert four and any(t == "int8" for t in gq.tiers.values())
+    assert all(gq.tensors[n].kind == "nf4" for n in four)
+    toks = base.tokens(scored)
+    ref = tmp_path / "ref.npz"
+    orkpy.perplexity(base, toks, n_ctx=256, chunks=8, save_logprobs=ref, progress=False)
+
+    def kl(qm, d):
+        m = orkpy.load_model(qm.save(tmp_path / d))
+        return orkpy.perplexity(m, toks, n_ctx=256, chunks=8, kld_base=ref, progress=False).kld["mean"]
+
+    k_rtn, k_gq = kl(rtn, "rtn"), kl(gq, "gptq")
+    print(f"stories260K w4a8 mean KL: RTN + imatrix {k_rtn:.5f}, GPTQ {k_gq:.5f}")
+    assert k_gq < 0.9 * k_rtn
