@@ -189,12 +189,10 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
     (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
     chunks of ``n_ctx`` tokens of ``calib`` by ``src`` run in float32 (see module doc). ``kind``: one
     kind for all, or {name: kind}."""
-    from .model import LinearSpec, Model, linear_names
+    from .model import float_model, linear_names
 
-    order = linear_names(src.hp)
-    names = list(order if names is None else names)
-    m = Model(src.path, src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in order}, src.tensor, src.meta,
-              src.tied, {n: "fp32" for n in order})
+    names = list(linear_names(src.hp) if names is None else names)
+    m = float_model(src)
     tokens = m.tokens(calib)
     # groups of linears whose Gram matrices fit max_bytes together (one pass over the text each)
     groups: List[List[str]] = []

@@ -537,15 +537,21 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     return Model(os.fspath(path), src.hp, linears, src.tensor, src.meta, src.tied, paths)
 
 
+def float_model(src: Source) -> Model:
+    """``src`` as a Model with every linear in float32 (the reference calibration passes run on it:
+    activation ranges, Gram matrices)."""
+    names = linear_names(src.hp)
+    return Model(src.path, src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in names}, src.tensor, src.meta,
+                 src.tied, {n: "fp32" for n in names})
+
+
 def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: int = 512,
                           calib_chunks: Optional[int] = 8, threads: Optional[int] = None,
                           prefix: int = DEFAULT_PREFIX) -> ActCalibration:
     """The activation calibration (:func:`orkpy.actcal.calibrate_activations`) of ``src`` run in
     float32: every linear's input as the float model sees it, so one calibration serves every
     weight path (w8a8, w4a8) of that source."""
-    names = linear_names(src.hp)
-    m = Model(src.path, src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in names}, src.tensor, src.meta,
-              src.tied, {n: "fp32" for n in names})
+    m = float_model(src)
     return calibrate_activations(m, calib, calib_ctx, calib_chunks, threads, progress=False, prefix=prefix)
 
 
