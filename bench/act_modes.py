@@ -35,10 +35,10 @@ whole llama.cpp file.
                               [--rotate none hadamard hadamard+online online] [--no-llama]
                               [--work DIR] [--json-out FILE_WITH_{model}]
 
---rotate: none, hadamard (QuaRot-style, orkpy.rotate, folded into the weights), hadamard+online (plus
-the online Hadamard before ffn_down) or online (only that); a rotation the model cannot take (Gemma's
-post-norms refuse the residual rotation; stories260K's n_ff = 172 has no Hadamard order) is reported
-("skipped" in the JSON) and not run. --imatrix: the weight kinds quantized with an importance matrix
+--rotate: none, hadamard (QuaRot-style, orkpy.rotate, folded into the weights; on Gemma, whose post-norms
+keep it out of the residual stream, the block inputs are rotated online after their norms), hadamard+online
+(plus the online Hadamard before ffn_down) or online (only that); a rotation the model cannot take
+(stories260K's n_ff = 172 has no Hadamard order) is reported ("skipped" in the JSON) and not run. --imatrix: the weight kinds quantized with an importance matrix
 collected on the calibration text by the float (rotated) model (weights "nf4+im" in the table).
 --gptq: the weight kinds (int8, nf4, int4) rounded by GPTQ (orkpy.gptq: error compensation on each linear's input
 Gram matrix, collected on the calibration text by the float (rotated) model; weights "int8+gptq").

@@ -223,6 +223,8 @@ def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]
     emb = float_of(EMBEDDING)
     layers = []
     down_rot = down_rot_block(int(hp["n_ff"])) if hp.get("ffn_down_rot") else None
+    norm_rot = (down_rot_block(int(hp["n_embd"]), "n_embd", "the online block-input rotation")
+                if hp.get("norm_rot") else None)
     for i in range(hp["n_layer"]):
         p = f"blk.{i}."
         L: Dict[str, Any] = {role: float_of(f"{p}{_arch.NORM_STEMS[role]}.weight") for role in a.norms}
@@ -233,6 +235,8 @@ def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]
         L.update(_arch.layer_settings(hp, i))
         if down_rot is not None:  # ffn_down's input rotated online (orkpy.rotate)
             L["ffn_down.rot"] = down_rot
+        if norm_rot is not None:  # attn_norm / ffn_norm outputs rotated online (orkpy.rotate, placement "online")
+            L["norm.rot"] = norm_rot
         layers.append(L)
     rope = hp.get("rope_factors")
     return _core.ForwardModel(_arch.core_hparams(hp), emb, float_of(_arch.OUTPUT_NORM), linears[OUTPUT].to_core(),
@@ -462,15 +466,17 @@ def as_model(model: Union[Model, ToModel]) -> Model:
 
 def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                        calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512, calib_chunks: Optional[int] = 8,
-                       threads: Optional[int] = None, rotate_online: bool = False) -> Source:
-    """``src`` rotated (``rotate``; ``rotate_online``: ``ffn_down``'s input rotated online too)
+                       threads: Optional[int] = None, rotate_online: bool = False,
+                       rotate_placement: Optional[str] = None) -> Source:
+    """``src`` rotated (``rotate``, placed by ``rotate_placement``: "fold", "online" or None for
+    the architecture's default; ``rotate_online``: ``ffn_down``'s input rotated online too)
     and/or smoothed (:func:`orkpy.rotate.rotate_source`; itself when none is asked for).
     Smoothing calibrates its scales on ``calib`` (a text or token ids; ``calib_chunks`` chunks
     of ``calib_ctx`` tokens) with the rotated model run in float32; the calibration is
     recorded in the source's ``info()``."""
     if rotate is None and smooth is None and not rotate_online:
         return src
-    rotated = rotate_source(src, rotate, rotate_seed, online=rotate_online)
+    rotated = rotate_source(src, rotate, rotate_seed, online=rotate_online, placement=rotate_placement)
     if smooth is None:
         return rotated
     if calib is None:
@@ -483,7 +489,8 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
     stats = m.collect_activation_stats(chunks, threads)
     note = {"n_ctx": calib_ctx, "chunks": n_chunk,
             "tokens_sha256": hashlib.sha256(tokens[: n_chunk * calib_ctx].tobytes()).hexdigest()}
-    return rotate_source(src, rotate, rotate_seed, smooth=smooth, stats=stats, calib_info=note, online=rotate_online)
+    return rotate_source(src, rotate, rotate_seed, smooth=smooth, stats=stats, calib_info=note, online=rotate_online,
+                         placement=rotate_placement)
 
 
 def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: str = "per_token",
@@ -492,11 +499,13 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
                calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                calib_chunks: Optional[int] = 8, rotate_online: bool = False,
                act_calib: Union[ActCalibration, StrPath, None] = None, act_method: str = "mse",
-               act_outliers: int = DEFAULT_OUTLIERS, act_prefix: Optional[int] = None) -> Model:
+               act_outliers: int = DEFAULT_OUTLIERS, act_prefix: Optional[int] = None,
+               rotate_placement: Optional[str] = None) -> Model:
     """Load a GGUF model, or a safetensors checkpoint (``meta``: a GGUF of the same model
     for the hyper-parameters and the tokenizer), with a weight path per linear tensor (see
     module doc); or a quantized model directory written by ``QuantizedModel.save``.
-    ``rotate`` / ``rotate_online`` / ``smooth``: run the source rotated and/or smoothed
+    ``rotate`` (placed by ``rotate_placement``) / ``rotate_online`` / ``smooth``: run the
+    source rotated and/or smoothed
     (:func:`transformed_source`, :mod:`orkpy.rotate`; a model directory is saved already
     transformed). ``act``: the packed linears' activation mode (:mod:`orkpy.actcal`);
     ``"static"`` (range ``act_method``, ``"mse"`` or ``"max"``) and ``"per_token_outliers"``
@@ -510,13 +519,13 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     check_method(act_method)
     k_outliers = check_outliers(act_outliers)
     if os.path.isdir(path) and not is_safetensors(path):
-        if rotate is not None or smooth is not None or rotate_online:
+        if rotate is not None or smooth is not None or rotate_online or rotate_placement is not None:
             raise ValueError(f"{os.fspath(path)}: a quantized model directory holds its tensors as they were "
                              "quantized (rotated or not, as its manifest records); rotate= / smooth= apply to a source")
         return load_quantized(path, act=act, act_calib=act_calib, act_method=act_method, act_outliers=k_outliers,
                               act_prefix=act_prefix)
     src = transformed_source(open_source(path, meta), rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks,
-                             threads, rotate_online)
+                             threads, rotate_online, rotate_placement)
     names = linear_names(src.hp)
     if isinstance(weights, TierMap):
         weights = src.split_tier_map(weights)  # a map naming fused tensors (phi3) -> their parts
@@ -573,6 +582,8 @@ def load_quantized(path: StrPath, act: str = "per_token", act_calib: Union[ActCa
     transform = d.manifest["settings"].get("transform")
     if isinstance(transform, dict) and transform.get("online"):  # ffn_down's weights expect a rotated input
         hp = dict(hp, ffn_down_rot=True)
+    if isinstance(transform, dict) and transform.get("rotate") and transform.get("placement") == "online":
+        hp = dict(hp, norm_rot=True)  # the input linears expect the block inputs rotated online
     names = linear_names(src.hp)
     missing = [n for n in names if n not in d.entries]
     if missing:

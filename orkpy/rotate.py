@@ -3,7 +3,7 @@ float while its activations lose their outlier channels (QuaRot-style rotations 
 the weights), and SmoothQuant-style migration of activation outliers into the weights.
 
 :func:`rotate_source` ``(src, rotate="hadamard", seed=0, heads=True, smooth=None, stats=None,
-online=False)``
+online=False, placement=None)``
 returns a :class:`TransformedSource`: a :class:`~orkpy.source.Source` whose tensors are the
 transformed ones, computed per tensor when asked for (nothing is held but the transformation
 matrices and, once computed, the embedding table), with the wrapped source's
@@ -11,8 +11,8 @@ hyper-parameters, metadata and tokenizer. ``load_model``, ``quantize_model``, ti
 tensor name) and model directories work on it unchanged; the fp16/F32 source stays the
 source of truth. Row vectors throughout: a linear ``W`` (N, K) computes ``y = x W^T + b``.
 
-Rotation (``rotate="hadamard"``; every architecture whose residual stream only passes
-through pre-norms: llama, qwen2, qwen3, phi3):
+Rotation (``rotate="hadamard"``), placement "fold" (the default of every architecture whose
+residual stream only passes through pre-norms: llama, qwen2, qwen3, phi3):
 
 - each RMSNorm weight ``g`` in front of linears is folded into them (``W diag(g)``) and
   becomes ones; RMSNorm without a weight commutes with an orthogonal ``Q``
@@ -51,12 +51,25 @@ order D built as Kronecker products of a Paley block and a Sylvester power of tw
 order none of these reach gets a random orthogonal matrix (QR of a Gaussian, ``seed``) and
 ``info()["construction"]`` says so; ``rotate="orthogonal"`` asks for one always.
 
-Gemma 2/3 are refused (NotImplementedError): their post-attention / post-FFN norms
-normalize a block's output and multiply it elementwise by a weight *before* it joins the
-residual stream; ``rms(o) diag(g)`` followed by ``Q`` cannot be folded into ``attn_output``
-/ ``ffn_down`` (the norm would see the rotated, scaled output and its weight does not
-commute with ``Q``); an exact rotation needs an online ``D x D`` rotation after each post
-norm, which the forward pass does not have. SmoothQuant works on them.
+Gemma 2/3 cannot fold ``Q`` into the residual stream (placement "fold" raises
+NotImplementedError): their post-attention / post-FFN norms normalize a block's output and
+multiply it elementwise by a weight *before* it joins the residual stream; ``rms(o) diag(g)``
+followed by ``Q`` cannot be folded into ``attn_output`` / ``ffn_down`` (the norm would see the
+rotated, scaled output and its weight does not commute with ``Q``). Their default placement
+is "online" (any architecture may ask for it with ``placement="online"``): the residual stream
+stays as it is, and the *outputs* of ``attn_norm`` and ``ffn_norm`` -- the inputs of
+``attn_q/k/v`` and ``ffn_gate/up``, the only places the residual stream meets a quantized
+matmul -- are multiplied online by ``H / sqrt(D)`` (``D = n_embd``, the same fast
+Walsh-Hadamard + ``p x p`` block as the down rotation; model.h ``norm_rot``), with the random
+signs folded into the norm weights (``g * signs``) and the input linears ``W diag(signs) H /
+sqrt(D)``; the per-head V/O rotation (``heads``) is offline as above. The head (fed by
+``output_norm``) stays unrotated and tied. Cost per token and layer: two transforms of ``D``
+values, ``2 D (log2(m) + p)``: Gemma 3-270M (640 = 20 x 32) 32k multiply-adds against 5.6M for
+the layer's linears (0.6%), on the host between the norm and the matmuls -- where the host
+already is on the NPU, since it computes the norm. Smoothing's norm groups have no weight to
+fold into there (the rotation comes after the norm) and are left out; the ``attn_v`` ->
+``attn_output`` and ``ffn_up`` -> ``ffn_down`` pairs still apply. A model directory's
+manifest records the placement and loading re-applies it.
 
 SmoothQuant (``smooth=alpha``, with ``stats``): per-channel scales
 ``s_j = a_j^alpha / w_j^(1 - alpha)`` (``a_j``: the RMS of the linear's input channel j on
@@ -229,11 +242,17 @@ class TransformedSource(Source):
 
     def __init__(self, base: Source, q: Optional[NDArray[np.float64]], head_rot: Optional[NDArray[np.float64]],
                  scales: Mapping[str, NDArray[np.float64]], info: Dict[str, Any],
-                 online: Optional[Tuple[NDArray[np.float64], NDArray[np.float64]]] = None) -> None:
+                 online: Optional[Tuple[NDArray[np.float64], NDArray[np.float64]]] = None,
+                 norm_online: Optional[Tuple[NDArray[np.float64], NDArray[np.float64]]] = None) -> None:
         self.base = base
         self.path = base.path
-        self.hp = dict(base.hp, ffn_down_rot=True) if online is not None else base.hp
+        self.hp = dict(base.hp)
+        if online is not None:
+            self.hp["ffn_down_rot"] = True
+        if norm_online is not None:
+            self.hp["norm_rot"] = True
         self._online = online  # (signs (n_ff,), kron(H_p, H_m) / sqrt(n_ff)): ffn_down's online rotation
+        self._nrot = norm_online  # (signs (n_embd,), kron(H_p, H_m) / sqrt(n_embd)): the block inputs' one
         self.meta = base.meta
         self._q = q
         self._r = head_rot
@@ -259,6 +278,8 @@ class TransformedSource(Source):
                 out |= {p + "attn_v.weight", p + "attn_v.bias", p + "attn_output.weight"}
             if self._online is not None:
                 out |= {p + "ffn_up.weight", p + "ffn_up.bias", p + "ffn_down.weight"}
+            if self._nrot is not None:
+                out |= {f"{p}{t}.weight" for t in tuple(_IN_GROUPS) + ("attn_norm", "ffn_norm")}
             for norm in ("attn_norm", "ffn_norm"):
                 if f"{p}{norm}.weight" in self._s:
                     out.add(f"{p}{norm}.weight")
@@ -300,10 +321,13 @@ class TransformedSource(Source):
 
     # -- one tensor, in float64 --
     def _input_side(self, w: NDArray[Any], norm: str) -> NDArray[np.float64]:
-        """``W diag(g) Q diag(s)`` (rotating) or ``W diag(s)`` of a linear fed by the norm ``norm``."""
+        """``W diag(g) Q diag(s)`` (rotating), ``W diag(signs) H`` (rotated online after the
+        norm) or ``W diag(s)`` of a linear fed by the norm ``norm``."""
         w = np.asarray(w, np.float64)
         if self._q is not None:
             w = (w * np.asarray(self.base.tensor(norm), np.float64)[None, :]) @ self._q
+        elif self._nrot is not None and norm != OUTPUT_NORM:
+            w = (w * self._nrot[0][None, :]) @ self._nrot[1]
         s = self._s.get(norm)
         return w * s[None, :] if s is not None else w
 
@@ -313,6 +337,8 @@ class TransformedSource(Source):
         a = np.asarray(self.base.tensor(name), np.float64)
         if name == OUTPUT_NORM or name.endswith(("attn_norm.weight", "ffn_norm.weight")):
             g = np.ones_like(a) if self._q is not None else a
+            if self._nrot is not None and name != OUTPUT_NORM:  # the online rotation's random signs
+                g = g * self._nrot[0]
             s = self._s.get(name)
             return g / s if s is not None else g
         i, rest = _split(name)
@@ -405,7 +431,8 @@ def _colmax(ws: Sequence[NDArray[Any]]) -> NDArray[np.float64]:
 
 def _smoothing(src: Source, alpha: float, stats: Stats) -> Dict[str, NDArray[np.float64]]:
     """The smoothing scales of every group of ``src`` (already rotated, unsmoothed); not the
-    ``ffn_up`` -> ``ffn_down`` pair when ``ffn_down``'s input is rotated online."""
+    ``ffn_up`` -> ``ffn_down`` pair when ``ffn_down``'s input is rotated online, nor the
+    norm groups when the block inputs are (placement "online")."""
     hp = src.hp
     a = _arch.get(hp["arch"])
     out: Dict[str, NDArray[np.float64]] = {}
@@ -413,6 +440,8 @@ def _smoothing(src: Source, alpha: float, stats: Stats) -> Dict[str, NDArray[np.
     for i in range(hp["n_layer"]):
         p = f"blk.{i}."
         for group, stems in (("attn_norm", ("attn_q", "attn_k", "attn_v")), ("ffn_norm", ("ffn_gate", "ffn_up"))):
+            if hp.get("norm_rot"):
+                continue  # the inputs are rotated online after the norm: no weight to fold a scale into
             ws = [src.linear(f"{p}{t}.weight") for t in stems]
             out[f"{p}{group}.weight"] = smooth_scales(_rms(stats, f"{p}{stems[0]}.weight"), _colmax(ws), alpha)
         # attn_v -> attn_output: the KV channel's scale serves every query head of its group
@@ -431,13 +460,17 @@ def _smoothing(src: Source, alpha: float, stats: Stats) -> Dict[str, NDArray[np.
 
 def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0, heads: bool = True,
                   smooth: Optional[float] = None, stats: Optional[Stats] = None,
-                  calib_info: Optional[Mapping[str, Any]] = None, online: bool = False) -> Source:
+                  calib_info: Optional[Mapping[str, Any]] = None, online: bool = False,
+                  placement: Optional[str] = None) -> Source:
     """``src`` rotated (``rotate``: "hadamard", "orthogonal" or None), with ``ffn_down``'s input
     rotated online (``online``) and/or smoothed (``smooth``: SmoothQuant's alpha in (0, 1],
     with ``stats`` = {linear name: (sum x^2, count)} of the *rotated, unsmoothed* model on
     calibration text; ``calib_info``: how they were collected, kept in ``info()["calib"]``);
-    see the module doc. With none of them, ``src`` itself. NotImplementedError for a rotation
-    of Gemma 2/3 (``online`` alone is exact on them)."""
+    ``placement``: where the rotation ``Q`` lives, "fold" (the residual stream, folded into
+    every weight) or "online" (the outputs of attn_norm / ffn_norm rotated online, the input
+    linears folded); None: "fold" where exact, "online" on Gemma 2/3, whose post-norms keep a
+    rotation out of the residual stream ("fold" is refused there). See the module doc. With
+    none of them, ``src`` itself."""
     if rotate is None and smooth is None and not online:
         return src
     if isinstance(src, TransformedSource):
@@ -447,14 +480,33 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
     info: Dict[str, Any] = {"rotate": rotate, "seed": int(seed) if rotate is not None else None,
                             "heads": bool(heads) if rotate is not None else None,
                             "smooth": None if smooth is None else float(smooth), "online": bool(online)}
-    q = r = None
+    q = r = nrot = None
+    if placement not in (None, "fold", "online"):
+        raise ValueError(f"placement must be 'fold' or 'online', got {placement!r}")
     if rotate is not None:
+        if placement is None:
+            placement = "online" if a.post_norms else "fold"
+        info["placement"] = placement
+    if rotate is not None and placement == "online":
+        f = hadamard_factors(hp["n_embd"])
+        if rotate != "hadamard" or f is None or f[0] > 256:
+            raise ValueError(f"{src.path}: an online rotation of the block inputs needs a Hadamard matrix of order "
+                             f"n_embd = {hp['n_embd']} (p * 2^k with a Paley order p <= 256; see "
+                             "orkpy.rotate.hadamard) and rotate='hadamard'")
+        d = hp["n_embd"]
+        signs = np.random.default_rng(seed).choice(np.array([-1.0, 1.0]), d)
+        nrot = (signs, hadamard(d) / np.sqrt(d))  # type: ignore[operator]
+        info["construction"] = f"Hadamard {d} = " + (f"Paley {f[0]} x " if f[0] > 1 else "") + f"Sylvester {f[1]}"
+        if heads:
+            r, info["head_construction"] = rotation(hp["head_dim"], rotate, seed + 1)
+    elif rotate is not None:
         if a.post_norms:
             raise NotImplementedError(
                 f"{src.path}: rotating the residual stream of a {hp['arch']} model is not exact: its post-attention / "
                 "post-FFN norms (post_attention_norm, post_ffw_norm) normalize each block's output and scale it "
                 "elementwise before it joins the residual stream, which does not commute with a rotation (an online "
-                "rotation after each post norm would be needed). Use smooth= (SmoothQuant) instead.")
+                "rotation after each post norm would be needed). Use placement='online' (the default there), which "
+                "rotates each block's inputs online after its norms.")
         q, info["construction"] = rotation(hp["n_embd"], rotate, seed)
         if heads:
             r, info["head_construction"] = rotation(hp["head_dim"], rotate, seed + 1)
@@ -475,19 +527,21 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
             raise ValueError(f"smooth must be SmoothQuant's alpha in (0, 1], got {smooth!r}")
         if stats is None:
             raise ValueError("smooth= needs stats= (activation statistics of the rotated model on calibration text)")
-        base = TransformedSource(src, q, r, {}, info, on) if (q is not None or on is not None) else src
+        base = TransformedSource(src, q, r, {}, info, on, nrot) if (rotate is not None or on is not None) else src
         scales = _smoothing(base, float(smooth), stats)
         info["calib"] = None if calib_info is None else dict(calib_info)
-    return TransformedSource(src, q, r, scales, info, on)
+    return TransformedSource(src, q, r, scales, info, on, nrot)
 
 
-def down_rot_block(n_ff: int) -> NDArray[np.float32]:
+def down_rot_block(n_ff: int, what: str = "n_ff", use: str = "the online down rotation") -> NDArray[np.float32]:
     """The ``p x p`` block the forward pass takes for an online rotation of ``ffn_down``'s input
-    (model.h ``down_rot``): ``H_p / sqrt(n_ff)``, float32, for ``kron(H_p, H_m) / sqrt(n_ff)``
-    (:func:`hadamard`) with the Sylvester ``H_m`` applied as a fast Walsh-Hadamard transform."""
+    (model.h ``down_rot``; of order n_embd: the block inputs' ``norm_rot``): ``H_p / sqrt(n)``,
+    float32, for ``kron(H_p, H_m) / sqrt(n)`` (:func:`hadamard`) with the Sylvester ``H_m``
+    applied as a fast Walsh-Hadamard transform."""
+    n_ff = int(n_ff)
     f = hadamard_factors(n_ff)
     if f is None:
-        raise ValueError(f"no Hadamard matrix of order n_ff = {n_ff} for the online down rotation")
+        raise ValueError(f"no Hadamard matrix of order {what} = {n_ff} for {use}")
     p = f[0]
     hp = _paley(p) if p > 1 else np.ones((1, 1))
     assert hp is not None

@@ -6,8 +6,8 @@
 - A rotated and/or smoothed model computes the same function in float: the synthetic model of
   every rotatable architecture (tests/archgen.py: outliers, biases on every linear, a tied head,
   fused tensors, q/k norms) against the float64 reference of the *original* weights, stories260K
-  and SmolLM2 (the real model) against their unrotated forward pass. Gemma 2/3 refuse a rotation
-  (post norms) and smooth exactly.
+  and SmolLM2 (the real model) against their unrotated forward pass. Gemma 2/3 refuse the
+  residual fold (post norms); their block inputs are rotated online after the norms, exactly.
 - On SmolLM2 the rotated residual stream has no outlier channels, and w8a8 (int8 weights,
   per-token int8 activations) loses less than half the KL vs F32 it loses unrotated.
 - quantize_model saves the transformed tensors; the manifest records how; reloading runs them.
@@ -126,19 +126,63 @@ def test_rotation_folds_norms_and_biases_as_documented(tmp_path):
 
 
 @pytest.mark.parametrize("arch_name", ["gemma2", "gemma3"])
-def test_gemma_refuses_a_rotation_and_smooths_exactly(tmp_path, arch_name):
+def test_gemma_rotates_its_block_inputs_online_and_smooths_exactly(tmp_path, arch_name):
+    """Gemma's post norms keep a rotation out of the residual stream: the residual fold is
+    refused, and the default placement rotates the outputs of attn_norm / ffn_norm online
+    (the input linears folded, V/O per head offline), which computes the same function."""
     p, T, c = _make(tmp_path, arch_name)
-    with pytest.raises(NotImplementedError, match="post_attention_norm.*smooth="):
-        orkpy.load_model(p, rotate="hadamard")
-    m = orkpy.load_model(p, smooth=0.5, calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)
+    src = open_source(p)
+    with pytest.raises(NotImplementedError, match="post_attention_norm.*placement='online'"):
+        rotate_source(src, "hadamard", placement="fold")
     tok = archgen.tokens(64)
     ref = archgen.ref_forward(T, c, tok)
+    plain = orkpy.load_model(p)
+    for kw in (dict(rotate="hadamard"), dict(rotate="hadamard", rotate_online=True, rotate_seed=3),
+               dict(rotate="hadamard", smooth=0.5, calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)):
+        m = orkpy.load_model(p, **kw)
+        diff, rel, kl = archgen.compare(m.forward(tok), ref)
+        assert rel < REL, (arch_name, kw, diff, rel)
+        assert m.hparams["norm_rot"] and m.tied == plain.tied  # the head and the embedding are untouched
+        changed = {n for n in m.linear_names() if not np.array_equal(m.linears[n].weight, plain.linears[n].weight)}
+        assert {"blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
+                "blk.0.ffn_up.weight"} <= changed
+    rs = rotate_source(src, "hadamard", seed=0)
+    assert rs.info()["placement"] == "online" and rs.info()["construction"] == "Hadamard 64 = Sylvester 64"
+    g = T["blk.1.ffn_norm.weight"].astype(np.float64)
+    signs, h = rs._nrot
+    np.testing.assert_allclose(rs.tensor("blk.1.ffn_norm.weight"), g * signs, rtol=1e-6)  # signs ride on the norm
+    np.testing.assert_allclose(rs.tensor("blk.1.ffn_gate.weight"), (T["blk.1.ffn_gate.weight"] * signs) @ h,
+                               rtol=1e-5, atol=1e-6)
+    m = orkpy.load_model(p, smooth=0.5, calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)
     diff, rel, kl = archgen.compare(m.forward(tok), ref)
     assert rel < REL, (arch_name, diff, rel)
     assert m.tied == (arch_name == "gemma2")  # Gemma 2's head is always the embedding: its group is not smoothed
     m = orkpy.load_model(p, rotate_online=True)  # inside the FFN, before the post norm: exact
     diff, rel, kl = archgen.compare(m.forward(tok), ref)
     assert rel < REL and m.hparams["ffn_down_rot"], (arch_name, diff, rel)
+
+
+@pytest.mark.parametrize("case", ["llama-48-wide", "qwen3"])
+def test_online_placement_is_exact_on_pre_norm_models_too(tmp_path, case):
+    p, T, c = _make(tmp_path, case)
+    tok = archgen.tokens(64)
+    m = orkpy.load_model(p, rotate="hadamard", rotate_placement="online")
+    diff, rel, kl = archgen.compare(m.forward(tok), archgen.ref_forward(T, c, tok))
+    assert rel < REL and m.hparams["norm_rot"], (case, diff, rel)
+    with pytest.raises(ValueError, match="placement must be"):
+        orkpy.load_model(p, rotate="hadamard", rotate_placement="residual")
+
+
+def test_online_placement_round_trip(tmp_path):
+    p, T, c = _make(tmp_path, "gemma3")
+    qm = orkpy.quantize_model(p, tier_map(p), rotate="hadamard", progress=False, log=lambda m: None)
+    assert qm.settings["transform"]["placement"] == "online"
+    m = orkpy.load_model(qm.save(tmp_path / "q"))
+    assert m.hparams["norm_rot"]  # re-applied from the manifest: the saved input linears expect it
+    tok = archgen.tokens(64)
+    np.testing.assert_array_equal(m.forward(tok), qm.to_model().forward(tok))
+    ref = archgen.ref_forward(T, c, tok)
+    assert archgen.compare(m.forward(tok), ref)[2] < 0.05
 
 
 def test_stories260k_rotated_float_outputs(shared):

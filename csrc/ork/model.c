@@ -127,6 +127,13 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
                 return ork_err_set(err, ORK_EINVAL, "layer %zu: the fused FFN chain does not apply the online down "
                                    "rotation", i);
         }
+        if (L->norm_rot) {
+            const size_t p = L->norm_rot_p, mm = p ? D / p : 0;
+            if (!p || p > ORK_DOWN_ROT_MAX_P || D % p || !mm || (mm & (mm - 1)))
+                return ork_err_set(err, ORK_EINVAL, "layer %zu: an online block-input rotation of order %zu x H_m "
+                                   "needs n_embd %zu = %zu x a power of two (and at most %d)", i, p, D, p,
+                                   ORK_DOWN_ROT_MAX_P);
+        }
         for (int j = 0; j < ORK_LAYER_LINEARS; j++) {
             const ork_linear *l = (const ork_linear *)(const void *)((const char *)L + layer_linear_off[j]);
             if ((st = check_linear(l, shape[j][0], shape[j][1], ork_layer_linear_names[j], i, err))) return st;
@@ -182,7 +189,7 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
     return ORK_OK;
 }
 
-/* ------------------------------------------------- online down rotation -- */
+/* ------------------------------------ online rotations (down input, block inputs) -- */
 /* each of the T rows x (n = p * m) <- x kron(R, H_m): a fast Walsh-Hadamard transform of each
  * of the p blocks of m values (H_m symmetric, unnormalized), then R (p x p) mixes the blocks:
  * out[i*m + j] = sum_a y[a*m + j] R[a][i]. A fixed order of operations per row. */
@@ -242,6 +249,7 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
     for (size_t l = 0; l < m->n_layer; l++) {
         const ork_layer *L = &m->layers[l];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
+        if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
         if ((st = ork_linear_apply(&L->wq, h, T, q, nthreads, err))) goto done;
         if ((st = ork_linear_apply(&L->wk, h, T, k, nthreads, err))) goto done;
         if ((st = ork_linear_apply(&L->wv, h, T, v, nthreads, err))) goto done;
@@ -267,6 +275,7 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
             for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);
         for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
+        if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
         if (L->ffn) {
             if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) goto done;
         } else {

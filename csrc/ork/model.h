@@ -74,6 +74,14 @@ typedef struct ork_layer {
      * weight rotated to match. NULL: off. The fused FFN chain (ffn) does not apply it: both is an error. */
     const float *down_rot;
     size_t down_rot_p;
+    /* optional online rotation of the block inputs (orkpy/rotate.py, placement "online": the
+     * architectures whose post-norms keep a rotation out of the residual stream, Gemma 2/3): the
+     * outputs of attn_norm and ffn_norm (n_embd values per token) are multiplied by
+     * kron(norm_rot, H_m) exactly as down_rot multiplies w_down's input (m = n_embd / norm_rot_p, a
+     * power of two), before wq/wk/wv and before w_gate/w_up (or the fused FFN chain, which receives
+     * the rotated input); the weights hold the matching rotation. NULL: off. */
+    const float *norm_rot;
+    size_t norm_rot_p;
 } ork_layer;
 
 #define ORK_DOWN_ROT_MAX_P 256

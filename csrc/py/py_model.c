@@ -413,6 +413,17 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
             }
             L->down_rot_p = (size_t)dims[0];
         }
+        PyObject *nrot = PyDict_GetItemString(d, "norm.rot");
+        if (nrot && nrot != Py_None) { /* the online block-input rotation's p x p block (model.h) */
+            npy_intp dims[2];
+            if (!(L->norm_rot = keep_f32(self, nrot, 2, "norm.rot", dims))) return -1;
+            if (dims[0] != dims[1]) {
+                PyErr_Format(PyExc_ValueError, "layer %zu: norm.rot must be square, got %zd x %zd", i,
+                             (Py_ssize_t)dims[0], (Py_ssize_t)dims[1]);
+                return -1;
+            }
+            L->norm_rot_p = (size_t)dims[0];
+        }
         if (opt_size(d, "n_swa", &L->n_swa) || opt_float(d, "rope_base", &L->rope_base) ||
             opt_float(d, "rope_freq_scale", &L->rope_freq_scale))
             return -1;
