@@ -14,13 +14,16 @@ first --chunks chunks of n_ctx --ctx of the scored text (wikitext by default):
              per-op baseline, fused, its ablations, the automatic (gmax) sprinkle, and the sprinkle
              chosen by sensitivity (ffn.sensitivity_sprinkle on --sens-chunks chunks of --calib,
              --sens-method, --sens-budget; default 25% of the layers) next to the gmax sprinkle
-             with as many exact layers; a summary per model: PPL per-op / fused / gmax / sensitivity,
-             % of the fused-vs-per-op PPL gap recovered, layers chosen, search seconds
+             with as many exact layers; split_product (the chain with its product handed exactly to the
+             down task as two int8 digit planes) alone and with the sensitivity sprinkle over it
+             (--sens-base); a summary per model: PPL per-op / fused / gmax / sensitivity, % of the
+             fused-vs-per-op PPL gap recovered, layers chosen, search seconds
 
     python bench/real_quant.py [--models smollm2 gemma3] [--chunks 4] [--ctx 512]
                                [--thresholds 5.0 5.5] [--calib-chunks 8] [--no-ffn] [--ffn-only]
                                [--sens-chunks 4] [--sens-method lazy] [--sens-budget N|KL]
-                               [--sens-exact exact_silu unfused] [--json-out F]
+                               [--sens-exact exact_silu unfused] [--sens-base fused split_product]
+                               [--json-out F]
 
 Needs the llama.cpp tools and the models of .ci/install (tests/oracle.py finds them).
 """
@@ -63,6 +66,8 @@ def main():
     ap.add_argument("--sens-budget", default=None, help="exact layers (int) or a KL target (float); default 25%%")
     ap.add_argument("--sens-exact", nargs="+", default=["exact_silu"], choices=["exact_silu", "unfused"],
                     help="the mode of the chosen layers: one search (and row) each")
+    ap.add_argument("--sens-base", nargs="+", default=["fused", "split_product"], choices=["fused", "split_product"],
+                    help="the chain mode of the layers the sensitivity sprinkle leaves on the chain: one search each")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     try:
@@ -133,19 +138,27 @@ def main():
                   + ", ".join(f"{s['gmax']:.1f}" for s in stats), flush=True)
             act = i8.hparams["act"]
             ppl = {}
-            for mode in ("fused", "auto") if a.ffn_only else ("fused", "fp32_silu_out", "exact_lut_input",
-                                                                "asym_zero_point", "per_channel_out", "auto"):
+            for mode in ("fused", "split_product", "auto") if a.ffn_only else (
+                    "fused", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "split_product",
+                    "auto"):
                 modes = ffn.sprinkle(stats, "auto") if mode == "auto" else mode
                 ffn.configure(i8, stats, modes)
                 label = mode if mode != "auto" else ("sprinkle auto, exact layers " + str(
                     [i for i, md in enumerate(modes) if md == "exact_silu"]))
                 ppl[mode] = scored(f"FFN chain ({act}): {label}", i8)
             gap = ppl["fused"] - per_op
-            for exact in a.sens_exact:
+            for base, exact in [(b, e) for b in a.sens_base for e in a.sens_exact]:
                 modes, rep = ffn.sensitivity_sprinkle(i8, stats, ctoks, n_ctx=a.ctx, chunks=a.sens_chunks,
                                                       budget=budget, method=a.sens_method, exact=exact,
-                                                      threads=a.threads)
+                                                      threads=a.threads, base=base)
                 chosen, k = rep["exact_layers"], len(rep["exact_layers"])
+                if base != "fused":  # the chosen layers exact over another chain mode
+                    p_sens = scored(f"FFN chain ({act}): {base} + sprinkle sensitivity ({exact}), layers {chosen}", i8)
+                    summary.append(dict(model=name, exact=f"{exact}@{base}", per_op=per_op, fused=ppl["fused"],
+                                        sens=p_sens, sens_layers=chosen, sens_recovered=(ppl["fused"] - p_sens) / gap,
+                                        base_ppl=ppl[base], base_recovered=(ppl["fused"] - ppl[base]) / gap,
+                                        calib_s=rep["seconds"], evaluations=rep["evaluations"]))
+                    continue
                 print(f"{name:<9}sensitivity search ({exact}, {rep['method']}, {rep['chunks']} chunks of "
                       f"{pathlib.Path(a.calib).name}): {rep['seconds']:.0f} s, {rep['evaluations']} evaluations; "
                       "KL gain alone " + ", ".join(f"{i}: {g:.4f}" for i, g in enumerate(rep["gain"])), flush=True)
@@ -169,14 +182,16 @@ def main():
         print(f"\nFFN chain, sprinkle by sensitivity vs gmax at the same number of exact layers (PPL, "
               f"{a.chunks} chunks of {a.ctx} of {pathlib.Path(a.text).name}; recovered = share of the fused-vs-per-op "
               "gap):")
-        print(f"{'model':<9}{'exact':<11}{'per-op':>9}{'fused':>9}{'gmax':>9}{'sens':>9}{'gmax rec':>10}{'sens rec':>10}"
+        print(f"{'model':<9}{'exact':<26}{'per-op':>9}{'fused':>9}{'gmax':>9}{'sens':>9}{'gmax rec':>10}{'sens rec':>10}"
               f"  {'k':>2}  sensitivity layers / gmax layers, search seconds")
         for r in summary:
             g = r.get("gmax", float("nan"))
-            print(f"{r['model']:<9}{r['exact']:<11}{r['per_op']:>9.4f}{r['fused']:>9.4f}{g:>9.4f}{r['sens']:>9.4f}"
+            print(f"{r['model']:<9}{r['exact']:<26}{r['per_op']:>9.4f}{r['fused']:>9.4f}{g:>9.4f}{r['sens']:>9.4f}"
                   f"{100 * r.get('gmax_recovered', float('nan')):>9.1f}%{100 * r['sens_recovered']:>9.1f}%"
                   f"  {len(r['sens_layers']):>2}  {r['sens_layers']} / {r.get('gmax_layers', '-')}, "
-                  f"{r['calib_s']:.0f} s ({r['evaluations']} evaluations)")
+                  f"{r['calib_s']:.0f} s ({r['evaluations']} evaluations)"
+                  + (f"; {r['exact'].split('@')[1]} alone {r['base_ppl']:.4f} ({100 * r['base_recovered']:.1f}%)"
+                     if "base_ppl" in r else ""))
     if a.json_out:
         pathlib.Path(a.json_out).write_text("\n".join(json.dumps(r) for r in rows + summary) + "\n")
 

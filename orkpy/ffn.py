@@ -11,7 +11,9 @@ The arithmetic contract is csrc/ork/ffn_chain.h.
 
 Modes: ``baseline`` (per-op w8a8, float SiLU: the chain is off), ``fused``,
 ``exact_silu``, ``fp32_silu_out``, ``exact_lut_input``, ``clip_pct_<P>``,
-``asym_zero_point``, ``per_channel_out``, ``unfused``.
+``asym_zero_point``, ``per_channel_out``, ``unfused``, ``split_product`` (the chain with
+its int8 x int8 product handed to the down task exactly, as two int8 digit planes: no
+product scale; 2x the down task's MACs; csrc/ork/ffn_chain.h).
 
 The activation is the model's (``model.hparams["act"]``, :mod:`orkpy.arch`): SiLU for
 llama / qwen2 / qwen3 / phi3, GELU-tanh for gemma2 / gemma3 (GeGLU). The C model
@@ -201,10 +203,11 @@ def sensitivity_search(kl, n, budget=None, method="lazy", log=None):
 
 
 def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, budget=None, method="lazy",
-                         exact="exact_silu", threads=None, log=None):
+                         exact="exact_silu", threads=None, log=None, base="fused"):
     """Choose the sprinkle's exact layers by their measured effect: (modes, report).
 
-    The effect of a set E of exact layers (mode ``exact`` on E, ``fused`` elsewhere) is the
+    The effect of a set E of exact layers (mode ``exact`` on E, ``base`` elsewhere: ``fused``
+    or another chain mode, e.g. ``split_product``) is the
     mean KL(per-op model || chain) over the scored positions of ``chunks`` chunks of
     ``n_ctx`` of ``calib_tokens`` (perplexity's KL mode; the reference is the same model with
     the chain off, ``baseline``, so the KL is what the chain costs, 0 when every layer is
@@ -229,7 +232,7 @@ def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, bud
     ``unfused`` (the per-layer choice between the fused chain and the un-fused fp16 ops) or
     another chain mode. Ties keep the lower layer index. The model is left configured with
     the returned modes. The report (JSON-able): :func:`sensitivity_search`'s dict plus
-    ``method``, ``exact``, ``n_ctx``, ``chunks`` and ``seconds`` (the search's wall time)."""
+    ``method``, ``exact``, ``base``, ``n_ctx``, ``chunks`` and ``seconds`` (the search's wall time)."""
     import os
     import tempfile
     import time
@@ -238,9 +241,11 @@ def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, bud
 
     t0 = time.perf_counter()
     n = model.hparams["n_layer"]
-    if exact not in MODES or exact in ("baseline", "fused"):
-        raise ValueError(f"exact mode {exact!r} must be a chain mode other than fused "
-                         f"({', '.join(md for md in MODES if md not in ('baseline', 'fused'))})")
+    if base not in MODES or base == "baseline":
+        raise ValueError(f"base mode {base!r} must be a chain mode ({', '.join(MODES[1:])})")
+    if exact not in MODES or exact in ("baseline", base):
+        raise ValueError(f"exact mode {exact!r} must be a chain mode other than {base} "
+                         f"({', '.join(md for md in MODES if md not in ('baseline', base))})")
     _sens_args(n, budget, method)  # checked before any forward pass
     tokens = model.tokens(calib_tokens)
     kw = dict(n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False)
@@ -250,13 +255,13 @@ def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, bud
         n_chunk = perplexity(model, tokens, save_logprobs=ref, **kw).chunks
 
         def kl(layers):
-            configure(model, stats, [exact if i in layers else "fused" for i in range(n)])
+            configure(model, stats, [exact if i in layers else base for i in range(n)])
             return perplexity(model, tokens, kld_base=ref, **kw).kld["mean"]
 
         log = log or (lambda m: None)
         rep = sensitivity_search(kl, n, budget, method, log=lambda m: log(f"sensitivity ({exact}): {m}"))
-    modes = configure(model, stats, [exact if i in rep["exact_layers"] else "fused" for i in range(n)])
-    rep.update(method=method, exact=exact, n_ctx=n_ctx, chunks=n_chunk, seconds=time.perf_counter() - t0)
+    modes = configure(model, stats, [exact if i in rep["exact_layers"] else base for i in range(n)])
+    rep.update(method=method, exact=exact, base=base, n_ctx=n_ctx, chunks=n_chunk, seconds=time.perf_counter() - t0)
     return modes, rep
 
 
@@ -350,18 +355,20 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
             run(mode, mode)
         for pct in SWEEP_CLIPS:
             run(f"clip_pct_{pct:g}", f"clip_pct_{pct:g}")
-        for mode in ("asym_zero_point", "per_channel_out", "unfused"):
+        for mode in ("asym_zero_point", "per_channel_out", "unfused", "split_product"):
             run(mode, mode)
         for k in range(n + 1):
             run("sprinkle", sprinkle(stats, k))
         run("sprinkle_auto", sprinkle(stats, "auto"))
         sens_chunks = sens_chunks or max(2, SENS_TOKENS // n_ctx)
-        for exact, label in (("exact_silu", "sprinkle_sensitivity"), ("unfused", "sprinkle_sensitivity_unfused")):
+        for exact, base, label in (("exact_silu", "fused", "sprinkle_sensitivity"),
+                                   ("unfused", "fused", "sprinkle_sensitivity_unfused"),
+                                   ("exact_silu", "split_product", "sprinkle_sensitivity_split")):
             modes, rep = sensitivity_sprinkle(m, stats, calib_tokens, n_ctx=n_ctx, chunks=sens_chunks,
                                               budget=sens_budget, method=sens_method, exact=exact, threads=threads,
-                                              log=log)
+                                              log=log, base=base)
             run(label, modes, rep["exact_layers"], calib_s=rep["seconds"], calib_kl=rep["kl"], gain=rep["gain"],
-                method=rep["method"], budget=rep["budget"], calib_chunks=rep["chunks"])
+                method=rep["method"], budget=rep["budget"], calib_chunks=rep["chunks"], base=base)
             if exact == "exact_silu":
                 k = len(rep["exact_layers"])
                 rows.append(dict(next(r for r in rows if r["mode"] == "sprinkle" and len(r["exact_layers"]) == k),

@@ -65,3 +65,26 @@ def test_outliers_and_static_ranges_without_rotation(scored):
     # test_static_ranges_with_rotation_and_prefix; 8 chunks: 0.035 vs 0.0055)
     assert kl[("per_token", "mse", 1)] > 2 * 0.009
     assert 1.3 * kl[("static", "mse", 1)] < kl[("static", "max", 1)]                 # 8 chunks: 0.140 vs 0.256
+
+
+def test_gemma3_block_input_rotation_is_exact_in_float_and_lowers_w8a8_kl(shared, tmp_path):
+    """Gemma-3-270M: the rotation placed online after its norms (its post-norms keep it out of the
+    residual stream) computes the same function in float and cuts w8a8 per-token KL (bench/act_modes.py,
+    RTN int8 weights; see docs/results/activation-modes.md for 8 chunks;
+    4 chunks: 0.0341 -> 0.0076)."""
+    f32 = f32_reference("gemma3")
+    base = orkpy.load_model(f32)
+    tokens = base.tokens((shared / "text" / "wikitext-2-raw-test.txt").read_text(encoding="utf-8"))
+    ref = str(tmp_path / "ref.npz")
+    orkpy.perplexity(base, tokens, n_ctx=512, chunks=2, save_logprobs=ref, progress=False)
+    del base
+    kl = {}
+    for label, rot, online, w in (("float", "hadamard", True, "fp32"), ("plain", None, False, "int8"),
+                                  ("rotated", "hadamard", True, "int8")):
+        m = orkpy.load_model(f32, weights=w, rotate=rot, rotate_online=online)
+        if rot:
+            assert m.hparams["norm_rot"] and m.hparams["ffn_down_rot"]
+        kl[label] = orkpy.perplexity(m, tokens, n_ctx=512, chunks=2, kld_base=ref, progress=False).kld["mean"]
+        del m
+    assert kl["float"] < 1e-4, kl                    # the rotated float model is the float model
+    assert 3 * kl["rotated"] < kl["plain"], kl       # 4 chunks: 4.5x

@@ -64,6 +64,50 @@ def test_fused_integer_steps_match_numpy_reference(setup):
         assert np.abs(pq.astype(int)).max() > 20  # the requantized product actually uses the int8 range
 
 
+def np_split_chain(h, pg, pu, pd, p, lut, lut_scale):
+    """NumPy reference of split_product (ffn_chain.h): the fused chain's sq * uq handed to the down
+    task as two int8 digit planes, combined in 64 bits."""
+    f32 = np.float32
+    q = orkpy.quantize(h, "int8")
+    hq, a = q.codes, q.scales
+    G, U = pg.matmul_int(hq), pu.matmul_int(hq)
+    g = (G.astype(f32) * a[:, None]).astype(f32) * pg.bscale[None, :]
+    u = (U.astype(f32) * a[:, None]).astype(f32) * pu.bscale[None, :]
+    idx = np.clip(round_half_away((g * (f32(1) / f32(p["lut_step"]))).astype(f32)) + f32(512), 0, 1023).astype(int)
+    s = lut[idx].astype(f32) * f32(lut_scale)
+    ss, us = f32(p["s_scale"]), f32(p["u_scale"])
+    sq = np.clip(round_half_away((s / ss).astype(f32)), -127, 127).astype(np.int32)
+    uq = np.clip(round_half_away((u / us).astype(f32)), -127, 127).astype(np.int32)
+    P = sq * uq
+    hi = round_half_away((P.astype(f32) / f32(128)).astype(f32)).astype(np.int32)
+    lo = P - 128 * hi
+    assert np.abs(hi).max() <= 127 and np.abs(lo).max() <= 64 and np.array_equal(128 * hi + lo, P)
+    Y = 128 * pd.matmul_int(hi.astype(np.int8)).astype(np.int64) + pd.matmul_int(lo.astype(np.int8)).astype(np.int64)
+    return (Y.astype(f32) * f32(ss * us)).astype(f32) * pd.bscale[None, :], P
+
+
+def test_split_product_matches_numpy_reference_and_keeps_the_product_exact(setup):
+    m, toks, stats = setup
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((29, 64)).astype(np.float32) * 1.5
+    for layer in range(m.hparams["n_layer"]):
+        ffn.configure(m, stats, "split_product")
+        p = ffn.layer_params(stats[layer], "split_product")
+        lut, lut_scale = C.ffn_lut(p["lut_step"])
+        pg, pu, pd = (_pw(m, layer, t) for t in ("ffn_gate", "ffn_up", "ffn_down"))
+        want, P = np_split_chain(h, pg, pu, pd, p, lut, lut_scale)
+        got = m._fwd.ffn_apply(layer, h)
+        assert np.array_equal(got, want), layer
+        assert np.abs(P).max() > 1000  # products well beyond one int8 digit are carried exactly
+        # the fused chain's requantized product loses what split_product keeps: closer to the
+        # same chain with its product in float (fp32 P, per-token int8 down input: fp32_silu_out)
+        ffn.configure(m, stats, "fused")
+        fused = m._fwd.ffn_apply(layer, h)
+        ffn.configure(m, stats, "fp32_silu_out")
+        fl = m._fwd.ffn_apply(layer, h)
+        assert np.abs(got - fl).mean() < np.abs(fused - fl).mean(), layer
+
+
 def test_lut_is_silu():
     lut, sc = C.ffn_lut(0.02)
     x = (np.arange(1024) - 512) * np.float32(0.02)
@@ -109,7 +153,7 @@ def test_selection_rules_deterministic(setup):
 
 
 @pytest.mark.parametrize("mode", ["fp32_silu_out", "exact_lut_input", "clip_pct_99.5", "asym_zero_point",
-                                  "per_channel_out", "unfused"])
+                                  "per_channel_out", "unfused", "split_product"])
 def test_every_mode_runs_and_differs_from_fused(setup, mode):
     m, toks, stats = setup
     chunk = toks[:128]

@@ -57,7 +57,8 @@ void ork_ffn_stats_add(ork_ffn_stats *s, const float *g, const float *u, size_t 
 }
 
 const char *const ork_ffn_mode_names[ORK_FFN_MODE_COUNT] = {
-    NULL, "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "unfused"};
+    NULL, "fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "unfused",
+    "split_product"};
 
 ork_ffn_mode ork_ffn_mode_find(const char *name) {
     for (int i = 1; name && i < ORK_FFN_MODE_COUNT; i++)
@@ -96,11 +97,12 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
     if (st) return st;
     const size_t D = lg->K, F = lg->N;
     const size_t Dp = ork_pack_round32(D);
-    int8_t *hq = malloc(T * Dp), *pq = malloc(T * F);
+    const int split = p->mode == ORK_FFN_SPLIT_PRODUCT;
+    int8_t *hq = malloc(T * Dp), *pq = malloc(T * F), *pl = split ? malloc(T * F) : NULL;
     float *a = malloc(T * sizeof(float)), *pf = malloc(T * F * sizeof(float));
     int32_t *G = malloc(T * F * sizeof(int32_t)), *U = malloc(T * F * sizeof(int32_t));
-    int32_t *Y = malloc(T * ld->N * sizeof(int32_t));
-    if (!hq || !pq || !a || !pf || !G || !U || !Y) {
+    int32_t *Y = malloc(T * ld->N * sizeof(int32_t)), *Y2 = split ? malloc(T * ld->N * sizeof(int32_t)) : NULL;
+    if (!hq || !pq || !a || !pf || !G || !U || !Y || (split && (!pl || !Y2))) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the FFN chain (T = %zu)", T);
         goto done;
     }
@@ -117,7 +119,7 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
     const float inv_step = 1.0f / p->lut_step;
     const ork_act act = p->act;
     const int int_path = p->mode == ORK_FFN_FUSED || p->mode == ORK_FFN_EXACT_LUT_INPUT || p->mode == ORK_FFN_ASYM_ZP ||
-                         p->mode == ORK_FFN_PER_CHANNEL_OUT;
+                         p->mode == ORK_FFN_PER_CHANNEL_OUT || split;
     const float m = (p->s_scale * p->u_scale) / p->p_scale;
     for (size_t t = 0; t < T; t++)
         for (size_t n = 0; n < F; n++) {
@@ -145,16 +147,29 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
                 sq = (int32_t)clamp_i8(ork_round_half_away(s / p->s_scale), -127.0f);
             }
             int32_t P = sq * (int32_t)uq;
+            if (split) { /* P = 128 hi + lo exactly: two int8 digit planes */
+                const int32_t hi = (int32_t)ork_round_half_away((float)P / 128.0f);
+                pq[i] = (int8_t)hi;
+                pl[i] = (int8_t)(P - 128 * hi);
+                continue;
+            }
             pq[i] = (int8_t)clamp_i8(ork_round_half_away((float)P * mm), -127.0f);
         }
     if (int_path) {
         if ((st = ork_linear_int(ld, pq, T, Y, nthreads, err))) goto done;
+        if (split) {
+            if ((st = ork_linear_int(ld, pl, T, Y2, nthreads, err))) goto done;
+            const float su = p->s_scale * p->u_scale;
+            for (size_t i = 0; i < T * ld->N; i++)
+                y[i] = ((float)(128 * (int64_t)Y[i] + (int64_t)Y2[i]) * su) * ld->bscale[i % ld->N];
+            goto done;
+        }
         for (size_t t = 0; t < T; t++)
             for (size_t d = 0; d < ld->N; d++) y[t * ld->N + d] = ork_dequant_acc(Y[t * ld->N + d], p->p_scale, ld->bscale[d]);
     } else {
         st = ork_linear_apply(ld, pf, T, y, nthreads, err);
     }
 done:
-    free(hq); free(pq); free(a); free(pf); free(G); free(U); free(Y);
+    free(hq); free(pq); free(pl); free(a); free(pf); free(G); free(U); free(Y); free(Y2);
     return st;
 }

@@ -48,6 +48,18 @@
  * unfused: g and u rounded to fp16, s = fp16(silu(g)), p = fp16(s * u) (each op
  *   separately, round to nearest even), down as exact_silu.
  * clip_pct=P is fused with s_scale from the P-th percentile of |silu| (prep histogram).
+ * split_product: sq, uq and P as fused, but P is never requantized: it is handed to the
+ *   down task exactly, as two int8 digit planes
+ *     hi = round_half_away(P / 128) in [-126, 126],  lo = P - 128 * hi in [-64, 64]
+ *   (P = 128 hi + lo exactly), each multiplied by Wd as an int8 x int8 matmul with int32
+ *   accumulators (|Yhi|, |Ylo| <= n_ff * 127 * 126), combined in 64 bits and scaled once:
+ *     y = ((float)(128 * (int64)Yhi + Ylo) * (s_scale * u_scale)) * bs_d[d]
+ *   No product scale exists (p_scale is not used), so the per-tensor product range that
+ *   costs the fused chain most of its loss (measured on Gemma-3-270M: bench/real_quant.py)
+ *   is gone. NPU cost: the down task runs on 2 M rows (the hi and lo planes stacked) and
+ *   writes two int32 outputs the host (or the DPU) combines: 2x the down task's MACs and
+ *   output traffic, nothing more on the gate/up task; in decode (M = 1) the down task is
+ *   bound by its weight reads, which do not change.
  */
 #ifndef ORK_FFN_CHAIN_H
 #define ORK_FFN_CHAIN_H
@@ -69,8 +81,9 @@ typedef enum {
     ORK_FFN_ASYM_ZP = 5,
     ORK_FFN_PER_CHANNEL_OUT = 6,
     ORK_FFN_UNFUSED = 7,
+    ORK_FFN_SPLIT_PRODUCT = 8,
 } ork_ffn_mode;
-#define ORK_FFN_MODE_COUNT 8
+#define ORK_FFN_MODE_COUNT 9
 extern const char *const ork_ffn_mode_names[ORK_FFN_MODE_COUNT];
 /* the mode named `name`, or 0 */
 ork_ffn_mode ork_ffn_mode_find(const char *name);
