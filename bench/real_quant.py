@@ -152,9 +152,14 @@ def main():
                                                       budget=budget, method=a.sens_method, exact=exact,
                                                       threads=a.threads, base=base)
                 chosen, k = rep["exact_layers"], len(rep["exact_layers"])
-                if base != "fused":  # the chosen layers exact over another chain mode
+                if base != "fused":  # the chosen layers exact over another chain mode, next to gmax's as many
                     p_sens = scored(f"FFN chain ({act}): {base} + sprinkle sensitivity ({exact}), layers {chosen}", i8)
+                    gm = [base if md == "fused" else exact for md in ffn.sprinkle(stats, k)]
+                    gm_layers = [i for i, md in enumerate(gm) if md == exact]
+                    ffn.configure(i8, stats, gm)
+                    p_gmax = scored(f"FFN chain ({act}): {base} + sprinkle gmax, {k} layers {gm_layers}", i8)
                     summary.append(dict(model=name, exact=f"{exact}@{base}", per_op=per_op, fused=ppl["fused"],
+                                        gmax=p_gmax, gmax_layers=gm_layers, gmax_recovered=(ppl["fused"] - p_gmax) / gap,
                                         sens=p_sens, sens_layers=chosen, sens_recovered=(ppl["fused"] - p_sens) / gap,
                                         base_ppl=ppl[base], base_recovered=(ppl["fused"] - ppl[base]) / gap,
                                         calib_s=rep["seconds"], evaluations=rep["evaluations"]))

@@ -172,7 +172,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                    rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                    calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                    calib_chunks: Optional[int] = 8, rotate_online: bool = False,
-                   act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn") -> QuantizedModel:
+                   act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -192,7 +192,10 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     (:func:`orkpy.gptq.gptq_linears`: error compensation on the linear's input Gram matrix on
     ``calib``, collected by the transformed source in float32) instead of plain rounding; the int8
     tier keeps absmax scales, the 4-bit tier's scales come from the imatrix clip search with the
-    Gram matrix's diagonal as the importance (``imatrix`` is then not used)."""
+    Gram matrix's diagonal as the importance (``imatrix`` is then not used). ``awq`` (with
+    ``calib``): AWQ-style per-input-channel scales searched on ``calib`` and folded into the
+    norms / producing linears before rounding (:mod:`orkpy.awq`; after a rotation, not with
+    ``smooth``); an ``imatrix`` is rescaled to the scaled inputs (``/ s^2``)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -203,6 +206,10 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     gptq = method == "gptq"
     if gptq and calib is None:
         raise ValueError("method='gptq' needs calib= (a calibration text or token ids, not the scored text)")
+    if awq and calib is None:
+        raise ValueError("awq=True needs calib= (a calibration text or token ids, not the scored text)")
+    if awq and smooth is not None:
+        raise ValueError("awq=True and smooth= fold scales into the same places: choose one")
     if gptq and sr:
         raise ValueError("method='gptq' and sr=True exclude each other: GPTQ chooses every int8 code itself")
     if not (imatrix is None or isinstance(imatrix, Imatrix)):
@@ -216,6 +223,17 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     tm = src.split_tier_map(tm)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
     tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
     src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads, rotate_online)
+    awq_cols: Dict[str, NDArray[Any]] = {}
+    if awq:
+        from .awq import apply_awq, awq_scales, column_scales
+        qkinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
+        scales, arep = awq_scales(src, calib, {n: k for n, k in qkinds.items() if k != "gguf"}, n_ctx=calib_ctx,
+                                  chunks=calib_chunks, threads=threads, progress=progress)
+        src = apply_awq(src, scales, {"n_ctx": arep["n_ctx"], "chunks": arep["chunks"], "alpha": arep["alpha"]})
+        awq_cols = column_scales(src.hp, scales)
+        log(f"awq: scales of {len(scales)} groups folded in (alpha per group: "
+            + ", ".join(f"{a:g}: {sum(1 for v in arep['alpha'].values() if v == a)}"
+                        for a in sorted(set(arep["alpha"].values()))) + ")")
     quantized_src = sorted({src.type_of(src.tensor_name(n)) for n in names} - FLOAT_TYPES)
     double_quant = bool(quantized_src)
     if double_quant:
@@ -245,6 +263,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
             continue
         w = src.linear(name)
         im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
+        if im is not None and name in awq_cols and im.shape == awq_cols[name].shape:
+            im = (np.asarray(im, np.float64) / awq_cols[name] ** 2).astype(np.float32)  # the scaled inputs' importance
         if im is not None and im.shape != (w.shape[1],):
             where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
             raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
@@ -263,6 +283,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                 "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": int(calib_ctx),
                          "chunks": calib_chunks} if gptq else None,
                 "transform": src.info() if isinstance(src, TransformedSource) else None}
+    if awq:  # only then: without it the manifest stays byte-identical to earlier releases
+        settings["awq"] = True
     hashes = {"source": src.sha256(), "alloc": allocation.info(),
               "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
     act_calib = None

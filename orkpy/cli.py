@@ -433,7 +433,7 @@ def _cmd_quantize(args):
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
-                        **_transform_kwargs(args, calib))
+                        awq=args.awq, **_transform_kwargs(args, calib))
     out = qm.save(args.output, overwrite=args.overwrite)
     b = qm.result_bytes()
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
@@ -686,6 +686,9 @@ def build_parser():
     s.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
                    help="rounding of the int8 tier: round to nearest, or GPTQ error feedback on the input Gram "
                         "matrices of --calib (default: rtn)")
+    s.add_argument("--awq", action="store_true",
+                   help="AWQ-style per-input-channel scales searched on --calib and folded into the norms and "
+                        "producing linears before rounding (default: off)")
     s.add_argument("--calib-ctx", type=_positive_int, default=512, metavar="N",
                    help="tokens per calibration chunk (default: 512); with --calib the static activation ranges "
                         "and outlier channels are calibrated and saved with the model (act_scales.json)")

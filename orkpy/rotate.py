@@ -293,6 +293,14 @@ class TransformedSource(Source):
             out |= {OUTPUT, OUTPUT_NORM}
         return out & set(self._shapes)
 
+    def with_scales(self, scales: Mapping[str, NDArray[np.float64]], info: Mapping[str, Any]) -> "TransformedSource":
+        """The same rotation with these scales folded in (AWQ, :mod:`orkpy.awq`) and ``info`` added
+        to :meth:`info`; ValueError when this source already folds scales (smoothing)."""
+        if self._s:
+            raise ValueError(f"{self.path}: already smoothed (smooth=); AWQ scales fold into the same places")
+        return TransformedSource(self.base, self._q, self._r, scales, dict(self._info, **info), self._online,
+                                 self._nrot)
+
     def info(self) -> Dict[str, Any]:
         """{rotate, seed, heads, smooth, construction, ...}: what the transformation is."""
         return dict(self._info)
