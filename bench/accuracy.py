@@ -1,0 +1,186 @@
+"""Weight accuracy at 4 bits (issue 17): orkpy's rounding methods against llama.cpp's 4-bit files on
+the same model, text and chunks, every llama.cpp file made and scored by the live llama.cpp in the
+same run.
+
+Per model (--model; the float reference, texts and text split are bench/act_modes.py's: SmolLM2 and
+Gemma-3 are the exact dequantization of the shipped file scored on wikitext-2 and calibrated on
+TinyStories B; stories260K is scored on the first half of TinyStories B and calibrated on the
+second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
+
+  llama.cpp  F32, Q8_0, Q4_0, IQ4_NL, IQ4_NL+imatrix, Q4_K_M, Q4_K_M+imatrix: llama-quantize of the
+             F32 GGUF (the imatrix by llama-imatrix on the calibration text), scored by
+             llama-perplexity's KL mode against its own F32 run
+  orkpy      the allocation of llama.cpp's Q4_0 file made above (the tier map: its Q4_0 tensors
+             4-bit, the rest int8), NF4 per output channel, for each method: rtn, rtn+im (orkpy's
+             imatrix of the calibration text), awq, awq+im, gptq, gptq+awq (orkpy.awq, orkpy.gptq,
+             both calibrated on the calibration text); --rotate adds the rows with both rotations
+             (hadamard + online before ffn_down) for the methods in --rotate-methods. Each row twice:
+             "w4a8" (the packed int8 path, per-token int8 activations) and "w-only" (the same
+             weights dequantized, float activations: what the weights alone cost)
+
+Columns: linear bytes (every block linear and the head; a tied head counts the embedding), bits per
+weight over those parameters, PPL, mean KL vs the float model. Group-wise scales (group sizes 128
+and 32) and the target-size allocation of the issue are not implemented yet: no rows for them.
+
+    python bench/accuracy.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
+                             [--ctx 512] [--methods rtn rtn+im awq awq+im gptq gptq+awq]
+                             [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--work DIR]
+                             [--json-out FILE_WITH_{model}]
+"""
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("_act_modes", ROOT / "bench" / "act_modes.py")
+am = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(am)  # shares its model / text / reference helpers (and puts tests/ on sys.path)
+
+import oracle  # noqa: E402
+import orkpy  # noqa: E402
+from orkpy.model import LinearSpec, Model, linear_names  # noqa: E402
+from orkpy.source import open_source  # noqa: E402
+
+METHODS = ("rtn", "rtn+im", "awq", "awq+im", "gptq", "gptq+awq")
+LLAMA = (("Q8_0", "Q8_0", False), ("Q4_0", "Q4_0", False), ("IQ4_NL", "IQ4_NL", False),
+         ("IQ4_NL+im", "IQ4_NL", True), ("Q4_K_M", "Q4_K_M", False), ("Q4_K_M+im", "Q4_K_M", True))
+
+
+def n_params(f32, names):
+    src = open_source(f32)
+    sh = src.shapes()
+    total = 0
+    for n in names:
+        s = sh.get(n) or sh["token_embd.weight"]
+        total += int(s[0]) * int(s[1])
+    return total
+
+
+def weight_only(qm):
+    """The model of ``qm`` with its quantized weights dequantized into float linears."""
+    m, src = qm.to_model(), qm._src
+    lin = {n: (LinearSpec.f32(n, qm.tensors[n].dequantize()) if n in qm.tensors else m.linears[n])
+           for n in m.linear_names()}
+    return Model(qm.source, src.hp, lin, src.tensor, src.meta, src.tied, {n: "fp32" for n in lin})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", nargs="+", default=["smollm2"], choices=sorted(am.MODELS))
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--calib-chunks", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--rotate", action="store_true", help="also the rows with both rotations")
+    ap.add_argument("--rotate-methods", nargs="+", default=["gptq", "gptq+awq"], choices=METHODS)
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows (the allocation still needs "
+                    "llama.cpp's Q4_0 file: made with llama-quantize, not scored)")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpy-act-modes"))
+    ap.add_argument("--json-out")
+    a = ap.parse_args(argv)
+    if a.json_out and len(a.model) > 1 and "{model}" not in a.json_out:
+        ap.error("--json-out must contain {model} when several models are measured")
+    os.makedirs(a.work, exist_ok=True)
+    for name in a.model:
+        run_model(a, name)
+
+
+def run_model(a, name):
+    w = pathlib.Path(a.work)
+    if name == "stories260k":
+        f32 = am.STORIES
+    else:
+        q = am.real_model(name)
+        f32 = w / (q.stem + ".F32.gguf")
+        if not f32.exists():
+            orkpy.dequantize_gguf(q, f32)
+    text_f = str(am.SHARED / "text" / am.MODELS[name][0])
+    calib_f = str(am.SHARED / "text" / am.MODELS[name][1])
+    if os.path.realpath(text_f) == os.path.realpath(calib_f):
+        text_f, calib_f = am.split_text(text_f, a.work)
+    text = open(text_f, encoding="utf-8").read()
+    calib = open(calib_f, encoding="utf-8").read()
+    ctx = min(a.ctx, am.TRAIN_CTX.get(name, a.ctx))
+    names = linear_names(open_source(f32).hp)
+    params = n_params(f32, names)
+    ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")
+    base = orkpy.load_model(f32)
+    tokens = base.tokens(text)
+    ppl = am.reused_reference(ref, tokens, ctx, a.chunks)
+    if ppl is None:
+        ppl = orkpy.perplexity(base, tokens, n_ctx=ctx, chunks=a.chunks, save_logprobs=ref, progress=False).ppl
+    im = orkpy.collect_imatrix(base, calib, n_ctx=ctx, chunks=a.calib_chunks, progress=False)
+    del base
+    rows = []
+
+    def show(d):
+        print(f"{d['source']:9} {d['what']:26} {d['bytes'] / 1e6:8.2f} {d['bpw']:6.3f} {d['ppl']:9.4f} "
+              f"{d['kld']:9.5f}" + ("" if d.get("seconds") is None else f"  ({d['seconds']:.0f} s)"), flush=True)
+
+    def add(source, what, nbytes, p, kld, secs=None):
+        d = {"source": source, "what": what, "bytes": nbytes, "bpw": 8 * nbytes / params, "ppl": p, "kld": kld,
+             "seconds": secs}
+        rows.append(d)
+        show(d)
+
+    print(f"{name}: {f32.name}, scored {os.path.basename(text_f)} ({a.chunks} x {ctx}), calibrated on "
+          f"{os.path.basename(calib_f)} ({a.calib_chunks} x {ctx}); {params / 1e6:.2f}M linear parameters; "
+          f"orkpy F32 PPL {ppl:.4f}", flush=True)
+    print(f"{'source':9} {'what':26} {'MB':>8} {'bpw':>6} {'PPL':>9} {'mean KL':>9}\n" + "-" * 72, flush=True)
+    tag = f"{name}-{pathlib.Path(text_f).stem}-{ctx}-{a.chunks}"
+    ctag = f"{name}-{pathlib.Path(calib_f).stem}-{ctx}-{a.calib_chunks}"
+    imf = w / f"{ctag}.imatrix.gguf"
+    if not a.no_llama:
+        base_kld = w / f"{tag}.llama-base.kld"
+        r = oracle.llama_kld(f32, base_kld, text_f, ctx, a.chunks)
+        add("llama.cpp", "F32", am.linear_bytes(f32, names), r["ppl"], 0.0)
+        if not imf.exists():
+            oracle.llama_imatrix(f32, calib_f, ctx, a.calib_chunks, imf)
+    q4_0 = None
+    for label, qtype, with_im in LLAMA:
+        dst = w / (f"{ctag}.{qtype}-im.gguf" if with_im else f"{name}.{qtype}.gguf")
+        if not dst.exists():
+            oracle.llama_quantize(f32, dst, qtype, imatrix=imf if with_im else None)
+        if label == "Q4_0":
+            q4_0 = dst
+        if not a.no_llama:
+            r = oracle.llama_kld(dst, base_kld, n_ctx=ctx)
+            add("llama.cpp", label, am.linear_bytes(dst, names), r["ppl"], r["kld"])
+        elif label == "Q4_0":
+            break
+    plan = [(m, False) for m in a.methods] + ([(m, True) for m in a.rotate_methods] if a.rotate else [])
+    for method, rot in plan:
+        t0 = time.perf_counter()
+        kw = dict(imatrix=im if method.endswith("+im") else None, kind="nf4",
+                  method="gptq" if method.startswith("gptq") else "rtn", awq="awq" in method,
+                  calib=calib, calib_ctx=ctx, calib_chunks=a.calib_chunks, progress=False, log=lambda m: None)
+        if rot:
+            if kw["imatrix"] is not None:
+                continue  # an imatrix must come from the rotated model; not a row of this table
+            kw.update(rotate="hadamard", rotate_online=True)
+        try:
+            qm = orkpy.quantize_model(f32, q4_0, **kw)
+        except (NotImplementedError, ValueError) as e:
+            print(f"# orkpy {method}{' rotated' if rot else ''}: not run: {e}", flush=True)
+            continue
+        nbytes = sum(pw.nbytes for pw in qm.tensors.values())
+        label = f"nf4 {method}{' +rot' if rot else ''}"
+        secs = time.perf_counter() - t0
+        for mode, m in (("w4a8", qm.to_model()), ("w-only", weight_only(qm))):
+            r = orkpy.perplexity(m, tokens, n_ctx=ctx, chunks=a.chunks, kld_base=ref, progress=False)
+            add("orkpy", f"{label} {mode}", nbytes, r.ppl, r.kld["mean"], secs)
+            secs = None
+    if a.json_out:
+        with open(a.json_out.replace("{model}", name), "w") as f:
+            json.dump({"model": name, "f32": str(f32), "text": text_f, "calib": calib_f, "chunks": a.chunks,
+                       "calib_chunks": a.calib_chunks, "ctx": ctx, "params": params, "rows": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
