@@ -231,8 +231,12 @@ def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, bud
     ``exact``: the mode of the chosen layers: ``exact_silu`` (the host's fp32 activation),
     ``unfused`` (the per-layer choice between the fused chain and the un-fused fp16 ops) or
     another chain mode. Ties keep the lower layer index. The model is left configured with
-    the returned modes. The report (JSON-able): :func:`sensitivity_search`'s dict plus
-    ``method``, ``exact``, ``base``, ``n_ctx``, ``chunks`` and ``seconds`` (the search's wall time)."""
+    the returned modes. The search's set is then checked against the gmax rule's (:func:`sprinkle`
+    with as many layers) on the same calibration KL, one more evaluation, and the better one is
+    returned, so the result is never worse than gmax's on the text it is chosen on. The report
+    (JSON-able): :func:`sensitivity_search`'s dict plus ``gmax_layers``, ``kl_gmax``, ``chose``
+    ("search" or "gmax"), ``method``, ``exact``, ``base``, ``n_ctx``, ``chunks`` and ``seconds``
+    (the wall time)."""
     import os
     import tempfile
     import time
@@ -260,6 +264,15 @@ def sensitivity_sprinkle(model, stats, calib_tokens, n_ctx=256, chunks=None, bud
 
         log = log or (lambda m: None)
         rep = sensitivity_search(kl, n, budget, method, log=lambda m: log(f"sensitivity ({exact}): {m}"))
+        # the gmax rule's layers, as many, measured the same way: taken when they do better here
+        k = len(rep["exact_layers"])
+        gm = [i for i, md in enumerate(sprinkle(stats, k)) if md == "exact_silu"] if k else []
+        rep["gmax_layers"], rep["chose"] = gm, "search"
+        rep["kl_gmax"] = rep["kl"] if gm == rep["exact_layers"] else kl(tuple(gm))
+        if rep["kl_gmax"] < rep["kl"]:
+            log(f"sensitivity ({exact}): the gmax layers {gm} do better on the calibration text "
+                f"({rep['kl_gmax']:.6f} vs {rep['kl']:.6f}): taken")
+            rep.update(exact_layers=gm, kl=rep["kl_gmax"], chose="gmax")
     modes = configure(model, stats, [exact if i in rep["exact_layers"] else base for i in range(n)])
     rep.update(method=method, exact=exact, base=base, n_ctx=n_ctx, chunks=n_chunk, seconds=time.perf_counter() - t0)
     return modes, rep
