@@ -145,7 +145,9 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     if not alphas or any(not (0.0 <= float(a) <= 1.0) for a in alphas) or 0.0 not in [float(a) for a in alphas]:
         raise ValueError(f"alphas must be values in [0, 1] including 0 (no scaling), got {list(alphas)!r}")
     hp = src.hp
-    kind_of = (lambda n: kinds) if isinstance(kinds, str) else (lambda n: kinds.get(n))
+    def kind_of(n: str) -> Optional[str]:
+        return kinds if isinstance(kinds, str) else kinds.get(n)
+
     todo = [(key, lins, inp) for key, lins, inp in groups(hp) if all(kind_of(n) not in (None, "gguf") for n in lins)]
     m = float_model(src)
     tokens = m.tokens(calib)
@@ -162,9 +164,11 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
             grams = collect_grams(m, it, sorted({inp for _, _, inp in grp}), threads)
             for key, lins, inp in grp:
                 g, rows = grams[inp]
-                alpha, s, errs = search_group([src.linear(n) for n in lins], [kind_of(n) for n in lins], g,
-                                              _magnitude(g, rows, hp, key), lambda v, k=key: _expand(v, hp, k),
-                                              alphas, threads)
+
+                def expand(v: NDArray[np.float64], k: str = key) -> NDArray[np.float64]:
+                    return _expand(v, hp, k)
+                alpha, s, errs = search_group([src.linear(n) for n in lins], [str(kind_of(n)) for n in lins], g,
+                                              _magnitude(g, rows, hp, key), expand, alphas, threads)
                 out[key] = s
                 rep["alpha"][key] = alpha
                 rep["error"][key] = errs

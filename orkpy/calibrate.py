@@ -224,7 +224,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
     src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads, rotate_online)
     awq_cols: Dict[str, NDArray[Any]] = {}
-    if awq:
+    if awq and calib is not None:
         from .awq import apply_awq, awq_scales, column_scales
         qkinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
         scales, arep = awq_scales(src, calib, {n: k for n, k in qkinds.items() if k != "gguf"}, n_ctx=calib_ctx,

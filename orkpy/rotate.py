@@ -503,7 +503,9 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
                              "orkpy.rotate.hadamard) and rotate='hadamard'")
         d = hp["n_embd"]
         signs = np.random.default_rng(seed).choice(np.array([-1.0, 1.0]), d)
-        nrot = (signs, hadamard(d) / np.sqrt(d))  # type: ignore[operator]
+        h = hadamard(d)
+        assert h is not None  # hadamard_factors(d) succeeded
+        nrot = (signs, h / np.sqrt(d))
         info["construction"] = f"Hadamard {d} = " + (f"Paley {f[0]} x " if f[0] > 1 else "") + f"Sylvester {f[1]}"
         if heads:
             r, info["head_construction"] = rotation(hp["head_dim"], rotate, seed + 1)
