@@ -92,20 +92,9 @@ def main(argv=None):
 
 def run_model(a, name):
     w = pathlib.Path(a.work)
-    if name == "stories260k":
-        f32 = am.STORIES
-    else:
-        q = am.real_model(name)
-        f32 = w / (q.stem + ".F32.gguf")
-        if not f32.exists():
-            orkpy.dequantize_gguf(q, f32)
-    text_f = str(am.SHARED / "text" / am.MODELS[name][0])
-    calib_f = str(am.SHARED / "text" / am.MODELS[name][1])
-    if os.path.realpath(text_f) == os.path.realpath(calib_f):
-        text_f, calib_f = am.split_text(text_f, a.work)
+    f32, text_f, calib_f, ctx, _ = am.model_and_texts(name, a.work, a.ctx)
     text = open(text_f, encoding="utf-8").read()
     calib = open(calib_f, encoding="utf-8").read()
-    ctx = min(a.ctx, am.TRAIN_CTX.get(name, a.ctx))
     names = linear_names(open_source(f32).hp)
     params = n_params(f32, names)
     ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")

@@ -194,24 +194,31 @@ def main(argv=None):
         run_model(a, name)
 
 
-def run_model(a, name):
+def model_and_texts(name, work, ctx, text_f=None, calib_f=None):
+    """(F32 GGUF, scored text file, calibration text file, n_ctx, split) of model ``name`` (see the
+    module doc): the real models' exact dequantization written once to ``work``; one file named
+    twice is split into its halves; ``ctx`` capped at the model's training context."""
     if name == "stories260k":
         f32 = STORIES
         if not f32.is_file():
             oracle._missing(f"stories260K not at {f32}")
     else:
         q = real_model(name)
-        f32 = pathlib.Path(a.work) / (q.stem + ".F32.gguf")
+        f32 = pathlib.Path(work) / (q.stem + ".F32.gguf")
         if not f32.exists():
             orkpy.dequantize_gguf(q, f32)
-    text_f = a.text or str(SHARED / "text" / MODELS[name][0])
-    calib_f = a.calib or str(SHARED / "text" / MODELS[name][1])
+    text_f = text_f or str(SHARED / "text" / MODELS[name][0])
+    calib_f = calib_f or str(SHARED / "text" / MODELS[name][1])
     split = os.path.realpath(text_f) == os.path.realpath(calib_f)
     if split:
-        text_f, calib_f = split_text(text_f, a.work)
+        text_f, calib_f = split_text(text_f, work)
+    return f32, text_f, calib_f, min(ctx, TRAIN_CTX.get(name, ctx)), split
+
+
+def run_model(a, name):
+    f32, text_f, calib_f, ctx, split = model_and_texts(name, a.work, a.ctx, a.text, a.calib)
     text = open(text_f, encoding="utf-8").read()
     calib = open(calib_f, encoding="utf-8").read()
-    ctx = min(a.ctx, TRAIN_CTX.get(name, a.ctx))
     ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")
     base = orkpy.load_model(f32)
     tokens = base.tokens(text)

@@ -29,14 +29,20 @@ def _pw(m, i, name):
     return orkpy.pack(orkpy.quantize(w, "int8"))
 
 
-def np_chain(h, pg, pu, pd, p, lut, lut_scale):
-    """NumPy reference of the fused chain (ffn_chain.h), float32 step by step."""
+def np_gate_up(h, pg, pu):
+    """The chain's gate and up outputs (ffn_chain.h): per-token int8 input, int32 products, dequantized."""
     f32 = np.float32
     q = orkpy.quantize(h, "int8")
     hq, a = q.codes, q.scales
     G, U = pg.matmul_int(hq), pu.matmul_int(hq)
-    g = (G.astype(f32) * a[:, None]).astype(f32) * pg.bscale[None, :]
-    u = (U.astype(f32) * a[:, None]).astype(f32) * pu.bscale[None, :]
+    return ((G.astype(f32) * a[:, None]).astype(f32) * pg.bscale[None, :],
+            (U.astype(f32) * a[:, None]).astype(f32) * pu.bscale[None, :])
+
+
+def np_chain(h, pg, pu, pd, p, lut, lut_scale):
+    """NumPy reference of the fused chain (ffn_chain.h), float32 step by step."""
+    f32 = np.float32
+    g, u = np_gate_up(h, pg, pu)
     inv = f32(1) / f32(p["lut_step"])
     idx = np.clip(round_half_away((g * inv).astype(f32)) + f32(512), 0, 1023).astype(np.int64)
     s = lut[idx].astype(f32) * f32(lut_scale)
@@ -68,11 +74,7 @@ def np_split_chain(h, pg, pu, pd, p, lut, lut_scale):
     """NumPy reference of split_product (ffn_chain.h): the fused chain's sq * uq handed to the down
     task as two int8 digit planes, combined in 64 bits."""
     f32 = np.float32
-    q = orkpy.quantize(h, "int8")
-    hq, a = q.codes, q.scales
-    G, U = pg.matmul_int(hq), pu.matmul_int(hq)
-    g = (G.astype(f32) * a[:, None]).astype(f32) * pg.bscale[None, :]
-    u = (U.astype(f32) * a[:, None]).astype(f32) * pu.bscale[None, :]
+    g, u = np_gate_up(h, pg, pu)
     idx = np.clip(round_half_away((g * (f32(1) / f32(p["lut_step"]))).astype(f32)) + f32(512), 0, 1023).astype(int)
     s = lut[idx].astype(f32) * f32(lut_scale)
     ss, us = f32(p["s_scale"]), f32(p["u_scale"])
