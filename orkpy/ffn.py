@@ -381,7 +381,8 @@ def sweep(model_path, text, calib_text, n_ctx=256, chunks=None, calib_chunks=Non
                                               budget=sens_budget, method=sens_method, exact=exact, threads=threads,
                                               log=log, base=base)
             run(label, modes, rep["exact_layers"], calib_s=rep["seconds"], calib_kl=rep["kl"], gain=rep["gain"],
-                method=rep["method"], budget=rep["budget"], calib_chunks=rep["chunks"], base=base)
+                method=rep["method"], budget=rep["budget"], calib_chunks=rep["chunks"], base=base,
+                chose=rep["chose"], gmax_layers=rep["gmax_layers"], calib_kl_gmax=rep["kl_gmax"])
             if exact == "exact_silu":
                 k = len(rep["exact_layers"])
                 rows.append(dict(next(r for r in rows if r["mode"] == "sprinkle" and len(r["exact_layers"]) == k),

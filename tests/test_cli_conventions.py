@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -221,7 +222,10 @@ def test_sigint_in_a_real_process_exits_130_with_one_line():
     code = ("import os, signal, sys, time\nimport orkpy.cli as c\n"
             "def slow(args):\n    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(60)\n"
             "c._cmd_info = slow\nsys.exit(c.main(['info']))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # a shell's background job starts with SIGINT ignored, and Python then installs no handler of its own:
+    # give the child the default disposition, as a terminal's foreground process has
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 130
     assert r.stderr == "orkpy info: interrupted\n"
 

@@ -221,7 +221,7 @@ def test_npu_binding_releases_on_error_paths():
 def test_ffn_modes_from_c():
     assert ffn.MODES == ("baseline",) + _core.ffn_modes()
     assert _core.ffn_modes() == ("fused", "exact_silu", "fp32_silu_out", "exact_lut_input", "asym_zero_point",
-                                 "per_channel_out", "unfused")
+                                 "per_channel_out", "unfused", "split_product")
 
 
 def _tiny_model(path="int8"):
