@@ -44,10 +44,10 @@ from .model import (LinearSpec, Model, as_model, calibrate_source_acts, linear_n
                     transformed_source)
 from .modeldir import MANIFEST, write_model_dir
 from .packed import PackedWeight, pack
-from .quant import FOUR_BIT_KINDS, quantize
+from .quant import FOUR_BIT_KINDS, check_group, quantize
 from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
-from .tiermap import TierMap
+from .tiermap import TierMap, grouped_tier, split_tier
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
@@ -172,7 +172,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                    rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                    calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                    calib_chunks: Optional[int] = 8, rotate_online: bool = False,
-                   act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False) -> QuantizedModel:
+                   act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False,
+                   group_size: Optional[int] = None) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -195,7 +196,10 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     Gram matrix's diagonal as the importance (``imatrix`` is then not used). ``awq`` (with
     ``calib``): AWQ-style per-input-channel scales searched on ``calib`` and folded into the
     norms / producing linears before rounding (:mod:`orkpy.awq`; after a rotation, not with
-    ``smooth``); an ``imatrix`` is rescaled to the scaled inputs (``/ s^2``)."""
+    ``smooth``); an ``imatrix`` is rescaled to the scaled inputs (``/ s^2``). ``group_size`` (a
+    multiple of 32): group-wise scales, one per ``group_size`` inputs of a row, for every packed
+    linear whose tier does not name its own (an allocation's ``"int4-g32"`` tier wins; csrc/ork/pack.h;
+    saved as O4N1/O8N1 version 2)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -214,6 +218,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
         raise ValueError("method='gptq' and sr=True exclude each other: GPTQ chooses every int8 code itself")
     if not (imatrix is None or isinstance(imatrix, Imatrix)):
         imatrix = Imatrix.load(imatrix)
+    group_size = check_group(group_size) or None
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
     source = os.fspath(source)
     allocation = read_allocation(alloc, threshold)
@@ -245,13 +250,17 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     if gptq and calib is not None:
         kinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
         kinds = {n: k for n, k in kinds.items() if k != "gguf"}
+        gsizes = {n: split_tier(tm.linear_tier(n))[1] or (group_size or 0) for n in kinds}
         gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
-                          threads=threads, progress=progress)
+                          threads=threads, progress=progress, group_size=gsizes)
     bar = progress_bar(len(names), "quantize", progress, "tensor")
     for name in names:
         tier = tm.linear_tier(name)
-        tiers[name] = tier
         qkind = tier_path(tier, kind)
+        if qkind != "gguf" and split_tier(tier)[1] == 0 and group_size:
+            tier = grouped_tier(tier, group_size)
+        tiers[name] = tier
+        gsize = split_tier(tier)[1] or None
         if qkind == "gguf":  # the float tier: the linear stays float
             if bar is not None:
                 bar.update(1)
@@ -269,7 +278,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
             where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
             raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
                              f"K = {w.shape[1]} input columns: the imatrix is for a different model")
-        q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads)
+        q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads, group_size=gsize)
         tensors[name] = pack(q)
         if bar is not None:
             bar.update(1)
@@ -285,6 +294,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                 "transform": src.info() if isinstance(src, TransformedSource) else None}
     if awq:  # only then: without it the manifest stays byte-identical to earlier releases
         settings["awq"] = True
+    if group_size:
+        settings["group_size"] = int(group_size)
     hashes = {"source": src.sha256(), "alloc": allocation.info(),
               "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
     act_calib = None

@@ -35,7 +35,7 @@ prototype): 0.0013 / 0.0031, not worth a pass per layer.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -80,13 +80,16 @@ def _pack_nibbles(codes: NDArray[np.uint8]) -> NDArray[np.uint8]:
 
 
 def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float = DEFAULT_DAMP,
-                  block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0) -> QuantizedTensor:
+                  block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0,
+                  group_size: Optional[int] = None) -> QuantizedTensor:
     """Quantize a float ``(N, K)`` weight per channel (``kind`` int8, nf4 or int4) with GPTQ's error
     compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc). ``where`` names the
     weight in errors. 4-bit kinds: each row's scale is the one :func:`orkpy.quantize` picks with the
     importance ``diag(gram) / rows`` (its imatrix clip search; ``rows`` = the Gram matrix's input
     rows, 0 = no imatrix, plain absmax), then every column goes to the nearest level of the kind's
-    codebook times that scale, with the same error feedback as int8."""
+    codebook times that scale, with the same error feedback as int8. ``group_size``: group-wise
+    scales (:func:`orkpy.quantize`'s), chosen up front from ``w`` (static groups); each column is
+    rounded with its group's scale."""
     if kind not in ("int8", "nf4", "int4"):
         raise ValueError(f"{where}: GPTQ is implemented for kinds 'int8', 'nf4' and 'int4', got {kind!r}")
     if not (isinstance(damp, (int, float)) and not isinstance(damp, bool) and np.isfinite(damp) and damp >= 0):
@@ -101,11 +104,12 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     four = kind != "int8"
     im = np.diag(g) / rows if (four and rows > 0) else None
     # the scales (and the checks of w: shape, finiteness); an all-zero importance means none
-    plain = quantize(w32, kind, imatrix=im if (im is not None and np.any(im > 0)) else None)
-    s = plain.scales
-    amax = np.abs(w32).max(axis=1)
+    plain = quantize(w32, kind, imatrix=im if (im is not None and np.any(im > 0)) else None, group_size=group_size)
+    s = plain.scales.reshape(N, -1)  # (N, G): G = 1 per channel
+    gs = plain.group or K             # columns per scale
+    amax = np.stack([np.abs(w32[:, i:i + gs]).max(axis=1) for i in range(0, K, gs)], axis=1)
     live = s > 0
-    inv = np.zeros(N, np.float32)
+    inv = np.zeros(s.shape, np.float32)
     inv[live] = np.float32(127) / amax[live]
     if four:
         # the codebook's distinct int8 levels, ascending, and the first code of each (int4's 16th
@@ -114,7 +118,7 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
         lv = np.asarray(plain.lut, np.float64)
         mids = (lv_u[1:] + lv_u[:-1]) / 2
         zero = int(code_of[int(np.argmin(np.abs(lv_u)))])
-        inv_s = np.zeros(N, np.float64)
+        inv_s = np.zeros(s.shape, np.float64)
         inv_s[live] = 1.0 / s[live].astype(np.float64)
     h = g.copy()
     dead = np.diag(h) == 0
@@ -136,16 +140,17 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
         err = np.zeros((N, i2 - i1))
         for i in range(i2 - i1):
             k = i1 + i
+            gi = k // gs
             if C is not None:
-                idx = np.where(live, code_of[_nearest_level(W1[:, i] * inv_s, mids)], zero)
+                idx = np.where(live[:, gi], code_of[_nearest_level(W1[:, i] * inv_s[:, gi], mids)], zero)
                 C[:, k] = idx
                 q = lv[idx].astype(np.float32)
             else:
-                q = _round_int8(W1[:, i], inv)
+                q = _round_int8(W1[:, i], inv[:, gi])
             Q[:, k] = q
             if dead[k]:
                 continue
-            e = (W1[:, i] - q.astype(np.float64) * s64) / u[k, k]
+            e = (W1[:, i] - q.astype(np.float64) * s64[:, gi]) / u[k, k]
             W1[:, i + 1:] -= np.outer(e, u[k, k + 1:i2])
             err[:, i] = e
         if i2 < K:
@@ -153,9 +158,10 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     if C is not None:
         if K % 2:
             C = np.concatenate([C, np.full((N, 1), zero, np.uint8)], axis=1)
-        return QuantizedTensor(kind=kind, shape=(N, K), codes=_pack_nibbles(C), scales=plain.scales, lut=plain.lut)
+        return QuantizedTensor(kind=kind, shape=(N, K), codes=_pack_nibbles(C), scales=plain.scales, lut=plain.lut,
+                               group=plain.group)
     codes = np.ascontiguousarray(Q.astype(np.int8))
-    return QuantizedTensor(kind="int8", shape=(N, K), codes=codes, scales=plain.scales, lut=None)
+    return QuantizedTensor(kind="int8", shape=(N, K), codes=codes, scales=plain.scales, lut=None, group=plain.group)
 
 
 def _gram_owner(name: str) -> str:
@@ -181,37 +187,48 @@ def collect_grams(model: Any, chunks: Iterable[ArrayLike], names: Sequence[str],
     return {n: got[o] for n, o in owners.items()}
 
 
-def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[str, str]] = "int8", n_ctx: int = 512,
-                 chunks: Optional[int] = 8, damp: float = DEFAULT_DAMP, block: int = DEFAULT_BLOCK,
-                 names: Optional[Sequence[str]] = None, max_bytes: int = 1 << 30, threads: Optional[int] = None,
-                 progress: bool = True) -> Dict[str, QuantizedTensor]:
-    """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.source.Source` ``src``
-    (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
-    chunks of ``n_ctx`` tokens of ``calib`` by ``src`` run in float32 (see module doc). ``kind``: one
-    kind for all, or {name: kind}."""
-    from .model import float_model, linear_names
-
-    names = list(linear_names(src.hp) if names is None else names)
-    m = float_model(src)
-    tokens = m.tokens(calib)
-    # groups of linears whose Gram matrices fit max_bytes together (one pass over the text each)
-    groups: List[List[str]] = []
+def gram_batches(names: Sequence[str], K: Callable[[str], int], max_bytes: int = 1 << 30) -> List[List[str]]:
+    """``names`` cut, in order, into runs whose Gram matrices (float64 ``K(name)`` squared, one per
+    input: names reading the same input, :data:`SHARED_INPUT`, count once) take at most
+    ``max_bytes`` together, a matrix larger than ``max_bytes`` alone in its run: the linears of
+    one calibration pass (:func:`gptq_linears`, :func:`orkpy.awq.awq_scales`)."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+    runs: List[List[str]] = []
     cur: List[str] = []
     seen: Set[str] = set()
     cur_bytes = 0
     for n in names:
         o = _gram_owner(n)
-        K = m.linears[n].K
-        extra = 0 if o in seen else K * K * 8
-        if cur and cur_bytes + extra > max_bytes:
-            groups.append(cur)
+        k = int(K(n))
+        extra = 0 if o in seen else k * k * 8
+        if cur and extra and cur_bytes + extra > max_bytes:  # a shared input costs nothing more
+            runs.append(cur)
             cur, cur_bytes, seen = [], 0, set()
-            extra = K * K * 8
+            extra = k * k * 8
         cur.append(n)
         seen.add(o)
         cur_bytes += extra
     if cur:
-        groups.append(cur)
+        runs.append(cur)
+    return runs
+
+
+def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[str, str]] = "int8", n_ctx: int = 512,
+                 chunks: Optional[int] = 8, damp: float = DEFAULT_DAMP, block: int = DEFAULT_BLOCK,
+                 names: Optional[Sequence[str]] = None, max_bytes: int = 1 << 30, threads: Optional[int] = None,
+                 progress: bool = True, group_size: Union[int, None, Dict[str, int]] = None
+                 ) -> Dict[str, QuantizedTensor]:
+    """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.source.Source` ``src``
+    (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
+    chunks of ``n_ctx`` tokens of ``calib`` by ``src`` run in float32 (see module doc). ``kind``: one
+    kind for all, or {name: kind}; ``group_size`` likewise (None or 0: per channel)."""
+    from .model import float_model, linear_names
+
+    names = list(linear_names(src.hp) if names is None else names)
+    m = float_model(src)
+    tokens = m.tokens(calib)
+    groups = gram_batches(names, lambda n: m.linears[n].K, max_bytes)
     out: Dict[str, QuantizedTensor] = {}
     bar = progress_bar(len(names), "gptq", progress, "linear")
     try:
@@ -220,7 +237,9 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
             grams = collect_grams(m, it, grp, threads)
             for n in grp:
                 k = kind if isinstance(kind, str) else kind[n]
-                out[n] = gptq_quantize(src.linear(n), grams[n][0], k, damp, block, where=n, rows=grams[n][1])
+                gsz = group_size.get(n) if isinstance(group_size, dict) else group_size
+                out[n] = gptq_quantize(src.linear(n), grams[n][0], k, damp, block, where=n, rows=grams[n][1],
+                                       group_size=gsz)
                 if bar is not None:
                     bar.update(1)
             del grams
@@ -230,4 +249,5 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
     return out
 
 
-__all__ = ["DEFAULT_BLOCK", "DEFAULT_DAMP", "SHARED_INPUT", "collect_grams", "gptq_linears", "gptq_quantize"]
+__all__ = ["DEFAULT_BLOCK", "DEFAULT_DAMP", "SHARED_INPUT", "collect_grams", "gptq_linears", "gptq_quantize",
+           "gram_batches"]

@@ -98,8 +98,11 @@ def linear_names(hp: Mapping[str, Any]) -> List[str]:
 
 def tier_path(tier: str, int4_kind: str = "nf4") -> str:
     """The weight path of a tier: ``int8`` -> ``"int8"``, ``int4`` -> ``int4_kind``, ``float`` ->
-    ``"gguf"`` (the source's float values). One meaning for ``load_model`` and ``quantize_model``."""
-    return {"int8": "int8", "int4": int4_kind, "float": "gguf"}[tier]
+    ``"gguf"`` (the source's float values); a grouped tier (``"int4-g32"``) has its base tier's
+    path (:func:`orkpy.tiermap.split_tier` gives the group). One meaning for ``load_model`` and
+    ``quantize_model``."""
+    from .tiermap import split_tier
+    return {"int8": "int8", "int4": int4_kind, "float": "gguf"}[split_tier(tier)[0]]
 
 
 def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4") -> Dict[str, str]:
@@ -133,7 +136,8 @@ class LinearSpec:
     ``per_tensor_act`` (one dynamic scale per input instead of per token), ``act_clip`` (a
     static range, float32 > 0) or ``outliers`` (int32 input channels, increasing, computed in
     float), and ``act_prefix`` (the first rows of every call -- the sequence's first positions --
-    quantized per token, with per-tensor or static scales)."""
+    quantized per token, with per-tensor or static scales); ``group``: group-wise scales
+    (``bscale`` ``(N, G)``, csrc/ork/pack.h), 0 for per-channel ones."""
 
     name: str
     path: str
@@ -147,6 +151,7 @@ class LinearSpec:
     act_clip: Optional[float] = None
     outliers: Optional[NDArray[np.int32]] = None
     act_prefix: int = 0
+    group: int = 0
 
     @property
     def act(self) -> str:
@@ -185,8 +190,12 @@ class LinearSpec:
             outl = np.ascontiguousarray(o, dtype=np.int32)
         if not isinstance(act_prefix, (int, np.integer)) or isinstance(act_prefix, bool) or act_prefix < 0:
             raise ValueError(f"{name}: act_prefix must be an int >= 0, got {act_prefix!r}")
+        if outl is not None and pw.group:
+            raise ValueError(f"{name}: outlier channels are not supported with group-wise scales (group size "
+                             f"{pw.group}); use another activation mode")
         return cls(name, "packed", pw.N, pw.K, kind=pw.kind, store=pw.store, bscale=pw.bscale,
-                   per_tensor_act=bool(per_tensor_act), act_clip=clip, outliers=outl, act_prefix=int(act_prefix))
+                   per_tensor_act=bool(per_tensor_act), act_clip=clip, outliers=outl, act_prefix=int(act_prefix),
+                   group=pw.group)
 
     def to_core(self) -> Tuple[Any, ...]:
         """The argument ``_core.ForwardModel`` takes for this linear (the only place that knows it)."""
@@ -194,16 +203,17 @@ class LinearSpec:
             return ("f32", self.weight)
         if self.path == "packed":
             core = ("packed", self.kind, self.store, self.bscale, self.N, self.K, self.per_tensor_act)
-            if self.act_clip is None and self.outliers is None and not self.act_prefix:
+            if self.act_clip is None and self.outliers is None and not self.act_prefix and not self.group:
                 return core
-            return core + (0.0 if self.act_clip is None else self.act_clip, self.outliers, self.act_prefix)
+            act = core + (0.0 if self.act_clip is None else self.act_clip, self.outliers, self.act_prefix)
+            return act + (self.group,) if self.group else act
         raise ValueError(f"{self.name}: unknown linear path {self.path!r} (expected 'f32' or 'packed')")
 
     def packed_weight(self) -> PackedWeight:
         """The PackedWeight of a packed linear (for an NPU upload); ValueError for a float one."""
         if self.path != "packed" or self.kind is None or self.store is None or self.bscale is None:
             raise ValueError(f"{self.name} is a float linear, not a packed one")
-        return PackedWeight(self.kind, (self.N, self.K), self.store, self.bscale)
+        return PackedWeight(self.kind, (self.N, self.K), self.store, self.bscale, group=self.group)
 
 
 def _linear_spec(name: str, w: NDArray[Any], path: str, threads: Optional[int],
@@ -424,6 +434,10 @@ class Model:
             if outl:
                 raise ValueError(f"{os.path.basename(self.path)}: the FFN linears {', '.join(outl)} keep outlier "
                                  "channels in float (act='per_token_outliers'), which the fused FFN chain does not model")
+            grp = [t for t in ("ffn_gate", "ffn_up", "ffn_down") if self._linears[f"blk.{int(layer)}.{t}.weight"].group]
+            if grp:
+                raise ValueError(f"{os.path.basename(self.path)}: the FFN linears {', '.join(grp)} have group-wise "
+                                 "scales (one int32 sum per group), which the fused FFN chain does not model")
         self._fwd.set_ffn(int(layer), params)
 
     def route_linears(self, device: Optional[Device], kinds: Optional[Collection[str]] = None) -> int:
@@ -435,6 +449,9 @@ class Model:
             if device is None or spec.path != "packed" or (kinds is not None and spec.kind not in kinds):
                 self._fwd.set_npu(i, None)
                 continue
+            if spec.group:
+                raise ValueError(f"{name} has group-wise scales (group size {spec.group}): the NPU path runs one "
+                                 "accumulator per output; split it per group first (docs/npu.md, \"Group-wise scales\")")
             self._fwd.set_npu(i, device.upload(spec.packed_weight()))
             routed += 1
         self._npu = device

@@ -40,6 +40,15 @@ ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channel
 _TIERS = ("int8", "int4", "float")
 
 
+def _tier_ok(tier: object) -> bool:
+    """A manifest tier: a base tier, or int8/int4 with a group size (orkpy.tiermap.split_tier)."""
+    from .tiermap import split_tier
+    try:
+        return isinstance(tier, str) and split_tier(tier)[0] in _TIERS
+    except ValueError:
+        return False
+
+
 # ------------------------------------------------------------------- write --
 
 def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Mapping[str, str],
@@ -294,8 +303,9 @@ def read_model_dir(path: StrPath) -> ModelDir:
         if len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
         field(ent, "kind", str, where)
-        if ent.get("tier") not in _TIERS:
-            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not 'int8', 'int4' or 'float'")
+        if not _tier_ok(ent.get("tier")):
+            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not 'int8', 'int4' or 'float' "
+                              "(int8/int4 optionally with a group size, 'int4-g32')")
         if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
             field(ent, "tensor", str, where)
             if ent["kind"] != "float":

@@ -22,7 +22,7 @@ from ._io import atomic_write
 from ._mapped import MappedFile, guarded, maps_of
 from ._mapped import check as _check_maps
 from ._typing import StrPath
-from .quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, lut as _lut
+from .quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, check_group, lut as _lut
 
 ACTIVATION_MODES = ("per_token", "per_tensor", "static", "per_token_outliers")  # orkpy.actcal.ACT_MODES
 
@@ -31,7 +31,8 @@ class PackedWeight:
     """A packed ``(N, K)`` weight: ``kind``, ``shape``, ``store`` (the tile
     array: uint8 ``(N/32, K/32, 32, 16)`` for 4-bit kinds, int8
     ``(N/32, K/32, 32, 32)`` for int8, padded with zeros), ``bscale``
-    (float32 ``(N,)``) and ``lut`` (int8[16] or None).
+    (float32 ``(N,)``; ``(N, G)`` with group-wise scales, ``group`` > 0) and ``lut``
+    (int8[16] or None).
 
     Operators follow NumPy's meaning of the ``(N, K)`` matrix ``W`` it
     stores (a linear layer's weight, out x in): ``x @ pw.T`` is
@@ -50,16 +51,18 @@ class PackedWeight:
     __array_ufunc__ = None  # ndarray @ PackedWeight defers to our operators instead of making an object array
 
     def __init__(self, kind: str, shape: Sequence[int], store: NDArray[Any], bscale: NDArray[np.float32],
-                 source: Optional[str] = None) -> None:
+                 source: Optional[str] = None, group: Optional[int] = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         N, K = int(shape[0]), int(shape[1])
-        _core.packed_check(store, kind, N, K, bscale)
-        self._setup(kind, (N, K), store, bscale, source)
+        g = check_group(group, K)
+        _core.packed_check(store, kind, N, K, bscale, g)
+        self._setup(kind, (N, K), store, bscale, source, g)
 
     def _setup(self, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
-               source: Optional[str]) -> None:
+               source: Optional[str], group: int = 0) -> None:
         self.kind = kind
+        self.group = group  # 0: per-channel bscale (N,); else group-wise (N, G) (csrc/ork/pack.h)
         self.shape = shape
         self.store = store
         self.bscale = bscale
@@ -70,10 +73,10 @@ class PackedWeight:
 
     @classmethod
     def _trusted(cls, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
-                 source: Optional[str] = None) -> PackedWeight:
+                 source: Optional[str] = None, group: int = 0) -> PackedWeight:
         """For pack() and load_packed(), whose C cores have validated codes and scales already."""
         pw = cls.__new__(cls)
-        pw._setup(kind, shape, store, bscale, source)
+        pw._setup(kind, shape, store, bscale, source, group)
         return pw
 
     def _mapped(self) -> Tuple[MappedFile, ...]:
@@ -105,13 +108,15 @@ class PackedWeight:
                         f"has no kernel); a linear layer is x @ pw.T == pw.matmul(x) for x of width K = {self.K}")
 
     def matmul_int(self, xq: ArrayLike, threads: Optional[int] = None) -> NDArray[np.int32]:
-        """Exact int32 accumulators ``(M, N)`` for int8 activations ``xq`` ``(M, K)``."""
+        """Exact int32 accumulators ``(M, N)`` for int8 activations ``xq`` ``(M, K)``; with
+        group-wise scales one per group, ``(G, M, N)`` (what an NPU job split on group
+        boundaries returns)."""
         xq = np.asarray(xq)
         if xq.ndim == 1:
             xq = xq[None, :]
         maps = self._mapped()
         _check_maps(maps)
-        acc = _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads))
+        acc = _core.matmul_int(self.store, self.kind, self.N, self.K, xq, _check_threads(threads), self.group)
         _check_maps(maps)
         return acc
 
@@ -128,7 +133,8 @@ class PackedWeight:
         allowed with any mode): those channels are left out of the int8 product and added
         in float with the same weight values (:mod:`orkpy.actcal`, csrc/ork/linear.h).
         ``prefix``: the first rows quantized per row whatever the mode (and left out of the
-        per-tensor absmax).
+        per-tensor absmax). Group-wise scales: the int32 sums per group, each scaled by
+        its group's scale, added in group order (csrc/ork/pack.h); not with ``outliers``.
         """
         if act not in ACTIVATION_MODES:
             raise ValueError(f"act must be one of {ACTIVATION_MODES}, got {act!r}")
@@ -146,7 +152,8 @@ class PackedWeight:
         maps = self._mapped()
         _check_maps(maps)
         y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, act == "per_tensor",
-                         _check_threads(threads), 0.0 if clip is None else float(clip), outl, int(prefix))
+                         _check_threads(threads), 0.0 if clip is None else float(clip), outl, int(prefix),
+                         self.group)
         _check_maps(maps)
         return y[0] if vec else y
 
@@ -170,13 +177,17 @@ class PackedWeight:
         return self.lut[full[:, : self.K]]
 
     def dequantize(self) -> NDArray[np.float32]:
-        return self.int8_weight().astype(np.float32) * self.bscale[:, None]
+        w = self.int8_weight().astype(np.float32)
+        if not self.group:
+            return w * self.bscale[:, None]
+        return w * np.repeat(self.bscale, self.group, axis=1)[:, : self.K]
 
     def save(self, path: StrPath) -> None:
         save_packed(self, path)
 
     def __repr__(self) -> str:
-        return f"PackedWeight(kind={self.kind!r}, shape={self.shape}, nbytes={self.nbytes})"
+        g = f", group={self.group}" if self.group else ""
+        return f"PackedWeight(kind={self.kind!r}, shape={self.shape}{g}, nbytes={self.nbytes})"
 
 
 class PackedWeightT:
@@ -215,16 +226,17 @@ def pack(q: QuantizedTensor) -> PackedWeight:
     bscale = np.ascontiguousarray(q.scales, dtype=np.float32) + np.float32(0)  # -0.0 -> +0.0
     if not np.all(np.isfinite(bscale)) or np.any(bscale < 0):
         raise ValueError("scales must be finite and non-negative")
-    _core.packed_check(store, q.kind, N, K, bscale)  # the scale bound (the codes were checked by _core.pack)
-    return PackedWeight._trusted(q.kind, (N, K), store, bscale)
+    _core.packed_check(store, q.kind, N, K, bscale, q.group)  # the scale bound (the codes were checked by _core.pack)
+    return PackedWeight._trusted(q.kind, (N, K), store, bscale, group=q.group)
 
 
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
-    """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically."""
+    """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically (version 2 with
+    group-wise scales, docs/o4n1.md)."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
-    header = _core.packed_header(pw.kind, pw.N, pw.K)
-    layout = _core.packed_layout(pw.kind, pw.N, pw.K)
+    header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
+    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
     maps = pw._mapped()
     with guarded(maps):
         scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
@@ -253,9 +265,11 @@ def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
         _check_maps(maps)  # a file that changed under the parse says so
         raise FormatError(f"{path}: {e}") from None
     _check_maps(maps)
-    N, K, kind = info["N"], info["K"], info["kind"]
-    scales = np.frombuffer(buf, dtype="<f4", count=N, offset=info["scales_offset"])
-    layout = _core.packed_layout(kind, N, K)  # the store's shape and dtype (csrc/ork/pack.h)
+    N, K, kind, group, G = info["N"], info["K"], info["kind"], info["group"], info["G"]
+    scales = np.frombuffer(buf, dtype="<f4", count=N * G, offset=info["scales_offset"])
+    if group:
+        scales = scales.reshape(N, G)
+    layout = _core.packed_layout(kind, N, K, group)  # the store's shape and dtype (csrc/ork/pack.h)
     store = np.frombuffer(buf, dtype=layout["store_dtype"], count=info["store_bytes"], offset=info["store_offset"])
     return PackedWeight._trusted(kind, (N, K), store.reshape(layout["store_shape"]),
-                                 scales.astype(np.float32, copy=False), source=path)
+                                 scales.astype(np.float32, copy=False), source=path, group=group)

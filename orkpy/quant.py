@@ -94,9 +94,12 @@ class QuantizedTensor:
 
     ``codes``: for 4-bit kinds a uint8 ``(N, ceil(K/2))`` array, two codes per
     byte, element ``2j`` in the low nibble and ``2j+1`` in the high nibble;
-    for int8 the int8 ``(N, K)`` array itself. ``scales``: float32 ``(N,)``.
+    for int8 the int8 ``(N, K)`` array itself. ``scales``: float32 ``(N,)``, or
+    ``(N, G)`` with group-wise scales (``group`` > 0: ``G = ceil(K / group)``,
+    inputs ``[i*group, (i+1)*group)`` share ``scales[n, i]``).
     ``lut``: the kind's int8 LUT (None for int8), so that
-    ``dequant[n, k] = lut[code[n, k]] * scales[n]`` (int8: ``codes * scales``).
+    ``dequant[n, k] = lut[code[n, k]] * scales[n]`` (int8: ``codes * scales``;
+    grouped: ``scales[n, k // group]``).
     """
 
     kind: str
@@ -107,6 +110,7 @@ class QuantizedTensor:
     sr: bool = False
     seed: int = 0
     imatrix_used: bool = False
+    group: int = 0
 
     def dequantize(self, threads: Optional[int] = None) -> NDArray[np.float32]:
         return dequantize(self, threads=threads)
@@ -117,12 +121,31 @@ class QuantizedTensor:
         return int(self.codes.nbytes + self.scales.nbytes)
 
     def __repr__(self) -> str:
-        return (f"QuantizedTensor(kind={self.kind!r}, shape={self.shape}, "
+        g = f", group={self.group}" if self.group else ""
+        return (f"QuantizedTensor(kind={self.kind!r}, shape={self.shape}{g}, "
                 f"nbytes={self.nbytes}, sr={self.sr}, imatrix_used={self.imatrix_used})")
 
 
+GROUP_SIZES = (32, 64, 128, 256)  # the group sizes the issue's tables use; any multiple of 32 up to 4096 works
+
+
+def check_group(group: Optional[int], K: Optional[int] = None) -> int:
+    """The effective group size of ``group`` (None or 0: one scale per row) for ``K`` inputs:
+    0 when ``group >= K`` (one group is a per-row scale); ValueError unless a multiple of 32 in
+    [32, 4096]."""
+    if group is None:
+        return 0
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)):
+        raise TypeError(f"group_size must be an int (a multiple of 32) or None, got {type(group).__name__}")
+    g = int(group)
+    if g != 0 and (g % 32 or not 32 <= g <= 4096):
+        raise ValueError(f"group_size must be a multiple of 32 in [32, 4096] (the NPU's 32-wide K tiles), got {g}")
+    return 0 if (K is not None and g >= K) else g
+
+
 def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: bool = False, seed: int = 0,
-             clip_grid: Optional[ArrayLike] = None, threads: Optional[int] = None) -> QuantizedTensor:
+             clip_grid: Optional[ArrayLike] = None, threads: Optional[int] = None,
+             group_size: Optional[int] = None) -> QuantizedTensor:
     """Quantize a float32 (or float16) ``(N, K)`` weight.
 
     kind: ``"nf4"``, ``"int4"`` (4-bit codes into an int8 LUT, per-row scale
@@ -140,6 +163,11 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     any thread count and instruction set.
 
     threads: worker threads (None = all cores). Results never depend on it.
+
+    group_size: None (one scale per row) or a multiple of 32: every ``group_size``
+    inputs of a row get their own scale, chosen as a row's is (absmax, or the imatrix
+    clip search over the group's columns); ``scales`` is then ``(N, G)``. A group of
+    ``K`` or more is the per-row result, byte for byte (csrc/ork/quant.h).
     """
     _check_kind(kind)
     if not isinstance(sr, (bool, np.bool_)):
@@ -152,11 +180,12 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
         raise ValueError(f"w must be a 2-D (N, K) array, got shape {w.shape}")
     maps = maps_of(w)  # a view of a mapped file (GGUFFile.raw, load_safetensors) is checked around the read
     check_maps(maps)
-    codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads)
+    group = check_group(group_size, int(w.shape[1]))
+    codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads, group)
     check_maps(maps)
     return QuantizedTensor(kind=kind, shape=(int(w.shape[0]), int(w.shape[1])), codes=codes,
                            scales=scales, lut=KIND_INFO[kind].lut, sr=bool(sr), seed=int(seed),
-                           imatrix_used=imatrix is not None)
+                           imatrix_used=imatrix is not None, group=group)
 
 
 def dequantize(q: QuantizedTensor, threads: Optional[int] = None) -> NDArray[np.float32]:
@@ -164,4 +193,4 @@ def dequantize(q: QuantizedTensor, threads: Optional[int] = None) -> NDArray[np.
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"dequantize expects a QuantizedTensor, got {type(q).__name__}")
     _check_kind(q.kind)
-    return _core.dequantize(q.codes, q.scales, q.kind, q.shape[1], _check_threads(threads))
+    return _core.dequantize(q.codes, q.scales, q.kind, q.shape[1], _check_threads(threads), q.group)

@@ -29,7 +29,9 @@ The emit-map file (``TierMap.save`` / ``TierMap.load``) is plain UTF-8 text::
 ``#`` lines are comments except the ``key: value`` header lines shown (each at
 most once); ``shape`` is NumPy order, ASCII decimals without sign or leading
 zero joined by ``x``; tiers are ``int8``, ``int4``, ``float`` (``int8``/``int4``
-only for 2-D shapes); the threshold is a finite number in (0, 64). The ggml type
+only for 2-D shapes), and ``int8-g<G>`` / ``int4-g<G>`` for the same tiers with
+group-wise scales, one per ``G`` inputs (G a multiple of 32 in [32, 4096];
+csrc/ork/pack.h); the threshold is a finite number in (0, 64). The ggml type
 records where the tier came from; it need not agree with the tier rule
 (``embeddings=``/``output=`` and hand edits override tiers).
 
@@ -58,7 +60,8 @@ from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
 
 _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
-TIERS = ("int8", "int4", "float")
+TIERS = ("int8", "int4", "float")  # the base tiers; int8/int4 may carry a group size: "int4-g32"
+_GROUPED = re.compile(r"(int8|int4)-g([1-9][0-9]{1,3})")
 _CHOICES = ("by_type", "int8", "int4", "float")
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
 EMBEDDING = "token_embd.weight"
@@ -118,17 +121,36 @@ def _name_problem(name: object) -> Optional[str]:
     return f"tensor name {name!r} is not the decoding of any bytes (lone surrogates), so it cannot be stored"
 
 
+def split_tier(tier: str) -> Tuple[str, int]:
+    """(base tier, group size) of a tier: ``"int4-g32"`` -> ``("int4", 32)``, ``"int8"`` ->
+    ``("int8", 0)``; ValueError for anything else."""
+    if tier in TIERS:
+        return tier, 0
+    m = _GROUPED.fullmatch(tier) if isinstance(tier, str) else None
+    if m is None or int(m.group(2)) % 32 or int(m.group(2)) > 4096:
+        raise ValueError(f"unknown tier {tier!r} (expected {', '.join(TIERS)}, or int8/int4 with a group size: "
+                         "'int4-g32', a multiple of 32 up to 4096)")
+    return m.group(1), int(m.group(2))
+
+
+def grouped_tier(base: str, group: int) -> str:
+    """The tier string of a base tier with a group size (0: the base tier itself)."""
+    return f"{base}-g{group}" if group else base
+
+
 def _entry_problem(e: TierEntry) -> Optional[str]:
     """What is wrong with an entry (None if nothing): one rule for the constructor and the loader."""
-    if e.tier not in TIERS:
-        return f"unknown tier {e.tier!r} (expected {', '.join(TIERS)})"
+    try:
+        split_tier(e.tier)
+    except ValueError as err:
+        return str(err)
     if not isinstance(e.ggml_type, str) or e.ggml_type not in _GGML_NAMES:
         return f"unknown ggml type {e.ggml_type!r}"
     shape = e.shape
     if (not isinstance(shape, tuple) or not 1 <= len(shape) <= 4
             or not all(type(d) is int and 1 <= d <= _DIM_MAX for d in shape) or math.prod(shape) > _DIM_MAX):
         return f"bad shape {shape!r} (1 to 4 positive int dimensions, at most 2^63-1 elements)"
-    if e.tier != "float" and len(shape) != 2:
+    if split_tier(e.tier)[0] != "float" and len(shape) != 2:
         return f"tier {e.tier!r} needs a 2-D weight, the shape is {'x'.join(map(str, shape))}"
     return None
 
@@ -156,9 +178,12 @@ class TierEntry:
 def packed_nbytes(tier: str, N: int, K: int) -> int:
     """Storage bytes of an (N, K) weight packed for the NPU (``PackedWeight.nbytes``):
     codes in 32 x 32 tiles (N and K padded to multiples of 32; 1 byte per int8
-    code, 2 int4/nf4 codes per byte) + one float32 scale per row."""
+    code, 2 int4/nf4 codes per byte) + one float32 scale per row, or per group of
+    inputs for a grouped tier (``ceil(K / G)`` per row when ``G < K``)."""
+    base, g = split_tier(tier)
     Np, Kp = -(-N // 32) * 32, -(-K // 32) * 32
-    return (Np * Kp if tier == "int8" else Np * Kp // 2) + 4 * N
+    G = -(-K // g) if g and g < K else 1
+    return (Np * Kp if base == "int8" else Np * Kp // 2) + 4 * N * G
 
 
 class TierMap:
@@ -209,7 +234,8 @@ class TierMap:
         return dict(collections.Counter(e.ggml_type for e in self.entries.values()))
 
     def counts_by_tier(self) -> Dict[str, int]:
-        c = collections.Counter(e.tier for e in self.entries.values())
+        """Entries per base tier (a grouped tier counts as its base)."""
+        c = collections.Counter(split_tier(e.tier)[0] for e in self.entries.values())
         return {t: c.get(t, 0) for t in TIERS}
 
     def counts_by_type_and_tier(self) -> Dict[Tuple[str, str], int]:
@@ -221,8 +247,9 @@ class TierMap:
         table (a lookup table that ``quantize_model`` keeps in float)."""
         out = {"int8": 0, "int4": 0}
         for n, e in self.entries.items():
-            if e.tier in out and not (n == EMBEDDING and not self.tied):
-                out[e.tier] += e.result_bytes()
+            base = split_tier(e.tier)[0]
+            if base in out and not (n == EMBEDDING and not self.tied):
+                out[base] += e.result_bytes()
         return out
 
     def int8_share(self) -> float:

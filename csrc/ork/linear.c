@@ -82,9 +82,19 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
 
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) {
-        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix)
-            return ork_err_set(err, ORK_EINVAL, "activation settings apply to packed linears, not float ones");
+        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix || l->group)
+            return ork_err_set(err, ORK_EINVAL, "activation settings and group sizes apply to packed linears, not float ones");
         return ORK_OK;
+    }
+    if (l->group) {
+        ork_status st = ork_group_check(l->group, err);
+        if (st) return st;
+        if (l->int_mm)
+            return ork_err_set(err, ORK_EINVAL, "a grouped weight (group size %zu) cannot run through an external int8 "
+                               "matmul: it returns one accumulator per output, not one per group", l->group);
+        if (l->n_outliers)
+            return ork_err_set(err, ORK_EINVAL, "outlier channels are not supported with a grouped weight (group size %zu)",
+                               l->group);
     }
     if (l->act_clip != 0.0f) {
         ork_status st = ork_act_clip_check(l->act_clip, err);
@@ -159,8 +169,8 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
         if ((st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err))) goto done;
         for (size_t m = 0; m < M; m++)
             for (size_t n = 0; n < N; n++) y[m * N + n] = ork_dequant_acc(acc[m * N + n], as[m], l->bscale[n]);
-    } else if ((st = ork_matmul_q8(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, N, K, xq, as, M, y, nthreads,
-                                   err))) {
+    } else if ((st = ork_matmul_q8_grouped(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->group, N, K, xq,
+                                           as, M, y, nthreads, err))) {
         goto done;
     }
     if (l->n_outliers) st = add_outliers(l, x, M, y, err);
@@ -233,6 +243,9 @@ ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float
 
 ork_status ork_linear_int(const ork_linear *l, const int8_t *xq, size_t M, int32_t *acc, int nthreads, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) return ork_err_set(err, ORK_EINVAL, "an int8 matmul needs a packed linear");
+    if (l->group && l->group < l->K)
+        return ork_err_set(err, ORK_EINVAL, "a grouped weight (group size %zu) has one int32 sum per group, not one per "
+                           "output: the fused FFN chain needs per-channel weights", l->group);
     if (l->int_mm) return l->int_mm(l->int_mm_ctx, xq, M, l->K, acc, err);
     return ork_matmul_int(l->kind, l->store, ork_quant_lut(l->kind), l->N, l->K, xq, M, acc, nthreads, err);
 }

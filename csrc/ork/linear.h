@@ -53,6 +53,10 @@
  *                  cost: the int8 matmul keeps its shape; the host adds an
  *                  M x n x N float product (and reads n weight columns) per
  *                  linear, and the input must come back to the host.
+ * Group-wise scales (group > 0, pack.h "Group-wise scales"): bscale holds N x G
+ * entries and the output is ork_matmul_q8_grouped's; the int8 activations are
+ * the same. Not with an external int8 matmul (int_mm: an NPU job returns one
+ * accumulator per output, docs/npu.md) nor with outlier channels: ORK_EINVAL.
  * Activation statistics: when act_stats is set, every ork_linear_apply adds
  * its input to them (ork_act_stats below), before any quantization.
  */
@@ -118,6 +122,7 @@ typedef struct ork_linear {
     ork_act_stats *act_stats; /* optional activation statistics (see above) */
     double *xx_sum;        /* optional input Gram matrix, upper triangle (see above) */
     uint64_t *xx_count;
+    size_t group;          /* ORK_LIN_PACKED: 0 per-channel bscale (N); else group-wise bscale (N x G), pack.h */
 } ork_linear;
 
 /* The activation settings of a linear: act_clip 0 or a valid range (pack.h

@@ -134,8 +134,22 @@ static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[1
     for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a + i0));
 }
 
+static void acc_group_avx2(const int32_t *acc, size_t M, const float *ascale, const float s[32], int first,
+                           float *y) {
+    for (size_t m = 0; m < M; m++) {
+        __m256 a = _mm256_set1_ps(ascale[m]);
+        for (size_t i = 0; i < 32; i += 8) {
+            /* the same two float32 multiplies as ork_dequant_acc, then one add: no FMA */
+            __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(acc + m * 32 + i))), a),
+                                     _mm256_loadu_ps(s + i));
+            if (!first) t = _mm256_add_ps(_mm256_loadu_ps(y + m * 32 + i), t);
+            _mm256_storeu_ps(y + m * 32 + i, t);
+        }
+    }
+}
+
 const ork_matmul_kernels ork_matmul_kernels_avx2 = {"avx2", inflate_strip_avx2, gemm_strip_i8_avx2,
-                                                    gemv_strip_i4_avx2};
+                                                    gemv_strip_i4_avx2, acc_group_avx2};
 #endif
 
 typedef int ork_matmul_avx2_tu_nonempty;

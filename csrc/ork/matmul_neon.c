@@ -19,7 +19,7 @@ static inline int32x4_t dot32_neon(int32x4_t acc, int8x16_t x0, int8x16_t x1, in
 ORK_NEON_MATMUL_KERNELS(neon, dot32_neon)
 
 const ork_matmul_kernels ork_matmul_kernels_neon = {"neon", inflate_strip_neon, gemm_strip_i8_neon,
-                                                    gemv_strip_i4_neon};
+                                                    gemv_strip_i4_neon, ork_neon_acc_group};
 #endif
 
 typedef int ork_matmul_neon_tu_nonempty;

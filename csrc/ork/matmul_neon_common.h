@@ -11,6 +11,19 @@ static inline void ork_neon_inflate32(const uint8_t *p, int8x16_t tbl, int8x16_t
     *o1 = vzip2q_s8(lo, hi);
 }
 
+/* one group's term of a grouped output (pack.h acc_group): two float32 multiplies, one add, no FMA */
+static inline void ork_neon_acc_group(const int32_t *acc, size_t M, const float *ascale, const float s[32], int first,
+                                      float *y) {
+    for (size_t m = 0; m < M; m++) {
+        float32x4_t a = vdupq_n_f32(ascale[m]);
+        for (size_t i = 0; i < 32; i += 4) {
+            float32x4_t t = vmulq_f32(vmulq_f32(vcvtq_f32_s32(vld1q_s32(acc + m * 32 + i)), a), vld1q_f32(s + i));
+            if (!first) t = vaddq_f32(vld1q_f32(y + m * 32 + i), t);
+            vst1q_f32(y + m * 32 + i, t);
+        }
+    }
+}
+
 #define ORK_NEON_MATMUL_KERNELS(SUF, DOT)                                                          \
     static void inflate_strip_##SUF(const uint8_t *nib, size_t KB, const int8_t lut[16],           \
                                     int8_t *strip) {                                               \

@@ -18,7 +18,7 @@ static inline int32x4_t dot32_neondot(int32x4_t acc, int8x16_t x0, int8x16_t x1,
 ORK_NEON_MATMUL_KERNELS(neondot, dot32_neondot)
 
 const ork_matmul_kernels ork_matmul_kernels_neondot = {"neondot", inflate_strip_neondot,
-                                                       gemm_strip_i8_neondot, gemv_strip_i4_neondot};
+                                                       gemm_strip_i8_neondot, gemv_strip_i4_neondot, ork_neon_acc_group};
 #endif
 
 typedef int ork_matmul_neondot_tu_nonempty;

@@ -41,5 +41,13 @@ static void gemv_strip_i4_ref(const uint8_t *nib, size_t KB, const int8_t lut[16
     }
 }
 
+static void acc_group_ref(const int32_t *acc, size_t M, const float *ascale, const float s[32], int first, float *y) {
+    for (size_t m = 0; m < M; m++)
+        for (size_t i = 0; i < 32; i++) {
+            float t = ork_dequant_acc(acc[m * 32 + i], ascale[m], s[i]);
+            y[m * 32 + i] = first ? t : y[m * 32 + i] + t;
+        }
+}
+
 const ork_matmul_kernels ork_matmul_kernels_ref = {"scalar", inflate_strip_ref, gemm_strip_i8_ref,
-                                                   gemv_strip_i4_ref};
+                                                   gemv_strip_i4_ref, acc_group_ref};

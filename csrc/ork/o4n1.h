@@ -14,6 +14,15 @@
  *   ..     zero bytes up to the store offset
  *   store offset: the tile store of pack.h; the file ends right after it.
  *
+ *
+ * Version 2 (group-wise scales, pack.h "Group-wise scales"; written only for a
+ * group size g < K, so per-channel files stay version 1 byte for byte): the
+ * same fields with version = 2 and header bytes = 72, then
+ *   64  4  u32 group size g: a multiple of 32 in [32, 4096], g < K
+ *   68  4  u32 G = ceil(K / g), scales per output
+ *   72 4NG f32 bscale[N][G] (row-major), each bounded as above
+ *   store offset = round_up(72 + 4*N*G, 64)
+ *
  * ork_o4n1_parse checks every field against the others and the buffer length
  * (and every scale, and every int8 code of an O8N1 store: no -128) and
  * returns ORK_EFORMAT naming the first problem. Never reads out of bounds.
@@ -29,19 +38,26 @@
 
 #define ORK_O4N1_VERSION 1
 #define ORK_O4N1_HEADER 64
+#define ORK_O4N1_VERSION_GROUPED 2
+#define ORK_O4N1_HEADER_GROUPED 72
 
 typedef struct ork_o4n1_info {
     ork_kind kind;
     uint64_t K, N;
     uint64_t scales_off, store_off, store_bytes;
+    uint64_t group, G; /* 0 and 1 for a version-1 (per-channel) file */
 } ork_o4n1_info;
 
 /* The store offset of a file with N outputs: round_up(64 + 4*N, 64). */
 uint64_t ork_o4n1_store_offset(uint64_t N);
 /* "O4N1" for 4-bit kinds, "O8N1" for 8-bit kinds, NULL for unknown kinds. */
 const char *ork_o4n1_magic(ork_kind kind);
-/* The 64-byte header for a weight (writes hdr[0..63]); store offset/bytes derived. */
-ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint8_t hdr[ORK_O4N1_HEADER], ork_err *err);
+/* The store offset for a group size (0: per channel, the version-1 layout). */
+uint64_t ork_o4n1_grouped_store_offset(uint64_t N, uint64_t K, uint64_t group);
+/* The header for a weight: 64 bytes (version 1) when group is 0 or >= K, else 72
+ * (version 2); *hdr_bytes says which. Store offset/bytes derived. */
+ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint64_t group, uint8_t hdr[ORK_O4N1_HEADER_GROUPED],
+                           size_t *hdr_bytes, ork_err *err);
 ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, ork_err *err);
 
 #endif

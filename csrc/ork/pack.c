@@ -145,6 +145,22 @@ ork_status ork_pack_check_scales(const float *bscale, size_t N, size_t K, ork_st
     return ORK_OK;
 }
 
+ork_status ork_pack_check_gscales(const float *bscale, size_t N, size_t G, size_t K, ork_status code, ork_err *err) {
+    if (G <= 1) return ork_pack_check_scales(bscale, N, K, code, err);
+    /* every group's |acc| sums to at most 127 * 127 * K over the row, so the per-row cap still bounds y */
+    const double cap = ork_pack_max_scale(K);
+    for (size_t i = 0; i < N * G; i++) {
+        float s = bscale[i];
+        if (!isfinite(s) || s < 0.0f || (s == 0.0f && signbit(s)))
+            return ork_err_set(err, code, "scale[%zu, %zu] = %g is not a finite non-negative number", i / G, i % G,
+                               (double)s);
+        if ((double)s > cap)
+            return ork_err_set(err, code, "scale[%zu, %zu] = %g exceeds %g, the largest scale for K = %zu (scale * 127 * "
+                               "127 * K must fit float32)", i / G, i % G, (double)s, cap, K);
+    }
+    return ORK_OK;
+}
+
 /* ----------------------------------------------------- activations ---- */
 ork_status ork_act_clip_check(float clip, ork_err *err) {
     if (!isfinite(clip) || !(clip >= ORK_QUANT_TINY))
@@ -203,7 +219,59 @@ typedef struct {
     float *out_f;            /* float path */
     const float *ascale, *bscale;
     const ork_matmul_kernels *mk;
+    size_t gt;               /* grouped weights: tiles per group (group / 32); 0 per channel */
 } mm_job;
+
+/* acc (M x 32) of tiles [kb0, kb0 + kbn) of strip nb (buf: the strip inflated, 4-bit with M > 1) */
+static void strip_part(const mm_job *j, size_t nb, const int8_t *buf, size_t kb0, size_t kbn, int32_t *acc) {
+    const size_t strip_tiles = j->KB * 32;
+    if (j->four) {
+        if (j->M == 1) j->mk->gemv_strip_i4(j->store + nb * strip_tiles * 16 + kb0 * 512, kbn, j->lut, j->x + kb0 * 32, acc);
+        else j->mk->gemm_strip_i8(buf + kb0 * 1024, kbn, j->x + kb0 * 32, j->ldx, j->M, acc);
+    } else {
+        j->mk->gemm_strip_i8((const int8_t *)j->store + nb * strip_tiles * 32 + kb0 * 1024, kbn, j->x + kb0 * 32, j->ldx,
+                             j->M, acc);
+    }
+}
+
+/* the strips of a grouped weight: per-group partial sums (int path: out_i (G, M, N)) or the
+ * grouped float output (pack.h, "Group-wise scales") */
+static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err *err) {
+    const mm_job *j = (const mm_job *)ctx;
+    const size_t KB = j->KB, G = (KB + j->gt - 1) / j->gt, M = j->M, N = j->N;
+    int32_t *acc = (int32_t *)malloc(M * 32 * sizeof(int32_t));
+    int8_t *buf = (j->four && M > 1) ? (int8_t *)malloc(KB * 32 * 32) : NULL;
+    float *y = j->out_f ? (float *)malloc(M * 32 * sizeof(float)) : NULL;
+    float *sb = j->out_f ? (float *)malloc(G * 32 * sizeof(float)) : NULL;
+    if (!acc || (j->four && M > 1 && !buf) || (j->out_f && (!y || !sb))) {
+        free(acc);
+        free(buf);
+        free(y);
+        free(sb);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for a matmul strip (M = %zu, K = %zu)", M, KB * 32);
+    }
+    for (size_t nb = begin; nb < end; nb++) {
+        size_t n0 = nb * 32, nn = (N - n0 < 32) ? N - n0 : 32;
+        if (buf) j->mk->inflate_strip(j->store + nb * KB * 32 * 16, KB, j->lut, buf);
+        if (sb)
+            for (size_t g = 0; g < G; g++)
+                for (size_t i = 0; i < 32; i++) sb[g * 32 + i] = i < nn ? j->bscale[(n0 + i) * G + g] : 0.0f;
+        for (size_t g = 0; g < G; g++) {
+            size_t kb0 = g * j->gt, kbn = KB - kb0 < j->gt ? KB - kb0 : j->gt;
+            strip_part(j, nb, buf, kb0, kbn, acc);
+            if (y) j->mk->acc_group(acc, M, j->ascale, sb + g * 32, g == 0, y);
+            else
+                for (size_t m = 0; m < M; m++) memcpy(j->out_i + (g * M + m) * N + n0, acc + m * 32, nn * sizeof(int32_t));
+        }
+        if (y)
+            for (size_t m = 0; m < M; m++) memcpy(j->out_f + m * N + n0, y + m * 32, nn * sizeof(float));
+    }
+    free(acc);
+    free(buf);
+    free(y);
+    free(sb);
+    return ORK_OK;
+}
 
 static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     const mm_job *j = (const mm_job *)ctx;
@@ -246,12 +314,13 @@ static ork_status run_strips(mm_job *j, const ork_matmul_kernels *mk, int nthrea
     j->mk = mk ? mk : ork_matmul_kernels_active();
     size_t NB = ork_pack_round32(j->N) / 32;
     int nt = ork_pool_threads_for(nthreads, (double)j->M * (double)j->N * (double)j->KB * 32.0, 1 << 20);
-    return ork_parallel_for(nt, NB, 1, mm_strips, j, err);
+    return ork_parallel_for(nt, NB, 1, j->gt ? mm_strips_grouped : mm_strips, j, err);
 }
 
-ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16], size_t N, size_t K,
-                          const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err) {
+static ork_status matmul_int_g(ork_kind kind, const void *store, const int8_t lut[16], size_t group, size_t N, size_t K,
+                               const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err) {
     ork_status st = check_shape(kind, N, K, err);
+    if (st == ORK_OK) st = ork_group_check(group, err);
     if (st) return st;
     if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
     if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
@@ -268,23 +337,42 @@ ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16]
         return ork_err_set(err, ORK_EINVAL, "activations of -128 need K < %zu (K * 128 * 128 must fit int32), got K = %zu",
                            ORK_PACK_MAX_K, K);
     }
-    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, out, NULL, NULL, NULL, NULL};
+    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xp, out, NULL, NULL, NULL, NULL,
+                group && group < K ? group / 32 : 0};
     /* the SIMD kernels are exact for activations in [-127, 127]; -128 takes the scalar kernels, exact for any int8 */
     st = run_strips(&j, has_m128 ? &ork_matmul_kernels_ref : NULL, nthreads, err);
     free(xp);
     return st;
 }
 
-ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
-                         size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
-                         ork_err *err) {
+ork_status ork_matmul_int(ork_kind kind, const void *store, const int8_t lut[16], size_t N, size_t K,
+                          const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err) {
+    return matmul_int_g(kind, store, lut, 0, N, K, xq, M, out, nthreads, err);
+}
+
+ork_status ork_matmul_int_grouped(ork_kind kind, const void *store, const int8_t lut[16], size_t group, size_t N,
+                                  size_t K, const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err) {
+    return matmul_int_g(kind, store, lut, group, N, K, xq, M, out, nthreads, err);
+}
+
+ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
+                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, size_t M,
+                                 float *out, int nthreads, ork_err *err) {
     ork_status st = check_shape(kind, N, K, err);
+    if (st == ORK_OK) st = ork_group_check(group, err);
     if (st) return st;
     if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
     if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
     size_t Kp = ork_pack_round32(K);
-    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xq, NULL, out, ascale, bscale, NULL};
+    mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xq, NULL, out, ascale, bscale, NULL,
+                group && group < K ? group / 32 : 0};
     return run_strips(&j, NULL, nthreads, err);
+}
+
+ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
+                         size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
+                         ork_err *err) {
+    return ork_matmul_q8_grouped(kind, store, lut, bscale, 0, N, K, xq, ascale, M, out, nthreads, err);
 }
 
 ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,

@@ -114,6 +114,11 @@ typedef struct ork_matmul_kernels {
      * lut entries and x in [-127, 127] */
     void (*gemv_strip_i4)(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
                           int32_t *acc);
+    /* one group's term of a grouped output (see "Group-wise scales"):
+     * t = ork_dequant_acc(acc[m*32 + i], ascale[m], s[i]);
+     * y[m*32 + i] = first ? t : y[m*32 + i] + t, for M rows of 32; float32, no FMA,
+     * so every ISA gives the same bits */
+    void (*acc_group)(const int32_t *acc, size_t M, const float *ascale, const float s[32], int first, float *y);
 } ork_matmul_kernels;
 
 extern const ork_matmul_kernels ork_matmul_kernels_ref;
@@ -156,6 +161,31 @@ ork_status ork_act_clip_check(float clip, ork_err *err);
 ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
                          size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
                          ork_err *err);
+
+/* ---------------------------------------------------- group-wise scales --
+ * A grouped weight (group g > 0, a multiple of 32: quant.h ork_group_check) has
+ * the same tile store and G = ceil(K / g) scales per output, bscale[n * G + i]
+ * for inputs [i*g, (i+1)*g) (row-major N x G; padding inputs belong to the last
+ * group). The integer product is split on group boundaries -- whole 32-wide
+ * tiles, so every group's partial sum is an exact int32 on every ISA:
+ *   acc_i[m][n] = sum_{k in group i} xq[m][k] * Wq[n][k]
+ * and the output adds the groups in order, each scaled like a per-channel
+ * output:
+ *   y[m][n] = t_0 + t_1 + ... + t_{G-1},  t_i = ork_dequant_acc(acc_i[m][n], ascale[m], bscale[n*G+i])
+ * (float32, left to right, no FMA). G == 1 (g >= K) is therefore bit-identical
+ * to the per-channel output. The partial sums are what an NPU job split on
+ * group boundaries returns (docs/npu.md, "Group-wise scales"). */
+
+/* float32 out (M, N) like ork_matmul_q8, for group-wise scales (group 0: ork_matmul_q8). */
+ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
+                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, size_t M,
+                                 float *out, int nthreads, ork_err *err);
+/* The per-group int32 partial sums: out (G, M, N), G = ork_group_count(K, group), of
+ * int8 activations xq (M, K) (as ork_matmul_int, which is G == 1). */
+ork_status ork_matmul_int_grouped(ork_kind kind, const void *store, const int8_t lut[16], size_t group, size_t N,
+                                  size_t K, const int8_t *xq, size_t M, int32_t *out, int nthreads, ork_err *err);
+/* Every bscale entry of a grouped weight (N x G) checked as ork_pack_check_scales does. */
+ork_status ork_pack_check_gscales(const float *bscale, size_t N, size_t G, size_t K, ork_status code, ork_err *err);
 
 /* The int8 value the kernels multiply for weight [n][k] of a store
  * (lut[code] for 4-bit kinds); n < N, k < K. */

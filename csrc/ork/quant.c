@@ -159,8 +159,9 @@ typedef struct {
     const ork_q4_grid *g; /* 4-bit kinds: the kind's grid; NULL for int8 */
     uint8_t zero;         /* 4-bit kinds: the kind's zero code */
     uint8_t *codes;
-    float *scales;
+    float *scales;        /* N x G, G = ceil(K / group) */
     size_t row_bytes;
+    size_t group;         /* columns per scale: K for per-row scales */
 } quant_job;
 
 static ork_status report_nonfinite_w(const float *x, size_t K, size_t row, ork_err *err) {
@@ -171,21 +172,60 @@ static ork_status report_nonfinite_w(const float *x, size_t K, size_t row, ork_e
     return ork_err_set(err, ORK_ENONFINITE, "weight row %zu has a non-finite value", row);
 }
 
-/* weighted error at ratio r (nearest rounding) */
-static double row_werr(const quant_job *j, const float *x, float a, float r) {
+/* weighted error at ratio r (nearest rounding) of one row segment: n values x, importance im */
+static double seg_werr(const quant_job *j, const float *x, const float *im, size_t n, float a, float r) {
     float m = a * r;
     float s = m / 127.0f, inv = 127.0f / m;
-    if (j->g) return j->kern->werr4(x, j->p->imatrix, j->K, inv, s, j->g);
-    return j->kern->werr8(x, j->p->imatrix, j->K, inv, s);
+    if (j->g) return j->kern->werr4(x, im, n, inv, s, j->g);
+    return j->kern->werr8(x, im, n, inv, s);
+}
+
+/* Quantize one segment of row `row`: the n values x at columns col0.., importance im (or NULL),
+ * codes written from out (4-bit: col0 even, nibble packing of the segment as of a row), the
+ * scale to *scale. tmp: n bytes (4-bit). */
+static void quant_segment(const quant_job *j, const float *x, const float *im, size_t n, size_t col0, size_t row,
+                          float a, uint8_t *out, float *scale, uint8_t *tmp) {
+    const size_t nb = j->g ? (n + 1) / 2 : n;
+    if (!(a >= ORK_QUANT_TINY)) { /* zero segment */
+        *scale = 0.0f;
+        if (j->g) memset(out, j->zero | (j->zero << 4), nb);
+        else memset(out, 0, nb);
+        return;
+    }
+    float r = 1.0f;
+    if (im) {
+        double best = seg_werr(j, x, im, n, a, 1.0f);
+        for (size_t i = 0; i < j->ngrid; i++) {
+            double e = seg_werr(j, x, im, n, a, j->grid[i]);
+            if (e < best) {
+                best = e;
+                r = j->grid[i];
+            }
+        }
+    }
+    float m = a * r;
+    float s = m / 127.0f, inv = 127.0f / m;
+    *scale = s;
+    uint32_t key = j->p->sr ? ork_sr_row_key(j->p->seed, row) : 0;
+    if (j->g) {
+        if (j->p->sr) j->kern->codes4_sr(x, n, inv, j->g, key, (uint32_t)col0, tmp);
+        else j->kern->codes4_rtn(x, n, inv, j->g, tmp);
+        size_t k = 0;
+        for (; k + 1 < n; k += 2) out[k >> 1] = (uint8_t)(tmp[k] | (tmp[k + 1] << 4));
+        if (k < n) out[k >> 1] = (uint8_t)(tmp[k] | (j->zero << 4));
+    } else {
+        if (j->p->sr) j->kern->codes8_sr(x, n, inv, key, (uint32_t)col0, (int8_t *)out);
+        else j->kern->codes8_rtn(x, n, inv, (int8_t *)out);
+    }
 }
 
 static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) {
     const quant_job *j = (const quant_job *)ctx;
-    const size_t K = j->K;
+    const size_t K = j->K, gs = j->group, G = (K + gs - 1) / gs;
     uint8_t *tmp = NULL;
     if (j->g) {
-        tmp = (uint8_t *)malloc(K);
-        if (!tmp) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", K);
+        tmp = (uint8_t *)malloc(gs);
+        if (!tmp) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", gs);
     }
     for (size_t n = begin; n < end; n++) {
         const float *x = j->w + n * K;
@@ -195,36 +235,11 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
             free(tmp);
             return report_nonfinite_w(x, K, n, err);
         }
-        if (!(a >= ORK_QUANT_TINY)) { /* zero row */
-            j->scales[n] = 0.0f;
-            if (j->g) memset(out, j->zero | (j->zero << 4), j->row_bytes);
-            else memset(out, 0, j->row_bytes);
-            continue;
-        }
-        float r = 1.0f;
-        if (j->p->imatrix) {
-            double best = row_werr(j, x, a, 1.0f);
-            for (size_t i = 0; i < j->ngrid; i++) {
-                double e = row_werr(j, x, a, j->grid[i]);
-                if (e < best) {
-                    best = e;
-                    r = j->grid[i];
-                }
-            }
-        }
-        float m = a * r;
-        float s = m / 127.0f, inv = 127.0f / m;
-        j->scales[n] = s;
-        uint32_t key = j->p->sr ? ork_sr_row_key(j->p->seed, n) : 0;
-        if (j->g) {
-            if (j->p->sr) j->kern->codes4_sr(x, K, inv, j->g, key, 0, tmp);
-            else j->kern->codes4_rtn(x, K, inv, j->g, tmp);
-            size_t k = 0;
-            for (; k + 1 < K; k += 2) out[k >> 1] = (uint8_t)(tmp[k] | (tmp[k + 1] << 4));
-            if (k < K) out[k >> 1] = (uint8_t)(tmp[k] | (j->zero << 4));
-        } else {
-            if (j->p->sr) j->kern->codes8_sr(x, K, inv, key, 0, (int8_t *)out);
-            else j->kern->codes8_rtn(x, K, inv, (int8_t *)out);
+        for (size_t g = 0; g < G; g++) {
+            const size_t c0 = g * gs, len = K - c0 < gs ? K - c0 : gs;
+            if (G > 1) j->kern->absmax(x + c0, len, &a);
+            quant_segment(j, x + c0, j->p->imatrix ? j->p->imatrix + c0 : NULL, len, c0, n, a,
+                          out + (j->g ? c0 / 2 : c0), j->scales + n * G + g, tmp);
         }
     }
     free(tmp);
@@ -246,6 +261,7 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
     const ork_kind_info *info = ork_kind_get(p->kind);
     if (!info) return ork_kind_check(p->kind, err);
     ork_status st = check_dims(N, K, err);
+    if (st == ORK_OK) st = ork_group_check(p->group, err);
     if (st != ORK_OK) return st;
 
     float defgrid[ORK_QUANT_DEFAULT_GRID_N];
@@ -287,16 +303,27 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
     j.codes = (uint8_t *)codes;
     j.scales = scales;
     j.row_bytes = ork_quant_row_bytes(p->kind, K);
+    j.group = p->group ? p->group : K;
     size_t chunk = 65536 / K + 1;
     return ork_parallel_for(p->nthreads, N, chunk, quant_rows, &j, err);
 }
+
+ork_status ork_group_check(size_t group, ork_err *err) {
+    if (group == 0) return ORK_OK;
+    if (group % 32 || group > ORK_GROUP_MAX)
+        return ork_err_set(err, ORK_EINVAL, "group size %zu is not a multiple of 32 in [32, %d] (or 0: one scale per row)",
+                           group, ORK_GROUP_MAX);
+    return ORK_OK;
+}
+
+size_t ork_group_count(size_t K, size_t group) { return group && K ? (K + group - 1) / group : 1; }
 
 /* ---------------------------------------------------------- dequantize -- */
 typedef struct {
     ork_kind kind;
     const uint8_t *codes;
     const float *scales;
-    size_t K, row_bytes;
+    size_t K, row_bytes, group;
     float *out;
     const ork_quant_kernels *kern;
 } dequant_job;
@@ -305,25 +332,36 @@ static ork_status dequant_rows(void *ctx, size_t begin, size_t end, ork_err *err
     (void)err;
     const dequant_job *j = (const dequant_job *)ctx;
     const int8_t *lut = ork_quant_lut(j->kind);
+    const size_t gs = j->group, G = (j->K + gs - 1) / gs;
     for (size_t n = begin; n < end; n++) {
         const uint8_t *c = j->codes + n * j->row_bytes;
-        if (lut) j->kern->dequant4(c, j->K, lut, j->scales[n], j->out + n * j->K);
-        else j->kern->dequant8((const int8_t *)c, j->K, j->scales[n], j->out + n * j->K);
+        for (size_t g = 0; g < G; g++) {
+            const size_t c0 = g * gs, len = j->K - c0 < gs ? j->K - c0 : gs;
+            float *o = j->out + n * j->K + c0;
+            if (lut) j->kern->dequant4(c + c0 / 2, len, lut, j->scales[n * G + g], o);
+            else j->kern->dequant8((const int8_t *)c + c0, len, j->scales[n * G + g], o);
+        }
     }
     return ORK_OK;
 }
 
 ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales, size_t N,
-                          size_t K, float *out, int nthreads, ork_err *err) {
+                          size_t K, size_t group, float *out, int nthreads, ork_err *err) {
     if (!codes || !scales || !out) return ork_err_set(err, ORK_EINVAL, "dequantize: NULL argument");
     ork_status st = ork_kind_check(kind, err);
     if (st == ORK_OK) st = check_dims(N, K, err);
+    if (st == ORK_OK) st = ork_group_check(group, err);
     if (st != ORK_OK) return st;
-    for (size_t n = 0; n < N; n++)
-        if (!(scales[n] >= 0.0f && scales[n] <= 3.40282347e+38f))
-            return ork_err_set(err, ORK_EINVAL, "scale[%zu] = %g is not a finite non-negative number",
-                               n, (double)scales[n]);
-    dequant_job j = {kind, (const uint8_t *)codes, scales, K, ork_quant_row_bytes(kind, K),
+    const size_t G = ork_group_count(K, group);
+    for (size_t i = 0; i < N * G; i++)
+        if (!(scales[i] >= 0.0f && scales[i] <= 3.40282347e+38f)) {
+            if (G == 1)
+                return ork_err_set(err, ORK_EINVAL, "scale[%zu] = %g is not a finite non-negative number", i,
+                                   (double)scales[i]);
+            return ork_err_set(err, ORK_EINVAL, "scale[%zu, %zu] = %g is not a finite non-negative number",
+                               i / G, i % G, (double)scales[i]);
+        }
+    dequant_job j = {kind, (const uint8_t *)codes, scales, K, ork_quant_row_bytes(kind, K), group ? group : K,
                      out, ork_quant_kernels_active()};
     return ork_parallel_for(nthreads, N, 65536 / K + 1, dequant_rows, &j, err);
 }

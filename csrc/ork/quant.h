@@ -187,7 +187,21 @@ typedef struct ork_quant_params {
     int sr;
     uint64_t seed;
     int nthreads; /* <= 0: all cores */
+    size_t group; /* 0: one scale per row; else a multiple of 32 (ork_group_check): one per group */
 } ork_quant_params;
+
+/* Group-wise scales (group = g > 0): row n's columns [i*g, min(K, (i+1)*g)) are a
+ * segment with its own scale scales[n * G + i], G = ceil(K / g) (row-major N x G),
+ * quantized exactly as a row of that many columns is (absmax, the imatrix clip
+ * search over the segment's imatrix entries, its codes at the same place of the
+ * row; stochastic rounding hashes the row's global column index). group == 0 or
+ * group >= K is one segment per row: the per-row contract above, byte for byte.
+ * The codes' layout does not change (4-bit segments start on even columns). */
+#define ORK_GROUP_MAX 4096
+/* ORK_EINVAL unless group is 0 or a multiple of 32 in [32, ORK_GROUP_MAX]. */
+ork_status ork_group_check(size_t group, ork_err *err);
+/* G = ceil(K / group) scales per row (1 for group 0). */
+size_t ork_group_count(size_t K, size_t group);
 
 /* Bytes of one quantized row: ceil(K/2) for 4-bit kinds, K for int8; 0 for unknown kinds. */
 size_t ork_quant_row_bytes(ork_kind kind, size_t K);
@@ -199,10 +213,10 @@ const int8_t *ork_quant_lut(ork_kind kind);
 #define ORK_QUANT_DEFAULT_GRID_N 41
 size_t ork_quant_default_grid(float *out, size_t cap);
 
-/* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N floats. */
+/* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N * ork_group_count(K, p->group) floats. */
 ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_params *p,
                         void *codes, float *scales, ork_err *err);
 ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales, size_t N,
-                          size_t K, float *out, int nthreads, ork_err *err);
+                          size_t K, size_t group, float *out, int nthreads, ork_err *err);
 
 #endif /* ORK_QUANT_H */

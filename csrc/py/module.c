@@ -31,14 +31,16 @@ PyDoc_STRVAR(quantize_doc,
 
 static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"w", "kind", "imatrix", "sr", "seed", "clip_grid", "threads", NULL};
+    static char *kwlist[] = {"w", "kind", "imatrix", "sr", "seed", "clip_grid", "threads", "group", NULL};
     PyObject *w_obj, *im_obj = Py_None, *grid_obj = Py_None;
     const char *kind_s;
     int sr = 0, threads = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|OpKOi:quantize", kwlist, &w_obj, &kind_s, &im_obj,
-                                     &sr, &seed, &grid_obj, &threads))
+    Py_ssize_t group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|OpKOin:quantize", kwlist, &w_obj, &kind_s, &im_obj,
+                                     &sr, &seed, &grid_obj, &threads, &group))
         return NULL;
+    if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
     ork_quant_params p;
     memset(&p, 0, sizeof p);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
@@ -70,10 +72,12 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     p.sr = sr;
     p.seed = (uint64_t)seed;
     p.nthreads = threads;
+    p.group = group < K ? (size_t)group : 0; /* a group of K or more is one scale per row */
 
     npy_intp cdims[2] = {N, (npy_intp)ork_quant_row_bytes(p.kind, (size_t)K)};
+    npy_intp sdims[2] = {N, (npy_intp)ork_group_count((size_t)K, p.group)};
     codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, orkpy_code_typenum(ki));
-    scales = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_FLOAT32);
+    scales = (PyArrayObject *)PyArray_SimpleNew(p.group ? 2 : 1, sdims, NPY_FLOAT32);
     if (!codes || !scales) goto done;
 
     ork_err err;
@@ -99,18 +103,19 @@ done:
 
 /* -------------------------------------------------------- dequantize -- */
 
-PyDoc_STRVAR(dequantize_doc, "dequantize(codes, scales, kind, K, threads=0) -> float32 (N, K)");
+PyDoc_STRVAR(dequantize_doc, "dequantize(codes, scales, kind, K, threads=0, group=0) -> float32 (N, K)");
 
 static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"codes", "scales", "kind", "K", "threads", NULL};
+    static char *kwlist[] = {"codes", "scales", "kind", "K", "threads", "group", NULL};
     PyObject *c_obj, *s_obj;
     const char *kind_s;
-    Py_ssize_t K;
+    Py_ssize_t K, group = 0;
     int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOsn|i:dequantize", kwlist, &c_obj, &s_obj, &kind_s, &K,
-                                     &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOsn|in:dequantize", kwlist, &c_obj, &s_obj, &kind_s, &K,
+                                     &threads, &group))
         return NULL;
+    if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || orkpy_check_threads(threads) < 0) return NULL;
     const ork_kind kind = ki->id;
@@ -118,8 +123,14 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
     PyArrayObject *codes = NULL, *scales = NULL, *out = NULL;
     PyObject *result = NULL;
     if (!(codes = orkpy_as_exact(c_obj, orkpy_code_typenum(ki), 2, "codes"))) goto done;
-    if (!(scales = orkpy_as_exact(s_obj, NPY_FLOAT32, 1, "scales"))) goto done;
+    const size_t gsz = group < K ? (size_t)group : 0, G = ork_group_count((size_t)K, gsz);
+    if (!(scales = orkpy_as_exact(s_obj, NPY_FLOAT32, gsz ? 2 : 1, "scales"))) goto done;
     npy_intp N = PyArray_DIM(codes, 0);
+    if (gsz && (size_t)PyArray_DIM(scales, 1) != G) {
+        PyErr_Format(PyExc_ValueError, "scales have %zd groups per row, expected G = %zu for K = %zd and group %zd",
+                     (Py_ssize_t)PyArray_DIM(scales, 1), G, K, group);
+        goto done;
+    }
     if (PyArray_DIM(codes, 1) != (npy_intp)ork_quant_row_bytes(kind, (size_t)K) ||
         PyArray_DIM(scales, 0) != N) {
         PyErr_Format(PyExc_ValueError,
@@ -136,7 +147,7 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ork_dequantize(kind, PyArray_DATA(codes), (const float *)PyArray_DATA(scales), (size_t)N,
-                        (size_t)K, (float *)PyArray_DATA(out), threads, &err);
+                        (size_t)K, gsz, (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);

@@ -224,8 +224,9 @@ static int parse_act(FwdObject *self, PyObject *spec, ork_linear *l, const char 
     return 0;
 }
 
-/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor[, act_clip, outliers, act_prefix]) (act_clip
- * a float, 0 = dynamic; outliers None or a 1-D int32 array; act_prefix rows: linear.h) */
+/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor[, act_clip, outliers, act_prefix[, group]])
+ * (act_clip a float, 0 = dynamic; outliers None or a 1-D int32 array; act_prefix rows; group 0 or a group size
+ * below K with bscale (N, G): linear.h) */
 static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
     memset(l, 0, sizeof *l);
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
@@ -242,7 +243,8 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         l->K = (size_t)dims[1];
         return 0;
     }
-    if (strcmp(path, "packed") == 0 && (PyTuple_GET_SIZE(spec) == 7 || PyTuple_GET_SIZE(spec) == 10)) {
+    const Py_ssize_t nspec = PyTuple_GET_SIZE(spec);
+    if (strcmp(path, "packed") == 0 && (nspec == 7 || nspec == 10 || nspec == 11)) {
         const char *kind_s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
         const ork_kind_info *ki = kind_s ? orkpy_parse_kind(kind_s) : NULL;
         if (!ki) return -1;
@@ -258,16 +260,25 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         Py_DECREF(store);
         if (r < 0) return -1;
         l->store = PyArray_DATA(store);
-        npy_intp bd[1];
-        if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), 1, name, bd))) return -1;
-        if (bd[0] != N) {
-            PyErr_Format(PyExc_ValueError, "%s: bscale has %zd entries, expected %zd", name, (Py_ssize_t)bd[0], N);
+        Py_ssize_t group = 0;
+        if (nspec == 11 && (group = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 10))) < 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: group size must be >= 0", name);
+            return -1;
+        }
+        const size_t G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
+        l->group = G > 1 ? (size_t)group : 0;
+        npy_intp bd[2] = {0, 1};
+        if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), G > 1 ? 2 : 1, name, bd))) return -1;
+        if (bd[0] != N || (size_t)bd[1] != G) {
+            PyErr_Format(PyExc_ValueError, "%s: bscale has shape (%zd, %zd), expected (%zd, %zu)", name,
+                         (Py_ssize_t)bd[0], (Py_ssize_t)bd[1], N, G);
             return -1;
         }
         ork_err err; /* the door of a packed linear: codes and scales (pack.h) */
         err.msg[0] = '\0';
-        ork_status st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
-        if (st == ORK_OK) st = ork_pack_check_scales(l->bscale, (size_t)N, (size_t)K, ORK_EINVAL, &err);
+        ork_status st = ork_group_check((size_t)group, &err);
+        if (st == ORK_OK) st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
+        if (st == ORK_OK) st = ork_pack_check_gscales(l->bscale, (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
         if (st != ORK_OK) {
             PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
             if (msg) {
@@ -280,7 +291,11 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
         l->N = (size_t)N;
         l->K = (size_t)K;
         l->per_tensor_act = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6));
-        if (PyTuple_GET_SIZE(spec) == 10 && parse_act(self, spec, l, name) < 0) return -1;
+        if (nspec >= 10 && parse_act(self, spec, l, name) < 0) return -1;
+        if (nspec == 7 && l->group && ork_linear_check_act(l, &err) != ORK_OK) {
+            PyErr_Format(PyExc_ValueError, "%s: %s", name, err.msg);
+            return -1;
+        }
         return 0;
     }
     PyErr_Format(PyExc_ValueError, "%s: unknown linear spec '%s'", name, path);
@@ -1036,6 +1051,9 @@ static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
     if (l->path != ORK_LIN_PACKED)
         return PyErr_Format(PyExc_ValueError, "linear %zd is a float32 linear: only packed int8/nf4/int4 linears run on the NPU",
                             idx);
+    if (l->group)
+        return PyErr_Format(PyExc_ValueError, "linear %zd has group-wise scales (group size %zu): an NPU job returns one "
+                            "int32 sum per output, not per group (docs/npu.md, \"Group-wise scales\")", idx, l->group);
     ork_int_mm_fn fn;
     void *ctx;
     size_t N, K;

@@ -41,6 +41,29 @@ PyArrayObject *orkpy_as_store(PyObject *obj, const ork_kind_info *k, Py_ssize_t 
     return a;
 }
 
+/* the scales of a packed weight: float32 (N,) for per-channel scales (group 0 or >= K), (N, G) for
+ * group-wise scales; *G set. NULL with a ValueError/TypeError naming the problem. */
+static PyArrayObject *as_bscale(PyObject *obj, Py_ssize_t N, Py_ssize_t K, Py_ssize_t group, size_t *G) {
+    if (group < 0 || (group && (group % 32 || group > ORK_GROUP_MAX))) {
+        PyErr_Format(PyExc_ValueError, "group size %zd is not a multiple of 32 in [32, %d] (or 0: per channel)", group,
+                     ORK_GROUP_MAX);
+        return NULL;
+    }
+    *G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
+    PyArrayObject *bs = orkpy_as_exact(obj, NPY_FLOAT32, *G > 1 ? 2 : 1, "bscale");
+    if (!bs) return NULL;
+    if (PyArray_DIM(bs, 0) != N || (*G > 1 && (size_t)PyArray_DIM(bs, 1) != *G)) {
+        if (*G > 1)
+            PyErr_Format(PyExc_ValueError, "bscale has shape (%zd, %zd), expected (N, G) = (%zd, %zu) for K = %zd, group %zd",
+                         (Py_ssize_t)PyArray_DIM(bs, 0), (Py_ssize_t)PyArray_DIM(bs, 1), N, *G, K, group);
+        else
+            PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
+        Py_DECREF(bs);
+        return NULL;
+    }
+    return bs;
+}
+
 PyObject *orkpy_pack(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"codes", "kind", "N", "K", NULL};
@@ -110,14 +133,15 @@ done:
 
 PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"store", "kind", "N", "K", "xq", "threads", NULL};
+    static char *kwlist[] = {"store", "kind", "N", "K", "xq", "threads", "group", NULL};
     PyObject *s_obj, *x_obj;
     const char *kind_s;
-    Py_ssize_t N, K;
+    Py_ssize_t N, K, group = 0;
     int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO|i:matmul_int", kwlist, &s_obj, &kind_s, &N, &K, &x_obj,
-                                     &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO|in:matmul_int", kwlist, &s_obj, &kind_s, &N, &K, &x_obj,
+                                     &threads, &group))
         return NULL;
+    if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
     const ork_kind kind = ki->id;
@@ -131,14 +155,17 @@ PyObject *orkpy_matmul_int(PyObject *self, PyObject *args, PyObject *kw) {
         goto done;
     }
     npy_intp M = PyArray_DIM(x, 0);
-    npy_intp dims[2] = {M, N};
-    if (!(out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32))) goto done;
+    const size_t G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
+    npy_intp dims[3] = {(npy_intp)G, M, N};
+    /* per channel: (M, N); grouped: (G, M, N), one int32 partial sum per group (pack.h) */
+    if (!(out = (PyArrayObject *)PyArray_SimpleNew(G > 1 ? 3 : 2, G > 1 ? dims : dims + 1, NPY_INT32))) goto done;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_matmul_int(kind, PyArray_DATA(store), ork_quant_lut(kind), (size_t)N, (size_t)K,
-                        (const int8_t *)PyArray_DATA(x), (size_t)M, (int32_t *)PyArray_DATA(out), threads, &err);
+    st = ork_matmul_int_grouped(kind, PyArray_DATA(store), ork_quant_lut(kind), G > 1 ? (size_t)group : 0, (size_t)N,
+                                (size_t)K, (const int8_t *)PyArray_DATA(x), (size_t)M, (int32_t *)PyArray_DATA(out),
+                                threads, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);
@@ -156,15 +183,16 @@ done:
 PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "per_tensor", "threads", "clip", "outliers",
-                             "prefix", NULL};
+                             "prefix", "group", NULL};
     PyObject *s_obj, *b_obj, *x_obj, *o_obj = Py_None;
     const char *kind_s;
     Py_ssize_t N, K;
     int per_tensor = 0, threads = 0;
     double clip = 0.0;
-    Py_ssize_t prefix = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pidOn:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
-                                     &per_tensor, &threads, &clip, &o_obj, &prefix))
+    Py_ssize_t prefix = 0, group = 0;
+    size_t G = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pidOnn:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
+                                     &per_tensor, &threads, &clip, &o_obj, &prefix, &group))
         return NULL;
     if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
@@ -174,11 +202,7 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *result = NULL;
     if (o_obj != Py_None && !(outl = orkpy_as_exact(o_obj, NPY_INT32, 1, "outliers"))) goto done;
     if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
-    if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
-    if (PyArray_DIM(bs, 0) != N) {
-        PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
-        goto done;
-    }
+    if (!(bs = as_bscale(b_obj, N, K, group, &G))) goto done;
     if (!(x = orkpy_as_float32(x_obj, 2, "x"))) goto done;
     if (PyArray_DIM(x, 1) != K || PyArray_DIM(x, 0) < 1) {
         PyErr_Format(PyExc_ValueError, "x must have shape (M >= 1, K = %zd), got (%zd, %zd)", K,
@@ -199,6 +223,7 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     l.kind = kind;
     l.store = PyArray_DATA(store);
     l.bscale = (const float *)PyArray_DATA(bs);
+    l.group = G > 1 ? (size_t)group : 0;
     l.per_tensor_act = per_tensor;
     l.act_prefix = (size_t)prefix;
     l.act_clip = (float)clip; /* rounded to float32; a nonzero value that rounds to 0 is refused below */
@@ -230,18 +255,20 @@ done:
 
 PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"kind", "N", "K", NULL};
+    static char *kwlist[] = {"kind", "N", "K", "group", NULL};
     const char *kind_s;
-    Py_ssize_t N, K;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn:packed_header", kwlist, &kind_s, &N, &K)) return NULL;
+    Py_ssize_t N, K, group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|n:packed_header", kwlist, &kind_s, &N, &K, &group)) return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0) return NULL;
-    uint8_t hdr[ORK_O4N1_HEADER];
+    if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
+    uint8_t hdr[ORK_O4N1_HEADER_GROUPED];
+    size_t hbytes = 0;
     ork_err err;
     err.msg[0] = '\0';
-    ork_status st = ork_o4n1_header(ki->id, (uint64_t)N, (uint64_t)K, hdr, &err);
+    ork_status st = ork_o4n1_header(ki->id, (uint64_t)N, (uint64_t)K, (uint64_t)group, hdr, &hbytes, &err);
     if (st != ORK_OK) return orkpy_raise(st, &err);
-    return PyBytes_FromStringAndSize((const char *)hdr, ORK_O4N1_HEADER);
+    return PyBytes_FromStringAndSize((const char *)hdr, (Py_ssize_t)hbytes);
 }
 
 PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
@@ -257,10 +284,11 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (st != ORK_OK) return orkpy_raise(st, &err);
-    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K}", "kind", ork_kind_get(info.kind)->name, "N", (unsigned long long)info.N, "K",
-                         (unsigned long long)info.K, "scales_offset", (unsigned long long)info.scales_off,
-                         "store_offset", (unsigned long long)info.store_off, "store_bytes",
-                         (unsigned long long)info.store_bytes);
+    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", ork_kind_get(info.kind)->name, "N",
+                         (unsigned long long)info.N, "K", (unsigned long long)info.K, "scales_offset",
+                         (unsigned long long)info.scales_off, "store_offset", (unsigned long long)info.store_off,
+                         "store_bytes", (unsigned long long)info.store_bytes, "group", (unsigned long long)info.group,
+                         "G", (unsigned long long)info.G);
 }
 
 /* packed_check(store, kind, N, K, bscale): the door of PackedWeight(...): the
@@ -268,11 +296,12 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
  * >= +0, <= ork_pack_max_scale(K)); ValueError / TypeError naming the entry. */
 PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", NULL};
+    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "group", NULL};
     PyObject *s_obj, *b_obj;
     const char *kind_s;
-    Py_ssize_t N, K;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO:packed_check", kwlist, &s_obj, &kind_s, &N, &K, &b_obj))
+    Py_ssize_t N, K, group = 0;
+    size_t G = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnO|n:packed_check", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &group))
         return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0) return NULL;
@@ -280,18 +309,14 @@ PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw) {
     PyArrayObject *store = NULL, *bs = NULL;
     PyObject *result = NULL;
     if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
-    if (!(bs = orkpy_as_exact(b_obj, NPY_FLOAT32, 1, "bscale"))) goto done;
-    if (PyArray_DIM(bs, 0) != N) {
-        PyErr_Format(PyExc_ValueError, "bscale has %zd entries, expected N = %zd", (Py_ssize_t)PyArray_DIM(bs, 0), N);
-        goto done;
-    }
+    if (!(bs = as_bscale(b_obj, N, K, group, &G))) goto done;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ork_pack_check_store(kind, PyArray_DATA(store), (size_t)N, (size_t)K, &err);
     if (st == ORK_OK)
-        st = ork_pack_check_scales((const float *)PyArray_DATA(bs), (size_t)N, (size_t)K, ORK_EINVAL, &err);
+        st = ork_pack_check_gscales((const float *)PyArray_DATA(bs), (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);
@@ -309,20 +334,29 @@ done:
  * the layout facts of pack.h and o4n1.h, so Python never re-derives them. */
 PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"kind", "N", "K", NULL};
+    static char *kwlist[] = {"kind", "N", "K", "group", NULL};
     const char *kind_s;
-    Py_ssize_t N, K;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn:packed_layout", kwlist, &kind_s, &N, &K)) return NULL;
+    Py_ssize_t N, K, group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|n:packed_layout", kwlist, &kind_s, &N, &K, &group)) return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0) return NULL;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = group < 0 ? ork_err_set(&err, ORK_EINVAL, "group size must be >= 0, got %zd", group)
+                              : ork_group_check((size_t)group, &err);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    const int grouped = group && group < K;
+    const size_t G = grouped ? ork_group_count((size_t)K, (size_t)group) : 1;
+    const int hbytes = grouped ? ORK_O4N1_HEADER_GROUPED : ORK_O4N1_HEADER;
     size_t shape[4];
     ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
     const size_t bytes = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
-    const uint64_t soff = ork_o4n1_store_offset((uint64_t)N);
-    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K}", "kind", ki->name, "bits", ki->bits,
+    const uint64_t soff = ork_o4n1_grouped_store_offset((uint64_t)N, (uint64_t)K, (uint64_t)group);
+    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n}", "kind", ki->name, "bits", ki->bits,
                          "store_shape", (Py_ssize_t)shape[0], (Py_ssize_t)shape[1], (Py_ssize_t)shape[2],
                          (Py_ssize_t)shape[3], "store_dtype", ki->bits == 8 ? "int8" : "uint8", "store_bytes",
-                         (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", ORK_O4N1_HEADER,
-                         "scales_offset", ORK_O4N1_HEADER, "store_offset", (unsigned long long)soff, "file_bytes",
-                         (unsigned long long)(soff + bytes));
+                         (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", hbytes,
+                         "scales_offset", hbytes, "store_offset", (unsigned long long)soff, "file_bytes",
+                         (unsigned long long)(soff + bytes), "group", (Py_ssize_t)(grouped ? group : 0), "G",
+                         (Py_ssize_t)G);
 }

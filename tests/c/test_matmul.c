@@ -50,6 +50,17 @@ static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kerne
             ref->gemv_strip_i4(nib, KB, lut, x, a1);
             kv->gemv_strip_i4(nib, KB, lut, x, a2);
             CHECK(memcmp(a1, a2, 32 * 4) == 0, "%s gemv4 KB=%zu", kv->isa, KB);
+            /* acc_group: random accumulators and scales, first and accumulating calls */
+            float as[5], sc[32], *y1 = malloc(M * 32 * 4), *y2 = malloc(M * 32 * 4);
+            for (size_t m = 0; m < M; m++) as[m] = (float)(rnd() % 1000 + 1) * 1e-4f;
+            for (int i = 0; i < 32; i++) sc[i] = (float)(rnd() % 977 + 3) * 3e-5f;
+            for (size_t i = 0; i < M * 32; i++) a1[i] = (int32_t)(rnd() % 2000001) - 1000000;
+            for (int first = 1; first >= 0; first--) {
+                ref->acc_group(a1, M, as, sc, first, y1);
+                kv->acc_group(a1, M, as, sc, first, y2);
+                CHECK(memcmp(y1, y2, M * 32 * 4) == 0, "%s acc_group M=%zu first=%d", kv->isa, M, first);
+            }
+            free(y1); free(y2);
             free(x); free(a1); free(a2);
         }
         /* int8 weights of -128 (a store that bypassed the doors) with activations in [-127, 127]:
@@ -161,6 +172,74 @@ static void drivers_vs_naive(void) {
     }
 }
 
+/* grouped drivers (pack.h "Group-wise scales") against a naive per-group int64 sum and the
+ * documented float order */
+static void grouped_vs_naive(void) {
+    const size_t shapes[][3] = {{1, 200, 37}, {3, 64, 33}, {5, 300, 70}, {2, 97, 5}};
+    const size_t groups[] = {32, 64, 128};
+    for (size_t si = 0; si < 4; si++)
+        for (size_t gi = 0; gi < 3; gi++)
+            for (int kind = 0; kind < 3; kind++) {
+                size_t M = shapes[si][0], K = shapes[si][1], N = shapes[si][2], g = groups[gi];
+                size_t G = ork_group_count(K, g);
+                if (g >= K) continue;
+                const int8_t *lut = ork_quant_lut((ork_kind)kind);
+                size_t rb = ork_quant_row_bytes((ork_kind)kind, K);
+                uint8_t *codes = malloc(N * rb);
+                for (size_t i = 0; i < N * rb; i++) codes[i] = (uint8_t)(kind == 2 ? (uint8_t)rnd_i8() : (rnd() & 0xFF));
+                if (kind == 2)
+                    for (size_t i = 0; i < N * rb; i++) if (codes[i] == 0x80) codes[i] = 0x81;
+                void *store = malloc(ork_pack_store_bytes((ork_kind)kind, N, K));
+                ork_err err;
+                CHECK(ork_pack((ork_kind)kind, codes, N, K, store, &err) == ORK_OK, "pack");
+                size_t Kp = ork_pack_round32(K);
+                int8_t *x = calloc(M * Kp, 1);
+                for (size_t m = 0; m < M; m++)
+                    for (size_t k = 0; k < K; k++) {
+                        int8_t v = rnd_i8();
+                        x[m * Kp + k] = v == -128 ? 127 : v; /* quantizer activations are in [-127, 127] */
+                    }
+                float *bs = malloc(N * G * 4), as[5];
+                for (size_t i = 0; i < N * G; i++) bs[i] = (float)(rnd() % 1000 + 1) * 1e-4f;
+                for (size_t m = 0; m < M; m++) as[m] = (float)(rnd() % 1000 + 1) * 1e-3f;
+                float *y1 = malloc(M * N * 4), *y3 = malloc(M * N * 4);
+                int32_t *acc = malloc(G * M * N * 4);
+                int8_t *xc = malloc(M * K);
+                for (size_t m = 0; m < M; m++) memcpy(xc + m * K, x + m * Kp, K);
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, M, y1, 1, &err) == ORK_OK,
+                      "grouped q8: %s", err.msg);
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, M, y3, 3, &err) == ORK_OK,
+                      "grouped q8 (3 threads)");
+                CHECK(ork_matmul_int_grouped((ork_kind)kind, store, lut, g, N, K, xc, M, acc, 2, &err) == ORK_OK,
+                      "grouped int: %s", err.msg);
+                int ok = 1;
+                for (size_t m = 0; m < M; m++)
+                    for (size_t n = 0; n < N; n++) {
+                        float y = 0.0f;
+                        for (size_t gg = 0; gg < G; gg++) {
+                            long long s = 0;
+                            for (size_t k = gg * g; k < K && k < (gg + 1) * g; k++) {
+                                int w;
+                                if (kind == 2) w = ((const int8_t *)codes)[n * K + k];
+                                else {
+                                    uint8_t b = codes[n * rb + k / 2];
+                                    w = lut[(k & 1) ? (b >> 4) : (b & 15)];
+                                }
+                                s += (long long)x[m * Kp + k] * w;
+                            }
+                            if (s != acc[(gg * M + m) * N + n]) ok = 0;
+                            float t = ork_dequant_acc((int32_t)s, as[m], bs[n * G + gg]);
+                            y = gg ? y + t : t;
+                        }
+                        if (memcmp(&y, &y1[m * N + n], 4) || memcmp(&y, &y3[m * N + n], 4)) ok = 0;
+                    }
+                CHECK(ok, "grouped drivers vs naive M=%zu K=%zu N=%zu g=%zu kind=%d", M, K, N, g, kind);
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, 48, N, K, x, as, M, y1, 1, &err) == ORK_EINVAL,
+                      "group 48 refused");
+                free(codes); free(store); free(x); free(bs); free(y1); free(y3); free(acc); free(xc);
+            }
+}
+
 int main(void) {
     const ork_matmul_kernels *ref = &ork_matmul_kernels_ref;
     int tested = 0;
@@ -179,6 +258,7 @@ int main(void) {
         ork_cpu_set_isa(ork_isa_name((ork_isa)i), &err);
         printf("drivers with %s kernels (%s)\n", ork_isa_name((ork_isa)i), ork_matmul_kernels_active()->isa);
         drivers_vs_naive();
+        grouped_vs_naive();
         minus_128();
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -126,11 +126,11 @@ static void compare_drivers(ork_isa isa) {
             ork_cpu_set_isa("scalar", &err);
             p.nthreads = 1;
             ork_status st1 = ork_quantize(w, N, K, &p, c_ref, s_ref, &err);
-            ork_dequantize(p.kind, c_ref, s_ref, N, K, d_ref, 1, &err);
+            ork_dequantize(p.kind, c_ref, s_ref, N, K, 0, d_ref, 1, &err);
             ork_cpu_set_isa(ork_isa_name(isa), &err);
             p.nthreads = 3;
             ork_status st2 = ork_quantize(w, N, K, &p, c_v, s_v, &err);
-            ork_dequantize(p.kind, c_v, s_v, N, K, d_v, 3, &err);
+            ork_dequantize(p.kind, c_v, s_v, N, K, 0, d_v, 3, &err);
             size_t nb = N * ork_quant_row_bytes(p.kind, K);
             CHECK(st1 == ORK_OK && st2 == ORK_OK, "quantize status %d %d", st1, st2);
             CHECK(memcmp(c_ref, c_v, nb) == 0 && memcmp(s_ref, s_v, sizeof s_ref) == 0,
