@@ -86,6 +86,13 @@ def collect_imatrix(model: Union[Model, QuantizedModel], text_or_tokens: Union[s
 
 # ------------------------------------------------------ whole-model quant --
 
+def _count(values: Any) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
 class QuantizedModel:
     """Linear weights quantized per tier (``tensors``: name -> PackedWeight; ``tiers``: name ->
     tier, float-tier linears staying float), the source they came from, and the settings;
@@ -103,6 +110,8 @@ class QuantizedModel:
         self.hashes = hashes
         self.double_quant = double_quant
         self._models: Dict[Any, Model] = {}
+        self.alloc_map: Optional[TierMap] = None  # the allocation used (quantize_model sets it)
+        self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.alloc)
 
     def float_linears(self) -> Dict[str, str]:
         """{float-tier linear name: the source tensor holding its weight}."""
@@ -164,7 +173,7 @@ class QuantizedModel:
                 f"int8 share {self.int8_share():.1%}{', DOUBLE-QUANT' if self.double_quant else ''})")
 
 
-def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Union[Imatrix, StrPath, None] = None,
+def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatrix: Union[Imatrix, StrPath, None] = None,
                    kind: str = "nf4", sr: bool = False, seed: int = 0, threshold: float = 5.0,
                    threads: Optional[int] = None, progress: bool = True,
                    clip_grid: Union[Sequence[float], NDArray[Any], None] = None,
@@ -173,7 +182,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
                    calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                    calib_chunks: Optional[int] = 8, rotate_online: bool = False,
                    act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False,
-                   group_size: Optional[int] = None) -> QuantizedModel:
+                   group_size: Optional[int] = None, target_bpw: Optional[float] = None,
+                   target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
+                   target_ctx: int = 256) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -199,7 +210,13 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     ``smooth``); an ``imatrix`` is rescaled to the scaled inputs (``/ s^2``). ``group_size`` (a
     multiple of 32): group-wise scales, one per ``group_size`` inputs of a row, for every packed
     linear whose tier does not name its own (an allocation's ``"int4-g32"`` tier wins; csrc/ork/pack.h;
-    saved as O4N1/O8N1 version 2)."""
+    saved as O4N1/O8N1 version 2). ``target_bpw`` (with ``calib``; ``alloc`` must then be None):
+    the tiers are chosen by :func:`orkpy.alloc.target_allocation` (options ``target_options``,
+    default :data:`orkpy.alloc.DEFAULT_OPTIONS`; sensitivities measured on ``target_chunks``
+    chunks of ``target_ctx`` tokens of ``calib``, on the transformed source) so that the packed
+    linears take at most that many bits per weight at the least estimated KL; the chosen map is
+    ``QuantizedModel.alloc_map`` (``.save(path)`` writes the emit-map) and the estimates
+    ``QuantizedModel.alloc_report``."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -221,13 +238,36 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
     group_size = check_group(group_size) or None
     log = log if log is not None else (lambda msg: print(msg, file=sys.stderr))
     source = os.fspath(source)
-    allocation = read_allocation(alloc, threshold)
-    tm = allocation.tiers
-    src = open_source(source, meta if meta is not None else allocation.gguf)
-    names = linear_names(src.hp)
-    tm = src.split_tier_map(tm)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
-    tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
-    src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads, rotate_online)
+    alloc_report = None
+    if target_bpw is not None:
+        from .alloc import DEFAULT_OPTIONS, target_allocation
+        if alloc is not None:
+            raise ValueError("give either alloc= (an allocation oracle) or target_bpw= (a size), not both")
+        if calib is None:
+            raise ValueError("target_bpw= needs calib= (the text its sensitivities are measured on)")
+        if group_size:
+            raise ValueError("target_bpw= chooses each linear's group size itself (target_options=); "
+                             "group_size= applies to an oracle allocation")
+        src = open_source(source, meta)
+        src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads,
+                                 rotate_online)
+        tm, alloc_report = target_allocation(src, calib, target_bpw, tuple(target_options or DEFAULT_OPTIONS), kind,
+                                             imatrix, target_ctx, target_chunks, threads, progress)
+        allocation = read_allocation(tm, threshold)
+        names = linear_names(src.hp)
+        log(f"target_bpw {target_bpw:g}: {alloc_report['bpw']:.3f} bits per linear weight, "
+            + ", ".join(f"{t}: {c}" for t, c in sorted(_count(alloc_report["tiers"].values()).items())))
+    else:
+        if alloc is None:
+            raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= is given")
+        allocation = read_allocation(alloc, threshold)
+        tm = allocation.tiers
+        src = open_source(source, meta if meta is not None else allocation.gguf)
+        names = linear_names(src.hp)
+        tm = src.split_tier_map(tm)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
+        tm.check_fits(src.shapes(), os.path.basename(source), names, what="allocation")
+        src = transformed_source(src, rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks, threads,
+                                 rotate_online)
     awq_cols: Dict[str, NDArray[Any]] = {}
     if awq and calib is not None:
         from .awq import apply_awq, awq_scales, column_scales
@@ -303,7 +343,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath], imatrix: Uni
         act_calib = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads, act_prefix)
         log(f"calibrated the activations of {len(act_calib)} linears on {act_calib.info['chunks']} chunks of "
             f"{calib_ctx} tokens")
+    if target_bpw is not None:
+        settings["target_bpw"] = float(target_bpw)
     qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src, act_calib)
+    qm.alloc_map = tm
+    qm.alloc_report = alloc_report
     log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
         f"{qm.int8_share():.1%}")
     return qm

@@ -427,14 +427,22 @@ def _cmd_quantize(args):
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
         raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
                               "(no manifest.json); --overwrite replaces only a model directory")
-    meta = _meta_arg(args, args.source, fallback=args.alloc if args.alloc.endswith(".gguf") else None,
+    if (args.alloc is None) == (args.target_bpw is None):
+        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map) and --target-bpw (a size)")
+    if args.emit_map:
+        _check_output_path(args.emit_map, "--emit-map")
+    meta = _meta_arg(args, args.source, fallback=args.alloc if (args.alloc or "").endswith(".gguf") else None,
                      what="SOURCE")
     calib = read_text_like_llama_cpp(args.calib) if args.calib else None
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
-                        awq=args.awq, **_transform_kwargs(args, calib))
+                        awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
+                        **_transform_kwargs(args, calib))
     out = qm.save(args.output, overwrite=args.overwrite)
+    if args.emit_map and qm.alloc_map is not None:
+        qm.alloc_map.save(args.emit_map)
+        print(f"wrote the allocation to {args.emit_map}")
     b = qm.result_bytes()
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
           f"int8 share of weight storage {qm.int8_share():.1%})")
@@ -668,8 +676,9 @@ def build_parser():
     s = sub.add_parser("quantize", help="quantize a model: fp16 source + allocation (+ imatrix) -> model directory")
     s.add_argument("source", help="F32/F16/BF16 GGUF or safetensors checkpoint (a quantized GGUF here means "
                                   "double-quant, said loudly)")
-    s.add_argument("--alloc", required=True,
-                   help="a llama.cpp mixed GGUF (its types only) or an emit-map file (required)")
+    s.add_argument("--alloc", default=None,
+                   help="a llama.cpp mixed GGUF (its types only) or an emit-map file (default: none; required unless "
+                        "--target-bpw)")
     s.add_argument("--meta", metavar="GGUF", default=None,
                    help=_META_HELP + " (default: the --alloc GGUF; required for a safetensors SOURCE with an "
                                      "emit-map --alloc)")
@@ -689,6 +698,15 @@ def build_parser():
     s.add_argument("--awq", action="store_true",
                    help="AWQ-style per-input-channel scales searched on --calib and folded into the norms and "
                         "producing linears before rounding (default: off)")
+    s.add_argument("--group-size", type=_positive_int, default=None, metavar="N",
+                   help="group-wise scales, one per N inputs (a multiple of 32) for every packed linear whose tier "
+                        "names none (default: one scale per output channel)")
+    s.add_argument("--target-bpw", type=float, default=None, metavar="X",
+                   help="choose the tiers (int4, int4-g128/64/32, int8) for X bits per linear weight from "
+                        "sensitivities measured on --calib, instead of --alloc (default: off)")
+    s.add_argument("--emit-map", default=None, metavar="FILE",
+                   help="write the allocation used (with --target-bpw: the one chosen) as an emit-map file "
+                        "(default: not written)")
     s.add_argument("--calib-ctx", type=_positive_int, default=512, metavar="N",
                    help="tokens per calibration chunk (default: 512); with --calib the static activation ranges "
                         "and outlier channels are calibrated and saved with the model (act_scales.json)")

@@ -440,6 +440,18 @@ class Model:
                                  "scales (one int32 sum per group), which the fused FFN chain does not model")
         self._fwd.set_ffn(int(layer), params)
 
+    def swap_linear(self, name: str, spec: LinearSpec) -> LinearSpec:
+        """Run linear ``name`` as ``spec`` (same shape) from now on; returns the spec it replaces
+        (swap it back with that). For sensitivity scans (:mod:`orkpy.alloc`): one model, one
+        linear changed at a time. An NPU route of that linear is dropped."""
+        old = self._linears[name]
+        if (spec.N, spec.K) != (old.N, old.K):
+            raise ValueError(f"{name} is ({old.N}, {old.K}), the new spec is ({spec.N}, {spec.K})")
+        self._fwd.set_linear(list(self._linears).index(name), spec.to_core())
+        self._linears[name] = spec
+        self.paths[name] = spec.kind if spec.path == "packed" and spec.kind else "gguf"
+        return old
+
     def route_linears(self, device: Optional[Device], kinds: Optional[Collection[str]] = None) -> int:
         """Run the int8 matmuls of the packed linears (of ``kinds``; default every packed
         kind) on ``device``, their int8 values uploaded once; ``None`` routes every linear

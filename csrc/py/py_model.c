@@ -1067,6 +1067,41 @@ static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_linear(index, spec): replace linear `index` (linear_names order) by another spec of the
+ * same shape (parse_linear's tuple); its bias, statistics hooks and NPU route are kept / cleared
+ * as they were set up (the NPU route is dropped: it held the old weight's values) */
+static PyObject *fwd_set_linear_unlocked(FwdObject *self, PyObject *args) {
+    Py_ssize_t idx;
+    PyObject *spec;
+    if (!PyArg_ParseTuple(args, "nO:set_linear", &idx, &spec)) return NULL;
+    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
+    const size_t n = fwd_n_linears(self);
+    if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
+    ork_linear *l = fwd_linear(self, (size_t)idx), tmp;
+    char name[32];
+    snprintf(name, sizeof name, "linear %zd", idx);
+    if (parse_linear(self, spec, &tmp, name) < 0) return NULL;
+    if (tmp.N != l->N || tmp.K != l->K)
+        return PyErr_Format(PyExc_ValueError, "linear %zd is (%zu, %zu), the new spec is (%zu, %zu)", idx, l->N, l->K,
+                            tmp.N, tmp.K);
+    tmp.bias = l->bias;
+    tmp.x2_sum = l->x2_sum;
+    tmp.x2_count = l->x2_count;
+    tmp.act_stats = l->act_stats;
+    tmp.xx_sum = l->xx_sum;
+    tmp.xx_count = l->xx_count;
+    *l = tmp;
+    if (self->npu_keep) Py_CLEAR(self->npu_keep[idx]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fwd_set_linear(FwdObject *self, PyObject *args) {
+    if (fwd_lock(self) < 0) return NULL;
+    PyObject *r = fwd_set_linear_unlocked(self, args);
+    fwd_unlock(self);
+    return r;
+}
+
 static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
     if (fwd_lock(self) < 0) return NULL;
     PyObject *r = fwd_set_npu_unlocked(self, args);
@@ -1145,6 +1180,8 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
 }
 
 static PyMethodDef fwd_methods[] = {
+    {"set_linear", (PyCFunction)fwd_set_linear, METH_VARARGS,
+     "set_linear(index, spec): replace a linear by another of the same shape (a sensitivity scan)"},
     {"set_npu", (PyCFunction)fwd_set_npu, METH_VARARGS,
      "set_npu(index, NPUWeight or None): run a packed linear's int8 matmul on an NPU backend"},
     {"ffn_apply", (PyCFunction)fwd_ffn_apply, METH_VARARGS, "ffn_apply(layer, h) -> the layer's FFN chain output"},
