@@ -18,14 +18,22 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
              "w4a8" (the packed int8 path, per-token int8 activations) and "w-only" (the same
              weights dequantized, float activations: what the weights alone cost)
 
+             Each method once per --groups entry: 0 = one scale per output channel, 128 / 32 =
+             group-wise scales (csrc/ork/pack.h) on every packed linear.
+  orkpy      "target": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
+             (quantize_model(target_bpw=)), for each of --target-methods; "int8": every linear
+             int8 per channel (the all-int8 row: with the w-only row it separates what the
+             int8 activations cost from what the 4-bit weights cost)
+
 Columns: linear bytes (every block linear and the head; a tied head counts the embedding), bits per
-weight over those parameters, PPL, mean KL vs the float model. Group-wise scales (group sizes 128
-and 32) and the target-size allocation of the issue are not implemented yet: no rows for them.
+weight over those parameters, PPL, mean KL vs the float model. --swap scores the calibration text
+and calibrates on the scored one (SmolLM2 / Gemma-3: TinyStories B scored, wikitext-2 calibration).
 
     python bench/accuracy.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
                              [--ctx 512] [--methods rtn rtn+im awq awq+im gptq gptq+awq]
-                             [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--work DIR]
-                             [--json-out FILE_WITH_{model}]
+                             [--groups 0 128 32] [--target-methods rtn+im gptq] [--no-int8]
+                             [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--swap]
+                             [--work DIR] [--json-out FILE_WITH_{model}]
 """
 import argparse
 import importlib.util
@@ -78,8 +86,14 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--rotate", action="store_true", help="also the rows with both rotations")
     ap.add_argument("--rotate-methods", nargs="+", default=["gptq", "gptq+awq"], choices=METHODS)
-    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows (the allocation still needs "
-                    "llama.cpp's Q4_0 file: made with llama-quantize, not scored)")
+    ap.add_argument("--groups", nargs="+", type=int, default=[0, 128, 32],
+                    help="group sizes of the method rows (0: per output channel)")
+    ap.add_argument("--target-methods", nargs="*", default=["rtn+im", "gptq"], choices=METHODS,
+                    help="methods of the target-size rows (at llama.cpp Q4_K_M's linear bytes)")
+    ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
+    ap.add_argument("--swap", action="store_true", help="score the calibration text, calibrate on the scored one")
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows (the allocation and the target "
+                    "size still need llama.cpp's Q4_0 and Q4_K_M files: made with llama-quantize, not scored)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpy-act-modes"))
     ap.add_argument("--json-out")
     a = ap.parse_args(argv)
@@ -93,6 +107,8 @@ def main(argv=None):
 def run_model(a, name):
     w = pathlib.Path(a.work)
     f32, text_f, calib_f, ctx, _ = am.model_and_texts(name, a.work, a.ctx)
+    if a.swap:
+        text_f, calib_f = calib_f, text_f
     text = open(text_f, encoding="utf-8").read()
     calib = open(calib_f, encoding="utf-8").read()
     names = linear_names(open_source(f32).hp)
@@ -108,7 +124,7 @@ def run_model(a, name):
     rows = []
 
     def show(d):
-        print(f"{d['source']:9} {d['what']:26} {d['bytes'] / 1e6:8.2f} {d['bpw']:6.3f} {d['ppl']:9.4f} "
+        print(f"{d['source']:9} {d["what"]:34} {d['bytes'] / 1e6:8.2f} {d['bpw']:6.3f} {d['ppl']:9.4f} "
               f"{d['kld']:9.5f}" + ("" if d.get("seconds") is None else f"  ({d['seconds']:.0f} s)"), flush=True)
 
     def add(source, what, nbytes, p, kld, secs=None):
@@ -120,7 +136,7 @@ def run_model(a, name):
     print(f"{name}: {f32.name}, scored {os.path.basename(text_f)} ({a.chunks} x {ctx}), calibrated on "
           f"{os.path.basename(calib_f)} ({a.calib_chunks} x {ctx}); {params / 1e6:.2f}M linear parameters; "
           f"orkpy F32 PPL {ppl:.4f}", flush=True)
-    print(f"{'source':9} {'what':26} {'MB':>8} {'bpw':>6} {'PPL':>9} {'mean KL':>9}\n" + "-" * 72, flush=True)
+    print(f"{'source':9} {"what":34} {'MB':>8} {'bpw':>6} {'PPL':>9} {'mean KL':>9}\n" + "-" * 72, flush=True)
     tag = f"{name}-{pathlib.Path(text_f).stem}-{ctx}-{a.chunks}"
     ctag = f"{name}-{pathlib.Path(calib_f).stem}-{ctx}-{a.calib_chunks}"
     imf = w / f"{ctag}.imatrix.gguf"
@@ -131,34 +147,49 @@ def run_model(a, name):
         if not imf.exists():
             oracle.llama_imatrix(f32, calib_f, ctx, a.calib_chunks, imf)
     q4_0 = None
+    budget = {}
     for label, qtype, with_im in LLAMA:
+        if a.no_llama and label not in ("Q4_0", "Q4_K_M"):
+            continue  # only the files the orkpy rows need (the allocation, the target size)
         dst = w / (f"{ctag}.{qtype}-im.gguf" if with_im else f"{name}.{qtype}.gguf")
         if not dst.exists():
             oracle.llama_quantize(f32, dst, qtype, imatrix=imf if with_im else None)
         if label == "Q4_0":
             q4_0 = dst
+        budget[label] = am.linear_bytes(dst, names)
         if not a.no_llama:
             r = oracle.llama_kld(dst, base_kld, n_ctx=ctx)
             add("llama.cpp", label, am.linear_bytes(dst, names), r["ppl"], r["kld"])
-        elif label == "Q4_0":
-            break
-    plan = [(m, False) for m in a.methods] + ([(m, True) for m in a.rotate_methods] if a.rotate else [])
-    for method, rot in plan:
+    plan = [(m, False, g, None) for m in a.methods for g in a.groups]
+    plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
+    plan += [(m, False, 0, "Q4_K_M") for m in a.target_methods]
+    plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
+    for method, rot, group, alloc in plan:
         t0 = time.perf_counter()
         kw = dict(imatrix=im if method.endswith("+im") else None, kind="nf4",
                   method="gptq" if method.startswith("gptq") else "rtn", awq="awq" in method,
-                  calib=calib, calib_ctx=ctx, calib_chunks=a.calib_chunks, progress=False, log=lambda m: None)
+                  calib=calib, calib_ctx=ctx, calib_chunks=a.calib_chunks, progress=False, log=lambda m: None,
+                  group_size=group or None)
         if rot:
             if kw["imatrix"] is not None:
                 continue  # an imatrix must come from the rotated model; not a row of this table
             kw.update(rotate="hadamard", rotate_online=True)
+        where = q4_0
+        if alloc == "int8":
+            tm = orkpy.tier_map(q4_0)
+            where = orkpy.TierMap({n: orkpy.TierEntry("int8" if e.tier == "int4" else e.tier, e.ggml_type, e.shape)
+                                   for n, e in tm.entries.items()}, tied=tm.tied)
+        elif alloc is not None:
+            where = None
+            kw.update(target_bpw=8 * budget[alloc] / params)
         try:
-            qm = orkpy.quantize_model(f32, q4_0, **kw)
+            qm = orkpy.quantize_model(f32, where, **kw)
         except (NotImplementedError, ValueError) as e:
             print(f"# orkpy {method}{' rotated' if rot else ''}: not run: {e}", flush=True)
             continue
         nbytes = sum(pw.nbytes for pw in qm.tensors.values())
-        label = f"nf4 {method}{' +rot' if rot else ''}"
+        label = (f"int8 all" if alloc == "int8" else f"nf4 {method}" + (f" g{group}" if group else "")
+                 + (" +rot" if rot else "") + (f" target@{alloc}" if alloc and alloc != "int8" else ""))
         secs = time.perf_counter() - t0
         for mode, m in (("w4a8", qm.to_model()), ("w-only", weight_only(qm))):
             r = orkpy.perplexity(m, tokens, n_ctx=ctx, chunks=a.chunks, kld_base=ref, progress=False)
