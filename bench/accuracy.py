@@ -124,7 +124,7 @@ def run_model(a, name):
     rows = []
 
     def show(d):
-        print(f"{d['source']:9} {d["what"]:34} {d['bytes'] / 1e6:8.2f} {d['bpw']:6.3f} {d['ppl']:9.4f} "
+        print(f"{d['source']:9} {d['what']:34} {d['bytes'] / 1e6:8.2f} {d['bpw']:6.3f} {d['ppl']:9.4f} "
               f"{d['kld']:9.5f}" + ("" if d.get("seconds") is None else f"  ({d['seconds']:.0f} s)"), flush=True)
 
     def add(source, what, nbytes, p, kld, secs=None):
@@ -136,7 +136,7 @@ def run_model(a, name):
     print(f"{name}: {f32.name}, scored {os.path.basename(text_f)} ({a.chunks} x {ctx}), calibrated on "
           f"{os.path.basename(calib_f)} ({a.calib_chunks} x {ctx}); {params / 1e6:.2f}M linear parameters; "
           f"orkpy F32 PPL {ppl:.4f}", flush=True)
-    print(f"{'source':9} {"what":34} {'MB':>8} {'bpw':>6} {'PPL':>9} {'mean KL':>9}\n" + "-" * 72, flush=True)
+    print(f"{'source':9} {'what':34} {'MB':>8} {'bpw':>6} {'PPL':>9} {'mean KL':>9}\n" + "-" * 80, flush=True)
     tag = f"{name}-{pathlib.Path(text_f).stem}-{ctx}-{a.chunks}"
     ctag = f"{name}-{pathlib.Path(calib_f).stem}-{ctx}-{a.calib_chunks}"
     imf = w / f"{ctag}.imatrix.gguf"

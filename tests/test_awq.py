@@ -53,6 +53,8 @@ def test_search_never_worse_than_plain_rounding():
     m = np.sqrt(np.diag(g) / len(x))
     alpha, s, errs = awq.search_group(ws, ["nf4", "nf4"], g, m, lambda v: v)
     assert errs[alpha] == min(errs.values()) and errs[alpha] <= errs[0.0]
+    for a, e in errs.items():  # the search's per-group shortcuts change no bit of output_error's sum
+        assert e == sum(awq.output_error(w, awq.scale_of(m, a), g, "nf4") for w in ws), a
     assert alpha > 0 and errs[alpha] < 0.95 * errs[0.0]  # the outlier channels make scaling pay here (0.91x)
     np.testing.assert_allclose(s, awq.scale_of(m, alpha))
 
@@ -76,6 +78,56 @@ def test_folded_scales_keep_the_float_function(tmp_path, case):
         assert rel < REL, (case, diff, rel)
     with pytest.raises(ValueError, match="including 0"):
         awq.awq_scales(src, calib, "nf4", n_ctx=64, chunks=1, alphas=(0.5, 1.0), progress=False)
+
+
+def test_one_pass_collects_every_layer_and_gives_the_same_scales(tmp_path, monkeypatch):
+    """awq_scales collects the Gram matrices of as many layers as fit max_bytes in one pass of the
+    float model (not one pass per layer); the scales, alphas and errors do not depend on it."""
+    from orkpy import gptq
+    p = tmp_path / "q.gguf"
+    archgen.make("qwen3", p, n_layer=4)
+    src = open_source(p)
+    calib = archgen.tokens(256, seed=3)
+    passes = []
+    real = gptq.collect_grams
+
+    def counted(m, it, names, threads=None):
+        passes.append(list(names))
+        return real(m, it, names, threads)
+    monkeypatch.setattr(gptq, "collect_grams", counted)
+    kinds = {n: ("int8" if "ffn_down" in n else "nf4") for n in orkpy.model.linear_names(src.hp)}
+    two = 2 * 64 * 64 * 8  # two D x D matrices
+    got = {}
+    for mb in (None, 1, two):  # default 1 GiB: one pass; 1 byte: one input per pass
+        passes.clear()
+        sc, rep = awq.awq_scales(src, calib, kinds, n_ctx=64, chunks=2, progress=False,
+                                 **({} if mb is None else {"max_bytes": mb}))
+        got[mb] = sc, rep, list(passes)
+    inputs = [inp for _, _, inp in awq.groups(src.hp)]  # attn_q, ffn_gate, attn_output, ffn_down per layer
+    assert got[None][2] == [inputs] and got[1][2] == [[n] for n in inputs]
+    # K of q, gate, output 64 (32 KiB each), of down 96 (72 KiB): q + gate, output, down per layer
+    assert got[two][2] == [r for i in range(0, 16, 4) for r in (inputs[i:i + 2], inputs[i + 2:i + 3], inputs[i + 3:i + 4])]
+    s0, r0, _ = got[None]
+    for mb in (1, two):
+        s1, r1, _ = got[mb]
+        assert list(s1) == list(s0) and r1 == r0  # the same alphas and errors, exactly
+        for k in s0:
+            np.testing.assert_array_equal(s1[k], s0[k])
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 0"):
+        awq.awq_scales(src, calib, kinds, n_ctx=64, chunks=2, progress=False, max_bytes=-1)
+
+
+def test_gram_batches_share_inputs_and_keep_order():
+    from orkpy.gptq import gram_batches
+    K = {"blk.0.attn_q.weight": 4, "blk.0.attn_k.weight": 4, "blk.0.attn_v.weight": 4, "blk.0.attn_output.weight": 4,
+         "blk.0.ffn_gate.weight": 4, "blk.0.ffn_up.weight": 4, "blk.0.ffn_down.weight": 8}
+    names = list(K)
+    assert gram_batches(names, K.__getitem__) == [names]
+    # q/k/v and gate/up share one 128-byte matrix; ffn_down's 512 bytes exceed the budget: alone
+    assert gram_batches(names, K.__getitem__, 256) == [names[:4], names[4:6], names[6:]]
+    assert gram_batches(names, K.__getitem__, 0) == [names[:3], names[3:4], names[4:6], names[6:]]
+    with pytest.raises(ValueError, match="max_bytes"):
+        gram_batches(names, K.__getitem__, 1.5)
 
 
 @pytest.fixture(scope="module")
