@@ -4,7 +4,7 @@ allows at a given DRAM bandwidth (a roofline ESTIMATE, not a measurement: no
 board here), next to RKLLM's published RK3588 figures, and the host cost of
 planning + emitting the register commands of one token.
 
-    python bench/npu_plan.py [--gguf PATH] [--repeat 50] [--bandwidth 33.8 25 20]
+    python bench/npu_plan.py [--gguf PATH] [--repeat 50] [--bandwidth 33.8 25 20] [--groups 128 32]
 
 Bytes per matmul = weights (w_bytes) + packed input (in_bytes) + int32 output
 (out_bytes) + register commands (cmd_bytes), from orkpy.npu.plan(). Only the
@@ -13,6 +13,13 @@ not. Dimensions come from --gguf (default: the shared Qwen3 skeleton); a file
 that names itself a skeleton is width-scaled, so only its layout (block count,
 head_dim, tied output) is taken from it and the widths are Qwen3-1.7B's
 published ones (hidden 2048, ffn 6144, 16/8 heads, vocab 151936).
+
+Group-wise scales (--groups; csrc/ork/pack.h "Group-wise scales"): each matmul planned with K split
+on group boundaries (plan(max_k=group)): one task per (m, n, k) tile, each K tile writing its own
+int32 output block, which the host scales by its group's scales and adds (what ork_matmul_q8_grouped
+computes). The table prints, for decode (M = 1) and a 512-token prefill, the extra int32 output
+traffic against per-channel scales, the tasks, the host's float work, and the bandwidth-bound
+ESTIMATE per token.
 
 Planner timing: plan() + plan_commands() for every matmul of one token (each
 Device.matmul re-plans and re-emits in C), best of --repeat, against a
@@ -83,11 +90,59 @@ def shapes(d):
             ("lm_head" + (" (tied)" if d["tied"] else ""), h, d["vocab"], 1)]
 
 
+def grouped_plan(sh, groups, bw, prefill=512):
+    """The grouped-scale plan table (module doc); returns {(group, M): totals} for tests."""
+    out = {}
+    if not groups:
+        return out
+    print(f"Group-wise scales on the NPU: K split on group boundaries, one int32 block per K tile, combined on the "
+          f"host (ESTIMATE at {bw:g} GB/s + 0.218 ms per submit; no board here)")
+    hdr = (f"  {'phase':<16}{'group':>6}{'tasks':>8}{'weights MB':>12}{'out MB':>10}{'extra out':>11}"
+           f"{'host MFLOP':>12}{'ms/token':>10}{'x per-ch':>10}")
+    # the host's combine rate, measured here: y += (float(acc) * a) * s over a (512, 2048) block
+    acc = np.ones((512, 2048), np.int32)
+    sc, y = np.full(2048, 1e-3, np.float32), np.zeros((512, 2048), np.float32)
+    t = best_time(lambda: np.add(y, (acc.astype(np.float32) * np.float32(0.5)) * sc, out=y), 5)
+    rate = 3 * acc.size / t
+    print(f"  host combine rate measured on this host ({os.uname().machine}, NumPy): {rate / 1e9:.2f} GFLOP/s; "
+          f"'host ms' uses it (the RK3588's A76 cores will differ)")
+    hdr = hdr + f"{'host ms':>9}"
+    print(hdr)
+    print("  " + "-" * (len(hdr) - 2))
+    for M, phase in ((1, "decode"), (prefill, f"prefill {prefill}")):
+        base = None
+        for g in [0] + list(groups):
+            tot = dict.fromkeys(BYTES, 0)
+            tasks = calls = flops = 0
+            for _, K, N, cnt in sh:
+                p = npu.plan(M, K, N, max_k=g) if g else npu.plan(M, K, N)
+                for k in BYTES:
+                    tot[k] += p[k] * cnt
+                tasks += p["n_tasks"] * cnt
+                calls += cnt
+                G = p["nk"] if g else 1
+                flops += 3 * G * M * N * cnt  # per output: G x (two multiplies + one add), the host's combine
+            total = sum(tot.values())
+            secs = (total / (bw * 1e9) + calls * SUBMIT_S) / M
+            if base is None:
+                base = (tot["out_bytes"], secs)
+            out[(g, M)] = dict(tot, tasks=tasks, flops=flops, ms_per_token=secs * 1e3,
+                               host_ms_per_token=flops / M / rate * 1e3)
+            print(f"  {phase:<16}{g or 'chan':>6}{tasks:>8}{tot['w_bytes'] / 1e6:>12.1f}{tot['out_bytes'] / 1e6:>10.1f}"
+                  f"{(tot['out_bytes'] - base[0]) / 1e6:>10.1f}M{flops / M / 1e6:>12.1f}{secs * 1e3:>10.3f}"
+                  f"{secs / base[1]:>10.2f}{flops / M / rate * 1e3:>9.3f}")
+    print("  (out MB: int32 partial sums the NPU writes and the host reads, per call summed over the token's calls;"
+          " host MFLOP per token; x per-ch: the estimate against one scale per output channel)")
+    print()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=DEFAULT_GGUF, help="Qwen3 GGUF to read dimensions from")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--bandwidth", type=float, nargs="+", default=[33.8, 25.0, 20.0], help="GB/s")
+    ap.add_argument("--groups", type=int, nargs="*", default=[128, 32], help="group sizes of the grouped plan")
     args = ap.parse_args()
     t_start = time.perf_counter()
 
@@ -150,6 +205,8 @@ def main():
     print("  (other models, so no ratio is taken; docs/npu.md derives >= 25.8 GB/s effective weight "
           "streaming from the Qwen2.5 1.5B figure: compare with the 25 GB/s row)")
     print()
+
+    grouped_plan(sh, args.groups, bw0)
 
     # ---- planner + command emission, one token's matmuls, against a host copy of one layer's weights
     def plan_all():

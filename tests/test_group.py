@@ -230,3 +230,20 @@ def test_quantize_model_group_size_saves_runs_and_lowers_kl(shared, tmp_path):
         mg.set_ffn(0, {"mode": "fused"})
     with pytest.raises(ValueError, match="group-wise scales"):
         orkpy.npu.use_npu(mg, "emu")
+
+
+def test_npu_plan_prints_the_grouped_cost(capsys):
+    """bench/npu_plan.py's grouped table: K split on group boundaries writes one int32 block per
+    group, so the decode output traffic is sum(ceil(K / g) * N * 4) over the token's matmuls."""
+    from conftest import load_bench
+    plan = load_bench("npu_plan")
+    sh = plan.shapes(plan.QWEN3_1_7B)
+    out = plan.grouped_plan(sh, [128, 32], 33.8, prefill=64)
+    text = capsys.readouterr().out
+    assert "Group-wise scales on the NPU" in text and "prefill 64" in text
+    for g in (128, 32):
+        want = sum(-(-K // g) * N * 4 * cnt for _, K, N, cnt in sh)
+        assert out[(g, 1)]["out_bytes"] == want
+        assert out[(g, 1)]["w_bytes"] == out[(0, 1)]["w_bytes"]  # the same int8 weights stream
+        assert out[(g, 64)]["out_bytes"] > out[(g, 1)]["out_bytes"] * 32
+    assert out[(32, 1)]["ms_per_token"] > out[(128, 1)]["ms_per_token"] > out[(0, 1)]["ms_per_token"]
