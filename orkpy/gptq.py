@@ -81,15 +81,16 @@ def _pack_nibbles(codes: NDArray[np.uint8]) -> NDArray[np.uint8]:
 
 def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float = DEFAULT_DAMP,
                   block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0,
-                  group_size: Optional[int] = None) -> QuantizedTensor:
+                  group_size: Optional[int] = None, static_groups: bool = False) -> QuantizedTensor:
     """Quantize a float ``(N, K)`` weight per channel (``kind`` int8, nf4 or int4) with GPTQ's error
     compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc). ``where`` names the
     weight in errors. 4-bit kinds: each row's scale is the one :func:`orkpy.quantize` picks with the
     importance ``diag(gram) / rows`` (its imatrix clip search; ``rows`` = the Gram matrix's input
     rows, 0 = no imatrix, plain absmax), then every column goes to the nearest level of the kind's
     codebook times that scale, with the same error feedback as int8. ``group_size``: group-wise
-    scales (:func:`orkpy.quantize`'s), chosen up front from ``w`` (static groups); each column is
-    rounded with its group's scale."""
+    scales (:func:`orkpy.quantize`'s); each group's scale is chosen when the loop reaches its first
+    column, from the columns as the error feedback has left them (``static_groups=True``: all
+    chosen up front from ``w``), and each column is rounded with its group's scale."""
     if kind not in ("int8", "nf4", "int4"):
         raise ValueError(f"{where}: GPTQ is implemented for kinds 'int8', 'nf4' and 'int4', got {kind!r}")
     if not (isinstance(damp, (int, float)) and not isinstance(damp, bool) and np.isfinite(damp) and damp >= 0):
@@ -130,6 +131,7 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     except np.linalg.LinAlgError:
         raise ValueError(f"{where}: the Gram matrix plus damping is not positive definite (raise damp, now {damp})") \
             from None
+    im_any = im if (im is not None and np.any(im > 0)) else None
     W = w32.astype(np.float64)
     Q = np.empty((N, K), np.float32)
     C = np.empty((N, K), np.uint8) if four else None
@@ -141,6 +143,16 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
         for i in range(i2 - i1):
             k = i1 + i
             gi = k // gs
+            if k % gs == 0 and k > 0 and not static_groups:  # this group's scale, from the updated columns
+                seg = np.ascontiguousarray(W[:, k:k + gs], dtype=np.float32)  # up to date: gs divides block or
+                sq = quantize(seg, kind, imatrix=None if im_any is None else im_any[k:k + gs])  # starts one
+                s[:, gi] = sq.scales
+                live[:, gi] = sq.scales > 0
+                amax_g = np.abs(seg).max(axis=1)
+                inv[:, gi] = np.where(live[:, gi], np.float32(127) / np.where(live[:, gi], amax_g, 1), 0)
+                s64[:, gi] = sq.scales
+                if C is not None:
+                    inv_s[:, gi] = np.where(live[:, gi], 1.0 / np.where(live[:, gi], s64[:, gi], 1), 0)
             if C is not None:
                 idx = np.where(live[:, gi], code_of[_nearest_level(W1[:, i] * inv_s[:, gi], mids)], zero)
                 C[:, k] = idx
@@ -155,13 +167,14 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
             err[:, i] = e
         if i2 < K:
             W[:, i2:] -= err @ u[i1:i2, i2:]
+    scales = np.ascontiguousarray(s.reshape(plain.scales.shape), dtype=np.float32)
     if C is not None:
         if K % 2:
             C = np.concatenate([C, np.full((N, 1), zero, np.uint8)], axis=1)
-        return QuantizedTensor(kind=kind, shape=(N, K), codes=_pack_nibbles(C), scales=plain.scales, lut=plain.lut,
+        return QuantizedTensor(kind=kind, shape=(N, K), codes=_pack_nibbles(C), scales=scales, lut=plain.lut,
                                group=plain.group)
     codes = np.ascontiguousarray(Q.astype(np.int8))
-    return QuantizedTensor(kind="int8", shape=(N, K), codes=codes, scales=plain.scales, lut=None, group=plain.group)
+    return QuantizedTensor(kind="int8", shape=(N, K), codes=codes, scales=scales, lut=None, group=plain.group)
 
 
 def _gram_owner(name: str) -> str:
