@@ -503,6 +503,8 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
     Smoothing calibrates its scales on ``calib`` (a text or token ids; ``calib_chunks`` chunks
     of ``calib_ctx`` tokens) with the rotated model run in float32; the calibration is
     recorded in the source's ``info()``."""
+    if rotate_placement is not None and rotate is None:
+        raise ValueError(f"rotate_placement={rotate_placement!r} places a rotation: it needs rotate= (e.g. 'hadamard')")
     if rotate is None and smooth is None and not rotate_online:
         return src
     rotated = rotate_source(src, rotate, rotate_seed, online=rotate_online, placement=rotate_placement)

@@ -334,3 +334,9 @@ def test_smollm2_rotation(shared, tmp_path):
     print(f"SmolLM2 w8a8 per-token mean KL vs F32 (PPL {base.ppl:.3f}, 2 chunks of 512): "
           f"unrotated {kl[None]:.5f}, rotated {kl['hadamard']:.5f}")
     assert kl["hadamard"] < 0.5 * kl[None]
+
+
+def test_rotate_placement_without_rotate_is_an_error(shared):
+    import orkpy
+    with pytest.raises(ValueError, match="needs rotate="):
+        orkpy.load_model(shared / "models/stories260K/stories260K-F32.gguf", rotate_placement="online")
