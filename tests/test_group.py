@@ -196,6 +196,7 @@ def test_tier_strings_with_a_group():
 STORIES = "models/stories260K/stories260K-F32.gguf"
 
 
+@pytest.mark.gate
 def test_quantize_model_group_size_saves_runs_and_lowers_kl(shared, tmp_path):
     """stories260K on its Q4_0 allocation: group_size=32 packs every quantized linear with
     group-wise scales, the saved model reloads bit-identically, NPU and fused-chain paths refuse it
