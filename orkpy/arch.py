@@ -169,6 +169,11 @@ def swa_layers(n_layer: int, pattern: Any) -> List[int]:
     return [i for i in range(n_layer) if p == 0 or i % p < p - 1]
 
 
+# an orkpy model directory's float.gguf without token_embd.weight (its tied embedding table is read from the packed
+# head, quantize_model(tied_lookup="packed")) records the vocabulary size under this key
+PACKED_LOOKUP_KEY = "orkpy.packed_lookup.n_vocab"
+
+
 def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where: str) -> Dict[str, Any]:
     """The forward pass's hyper-parameters from a GGUF's metadata ``md`` and tensor shapes
     (``where`` names the file in errors): ValueError for an unsupported architecture, a missing
@@ -209,13 +214,17 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
     else:
         raise NotImplementedError(f"{where}: RoPE scaling type {scaling!r} is not implemented (none, linear, longrope)")
 
-    if EMBEDDING not in shapes:
+    if EMBEDDING in shapes:
+        n_vocab = int(shapes[EMBEDDING][0])
+    elif isinstance(md.get(PACKED_LOOKUP_KEY), int) and md[PACKED_LOOKUP_KEY] > 0:
+        n_vocab = int(md[PACKED_LOOKUP_KEY])  # an orkpy model directory whose tied table is stored once, packed
+    else:
         raise ValueError(f"{where}: no tensor {EMBEDDING!r}")
     hp: Dict[str, Any] = {
         "arch": name,
         "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": int(req("n_head_kv", n_head)), "head_dim": head_dim, "n_ff": n_ff,
-        "n_vocab": int(shapes[EMBEDDING][0]), "n_rot": n_rot, "rope_type": ROPE_TYPES[a.rope],
+        "n_vocab": n_vocab, "n_rot": n_rot, "rope_type": ROPE_TYPES[a.rope],
         "rope_base": float(req("rope_base", 10000.0)), "rope_freq_scale": freq_scale,
         "norm_eps": float(req("norm_eps")), "n_ctx_train": n_ctx_train,
         "act": a.act,

@@ -47,7 +47,7 @@ from .packed import PackedWeight, pack
 from .quant import FOUR_BIT_KINDS, check_group, quantize
 from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
-from .tiermap import TierMap, grouped_tier, split_tier
+from .tiermap import OUTPUT, TierMap, grouped_tier, split_tier
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
@@ -142,6 +142,7 @@ class QuantizedModel:
         key = (act, act_method if act == "static" else None, k if act == "per_token_outliers" else None, act_prefix)
         if key not in self._models:
             src = self._src
+            hp = dict(src.hp, packed_lookup=True) if self.settings.get("tied_lookup") == "packed" else src.hp
             linears: Dict[str, LinearSpec] = {}
             paths: Dict[str, str] = {}
             for n in linear_names(src.hp):
@@ -152,7 +153,7 @@ class QuantizedModel:
                     linears[n], paths[n] = LinearSpec.from_packed(n, pw, **how), pw.kind
                 else:
                     linears[n], paths[n] = LinearSpec.f32(n, src.linear(n)), "gguf"
-            self._models[key] = Model(self.source, src.hp, linears, src.tensor, src.meta, src.tied, paths)
+            self._models[key] = Model(self.source, hp, linears, src.tensor, src.meta, src.tied, paths)
         return self._models[key]
 
     def save(self, path: StrPath, overwrite: bool = False) -> str:
@@ -184,7 +185,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                    act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False,
                    group_size: Optional[int] = None, target_bpw: Optional[float] = None,
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
-                   target_ctx: int = 256) -> QuantizedModel:
+                   target_ctx: int = 256, tied_lookup: str = "float") -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -216,7 +217,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     chunks of ``target_ctx`` tokens of ``calib``, on the transformed source) so that the packed
     linears take at most that many bits per weight at the least estimated KL; the chosen map is
     ``QuantizedModel.alloc_map`` (``.save(path)`` writes the emit-map) and the estimates
-    ``QuantizedModel.alloc_report``."""
+    ``QuantizedModel.alloc_report``. ``tied_lookup``: for a tied model whose head is packed,
+    ``"float"`` (the default) keeps the embedding table in float for the token lookup (stored twice:
+    float and packed); ``"packed"`` reads the lookup rows from the packed head (dequantized), so the
+    table is stored once and the lookup sees the same quantized rows as the head (llama.cpp's
+    tied files do the same)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -233,6 +238,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
         raise ValueError("awq=True and smooth= fold scales into the same places: choose one")
     if gptq and sr:
         raise ValueError("method='gptq' and sr=True exclude each other: GPTQ chooses every int8 code itself")
+    if tied_lookup not in ("float", "packed"):
+        raise ValueError(f"tied_lookup must be 'float' or 'packed', got {tied_lookup!r}")
     if not (imatrix is None or isinstance(imatrix, Imatrix)):
         imatrix = Imatrix.load(imatrix)
     group_size = check_group(group_size) or None
@@ -345,6 +352,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             f"{calib_ctx} tokens")
     if target_bpw is not None:
         settings["target_bpw"] = float(target_bpw)
+    if tied_lookup == "packed" and src.tied and OUTPUT in tensors:  # only then: otherwise nothing changes
+        settings["tied_lookup"] = "packed"
     qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src, act_calib)
     qm.alloc_map = tm
     qm.alloc_report = alloc_report

@@ -438,6 +438,7 @@ def _cmd_quantize(args):
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
                         awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
+                        tied_lookup=args.tied_lookup,
                         **_transform_kwargs(args, calib))
     out = qm.save(args.output, overwrite=args.overwrite)
     if args.emit_map and qm.alloc_map is not None:
@@ -704,6 +705,9 @@ def build_parser():
     s.add_argument("--target-bpw", type=float, default=None, metavar="X",
                    help="choose the tiers (int4, int4-g128/64/32, int8) for X bits per linear weight from "
                         "sensitivities measured on --calib, instead of --alloc (default: off)")
+    s.add_argument("--tied-lookup", choices=("float", "packed"), default="float",
+                   help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
+                        "packed head's rows (stored once) (default: float)")
     s.add_argument("--emit-map", default=None, metavar="FILE",
                    help="write the allocation used (with --target-bpw: the one chosen) as an emit-map file "
                         "(default: not written)")

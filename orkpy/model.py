@@ -230,7 +230,7 @@ def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]
     :func:`linear_names`. What each block holds comes from the architecture table."""
     a = _arch.get(hp["arch"])
     biases = set(hp.get("biases", ()))
-    emb = float_of(EMBEDDING)
+    emb = None if hp.get("packed_lookup") else float_of(EMBEDDING)  # None: the lookup reads the head's rows
     layers = []
     down_rot = down_rot_block(int(hp["n_ff"])) if hp.get("ffn_down_rot") else None
     norm_rot = (down_rot_block(int(hp["n_embd"]), "n_embd", "the online block-input rotation")
@@ -615,6 +615,8 @@ def load_quantized(path: StrPath, act: str = "per_token", act_calib: Union[ActCa
         hp = dict(hp, ffn_down_rot=True)
     if isinstance(transform, dict) and transform.get("rotate") and transform.get("placement") == "online":
         hp = dict(hp, norm_rot=True)  # the input linears expect the block inputs rotated online
+    if d.manifest["settings"].get("tied_lookup") == "packed":
+        hp = dict(hp, packed_lookup=True)  # the embedding rows are the packed head's
     names = linear_names(src.hp)
     missing = [n for n in names if n not in d.entries]
     if missing:

@@ -29,7 +29,9 @@ from ._mapped import check as check_maps
 from ._mapped import maps_of
 from ._typing import StrPath
 from .packed import PackedWeight, load_packed, save_packed
+from .arch import PACKED_LOOKUP_KEY
 from .source import Source
+from .tiermap import EMBEDDING
 
 MANIFEST = "manifest.json"
 FORMAT = "orkpy-quantized-model"
@@ -85,6 +87,11 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
                              "sha256": sha256_file(os.path.join(tmp, fn))}
         names = src.float_names()
         names += [t for t in dict.fromkeys(float_linears.values()) if t not in names]
+        meta = metadata_triples(src.meta)
+        if record.get("settings", {}).get("tied_lookup") == "packed":  # the table is the packed head's rows
+            names = [t for t in names if t != EMBEDDING]
+            meta = [m for m in meta if m[0] != PACKED_LOOKUP_KEY] + [
+                (PACKED_LOOKUP_KEY, "UINT32", int(src.shapes()[EMBEDDING][0]))]
         floats, read = [], []
         for name in names:
             a = src.tensor(name)
@@ -93,7 +100,7 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
         for name, tensor in float_linears.items():
             entries[name] = {"tier": "float", "kind": "float", "tensor": tensor,
                              "shape": list(src.shapes()[tensor])}
-        write_gguf(os.path.join(tmp, FLOAT_FILE), metadata_triples(src.meta), floats)
+        write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats)
         check_maps(maps_of(*read))  # no float.gguf from a source that changed while it was read
         manifest = {"format": FORMAT, "version": VERSION, **record,
                     "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},

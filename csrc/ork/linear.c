@@ -233,6 +233,18 @@ static ork_status linear_product(const ork_linear *l, const float *x, size_t M, 
     return linear_packed(l, x, M, y, nthreads, err);
 }
 
+void ork_linear_row(const ork_linear *l, size_t n, float *out) {
+    if (l->path == ORK_LIN_F32) {
+        memcpy(out, l->w + n * l->K, l->K * sizeof(float));
+        return;
+    }
+    const size_t G = l->group ? ork_group_count(l->K, l->group) : 1;
+    for (size_t k = 0; k < l->K; k++) {
+        float s = l->bscale[n * G + (l->group ? k / l->group : 0)];
+        out[k] = (float)ork_pack_value(l->kind, l->store, l->K, n, k) * s;
+    }
+}
+
 ork_status ork_linear_apply(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
     ork_status st = linear_product(l, x, M, y, nthreads, err);
     if (st == ORK_OK && l->bias)

@@ -143,6 +143,11 @@ static inline float ork_dot8(const float *a, const float *b, size_t n) {
     return s;
 }
 
+/* row n of the linear's weight as float32 (K values): the F32 row, or the packed row dequantized,
+ * out[k] = (float)ork_pack_value(n, k) * bscale[n] (group-wise: the scale of k's group) -- a tied
+ * model's embedding lookup from its packed head. n < N. */
+void ork_linear_row(const ork_linear *l, size_t n, float *out);
+
 /* y (M, N) float32 = x (M, K) W^T on the linear's path (see above), then
  * y[m][n] += bias[n] when the linear has a bias (after the product, so the
  * product itself is the same with or without one). */

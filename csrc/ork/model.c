@@ -91,7 +91,7 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
         return ork_err_set(err, ORK_EINVAL, "n_head %zu is not a multiple of n_head_kv %zu", m->n_head, m->n_head_kv);
     if (m->n_rot > m->head_dim || (m->n_rot & 1))
         return ork_err_set(err, ORK_EINVAL, "rope dimension %zu must be even and <= head_dim %zu", m->n_rot, m->head_dim);
-    if (!m->tok_embd || !m->out_norm || !m->layers) return ork_err_set(err, ORK_EINVAL, "model is missing tensors");
+    if (!m->out_norm || !m->layers) return ork_err_set(err, ORK_EINVAL, "model is missing tensors");
     if (!(m->norm_eps > 0.0f) || !(m->rope_base > 0.0f) || !(m->rope_freq_scale > 0.0f) || !isfinite(m->norm_eps) ||
         !isfinite(m->rope_base) || !isfinite(m->rope_freq_scale))
         return ork_err_set(err, ORK_EINVAL, "bad norm epsilon or rope parameters");
@@ -242,7 +242,10 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for a %zu-token forward pass", T);
         goto done;
     }
-    for (size_t t = 0; t < T; t++) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
+    for (size_t t = 0; t < T; t++) {
+        if (m->tok_embd) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
+        else ork_linear_row(&m->output, (size_t)tokens[t], x + t * D);
+    }
     if (m->embd_scale > 0.0f)
         for (size_t i = 0; i < T * D; i++) x[i] *= m->embd_scale;
     const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;

@@ -7,6 +7,7 @@
  *
  * Arithmetic (float32 activations throughout):
  *   x = tok_embd[tokens]                          (* embd_scale when set: Gemma's sqrt(n_embd))
+ *                                                 (tok_embd NULL: row t of the head, ork_linear_row)
  *   per layer:  h = rmsnorm(x) * attn_norm
  *               q = h Wq^T (+ bq), k = h Wk^T (+ bk), v = h Wv^T (+ bv)   (linear paths; optional biases)
  *               q_norm / k_norm set: q, k per-head rmsnorm * q_norm / k_norm  (qwen3, gemma3)
@@ -98,7 +99,8 @@ typedef struct ork_model {
     float rope_attn_factor;       /* > 0: RoPE cos/sin multiplier; 0: 1 */
     const float *rope_freqs;      /* (n_rot/2) RoPE frequency divisors, or NULL */
     size_t n_ctx_max;             /* > 0: longest chunk the description is valid for; 0: any */
-    const float *tok_embd; /* (n_vocab, n_embd) */
+    const float *tok_embd; /* (n_vocab, n_embd); NULL: the rows of `output` (a tied head), dequantized
+                            * (ork_linear_row): a tied model stores its table once, packed */
     const float *out_norm;
     ork_linear output;
     const ork_layer *layers;

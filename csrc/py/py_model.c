@@ -381,10 +381,12 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     npy_intp ed[2];
-    if (!(m->tok_embd = keep_f32(self, emb, 2, "tok_embd", ed))) return -1;
-    if ((size_t)ed[0] != m->n_vocab || (size_t)ed[1] != m->n_embd) {
-        PyErr_SetString(PyExc_ValueError, "tok_embd shape does not match (n_vocab, n_embd)");
-        return -1;
+    if (emb != Py_None) { /* None: the lookup reads the head's rows (a tied model, model.h) */
+        if (!(m->tok_embd = keep_f32(self, emb, 2, "tok_embd", ed))) return -1;
+        if ((size_t)ed[0] != m->n_vocab || (size_t)ed[1] != m->n_embd) {
+            PyErr_SetString(PyExc_ValueError, "tok_embd shape does not match (n_vocab, n_embd)");
+            return -1;
+        }
     }
     if (!(m->out_norm = keep_f32(self, onorm, 1, "out_norm", NULL))) return -1;
     if (parse_linear(self, out, &m->output, "output") < 0) return -1;
