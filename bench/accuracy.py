@@ -20,8 +20,11 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
 
              Each method once per --groups entry: 0 = one scale per output channel, 128 / 32 =
              group-wise scales (csrc/ork/pack.h) on every packed linear.
-  orkpy      "target": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
-             (quantize_model(target_bpw=)), for each of --target-methods; "int8": every linear
+  orkpy      "target@Q4_K_M": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
+             (quantize_model(target_bpw=), options int4 / int4-g128 / g64 / g32 / int8);
+             "target@Q4_0": the same at Q4_0's bytes with group sizes <= 64 only (int4-g64 / g32 /
+             int8: the issue's grouped row at Q4_0's bytes), for each of --target-methods and
+             --target-at; "int8": every linear
              int8 per channel (the all-int8 row: with the w-only row it separates what the
              int8 activations cost from what the 4-bit weights cost)
 
@@ -51,10 +54,12 @@ _spec.loader.exec_module(am)  # shares its model / text / reference helpers (and
 
 import oracle  # noqa: E402
 import orkpy  # noqa: E402
+import orkpy.alloc  # noqa: E402
 from orkpy.model import LinearSpec, Model, linear_names  # noqa: E402
 from orkpy.source import open_source  # noqa: E402
 
 METHODS = ("rtn", "rtn+im", "awq", "awq+im", "gptq", "gptq+awq")
+TARGET_OPTIONS = {"Q4_0": ("int4-g64", "int4-g32", "int8")}  # the grouped (G <= 64) row at Q4_0's bytes
 LLAMA = (("Q8_0", "Q8_0", False), ("Q4_0", "Q4_0", False), ("IQ4_NL", "IQ4_NL", False),
          ("IQ4_NL+im", "IQ4_NL", True), ("Q4_K_M", "Q4_K_M", False), ("Q4_K_M+im", "Q4_K_M", True))
 
@@ -89,7 +94,9 @@ def main(argv=None):
     ap.add_argument("--groups", nargs="+", type=int, default=[0, 128, 32],
                     help="group sizes of the method rows (0: per output channel)")
     ap.add_argument("--target-methods", nargs="*", default=["rtn+im", "gptq"], choices=METHODS,
-                    help="methods of the target-size rows (at llama.cpp Q4_K_M's linear bytes)")
+                    help="methods of the target-size rows")
+    ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=["Q4_K_M", "Q4_0"],
+                    help="llama.cpp files whose linear bytes the target-size rows take")
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
     ap.add_argument("--swap", action="store_true", help="score the calibration text, calibrate on the scored one")
     ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows (the allocation and the target "
@@ -162,7 +169,7 @@ def run_model(a, name):
             add("llama.cpp", label, am.linear_bytes(dst, names), r["ppl"], r["kld"])
     plan = [(m, False, g, None) for m in a.methods for g in a.groups]
     plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
-    plan += [(m, False, 0, "Q4_K_M") for m in a.target_methods]
+    plan += [(m, False, 0, at) for at in a.target_at for m in a.target_methods]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
     for method, rot, group, alloc in plan:
         t0 = time.perf_counter()
@@ -181,7 +188,8 @@ def run_model(a, name):
                                    for n, e in tm.entries.items()}, tied=tm.tied)
         elif alloc is not None:
             where = None
-            kw.update(target_bpw=8 * budget[alloc] / params)
+            kw.update(target_bpw=8 * budget[alloc] / params,
+                      target_options=TARGET_OPTIONS.get(alloc, orkpy.alloc.DEFAULT_OPTIONS))
         try:
             qm = orkpy.quantize_model(f32, where, **kw)
         except (NotImplementedError, ValueError) as e:

@@ -119,14 +119,18 @@ def choose(costs: Dict[str, Dict[str, Tuple[int, float]]], budget: int) -> Dict[
     return {n: hulls[n][at[n]][2] for n in hulls}
 
 
+def names_of(src: Any) -> List[str]:
+    from .model import linear_names
+    return list(linear_names(src.hp))
+
+
 def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str] = DEFAULT_OPTIONS,
                   kind: str = "nf4", imatrix: Any = None, n_ctx: int = 256, chunks: int = 2,
                   threads: Optional[int] = None, progress: bool = True) -> Dict[str, Any]:
     """{"kl_ref": {linear: measured KL of the ref option}, "err": {linear: {tier: e}},
     "loss": {linear: {tier: estimated KL}}, "bytes": {linear: {tier: bytes}}, "ref": tier,
     "n_ctx", "chunks"} of every linear of ``src`` (module doc)."""
-    from .calibrate import collect_imatrix
-    from .model import LinearSpec, float_model, linear_names
+    from .model import LinearSpec, float_model
 
     if kind not in FOUR_BIT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)}, got {kind!r}")
@@ -139,10 +143,13 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     toks = m.tokens(calib)
     n_chunk, it = m.chunks(toks, n_ctx, chunks)
     batch = list(it)
-    if imatrix is None:
-        imatrix = collect_imatrix(m, toks, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False)
+    if imatrix is None:  # the mean squared input of every linear on the same chunks (collect_imatrix's values)
+        stats = m.collect_activation_stats(iter(batch), threads)
+        means = {n: (np.asarray(v, np.float64) / max(int(c), 1)).astype(np.float32) for n, (v, c) in stats.items()}
+    else:
+        means = {n: imatrix.values(n) for n in names_of(src) if n in imatrix}
     ref_logp = [_log_softmax(m.forward(c, threads=threads)) for c in batch]
-    names = linear_names(src.hp)
+    names = names_of(src)
     rep: Dict[str, Any] = {"kl_ref": {}, "err": {}, "loss": {}, "bytes": {}, "ref": None, "n_ctx": int(n_ctx),
                            "chunks": n_chunk}
     opts = list(options)
@@ -153,7 +160,7 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
         for n in names:
             w = src.linear(n)
             N, K = w.shape
-            im = imatrix.values(n) if (n in imatrix) else None
+            im = means.get(n)
             if im is not None and im.shape != (K,):
                 raise ValueError(f"the imatrix entry for {n!r} has {im.size} values, the weight has K = {K}")
             err = {t: weighted_error(w, t, kind, im, threads) for t in opts}
@@ -179,12 +186,11 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
 
 def bpw_budget(src: Any, target_bpw: float) -> Tuple[int, int]:
     """(bytes, weights) of the packed linears of ``src`` at ``target_bpw`` bits per weight."""
-    from .model import linear_names
     if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not math.isfinite(target_bpw) \
             or not 0 < target_bpw <= 32:
         raise ValueError(f"target_bpw must be a number of bits per weight in (0, 32], got {target_bpw!r}")
     shapes = src.shapes()
-    n_w = sum(int(np.prod(shapes[src.tensor_name(n)])) for n in linear_names(src.hp))
+    n_w = sum(int(np.prod(shapes[src.tensor_name(n)])) for n in names_of(src))
     return int(n_w * float(target_bpw) / 8), n_w
 
 
@@ -197,12 +203,10 @@ def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
     :func:`sensitivities` call (same options) skips the measurement. The map names the source's
     tensors (a tied head's entry is ``token_embd.weight``; an untied embedding table stays
     float); its ggml types are the source's."""
-    from .model import linear_names
-
     budget, n_w = bpw_budget(src, target_bpw)
     rep = report if report is not None else sensitivities(src, calib, options, kind, imatrix, n_ctx, chunks,
                                                           threads, progress)
-    names = linear_names(src.hp)
+    names = names_of(src)
     missing = [n for n in names if n not in rep["loss"]]
     if missing:
         raise ValueError(f"the sensitivity report has no entry for {missing[0]!r}: it is for another model")
