@@ -35,7 +35,8 @@ calibration inputs. For ``attn_v`` -> ``attn_output`` the KV channel's magnitude
 its query heads'. Cost: one quantization and one ``(N, K) x (K, K)`` product per linear and
 ``alpha`` (the exact objective needs both per alpha); the Gram matrices of as many layers as fit
 ``max_bytes`` (1 GiB) per pass of the float model over the calibration text, all of them in one
-pass on small models (SmolLM2-135M: 30 layers, 0.8 GB, 8 x 512 tokens: <BEFORE> s -> <AFTER> s).
+pass on small models (SmolLM2-135M, 8 x 512 tokens: the 30 layers' 0.8 GB in 1 pass instead of 30;
+awq_scales 687 -> 217 s of CPU time, the same scales).
 
 :func:`awq_scales` ``(src, calib, kinds, ...)`` -> ``(scales, report)``; :func:`apply_awq` returns the
 source with the scales folded in (a :class:`~orkpy.rotate.TransformedSource`; a rotated source
