@@ -88,7 +88,7 @@ def main(argv=None):
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--calib-chunks", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     ap.add_argument("--rotate", action="store_true", help="also the rows with both rotations")
     ap.add_argument("--rotate-methods", nargs="+", default=["gptq", "gptq+awq"], choices=METHODS)
     ap.add_argument("--groups", nargs="+", type=int, default=[0, 128, 32],
