@@ -98,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=["Q4_K_M", "Q4_0"],
                     help="llama.cpp files whose linear bytes the target-size rows take")
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
+    ap.add_argument("--target-rotate", action="store_true",
+                    help="the target-size rows on the rotated source (hadamard + online before ffn_down)")
     ap.add_argument("--swap", action="store_true", help="score the calibration text, calibrate on the scored one")
     ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp rows (the allocation and the target "
                     "size still need llama.cpp's Q4_0 and Q4_K_M files: made with llama-quantize, not scored)")
@@ -169,7 +171,7 @@ def run_model(a, name):
             add("llama.cpp", label, am.linear_bytes(dst, names), r["ppl"], r["kld"])
     plan = [(m, False, g, None) for m in a.methods for g in a.groups]
     plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
-    plan += [(m, False, 0, at) for at in a.target_at for m in a.target_methods]
+    plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
     for method, rot, group, alloc in plan:
         t0 = time.perf_counter()
