@@ -60,13 +60,23 @@ def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np
     return tot / max(n, 1)
 
 
+def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
+                 threads: Optional[int] = None) -> NDArray[np.float32]:
+    """``w`` quantized at ``tier`` (int4 tiers as ``kind``) and dequantized."""
+    base, g = split_tier(tier)
+    q = quantize(w, "int8" if base == "int8" else kind, imatrix=im, threads=threads, group_size=g or None)
+    return q.dequantize(threads)
+
+
+def _error_of(w: NDArray[Any], deq: NDArray[np.float32], im: Optional[NDArray[np.float32]]) -> float:
+    d2 = ((deq.astype(np.float64) - np.asarray(w, np.float64)) ** 2).sum(axis=0)
+    return float(d2 @ (np.ones_like(d2) if im is None else np.asarray(im, np.float64)))
+
+
 def weighted_error(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
                    threads: Optional[int] = None) -> float:
     """``sum_k im[k] * sum_n (w - dequant)^2`` of ``w`` quantized at ``tier`` (``im`` None: 1)."""
-    base, g = split_tier(tier)
-    q = quantize(w, "int8" if base == "int8" else kind, imatrix=im, threads=threads, group_size=g or None)
-    d2 = ((q.dequantize(threads).astype(np.float64) - np.asarray(w, np.float64)) ** 2).sum(axis=0)
-    return float(d2 @ (np.ones_like(d2) if im is None else np.asarray(im, np.float64)))
+    return _error_of(w, _dequantized(w, tier, kind, im, threads), im)
 
 
 def _hull(points: List[Tuple[int, float, str]]) -> List[Tuple[int, float, str]]:
@@ -163,10 +173,13 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
             im = means.get(n)
             if im is not None and im.shape != (K,):
                 raise ValueError(f"the imatrix entry for {n!r} has {im.size} values, the weight has K = {K}")
-            err = {t: weighted_error(w, t, kind, im, threads) for t in opts}
-            base, g = split_tier(ref)
-            q = quantize(w, "int8" if base == "int8" else kind, imatrix=im, threads=threads, group_size=g or None)
-            old = m.swap_linear(n, LinearSpec.f32(n, q.dequantize(threads)))
+            err = {}
+            for t in opts:  # each option quantized once: its error, and the ref option's weight for the KL
+                deq = _dequantized(w, t, kind, im, threads)
+                err[t] = _error_of(w, deq, im)
+                if t == ref:
+                    ref_w = deq
+            old = m.swap_linear(n, LinearSpec.f32(n, ref_w))
             try:
                 kl = mean_kl(ref_logp, [m.forward(c, threads=threads) for c in batch])
             finally:
