@@ -13,7 +13,9 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
   orkpy      the allocation of llama.cpp's Q4_0 file made above (the tier map: its Q4_0 tensors
              4-bit, the rest int8), NF4 per output channel, for each method: rtn, rtn+im (orkpy's
              imatrix of the calibration text), awq, awq+im, gptq, gptq+awq (orkpy.awq, orkpy.gptq,
-             both calibrated on the calibration text); --rotate adds the rows with both rotations
+             both calibrated on the calibration text; --gptq-sequential: each gptq row again as
+             "gptq+seq", its Gram matrices layer by layer on the quantized layers before, as
+             quantize_model(gptq_sequential=True)); --rotate adds the rows with both rotations
              (hadamard + online before ffn_down) for the methods in --rotate-methods. Each row twice:
              "w4a8" (the packed int8 path, per-token int8 activations) and "w-only" (the same
              weights dequantized, float activations: what the weights alone cost)
@@ -34,7 +36,7 @@ and calibrates on the scored one (SmolLM2 / Gemma-3: TinyStories B scored, wikit
 
     python bench/accuracy.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
                              [--ctx 512] [--methods rtn rtn+im awq awq+im gptq gptq+awq]
-                             [--groups 0 128 32] [--target-methods rtn+im gptq] [--no-int8]
+                             [--groups 0 128 32] [--target-methods rtn+im gptq] [--no-int8] [--gptq-sequential]
                              [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--swap]
                              [--work DIR] [--json-out FILE_WITH_{model}]
 """
@@ -98,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=["Q4_K_M", "Q4_0"],
                     help="llama.cpp files whose linear bytes the target-size rows take")
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
+    ap.add_argument("--gptq-sequential", action="store_true",
+                    help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
     ap.add_argument("--target-rotate", action="store_true",
                     help="the target-size rows on the rotated source (hadamard + online before ffn_down)")
     ap.add_argument("--swap", action="store_true", help="score the calibration text, calibrate on the scored one")
@@ -173,12 +177,14 @@ def run_model(a, name):
     plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
     plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
+    if a.gptq_sequential:
+        plan = [r for p in plan for r in ([p, (p[0] + "+seq",) + p[1:]] if p[0].startswith("gptq") else [p])]
     for method, rot, group, alloc in plan:
         t0 = time.perf_counter()
         kw = dict(imatrix=im if method.endswith("+im") else None, kind="nf4",
                   method="gptq" if method.startswith("gptq") else "rtn", awq="awq" in method,
                   calib=calib, calib_ctx=ctx, calib_chunks=a.calib_chunks, progress=False, log=lambda m: None,
-                  group_size=group or None)
+                  group_size=group or None, gptq_sequential="+seq" in method)
         if rot:
             if kw["imatrix"] is not None:
                 continue  # an imatrix must come from the rotated model; not a row of this table

@@ -185,7 +185,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                    act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False,
                    group_size: Optional[int] = None, target_bpw: Optional[float] = None,
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
-                   target_ctx: int = 256, tied_lookup: str = "float") -> QuantizedModel:
+                   target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -205,13 +205,15 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     (:func:`orkpy.gptq.gptq_linears`: error compensation on the linear's input Gram matrix on
     ``calib``, collected by the transformed source in float32) instead of plain rounding; the int8
     tier keeps absmax scales, the 4-bit tier's scales come from the imatrix clip search with the
-    Gram matrix's diagonal as the importance (``imatrix`` is then not used). ``awq`` (with
+    Gram matrix's diagonal as the importance (``imatrix`` is then not used); ``gptq_sequential``:
+    the Gram matrices layer by layer on the layers before as already quantized
+    (``gptq_linears(..., sequential=True)``; recorded in the settings). ``awq`` (with
     ``calib``): AWQ-style per-input-channel scales searched on ``calib`` and folded into the
     norms / producing linears before rounding (:mod:`orkpy.awq`; after a rotation, not with
     ``smooth``); an ``imatrix`` is rescaled to the scaled inputs (``/ s^2``). ``group_size`` (a
     multiple of 32): group-wise scales, one per ``group_size`` inputs of a row, for every packed
     linear whose tier does not name its own (an allocation's ``"int4-g32"`` tier wins; csrc/ork/pack.h;
-    saved as O4N1/O8N1 version 2). ``target_bpw`` (with ``calib``; ``alloc`` must then be None):
+    float16 scales, saved as O4N1/O8N1 version 3). ``target_bpw`` (with ``calib``; ``alloc`` must then be None):
     the tiers are chosen by :func:`orkpy.alloc.target_allocation` (options ``target_options``,
     default :data:`orkpy.alloc.DEFAULT_OPTIONS`; sensitivities measured on ``target_chunks``
     chunks of ``target_ctx`` tokens of ``calib``, on the transformed source) so that the packed
@@ -299,7 +301,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
         kinds = {n: k for n, k in kinds.items() if k != "gguf"}
         gsizes = {n: split_tier(tm.linear_tier(n))[1] or (group_size or 0) for n in kinds}
         gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
-                          threads=threads, progress=progress, group_size=gsizes)
+                          threads=threads, progress=progress, group_size=gsizes, sequential=bool(gptq_sequential))
     bar = progress_bar(len(names), "quantize", progress, "tensor")
     for name in names:
         tier = tm.linear_tier(name)
@@ -337,7 +339,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 "rotate_online": bool(rotate_online),
                 "smooth": None if smooth is None else float(smooth),
                 "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": int(calib_ctx),
-                         "chunks": calib_chunks} if gptq else None,
+                         "chunks": calib_chunks, **({"sequential": True} if gptq_sequential else {})}
+                if gptq else None,
                 "transform": src.info() if isinstance(src, TransformedSource) else None}
     if awq:  # only then: without it the manifest stays byte-identical to earlier releases
         settings["awq"] = True

@@ -57,8 +57,8 @@ import hashlib
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import (TYPE_CHECKING, Any, Callable, Collection, Dict, Iterable, Iterator, List, Mapping, Optional,
-                    Protocol, Sequence, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Collection, Dict, Iterable, Iterator, List, Literal, Mapping,
+                    Optional, Protocol, Sequence, Tuple, Union, overload)
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -78,6 +78,7 @@ from .source import GGUFSource, Source, is_safetensors, open_source
 from .tiermap import EMBEDDING, OUTPUT, TierMap
 
 if TYPE_CHECKING:
+    from .generate import Session
     from .npu import Device
     from .tokenizer import Tokenizer
 
@@ -305,6 +306,41 @@ class Model:
 
     def forward(self, tokens: ArrayLike, first: int = 0, threads: Optional[int] = None) -> NDArray[np.float32]:
         return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads))
+
+    # ------------------------------------------------------- generation --
+    def session(self, n_ctx: int, n_batch: int = 512) -> Session:
+        """A KV-cached decode session with ``n_ctx`` positions, prompts evaluated in steps of at
+        most ``n_batch`` tokens (:class:`orkpy.generate.Session`): ``eval(tokens)`` appends
+        tokens and returns the last one's logits."""
+        from .generate import Session, check_session_args
+        check_session_args(n_ctx, n_batch)
+        return Session(self._fwd.session(int(n_ctx), int(n_batch)))
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The GGUF's ``tokenizer.chat_template`` (None when it has none)."""
+        t = self._gguf.metadata.get("tokenizer.chat_template")
+        return t if isinstance(t, str) else None
+
+    @overload
+    def generate(self, prompt: Union[str, ArrayLike], max_tokens: int = ..., temperature: float = ...,
+                 top_k: int = ..., top_p: float = ..., seed: int = ..., stream: Literal[False] = ...,
+                 **kw: Any) -> str: ...
+
+    @overload
+    def generate(self, prompt: Union[str, ArrayLike], max_tokens: int = ..., temperature: float = ...,
+                 top_k: int = ..., top_p: float = ..., seed: int = ..., *, stream: Literal[True],
+                 **kw: Any) -> Iterator[str]: ...
+
+    def generate(self, prompt: Union[str, ArrayLike], max_tokens: int = 128, temperature: float = 0.8,
+                 top_k: int = 40, top_p: float = 0.95, seed: int = 0, stream: bool = False,
+                 **kw: Any) -> Union[str, Iterator[str]]:
+        """The continuation of ``prompt`` (a str or token ids) as a str, or with ``stream`` an
+        iterator of its text pieces as they come; ``temperature=0`` is greedy; stops at an
+        end-of-generation token. Keywords ``chat``, ``threads``, ``n_ctx``, ``n_batch``,
+        ``stats``: :func:`orkpy.generate.generate`, which documents the sampling."""
+        from .generate import generate
+        return generate(self, prompt, max_tokens, temperature, top_k, top_p, seed, stream, **kw)
 
     # ------------------------------------------------------------ texts --
     def tokens(self, text_or_tokens: Union[str, ArrayLike], add_bos: Optional[bool] = None) -> NDArray[np.int32]:

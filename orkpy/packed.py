@@ -6,7 +6,8 @@ native int8 weight layout, tiles of 32 outputs x 32 inputs
 per byte). ``PackedWeight.matmul`` quantizes activations to int8, multiplies in
 int8 with exact int32 accumulation and scales back; ``save_packed`` /
 ``load_packed`` persist the weight as 'O4N1' (4-bit) or 'O8N1' (int8), see
-docs/o4n1.md. Layout and arithmetic contract: csrc/ork/pack.h.
+docs/o4n1.md (group-wise scales are float16 values, stored as such: version 3).
+Layout and arithmetic contract: csrc/ork/pack.h.
 """
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return int(self.store.nbytes + self.bscale.nbytes)
+        """Bytes as stored: the tile store plus the scales, 4 per float32 per-channel scale and 2
+        per group-wise scale (float16 values, O4N1/O8N1 version 3; ``tiermap.packed_nbytes``)."""
+        return int(self.store.nbytes + (2 if self.group else 4) * self.bscale.size)
 
     @property
     def T(self) -> PackedWeightT:
@@ -230,16 +233,35 @@ def pack(q: QuantizedTensor) -> PackedWeight:
     return PackedWeight._trusted(q.kind, (N, K), store, bscale, group=q.group)
 
 
+def _f16_scales(bscale: NDArray[np.float32], path: StrPath) -> bytes:
+    """The float16 bytes of group-wise scales (version 3); ValueError naming the first scale that
+    is not a float16 value (nothing is rounded at save time)."""
+    s = np.ascontiguousarray(bscale, dtype=np.float32)
+    flat = s.reshape(-1)
+    h = _core.f16_from_f32(flat)
+    bad = np.flatnonzero(_core.f16_to_f32(h).view(np.uint32) != flat.view(np.uint32))
+    if bad.size:
+        n, i = divmod(int(bad[0]), s.shape[1])
+        raise ValueError(f"{os.fspath(path)}: scale[{n}, {i}] = {str(flat[bad[0]])} is not a float16 value "
+                         f"({bad.size} of {flat.size} are not); group-wise scales are stored as float16 "
+                         "(docs/o4n1.md version 3), quantize with orkpy.quantize(..., group_size=)")
+    return h.astype("<u2").tobytes()
+
+
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
-    """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically (version 2 with
-    group-wise scales, docs/o4n1.md)."""
+    """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically: version 1 with
+    per-channel float32 scales, version 3 with group-wise scales, which must be float16
+    values (ValueError naming the first that is not), docs/o4n1.md."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
     layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
     maps = pw._mapped()
     with guarded(maps):
-        scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
+        if pw.group:
+            scales = _f16_scales(pw.bscale, path)
+        else:
+            scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
         store = np.ascontiguousarray(pw.store).tobytes()
     pad = layout["store_offset"] - len(header) - len(scales)
     atomic_write(path, [header, scales, bytes(pad), store])
@@ -266,7 +288,12 @@ def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
         raise FormatError(f"{path}: {e}") from None
     _check_maps(maps)
     N, K, kind, group, G = info["N"], info["K"], info["kind"], info["group"], info["G"]
-    scales = np.frombuffer(buf, dtype="<f4", count=N * G, offset=info["scales_offset"])
+    if info["scale_bytes"] == 2:  # version 3: float16 scales, widened (exactly) to the float32 the kernels read
+        with guarded(maps):
+            h = np.frombuffer(buf, dtype="<u2", count=N * G, offset=info["scales_offset"])
+            scales = _core.f16_to_f32(np.ascontiguousarray(h, dtype=np.uint16))
+    else:
+        scales = np.frombuffer(buf, dtype="<f4", count=N * G, offset=info["scales_offset"])
     if group:
         scales = scales.reshape(N, G)
     layout = _core.packed_layout(kind, N, K, group)  # the store's shape and dtype (csrc/ork/pack.h)

@@ -96,7 +96,8 @@ class QuantizedTensor:
     byte, element ``2j`` in the low nibble and ``2j+1`` in the high nibble;
     for int8 the int8 ``(N, K)`` array itself. ``scales``: float32 ``(N,)``, or
     ``(N, G)`` with group-wise scales (``group`` > 0: ``G = ceil(K / group)``,
-    inputs ``[i*group, (i+1)*group)`` share ``scales[n, i]``).
+    inputs ``[i*group, (i+1)*group)`` share ``scales[n, i]``; float32 arrays
+    holding float16 values, which is how they are stored).
     ``lut``: the kind's int8 LUT (None for int8), so that
     ``dequant[n, k] = lut[code[n, k]] * scales[n]`` (int8: ``codes * scales``;
     grouped: ``scales[n, k // group]``).
@@ -117,8 +118,8 @@ class QuantizedTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of codes plus scales."""
-        return int(self.codes.nbytes + self.scales.nbytes)
+        """Bytes of codes plus scales as stored: 4 per per-row scale, 2 per (float16) group scale."""
+        return int(self.codes.nbytes + (2 if self.group else 4) * self.scales.size)
 
     def __repr__(self) -> str:
         g = f", group={self.group}" if self.group else ""
@@ -166,8 +167,12 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
 
     group_size: None (one scale per row) or a multiple of 32: every ``group_size``
     inputs of a row get their own scale, chosen as a row's is (absmax, or the imatrix
-    clip search over the group's columns); ``scales`` is then ``(N, G)``. A group of
-    ``K`` or more is the per-row result, byte for byte (csrc/ork/quant.h).
+    clip search over the group's columns) but as a float16 value (the nearest to
+    ``m / 127``, ties to even; the clip search and the codes use that stored scale);
+    ``scales`` is then ``(N, G)``. A group of ``K`` or more is the per-row result, byte
+    for byte. A group whose scale exceeds float16's 65504 (absmax >= ~8.3e6) is a
+    ValueError naming it; one whose scale rounds to 0 (absmax below ~3.8e-6) is a zero
+    group (csrc/ork/quant.h).
     """
     _check_kind(kind)
     if not isinstance(sr, (bool, np.bool_)):

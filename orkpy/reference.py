@@ -89,13 +89,22 @@ def _deq(codes, kind):
     return codes.astype(np.float32) if _is8(kind) else _levels(kind)[codes]
 
 
-def _scale_inv(a, r):
+def _scale_inv(a, r, f16=False):
+    """(stored scale, inverse) of m = a * r: float32 m / 127 and 127 / m per row; with
+    float16 group scales f16(m / 127) (NumPy's float16 cast: nearest, ties to even) and 1 / s,
+    0 for a scale that rounds to 0 (csrc/ork/quant.h, "float16 group scales")."""
     m = (a * np.float32(r)).astype(np.float32)
-    return (m / np.float32(127)).astype(np.float32), (np.float32(127) / m).astype(np.float32)
+    s = (m / np.float32(127)).astype(np.float32)
+    if not f16:
+        return s, (np.float32(127) / m).astype(np.float32)
+    s = s.astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s > 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
+    return s, inv
 
 
-def _werr(w, im, a, r, kind):
-    s, inv = _scale_inv(a, r)
+def _werr(w, im, a, r, kind, f16=False):
+    s, inv = _scale_inv(a, r, f16)
     y = w * inv[:, None]
     q = _deq(_nearest(y, kind), kind) * s[:, None]
     d = (w - q).astype(np.float64)
@@ -105,9 +114,8 @@ def _werr(w, im, a, r, kind):
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
-    """Return (codes, scales) exactly as orkpy.quantize stores them."""
-    w = np.ascontiguousarray(w, dtype=np.float32)
+def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
+    """Unpacked codes (N, n) and scales (N,) of the columns col0.. of every row, quantized as rows."""
     N, K = w.shape
     a = np.abs(w).max(axis=1)
     zero = ~(a >= TINY)
@@ -116,20 +124,19 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
     if imatrix is not None:
         im = np.asarray(imatrix, dtype=np.float32)
         grid = DEFAULT_CLIP_GRID if clip_grid is None else np.asarray(clip_grid, dtype=np.float32)
-        best = _werr(w, im, a_safe, np.float32(1), kind)
+        best = _werr(w, im, a_safe, np.float32(1), kind, f16)
         for g in grid:
-            e = _werr(w, im, a_safe, g, kind)
+            e = _werr(w, im, a_safe, g, kind, f16)
             better = e < best
             best = np.where(better, e, best)
             r = np.where(better, g, r).astype(np.float32)
-    m = (a_safe * r).astype(np.float32)
-    s = (m / np.float32(127)).astype(np.float32)
-    inv = (np.float32(127) / m).astype(np.float32)
+    s, inv = _scale_inv(a_safe, r, f16)
+    zero |= s == 0
     y = w * inv[:, None]
     if not sr:
         codes = _nearest(y, kind)
     else:
-        u = sr_uniform(seed, range(N), K)
+        u = sr_uniform(seed, range(N), col0 + K)[:, col0:]
         if _is8(kind):
             yc = np.clip(y, np.float32(-127), np.float32(127))
             lo = np.floor(yc)
@@ -145,23 +152,39 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None):
             codes = i + ((u < p) & (i < top))
     s = np.where(zero, np.float32(0), s).astype(np.float32)
     if _is8(kind):
-        codes = np.where(zero[:, None], 0, codes).astype(np.int8)
+        return np.where(zero[:, None], 0, codes).astype(np.int8), s
+    return np.where(zero[:, None], zero_code(kind), codes).astype(np.uint8), s
+
+
+def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, group_size=None):
+    """Return (codes, scales) exactly as orkpy.quantize stores them. ``group_size`` (below K):
+    every ``group_size`` columns of a row quantized as a row (SR hashing the global column) with
+    a float16 scale, scales (N, G)."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    N, K = w.shape
+    g = group_size if group_size and group_size < K else K
+    im = None if imatrix is None else np.asarray(imatrix, dtype=np.float32)
+    parts = [_segment(w[:, c:c + g], kind, None if im is None else im[c:c + g], sr, seed, clip_grid, c, g < K)
+             for c in range(0, K, g)]
+    codes = np.concatenate([c for c, _ in parts], axis=1)
+    s = np.stack([s for _, s in parts], axis=1) if g < K else parts[0][1]
+    if _is8(kind):
         return codes, s
-    codes = np.where(zero[:, None], zero_code(kind), codes).astype(np.uint8)
     if K % 2:
         codes = np.concatenate([codes, np.full((N, 1), zero_code(kind), np.uint8)], axis=1)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))).astype(np.uint8)
     return packed, s
 
 
-def dequantize(codes, scales, kind, K):
-    """Float32 (N, K) from stored codes and scales."""
+def dequantize(codes, scales, kind, K, group_size=None):
+    """Float32 (N, K) from stored codes and scales ((N, G) with ``group_size``)."""
+    s = np.repeat(scales, group_size, axis=1)[:, :K] if scales.ndim == 2 else scales[:, None]
     if _is8(kind):
-        return codes.astype(np.float32) * scales[:, None]
+        return codes.astype(np.float32) * s
     c = np.empty((codes.shape[0], codes.shape[1] * 2), dtype=np.uint8)
     c[:, 0::2] = codes & 15
     c[:, 1::2] = codes >> 4
-    return lut_of(kind).astype(np.float32)[c[:, :K]] * scales[:, None]
+    return lut_of(kind).astype(np.float32)[c[:, :K]] * s
 
 
 # ------------------------------------------------- the float32 linear (F32 path) --

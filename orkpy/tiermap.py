@@ -178,12 +178,13 @@ class TierEntry:
 def packed_nbytes(tier: str, N: int, K: int) -> int:
     """Storage bytes of an (N, K) weight packed for the NPU (``PackedWeight.nbytes``):
     codes in 32 x 32 tiles (N and K padded to multiples of 32; 1 byte per int8
-    code, 2 int4/nf4 codes per byte) + one float32 scale per row, or per group of
-    inputs for a grouped tier (``ceil(K / G)`` per row when ``G < K``)."""
+    code, 2 int4/nf4 codes per byte) + one float32 scale per row (4 bytes), or for a
+    grouped tier one float16 scale (2 bytes) per group of inputs (``ceil(K / G)`` per
+    row when ``G < K``; docs/o4n1.md version 3)."""
     base, g = split_tier(tier)
     Np, Kp = -(-N // 32) * 32, -(-K // 32) * 32
-    G = -(-K // g) if g and g < K else 1
-    return (Np * Kp if base == "int8" else Np * Kp // 2) + 4 * N * G
+    codes = Np * Kp if base == "int8" else Np * Kp // 2
+    return codes + (2 * N * -(-K // g) if g and g < K else 4 * N)
 
 
 class TierMap:

@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import codecs
 import heapq
 import os
 import re
@@ -120,7 +121,7 @@ from ._typing import StrPath
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["Tokenizer", "PRE_TOKENIZERS"]
+__all__ = ["Tokenizer", "TextStream", "PRE_TOKENIZERS"]
 
 # GGUF token types (llama.cpp's llama_token_type)
 TOKEN_UNDEFINED, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(7)
@@ -148,6 +149,8 @@ _FIM_TEXTS = {
 _FIM_KEYS = {"fim_pre": ("fim_pre_token_id", "prefix_token_id"), "fim_suf": ("fim_suf_token_id", "suffix_token_id"),
              "fim_mid": ("fim_mid_token_id", "middle_token_id"), "fim_pad": ("fim_pad_token_id",),
              "fim_rep": ("fim_rep_token_id",), "fim_sep": ("fim_sep_token_id",)}
+# end-of-turn / end-of-message ids a vocabulary may declare (they end generation, as EOS does)
+_EOG_KEYS = {"eot": ("eot_token_id",), "eom": ("eom_token_id",)}
 
 _SPACE = "\u2581"
 
@@ -366,8 +369,15 @@ class Tokenizer:
 
     ``special_ids`` names token ids the vocabulary declares in metadata (keys
     ``"fim_pre"`` ... ``"fim_sep"``: a declared fill-in-the-middle token keeps its
-    type); ``model_name`` is ``general.name`` (phi-3 models strip whitespace after
-    split-out tokens, as llama.cpp does).
+    type; ``"eot"``, ``"eom"``: end of turn / message); ``model_name`` is
+    ``general.name`` (phi-3 models strip whitespace after split-out tokens, as
+    llama.cpp does).
+
+    ``eog_ids`` (frozenset): the ids that end generation, as llama.cpp's
+    ``llama_vocab_is_eog``: EOS, the declared end-of-turn / end-of-message ids,
+    every token whose text llama.cpp treats as end-of-generation (``<|im_end|>``,
+    ``<end_of_turn>``, ``<|eot_id|>``, ``<|endoftext|>``, ...) and the
+    fill-in-the-middle pad / repo / separator tokens.
     """
 
     def __init__(self, *, model: str, tokens: Iterable[str], scores: Optional[ArrayLike] = None,
@@ -490,7 +500,7 @@ class Tokenizer:
             if pre is not None and not isinstance(pre, str):
                 raise ValueError(f"tokenizer.ggml.pre is not a string: {pre!r}")
             special = {}
-            for what, keys in _FIM_KEYS.items():
+            for what, keys in {**_FIM_KEYS, **_EOG_KEYS}.items():
                 for key in keys:
                     v = _meta_int(meta, f"tokenizer.ggml.{key}")
                     if v is not None:
@@ -538,11 +548,28 @@ class Tokenizer:
                     if i is not None:
                         attrs[i] |= _A_CONTROL
         self._attrs = attrs
-        phi3 = model_name is not None and ("phi-3" in model_name.lower() or "phi3" in model_name.lower())
-        split = [i for i, a in enumerate(attrs) if a & _A_USER and not a & (_A_CONTROL | _A_UNKNOWN)]
+        eog = {i for i in (vocab.get(text) for text in _CONTROL_TEXTS) if i is not None}
+        for what in ("fim_pad", "fim_rep", "fim_sep"):
+            declared = special_ids.get(what, -1)
+            if 0 <= declared < self.n_vocab:
+                eog.add(declared)
+            else:
+                eog.update(i for i in (vocab.get(text) for text in _FIM_TEXTS[what]) if i is not None)
+        for i in (self.eos_id, special_ids.get("eot"), special_ids.get("eom")):
+            if i is not None and 0 <= i < self.n_vocab:
+                eog.add(i)
+        self.eog_ids = frozenset(eog)
+        self._phi3 = model_name is not None and ("phi-3" in model_name.lower() or "phi3" in model_name.lower())
+        self._user_tokens = self._split_tokens(_A_USER, _A_CONTROL | _A_UNKNOWN)
+        self._special_tokens: Optional[List[Tuple[str, int, bool]]] = None   # parse_special's, on first use
+
+    def _split_tokens(self, want: int, skip: int) -> List[Tuple[str, int, bool]]:
+        """(text, id, rstrip) of the tokens with an attribute in ``want`` and none in ``skip``,
+        longest first, as llama.cpp's special-token cache."""
+        split = [i for i, a in enumerate(self._attrs) if a & want and not a & skip]
         split.sort(key=lambda i: (-len(_utf8(self.tokens[i])), i))
         keep = ("<unk>", "<s>", "<|endoftext|>")   # llama.cpp's phi-3 rule exempts these
-        self._user_tokens = [(self.tokens[i], i, phi3 and self.tokens[i] not in keep) for i in split]
+        return [(self.tokens[i], i, self._phi3 and self.tokens[i] not in keep) for i in split]
 
     def _init_spm(self) -> None:
         # characters c such that some token contains c + "\u2581": a cut in front of a
@@ -584,13 +611,17 @@ class Tokenizer:
         self._byte_tok = [self._vocab.get(bytes([b]).decode("utf-8", "surrogateescape")) for b in range(256)]
 
     # -- encoding -----------------------------------------------------------
-    def encode(self, text: str, add_special: bool = True) -> NDArray[np.int32]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> NDArray[np.int32]:
         """Token ids (int32 array) of ``text``, as llama.cpp's
-        ``common_tokenize(ctx, text, add_special, parse_special=false)``."""
+        ``common_tokenize(ctx, text, add_special, parse_special)``: with ``parse_special`` the
+        control tokens written in the text (``<|im_start|>``, ``<start_of_turn>``, ...) are
+        split out as their ids too (a chat prompt), not only the user-defined ones."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects str, got {type(text).__name__}")
         if not isinstance(add_special, (bool, np.bool_)):
             raise TypeError(f"add_special must be a bool, got {type(add_special).__name__}")
+        if not isinstance(parse_special, (bool, np.bool_)):
+            raise TypeError(f"parse_special must be a bool, got {type(parse_special).__name__}")
         # llama.cpp works on UTF-8; a lone surrogate has no UTF-8 form
         try:
             text.encode("utf-8")
@@ -599,7 +630,9 @@ class Tokenizer:
         out: List[int] = []
         if add_special and self.add_bos:
             out.append(cast(int, self.bos_id))  # add_bos implies a BOS id (checked in __init__)
-        fragments = self._partition(text) if text else []
+        if parse_special and self._special_tokens is None:
+            self._special_tokens = self._split_tokens(_A_USER | _A_CONTROL | _A_UNKNOWN, 0)
+        fragments = self._partition(text, self._special_tokens if parse_special else None) if text else []
         if self.model == "llama":
             prev_special = True
             for frag in fragments:
@@ -621,14 +654,15 @@ class Tokenizer:
             out.append(cast(int, self.eos_id))
         return np.array(out, dtype=np.int32)
 
-    def _partition(self, text: str) -> List[Union[str, int]]:
-        """Split user-defined tokens out of the text: a list of str and int (token id).
+    def _partition(self, text: str, split: Optional[List[Tuple[str, int, bool]]] = None) -> List[Union[str, int]]:
+        """Split user-defined tokens (or the tokens of ``split``) out of the text: a list of str and
+        int (token id).
 
         llama.cpp takes the tokens longest first, each splitting every text fragment left at
         its leftmost non-overlapping occurrences. Equivalently, over the whole text: an
         occurrence of the current token is taken iff it overlaps nothing taken before (it then
         lies inside one fragment) and starts at or after the end of the last one it took."""
-        users = [u for u in self._user_tokens if u[0] in text]
+        users = [u for u in (self._user_tokens if split is None else split) if u[0] in text]
         if not users:
             return [text] if text else []
         starts: List[int] = []                       # taken spans, sorted, disjoint
@@ -877,12 +911,14 @@ class Tokenizer:
             raise ValueError(f"token id {t} at index {k} is out of range [0, {self.n_vocab})")
         return t
 
-    def decode(self, ids: Iterable[int], special: bool = False) -> str:
+    def decode(self, ids: Iterable[int], special: bool = False, continuation: bool = False) -> str:
         """Text of token ids, as llama.cpp's ``common_detokenize(ctx, ids, special)``: control
         and unknown tokens are dropped unless ``special``; for SPM vocabularies the prefix space
         of the first token is removed (llama.cpp does so only when that first token is not
-        BOS, so ``decode(encode(s)) == " " + s`` there); BPE vocabularies with llama.cpp's
-        ``clean_spaces`` get its clean-up. Invalid UTF-8 becomes U+FFFD."""
+        BOS, so ``decode(encode(s)) == " " + s`` there) unless ``continuation`` (the ids follow
+        earlier text: a generated continuation keeps its leading space); BPE vocabularies with
+        llama.cpp's ``clean_spaces`` get its clean-up. Invalid UTF-8 becomes U+FFFD.
+        :meth:`stream` gives the same text piece by piece."""
         if isinstance(ids, (str, bytes)):
             raise TypeError(f"decode expects a sequence of token ids, got {type(ids).__name__}")
         if isinstance(ids, np.ndarray):
@@ -896,7 +932,7 @@ class Tokenizer:
         except TypeError:
             raise TypeError(f"decode expects a sequence of token ids, got {type(ids).__name__}") from None
         out = bytearray()
-        remove_space = self.add_space_prefix
+        remove_space = self.add_space_prefix and not continuation
         for k, t in enumerate(ids):
             p = self._piece(self._check_id(t, k), special)
             if remove_space and p[:1] == b" ":
@@ -907,6 +943,11 @@ class Tokenizer:
             out = _clean_spaces(out)
         return out.decode("utf-8", errors="replace")
 
+    def stream(self, special: bool = False, continuation: bool = False) -> TextStream:
+        """An incremental :meth:`decode`: ``push(id)`` returns the text that became final,
+        ``flush()`` the rest (see :class:`TextStream`)."""
+        return TextStream(self, special, continuation)
+
     def __len__(self) -> int:
         return self.n_vocab
 
@@ -914,6 +955,54 @@ class Tokenizer:
         pre = f", pre={self.pre!r}" if self.pre else ""
         return (f"Tokenizer(model={self.model!r}{pre}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
                 f"eos_id={self.eos_id}, add_bos={self.add_bos})")
+
+
+_CUT_AFTER = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqstuwxyz0123456789")
+
+
+class TextStream:
+    """The text of a growing sequence of token ids, as it becomes final (streaming output).
+
+    ``push(id)`` returns the new text, ``flush()`` what is left at the end; their
+    concatenation is ``tok.decode(ids, special, continuation)`` exactly. A piece that ends
+    inside a UTF-8 character waits for the rest of it (``codecs``' incremental decoder, the
+    same U+FFFD replacements as a one-shot decode). With llama.cpp's space clean-up (BPE
+    vocabularies marked ``clean_spaces``) the text is final only up to the last byte that is
+    an ASCII letter or digit other than ``r`` and ``v``: the clean-up only ever removes a
+    space next to a ``?!.,'`` pattern of at most four bytes, and a pattern that crosses a
+    boundary with such a byte on its left does not exist (``r``/``v`` end `` 're`` / `` 've``
+    one byte early), so cleaning the text in parts cut there equals cleaning it whole."""
+
+    def __init__(self, tok: Tokenizer, special: bool = False, continuation: bool = False) -> None:
+        self._tok, self._special = tok, bool(special)
+        self._strip = tok.add_space_prefix and not continuation   # the first piece's prefix space
+        self._clean = tok._clean_spaces
+        self._pending = bytearray()   # raw bytes not cleaned and emitted yet
+        self._n = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token_id: int) -> str:
+        p = self._tok._piece(self._tok._check_id(token_id, self._n), self._special)
+        if self._n == 0 and self._strip and p[:1] == b" ":
+            p = p[1:]
+        self._n += 1
+        self._pending += p
+        if not self._clean:
+            out, self._pending = self._pending, bytearray()
+            return self._utf8.decode(bytes(out))
+        cut = len(self._pending)
+        while cut and self._pending[cut - 1] not in _CUT_AFTER:
+            cut -= 1
+        if not cut:
+            return ""
+        done, self._pending = self._pending[:cut], self._pending[cut:]
+        return self._utf8.decode(bytes(_clean_spaces(done)))
+
+    def flush(self) -> str:
+        """The rest of the text (pushes after it continue the same text)."""
+        rest = _clean_spaces(self._pending) if self._clean and self._pending else self._pending
+        self._pending = bytearray()
+        return self._utf8.decode(bytes(rest), final=True)
 
 
 def _clean_spaces(t: bytearray) -> bytearray:

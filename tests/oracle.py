@@ -14,6 +14,10 @@ Missing pieces skip a test with the reason, except when ``ORKPY_REQUIRE_ORACLE=1
   tokenizes text (add_special, no special parsing).
 - :func:`oracle_logits` -- llama.cpp's float32 logits for chunks of tokens (KV cache
   float32, flash attention off).
+- :func:`oracle_greedy` -- llama.cpp's greedy continuation of a prompt (KV-cached decode, float32
+  cache), and its timings.
+- :func:`llama_tokenize_special` -- ``llama-tokenize``'s ids with the special tokens parsed (a
+  chat prompt); :func:`llama_eog_ids` -- the end-of-generation ids its loader reports.
 - :func:`llama_perplexity` -- run ``llama-perplexity`` and parse its final estimate.
 - :func:`llama_quantize`, :func:`llama_imatrix` -- ``llama-quantize`` (optionally with an
   importance matrix) and ``llama-imatrix``.
@@ -119,6 +123,42 @@ def oracle_logits(model: os.PathLike, tokens: np.ndarray, n_ctx: int, first: int
         _run([llama_bin("ork-oracle"), "logits", model, tf, n_ctx, first, threads, out])
         a = np.fromfile(out, dtype=np.float32)
     return a.reshape(n_chunk, n_ctx - first, -1)
+
+
+def oracle_greedy(model: os.PathLike, prompt: np.ndarray, n_predict: int, threads: int = 2,
+                  timing: Optional[Dict[str, float]] = None) -> np.ndarray:
+    """llama.cpp's greedy continuation (int32 ids, at most ``n_predict``, stopping before an
+    end-of-generation token) of the prompt ids: the prompt decoded as one batch, then one token
+    at a time through its KV cache. ``timing`` receives prompt_ms, decode_tokens, decode_ms."""
+    prompt = np.ascontiguousarray(prompt, dtype=np.int32)
+    with tempfile.TemporaryDirectory() as d:
+        tf, out = pathlib.Path(d) / "prompt", pathlib.Path(d) / "ids"
+        prompt.tofile(tf)
+        log = _run([llama_bin("ork-oracle"), "greedy", model, tf, n_predict, threads, out])
+        ids = np.fromfile(out, dtype=np.int32)
+    m = re.search(r"timing: prompt \d+ ([0-9.]+) ms, decode (\d+) tokens ([0-9.]+) ms", log)
+    if timing is not None and m:
+        timing.update(prompt_ms=float(m.group(1)), decode_tokens=int(m.group(2)), decode_ms=float(m.group(3)))
+    return ids
+
+
+def llama_tokenize_special(model: os.PathLike, text: str) -> List[int]:
+    """``llama-tokenize``'s ids for ``text`` (its defaults: BOS as the vocabulary says, special
+    tokens parsed; no escape processing)."""
+    with tempfile.TemporaryDirectory() as d:
+        f = pathlib.Path(d) / "prompt.txt"
+        f.write_bytes(text.encode("utf-8"))
+        out = _run([llama_bin("llama-tokenize"), "-m", model, "-f", f, "--ids", "--no-escape", "--log-disable"])
+    m = re.search(r"^\[([0-9, ]*)\]\s*$", out, re.M)
+    if not m:
+        raise RuntimeError(f"no id list in llama-tokenize's output:\n{out[-2000:]}")
+    return [int(x) for x in m.group(1).split(",") if x.strip()]
+
+
+def llama_eog_ids(model: os.PathLike) -> List[int]:
+    """The end-of-generation token ids llama.cpp's loader lists for ``model`` (its verbose log)."""
+    out = _run([llama_bin("llama-tokenize"), "-m", model, "-p", "x", "--ids", "-v"])
+    return sorted({int(x) for x in re.findall(r"EOG token\s+=\s+(\d+)", out)})
 
 
 def llama_perplexity(model: os.PathLike, text: os.PathLike, n_ctx: int, chunks: int, threads: int = 2,

@@ -1,4 +1,5 @@
-"""GPTQ int8 rounding (orkpy.gptq) and the input Gram matrices the forward pass collects for it
+"""GPTQ rounding (orkpy.gptq; the C core csrc/ork/gptq.h against the NumPy reference
+tests/gptq_ref.py) and the input Gram matrices the forward pass collects for it
 (csrc/ork/linear.h, "Input Gram matrix")."""
 import json
 
@@ -6,10 +7,15 @@ import numpy as np
 import pytest
 
 import orkpy
+from orkpy import _core
 from orkpy.gptq import collect_grams, gptq_linears, gptq_quantize
 from orkpy.model import LinearSpec, Model, linear_names
+from orkpy.quant import QuantizedTensor
 from orkpy.source import open_source
 from orkpy.testing import synthetic_forward_model
+
+import archgen
+from gptq_ref import gptq_ref
 
 
 def correlated_gram(rng, K, rows=3000):
@@ -115,6 +121,109 @@ def test_bad_arguments_name_the_weight(rng, kw, msg):
     assert "blk.3.attn_q.weight" in str(e.value)
 
 
+# ------------------------------------------------------ C core vs reference --
+def nibbles(codes):
+    return np.stack([codes & 15, codes >> 4], -1).reshape(codes.shape[0], -1)
+
+
+def agreement(kind, a, b):
+    """Share of equal codes (4-bit: per nibble)."""
+    return float(np.mean(a == b) if kind == "int8" else np.mean(nibbles(a) == nibbles(b)))
+
+
+def hard_case(rng, N=40, K=201):
+    """A weight with a zero row and a Gram matrix with outlier channels and two dead columns."""
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    w[3] = 0.0
+    g = correlated_gram(rng, K)
+    g[[5, 100], :] = 0.0
+    g[:, [5, 100]] = 0.0
+    return w, g
+
+
+def close_to_reference(kind, q, ref_codes, ref_scales, w, g):
+    """The margins of the C core against the NumPy reference (LAPACK and BLAS round differently
+    from the C factorization and updates): >= 99% of the codes equal and the output error
+    tr(dW G dW^T) within 1% of the reference's. Measured on hard_case (6 seeds x every kind and
+    grouping below) and on a K = 384 Gram of 200 rows with damp 0.001: 100% equal, error
+    ratio exactly 1; the reference with its error feedback disabled: 54-72% equal, error 46-63%
+    below -- so a broken feedback fails both margins."""
+    r = QuantizedTensor(kind=kind, shape=q.shape, codes=ref_codes, scales=ref_scales, lut=q.lut, group=q.group)
+    return agreement(kind, q.codes, ref_codes) >= 0.99 and abs(out_err(w, q, g) / out_err(w, r, g) - 1) <= 0.01
+
+
+GROUPINGS = [(None, False), (32, False), (64, False), (32, True), (64, True)]
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4", "int4"])
+@pytest.mark.parametrize("group, static", GROUPINGS)
+def test_c_core_matches_the_numpy_reference(rng, kind, group, static):
+    """Random weights and Gram matrices, K = 201 (odd, not a multiple of the 128-column block nor
+    of the groups), a zero row, dead columns, per channel and group 32 / 64, dynamic and static
+    groups: the C core is within the margins of tests/gptq_ref.py, the scales are the
+    reference's (quantize()'s, float16 when grouped), and the reference with its error
+    feedback disabled (a broken implementation) fails the margins."""
+    w, g = hard_case(rng)
+    rows = 3000 if kind != "int8" else 0
+    q = gptq_quantize(w, g, kind, rows=rows, group_size=group, static_groups=static)
+    rc, rs = gptq_ref(w, g, kind, rows=rows, group_size=group, static_groups=static)
+    assert close_to_reference(kind, q, rc, rs, w, g)
+    if static or group is None:  # chosen before any update: the reference's exactly
+        assert np.array_equal(q.scales, rs)
+    if group:
+        assert np.array_equal(q.scales.astype(np.float16).astype(np.float32), q.scales)  # float16 values
+    bc, bs = gptq_ref(w, g, kind, rows=rows, group_size=group, static_groups=static, disable_feedback=True)
+    assert not close_to_reference(kind, q, bc, bs, w, g)
+    assert np.array_equal(orkpy.pack(q).dequantize(), orkpy.dequantize(q))
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_threads_and_block_never_change_the_bytes(rng, kind):
+    """Rows run in blocks of 16 on any number of threads and the lazy updates apply the eager
+    loop's subtractions in the same order: threads 1 / 2 and block 1 / 7 / 128 / 1000 give
+    identical codes and scales (dynamic groups of 32 whose groups straddle the blocks included)."""
+    w, g = hard_case(rng, N=70, K=150)
+    for group in (None, 32):
+        runs = [gptq_quantize(w, g, kind, rows=3000, block=b, threads=t, group_size=group)
+                for b, t in ((128, 1), (128, 2), (1, 2), (7, 1), (1000, 2))]
+        for r in runs[1:]:
+            assert np.array_equal(r.codes, runs[0].codes) and np.array_equal(r.scales, runs[0].scales)
+
+
+@pytest.mark.parametrize("K", [1, 2, 63, 64, 65, 200])
+def test_factor_is_the_cholesky_factor_of_the_inverse(rng, K):
+    """_core.gptq_factor(h) = U with inv(h) = U^T U, U upper: LAPACK's cholesky(inv(h)).T to
+    rounding (measured <= 2e-15 of max |U|), bit-identical for 1 and 2 threads, across the
+    64-wide panels of the blocked factorization."""
+    x = rng.standard_normal((2 * K + 3, K))
+    h = x.T @ x + 0.1 * np.eye(K)
+    u = _core.gptq_factor(h, threads=1)
+    ref = np.linalg.cholesky(np.linalg.inv(h)).T
+    assert np.array_equal(u, np.triu(u)) and np.all(np.diag(u) > 0)
+    assert np.abs(u - ref).max() <= 1e-13 * np.abs(ref).max()
+    assert np.array_equal(u, _core.gptq_factor(h, threads=2))
+    with pytest.raises(ValueError, match="not positive definite"):
+        _core.gptq_factor(-h)
+
+
+def test_non_finite_weight_and_bad_rows_name_the_weight(rng):
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    w[2, 5] = np.nan
+    with pytest.raises(ValueError, match=r"blk\.1\.ffn_up\.weight: weight has a non-finite value \(NaN\) at \[2, 5\]"):
+        gptq_quantize(w, np.eye(8), where="blk.1.ffn_up.weight")
+    with pytest.raises(ValueError, match=r"w: rows must be an int >= 0"):
+        gptq_quantize(np.ones((4, 8), np.float32), np.eye(8), "nf4", where="w", rows=-1)
+    g = np.eye(8)
+    g[3, 4] = np.inf
+    with pytest.raises(ValueError, match=r"non-finite value at \(3, 4\)"):
+        gptq_quantize(np.ones((4, 8), np.float32), g)
+    big = np.ones((4, 64), np.float32)
+    big[1, 40] = 1e7  # group 1's float16 scale would overflow (its scale is chosen when the loop gets there)
+    with pytest.raises(ValueError, match=r"blk\.2\.attn_q\.weight: weight row 1, columns 32\.\.63 .*float16"):
+        gptq_quantize(big, np.eye(64), "int8", group_size=32, where="blk.2.attn_q.weight")
+    assert gptq_quantize(big, np.eye(64), "int8").scales[1] == np.float32(1e7) / 127  # per row: float32
+
+
 # ------------------------------------------------------------ Gram matrices --
 def tiny_forward():
     return synthetic_forward_model(n_layer=2, n_embd=64, n_ff=96, n_head=2, n_head_kv=1, head_dim=32, n_vocab=50)
@@ -218,6 +327,46 @@ def test_gptq_lowers_weight_only_kl_on_stories260k(shared, tmp_path):
     assert kl(gq) < 0.93 * plain
 
 
+def test_sequential_calibrates_each_layer_on_the_quantized_layers_before_it(tmp_path, monkeypatch):
+    """sequential=True: one pass per layer, collecting only that layer's Gram matrices, on the
+    model cut after it (layers before it holding their GPTQ weights), the head's on the whole
+    quantized model. Layer 0 sees the float model's inputs (the same bytes as the one-pass
+    result); every later layer's bytes are those of gptq_quantize on Gram matrices collected by
+    the full float model with the earlier layers swapped for their dequantized GPTQ weights."""
+    from orkpy import gptq
+    from orkpy.model import float_model
+    p = tmp_path / "q.gguf"
+    archgen.make("qwen3", p, n_layer=3)
+    src = open_source(p)
+    calib = archgen.tokens(256, seed=3)
+    passes = []
+    real = gptq.collect_grams
+
+    def counted(m, it, names, threads=None):
+        passes.append((m.hparams["n_layer"], list(names)))
+        return real(m, it, names, threads)
+    monkeypatch.setattr(gptq, "collect_grams", counted)
+    kw = dict(n_ctx=64, chunks=2, progress=False)
+    seq = gptq_linears(src, calib, "nf4", sequential=True, **kw)
+    names = linear_names(src.hp)
+    layer = [[n for n in names if n.startswith(f"blk.{i}.")] for i in range(3)]
+    assert passes == [(1, layer[0]), (2, layer[1]), (3, layer[2]), (3, ["output.weight"])]
+    passes.clear()
+    one = gptq_linears(src, calib, "nf4", **kw)
+    assert len(passes) == 1 and set(one) == set(seq) == set(names)
+    assert all(np.array_equal(seq[n].codes, one[n].codes) for n in layer[0])
+    assert not all(np.array_equal(seq[n].codes, one[n].codes) for n in layer[1] + layer[2])
+    m = float_model(src)
+    toks = m.tokens(calib)
+    for i, grp in enumerate(layer[1:] + [["output.weight"]], start=1):
+        for n in layer[i - 1]:
+            m.swap_linear(n, LinearSpec.f32(n, seq[n].dequantize()))
+        grams = real(m, m.chunks(toks, 64, 2)[1], grp)
+        for n in grp:
+            q = gptq_quantize(src.linear(n), grams[n][0], "nf4", rows=grams[n][1])
+            assert np.array_equal(q.codes, seq[n].codes) and np.array_equal(q.scales, seq[n].scales), n
+
+
 def test_quantize_model_gptq_rounds_the_int8_tier_and_saves_so(shared, tmp_path):
     path = shared / STORIES  # an F32 GGUF as its own allocation: every linear in the int8 tier
     calib, scored = halves(shared)
@@ -238,6 +387,32 @@ def test_quantize_model_gptq_rounds_the_int8_tier_and_saves_so(shared, tmp_path)
     back = orkpy.load_model(qm.save(tmp_path / "m"))
     ids = back.tokens(scored[:400])
     assert np.array_equal(back.forward(ids), qm.to_model().forward(ids))
+
+
+def test_quantize_model_gptq_sequential(shared, tmp_path):
+    """quantize_model(gptq_sequential=True) rounds with gptq_linears(sequential=True) and records it."""
+    path = shared / STORIES
+    calib = halves(shared)[0]
+    qm = orkpy.quantize_model(path, path, calib=calib, calib_ctx=256, calib_chunks=2, method="gptq",
+                              gptq_sequential=True, progress=False, log=lambda s: None)
+    direct = gptq_linears(open_source(path), calib, n_ctx=256, chunks=2, progress=False, sequential=True)
+    for n, pw in qm.tensors.items():
+        assert np.array_equal(pw.int8_weight(), direct[n].codes) and np.array_equal(pw.bscale, direct[n].scales)
+    assert qm.settings["gptq"] == {"damp": 0.01, "block": 128, "n_ctx": 256, "chunks": 2, "sequential": True}
+
+
+@pytest.mark.slow
+def test_accuracy_bench_gptq_sequential_rows(tmp_path):
+    """bench/accuracy.py --gptq-sequential: each gptq row again as 'gptq+seq' (same bytes, its own KL)."""
+    from conftest import load_bench
+    acc = load_bench("accuracy")
+    acc.main(["--model", "stories260k", "--chunks", "1", "--calib-chunks", "2", "--ctx", "256", "--methods", "gptq",
+              "--groups", "0", "--target-methods", "--no-int8", "--no-llama", "--gptq-sequential",
+              "--work", str(tmp_path), "--json-out", str(tmp_path / "{model}.json")])
+    rows = {r["what"]: r for r in json.loads((tmp_path / "stories260k.json").read_text())["rows"]}
+    assert sorted(rows) == ["nf4 gptq w-only", "nf4 gptq w4a8", "nf4 gptq+seq w-only", "nf4 gptq+seq w4a8"]
+    assert rows["nf4 gptq+seq w4a8"]["bytes"] == rows["nf4 gptq w4a8"]["bytes"]
+    assert 0 < rows["nf4 gptq+seq w4a8"]["kld"] != rows["nf4 gptq w4a8"]["kld"]
 
 
 @pytest.mark.slow

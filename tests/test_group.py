@@ -1,7 +1,8 @@
-"""Group-wise scales (csrc/ork/quant.h, pack.h "Group-wise scales", docs/o4n1.md version 2):
+"""Group-wise scales (csrc/ork/quant.h, pack.h "Group-wise scales", docs/o4n1.md version 3):
 quantization per group, the grouped int8 matmul bit for bit against a NumPy model of its
-contract on every ISA and thread count, the O4N1/O8N1 version-2 file, the forward pass, the
-tier map's grouped tiers and quantize_model(group_size=)."""
+contract on every ISA and thread count, the O4N1/O8N1 grouped file, the forward pass, the
+tier map's grouped tiers and quantize_model(group_size=). The float16 scales themselves and the
+version-3 file in detail: tests/test_group_f16.py."""
 import os
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 import orkpy
 from orkpy import _core
+from orkpy import reference as R
 from orkpy.reference import round_half_away
 from orkpy.tiermap import packed_nbytes, split_tier
 
@@ -36,21 +38,19 @@ def test_each_group_is_quantized_as_a_row_of_its_columns(rng, kind, group):
     q = orkpy.quantize(w, kind, imatrix=im, group_size=group)
     G = -(-300 // group)
     assert q.group == group and q.scales.shape == (70, G)
-    four = kind != "int8"
-    codes = q.codes
-    for i in range(G):
+    c_ref, s_ref = R.quantize(w, kind, imatrix=im, group_size=group)  # each group's columns as a row, float16 scale
+    assert np.array_equal(q.codes, c_ref) and np.array_equal(q.scales, s_ref)
+    plain = orkpy.quantize(w, kind, group_size=group)
+    for i in range(G):  # without imatrix: the float16 of the scale of the group's columns quantized as rows
         lo, hi = i * group, min(300, (i + 1) * group)
-        seg = orkpy.quantize(np.ascontiguousarray(w[:, lo:hi]), kind, imatrix=im[lo:hi])
-        assert np.array_equal(seg.scales, q.scales[:, i])
-        c = codes[:, lo // 2:(hi + 1) // 2] if four else codes[:, lo:hi]
-        assert np.array_equal(seg.codes, c)
+        seg = orkpy.quantize(np.ascontiguousarray(w[:, lo:hi]), kind)
+        assert np.array_equal(seg.scales.astype(np.float16).astype(f32), plain.scales[:, i])
     assert np.all(q.scales[3, 64 // group:128 // group] == 0) or group > 64
     # dequantize: scale of the column's group
     d = q.dequantize()
-    ref = orkpy.quantize(w, kind, group_size=group)
     assert d.shape == w.shape
     assert np.array_equal(orkpy.pack(q).dequantize(), d)
-    assert ref.nbytes == q.nbytes
+    assert plain.nbytes == q.nbytes
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -67,8 +67,8 @@ def test_stochastic_rounding_hashes_the_global_column(rng):
     w = weight(rng, K=128)
     q = orkpy.quantize(w, "int8", sr=True, seed=3, group_size=64)
     seg = orkpy.quantize(np.ascontiguousarray(w[:, 64:]), "int8", sr=True, seed=3)
-    # same scale, but the second group's columns are 64..127 of the row, not 0..63
-    assert np.array_equal(seg.scales, q.scales[:, 1])
+    # same scale (as float16), but the second group's columns are 64..127 of the row, not 0..63
+    assert np.array_equal(seg.scales.astype(np.float16).astype(f32), q.scales[:, 1])
     assert not np.array_equal(seg.codes, q.codes[:, 64:])
 
 
@@ -129,7 +129,7 @@ def test_grouping_lowers_the_output_error(rng):
 
 @pytest.mark.parametrize("kind", ["nf4", "int8"])
 @pytest.mark.parametrize("mmap", [True, False])
-def test_version_2_file_round_trips_and_per_channel_stays_version_1(rng, tmp_path, kind, mmap):
+def test_grouped_file_round_trips_and_per_channel_stays_version_1(rng, tmp_path, kind, mmap):
     w = weight(rng)
     x = rng.standard_normal((3, 300)).astype(f32)
     pc = orkpy.pack(orkpy.quantize(w, kind))
@@ -141,10 +141,10 @@ def test_version_2_file_round_trips_and_per_channel_stays_version_1(rng, tmp_pat
     orkpy.save_packed(pw, p)
     raw = p.read_bytes()
     assert raw[:4] == (b"O8N1" if kind == "int8" else b"O4N1")
-    assert int.from_bytes(raw[4:8], "little") == 2 and int.from_bytes(raw[12:16], "little") == 72
+    assert int.from_bytes(raw[4:8], "little") == 3 and int.from_bytes(raw[12:16], "little") == 72
     assert int.from_bytes(raw[64:68], "little") == 64 and int.from_bytes(raw[68:72], "little") == 5
     lay = _core.packed_layout(kind, 70, 300, 64)
-    assert len(raw) == lay["file_bytes"] and lay["store_offset"] == -(-(72 + 4 * 70 * 5) // 64) * 64
+    assert len(raw) == lay["file_bytes"] and lay["store_offset"] == -(-(72 + 2 * 70 * 5) // 64) * 64
     back = orkpy.load_packed(p, mmap=mmap)
     assert back.group == 64 and back.bscale.shape == (70, 5)
     assert np.array_equal(back.matmul(x), pw.matmul(x))
@@ -161,9 +161,10 @@ def _patched(raw, off, value, size=4):
 
 @pytest.mark.parametrize("patch, msg", [
     ((64, 48), "group size"), ((64, 0), "group size"), ((64, 512), "group size"),
-    ((68, 4), "group count"), ((4, 3), "unsupported version"), ((12, 64), "header size"),
+    ((68, 4), "group count"), ((4, 4), "unsupported version"), ((12, 64), "header size"),
+    ((4, 2), "store offset 832, expected 1472"),  # version 2 (float32 scales) needs 4 bytes per scale
 ])
-def test_corrupt_version_2_headers_are_format_errors(rng, tmp_path, patch, msg):
+def test_corrupt_grouped_headers_are_format_errors(rng, tmp_path, patch, msg):
     pw = orkpy.pack(orkpy.quantize(weight(rng), "nf4", group_size=64))
     orkpy.save_packed(pw, tmp_path / "g")
     bad = tmp_path / "bad"
@@ -189,7 +190,7 @@ def test_tier_strings_with_a_group():
     for bad in ("int4-g48", "float-g32", "int4-g", "int4-g8192", "nf4"):
         with pytest.raises(ValueError, match="unknown tier"):
             split_tier(bad)
-    assert packed_nbytes("int4-g32", 64, 576) == 64 * 576 // 2 + 4 * 64 * 18
+    assert packed_nbytes("int4-g32", 64, 576) == 64 * 576 // 2 + 2 * 64 * 18  # float16 group scales
     assert packed_nbytes("int4-g1024", 64, 576) == packed_nbytes("int4", 64, 576)
 
 

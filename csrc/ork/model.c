@@ -145,47 +145,49 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
 /* ----------------------------------------------------------- attention -- */
 typedef struct {
     const ork_model *m;
-    const float *q, *k, *v; /* (T, H*hd), (T, Hkv*hd) */
+    const float *q;         /* (T, H*hd): the queries of positions pos0..pos0+T-1 */
+    const float *k, *v;     /* (pos0 + T, Hkv*hd): keys / values of positions 0..pos0+T-1 */
     float *out;             /* (T, H*hd) */
-    size_t T, n_swa;        /* n_swa: the layer's sliding window, 0 = none */
+    float *s;               /* H x (pos0 + T) scores, a row per head */
+    size_t T, pos0, n_swa;  /* n_swa: the layer's sliding window, 0 = none */
 } attn_job;
 
 static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) {
+    (void)err;
     const attn_job *j = (const attn_job *)ctx;
     const ork_model *m = j->m;
-    const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, T = j->T;
+    const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, T = j->T, n_keys = j->pos0 + T;
     const size_t group = m->n_head / m->n_head_kv;
     const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)hd);
     const float cap = m->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    float *s = (float *)malloc(T * sizeof(float));
-    if (!s) return ork_err_set(err, ORK_ENOMEM, "out of memory for attention scores");
     for (size_t h = begin; h < end; h++) {
         size_t kh = h / group;
+        float *s = j->s + h * n_keys;
         for (size_t t = 0; t < T; t++) {
+            const size_t p = j->pos0 + t; /* the query's position */
             const float *qv = j->q + t * qd + h * hd;
-            const size_t lo = j->n_swa && t >= j->n_swa ? t + 1 - j->n_swa : 0; /* keys lo..t: t - u < n_swa */
+            const size_t lo = j->n_swa && p >= j->n_swa ? p + 1 - j->n_swa : 0; /* keys lo..p: p - u < n_swa */
             float mx = -INFINITY;
-            for (size_t u = lo; u <= t; u++) {
+            for (size_t u = lo; u <= p; u++) {
                 s[u] = ork_dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
                 if (cap > 0.0f) s[u] = tanhf(s[u] * inv_cap) * cap;
                 if (s[u] > mx) mx = s[u];
             }
             double sum = 0.0;
-            for (size_t u = lo; u <= t; u++) {
+            for (size_t u = lo; u <= p; u++) {
                 s[u] = expf(s[u] - mx);
                 sum += s[u];
             }
             float inv = (float)(1.0 / sum);
             float *o = j->out + t * qd + h * hd;
             for (size_t d = 0; d < hd; d++) o[d] = 0.0f;
-            for (size_t u = lo; u <= t; u++) {
+            for (size_t u = lo; u <= p; u++) {
                 const float *vv = j->v + u * kvd + kh * hd;
-                float p = s[u] * inv;
-                for (size_t d = 0; d < hd; d++) o[d] += p * vv[d];
+                float pr = s[u] * inv;
+                for (size_t d = 0; d < hd; d++) o[d] += pr * vv[d];
             }
         }
     }
-    free(s);
     return ORK_OK;
 }
 
@@ -220,6 +222,140 @@ static void down_rotate(float *x, size_t T, size_t n, const float *R, size_t p) 
 }
 
 /* ------------------------------------------------------------- forward -- */
+/* the activations of one step of T tokens (rows of D, D, qd, max(qd, F), F, D floats) and
+ * the attention scores (n_head rows of up to n_keys) */
+typedef struct {
+    float *x, *h, *q, *a, *g, *tmp, *s;
+} fwd_bufs;
+
+static void bufs_free(fwd_bufs *b) {
+    free(b->x); free(b->h); free(b->q); free(b->a); free(b->g); free(b->tmp); free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
+/* n * k * elem bytes without overflow, or 0 */
+static size_t mul3(size_t n, size_t k, size_t elem) {
+    if (n && k > SIZE_MAX / n) return 0;
+    const size_t nk = n * k;
+    if (nk && elem > SIZE_MAX / nk) return 0;
+    return nk * elem;
+}
+
+static ork_status bufs_alloc(const ork_model *m, size_t T, size_t n_keys, fwd_bufs *b, ork_err *err) {
+    const size_t D = m->n_embd, qd = m->n_head * m->head_dim, F = m->n_ff, big = qd > F ? qd : F;
+    memset(b, 0, sizeof *b);
+    const size_t nx = mul3(T, D, sizeof(float)), nq = mul3(T, qd, sizeof(float)), na = mul3(T, big, sizeof(float)),
+                 ng = mul3(T, F, sizeof(float)), ns = mul3(m->n_head, n_keys, sizeof(float));
+    if (nx && nq && na && ng && ns) {
+        b->x = malloc(nx); b->h = malloc(nx); b->q = malloc(nq); b->a = malloc(na);
+        b->g = malloc(ng); b->tmp = malloc(nx); b->s = malloc(ns);
+    }
+    if (!b->x || !b->h || !b->q || !b->a || !b->g || !b->tmp || !b->s) {
+        bufs_free(b);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for the activations of %zu tokens", T);
+    }
+    return ORK_OK;
+}
+
+static ork_status check_tokens(const ork_model *m, const int32_t *tokens, size_t T, size_t pos0, ork_err *err) {
+    for (size_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || (size_t)tokens[t] >= m->n_vocab)
+            return ork_err_set(err, ORK_EINVAL, "token %d at position %zu is outside the vocabulary (%zu)", tokens[t],
+                               pos0 + t, m->n_vocab);
+    return ORK_OK;
+}
+
+static void embed(const ork_model *m, const int32_t *tokens, size_t T, float *x) {
+    const size_t D = m->n_embd;
+    for (size_t t = 0; t < T; t++) {
+        if (m->tok_embd) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
+        else ork_linear_row(&m->output, (size_t)tokens[t], x + t * D);
+    }
+    if (m->embd_scale > 0.0f)
+        for (size_t i = 0; i < T * D; i++) x[i] *= m->embd_scale;
+}
+
+/* a block linear on rows at positions pos0..: act_prefix counts positions (model.h) */
+static ork_status block_linear(const ork_linear *l, const float *x, size_t M, size_t pos0, float *y, int nthreads,
+                               ork_err *err) {
+    if (!pos0 || !l->act_prefix) return ork_linear_apply(l, x, M, y, nthreads, err);
+    ork_linear at = *l;
+    at.act_prefix = l->act_prefix > pos0 ? l->act_prefix - pos0 : 0;
+    return ork_linear_apply(&at, x, M, y, nthreads, err);
+}
+
+/* One layer on the T rows of b->x (positions pos0..pos0+T-1), in place. Their keys and values
+ * are written to rows pos0..pos0+T-1 of kc / vc (n_head_kv * head_dim floats per row), and the
+ * attention reads rows 0..pos0+T-1: the chunk's own rows in the forward pass (pos0 = 0), the
+ * session's caches when decoding. */
+static ork_status layer_step(const ork_model *m, const ork_layer *L, const fwd_bufs *b, size_t T, size_t pos0,
+                             float *kc, float *vc, int nthreads, ork_err *err) {
+    const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
+    float *x = b->x, *h = b->h, *q = b->q, *a = b->a, *g = b->g, *tmp = b->tmp;
+    float *k = kc + pos0 * kvd, *v = vc + pos0 * kvd;
+    const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
+    ork_status st;
+    for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
+    if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
+    if ((st = block_linear(&L->wq, h, T, pos0, q, nthreads, err))) return st;
+    if ((st = block_linear(&L->wk, h, T, pos0, k, nthreads, err))) return st;
+    if ((st = block_linear(&L->wv, h, T, pos0, v, nthreads, err))) return st;
+    const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
+    const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
+    for (size_t t = 0; t < T; t++) {
+        const float pos = (float)(pos0 + t);
+        for (size_t hh = 0; hh < m->n_head; hh++) {
+            float *qh = q + t * qd + hh * hd;
+            if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
+            rope(qh, m->n_rot, m->rope_type, pos, base, fscale, m->rope_freqs, mscale);
+        }
+        for (size_t hh = 0; hh < m->n_head_kv; hh++) {
+            float *kh = k + t * kvd + hh * hd;
+            if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
+            rope(kh, m->n_rot, m->rope_type, pos, base, fscale, m->rope_freqs, mscale);
+        }
+    }
+    attn_job aj = {m, q, kc, vc, a, b->s, T, pos0, L->n_swa};
+    int nt = ork_pool_threads_for(nthreads, (double)T * (double)(pos0 + T) * (double)qd, 1 << 20);
+    if ((st = ork_parallel_for(nt, m->n_head, 1, attn_heads, &aj, err))) return st;
+    if ((st = block_linear(&L->wo, a, T, pos0, tmp, nthreads, err))) return st;
+    if (L->post_attn_norm)
+        for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);
+    for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
+    for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
+    if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
+    if (L->ffn) {
+        if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) return st;
+    } else {
+        if ((st = block_linear(&L->w_gate, h, T, pos0, g, nthreads, err))) return st;
+        if ((st = block_linear(&L->w_up, h, T, pos0, a, nthreads, err))) return st;
+        if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
+        if (m->act == ORK_ACT_SILU)
+            for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(ORK_ACT_SILU, g[i]) * a[i];
+        else
+            for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(m->act, g[i]) * a[i];
+        if (L->down_rot) down_rotate(a, T, F, L->down_rot, L->down_rot_p);
+        if ((st = block_linear(&L->w_down, a, T, pos0, tmp, nthreads, err))) return st;
+    }
+    if (L->post_ffn_norm)
+        for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_ffn_norm, D, m->norm_eps, tmp + t * D);
+    for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
+    return ORK_OK;
+}
+
+/* logits (rows x n_vocab) of the rows of x: the output norm into h, the head, the final soft-cap */
+static ork_status head_logits(const ork_model *m, const float *x, size_t rows, float *h, float *logits, int nthreads,
+                              ork_err *err) {
+    const size_t D = m->n_embd;
+    for (size_t t = 0; t < rows; t++) rmsnorm(x + t * D, m->out_norm, D, m->norm_eps, h + t * D);
+    ork_status st = ork_linear_apply(&m->output, h, rows, logits, nthreads, err);
+    if (st == ORK_OK && m->final_softcap > 0.0f) {
+        const float cap = m->final_softcap, inv_cap = 1.0f / cap;
+        for (size_t i = 0; i < rows * m->n_vocab; i++) logits[i] = tanhf(logits[i] * inv_cap) * cap;
+    }
+    return st;
+}
+
 ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T, size_t first, float *logits,
                              int nthreads, ork_err *err) {
     ork_status st = ork_model_check(m, err);
@@ -229,82 +365,117 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
         return ork_err_set(err, ORK_EINVAL, "a %zu-token chunk is longer than the %zu positions this model description "
                            "is valid for (n_ctx_max: its RoPE factors for longer contexts are not implemented)", T,
                            m->n_ctx_max);
-    for (size_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || (size_t)tokens[t] >= m->n_vocab)
-            return ork_err_set(err, ORK_EINVAL, "token %d at position %zu is outside the vocabulary (%zu)", tokens[t], t,
-                               m->n_vocab);
-    const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
-    size_t big = qd > F ? qd : F;
-    float *x = malloc(T * D * sizeof(float)), *h = malloc(T * D * sizeof(float));
-    float *q = malloc(T * qd * sizeof(float)), *k = malloc(T * kvd * sizeof(float)), *v = malloc(T * kvd * sizeof(float));
-    float *a = malloc(T * big * sizeof(float)), *g = malloc(T * F * sizeof(float)), *tmp = malloc(T * D * sizeof(float));
-    if (!x || !h || !q || !k || !v || !a || !g || !tmp) {
+    if ((st = check_tokens(m, tokens, T, 0, err))) return st;
+    const size_t kvd = m->n_head_kv * m->head_dim, nkv = mul3(T, kvd, sizeof(float));
+    fwd_bufs b;
+    if ((st = bufs_alloc(m, T, T, &b, err))) return st;
+    float *k = nkv ? malloc(nkv) : NULL, *v = nkv ? malloc(nkv) : NULL;
+    if (!k || !v) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for a %zu-token forward pass", T);
         goto done;
     }
-    for (size_t t = 0; t < T; t++) {
-        if (m->tok_embd) memcpy(x + t * D, m->tok_embd + (size_t)tokens[t] * D, D * sizeof(float));
-        else ork_linear_row(&m->output, (size_t)tokens[t], x + t * D);
-    }
-    if (m->embd_scale > 0.0f)
-        for (size_t i = 0; i < T * D; i++) x[i] *= m->embd_scale;
-    const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
-    for (size_t l = 0; l < m->n_layer; l++) {
-        const ork_layer *L = &m->layers[l];
-        for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
-        if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
-        if ((st = ork_linear_apply(&L->wq, h, T, q, nthreads, err))) goto done;
-        if ((st = ork_linear_apply(&L->wk, h, T, k, nthreads, err))) goto done;
-        if ((st = ork_linear_apply(&L->wv, h, T, v, nthreads, err))) goto done;
-        const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
-        const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
-        for (size_t t = 0; t < T; t++) {
-            for (size_t hh = 0; hh < m->n_head; hh++) {
-                float *qh = q + t * qd + hh * hd;
-                if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
-                rope(qh, m->n_rot, m->rope_type, (float)t, base, fscale, m->rope_freqs, mscale);
-            }
-            for (size_t hh = 0; hh < m->n_head_kv; hh++) {
-                float *kh = k + t * kvd + hh * hd;
-                if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
-                rope(kh, m->n_rot, m->rope_type, (float)t, base, fscale, m->rope_freqs, mscale);
-            }
-        }
-        attn_job aj = {m, q, k, v, a, T, L->n_swa};
-        int nt = ork_pool_threads_for(nthreads, (double)T * (double)T * (double)qd, 1 << 20);
-        if ((st = ork_parallel_for(nt, m->n_head, 1, attn_heads, &aj, err))) goto done;
-        if ((st = ork_linear_apply(&L->wo, a, T, tmp, nthreads, err))) goto done;
-        if (L->post_attn_norm)
-            for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);
-        for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
-        for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
-        if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
-        if (L->ffn) {
-            if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) goto done;
-        } else {
-            if ((st = ork_linear_apply(&L->w_gate, h, T, g, nthreads, err))) goto done;
-            if ((st = ork_linear_apply(&L->w_up, h, T, a, nthreads, err))) goto done;
-            if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
-            if (m->act == ORK_ACT_SILU)
-                for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(ORK_ACT_SILU, g[i]) * a[i];
-            else
-                for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(m->act, g[i]) * a[i];
-            if (L->down_rot) down_rotate(a, T, F, L->down_rot, L->down_rot_p);
-            if ((st = ork_linear_apply(&L->w_down, a, T, tmp, nthreads, err))) goto done;
-        }
-        if (L->post_ffn_norm)
-            for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_ffn_norm, D, m->norm_eps, tmp + t * D);
-        for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
-    }
-    for (size_t t = first; t < T; t++) rmsnorm(x + t * D, m->out_norm, D, m->norm_eps, h + (t - first) * D);
-    st = ork_linear_apply(&m->output, h, T - first, logits, nthreads, err);
-    if (st == ORK_OK && m->final_softcap > 0.0f) {
-        const float cap = m->final_softcap, inv_cap = 1.0f / cap;
-        for (size_t i = 0; i < (T - first) * m->n_vocab; i++) logits[i] = tanhf(logits[i] * inv_cap) * cap;
-    }
+    embed(m, tokens, T, b.x);
+    for (size_t l = 0; l < m->n_layer; l++)
+        if ((st = layer_step(m, &m->layers[l], &b, T, 0, k, v, nthreads, err))) goto done;
+    st = head_logits(m, b.x + first * m->n_embd, T - first, b.h, logits, nthreads, err);
 done:
-    free(x); free(h); free(q); free(k); free(v); free(a); free(g); free(tmp);
+    bufs_free(&b);
+    free(k);
+    free(v);
     return st;
+}
+
+/* ------------------------------------------------------ decode session -- */
+struct ork_session {
+    const ork_model *m;
+    size_t n_ctx, n_batch, pos;
+    float *kv;    /* n_layer x (K cache, V cache), each n_ctx x kvd */
+    fwd_bufs b;   /* scratch for n_batch tokens, scores for n_ctx keys */
+};
+
+ork_status ork_session_new(const ork_model *m, size_t n_ctx, size_t n_batch, ork_session **out, ork_err *err) {
+    if (!out) return ork_err_set(err, ORK_EINVAL, "NULL session pointer");
+    *out = NULL;
+    ork_status st = ork_model_check(m, err);
+    if (st) return st;
+    if (n_ctx == 0 || n_batch == 0)
+        return ork_err_set(err, ORK_EINVAL, "a session needs n_ctx >= 1 and n_batch >= 1, got n_ctx %zu, n_batch %zu",
+                           n_ctx, n_batch);
+    if (m->n_ctx_max && n_ctx > m->n_ctx_max)
+        return ork_err_set(err, ORK_EINVAL, "n_ctx %zu is longer than the %zu positions this model description is "
+                           "valid for (n_ctx_max: its RoPE factors for longer contexts are not implemented)", n_ctx,
+                           m->n_ctx_max);
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    const size_t kvd = m->n_head_kv * m->head_dim, per = mul3(n_ctx, kvd, 2 * sizeof(float));
+    const size_t bytes = per ? mul3(m->n_layer, per, 1) : 0;
+    if (!bytes)
+        return ork_err_set(err, ORK_EINVAL, "a KV cache of %zu layers x %zu positions x 2 x %zu floats does not fit in "
+                           "memory", m->n_layer, n_ctx, kvd);
+    ork_session *s = calloc(1, sizeof *s);
+    if (!s) return ork_err_set(err, ORK_ENOMEM, "out of memory for a decode session");
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->n_batch = n_batch;
+    if (!(s->kv = malloc(bytes))) {
+        free(s);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for the KV cache (%zu layers x %zu positions x 2 x %zu "
+                           "floats: %.1f MB)", m->n_layer, n_ctx, kvd, (double)bytes / 1e6);
+    }
+    if ((st = bufs_alloc(m, n_batch, n_ctx, &s->b, err))) {
+        free(s->kv);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return ORK_OK;
+}
+
+void ork_session_free(ork_session *s) {
+    if (!s) return;
+    bufs_free(&s->b);
+    free(s->kv);
+    free(s);
+}
+
+size_t ork_session_pos(const ork_session *s) { return s->pos; }
+size_t ork_session_n_ctx(const ork_session *s) { return s->n_ctx; }
+
+ork_status ork_session_rewind(ork_session *s, size_t pos, ork_err *err) {
+    if (pos > s->pos)
+        return ork_err_set(err, ORK_EINVAL, "cannot rewind to position %zu: the session holds %zu tokens", pos, s->pos);
+    s->pos = pos;
+    return ORK_OK;
+}
+
+ork_status ork_session_eval(ork_session *s, const int32_t *tokens, size_t n, int all_logits, float *logits,
+                            int nthreads, ork_err *err) {
+    const ork_model *m = s->m;
+    ork_status st = ork_model_check(m, err);
+    if (st) return st;
+    if (n == 0) return ork_err_set(err, ORK_EINVAL, "no tokens to evaluate");
+    if (n > s->n_ctx - s->pos)
+        return ork_err_set(err, ORK_EINVAL, "%zu tokens at position %zu do not fit the session's context: n_ctx %zu",
+                           n, s->pos, s->n_ctx);
+    if ((st = check_tokens(m, tokens, n, s->pos, err))) return st;
+    const size_t D = m->n_embd, V = m->n_vocab, kvd = m->n_head_kv * m->head_dim, layer_kv = s->n_ctx * kvd;
+    size_t pos = s->pos;
+    for (size_t done = 0; done < n;) {
+        const size_t T = n - done < s->n_batch ? n - done : s->n_batch;
+        embed(m, tokens + done, T, s->b.x);
+        for (size_t l = 0; l < m->n_layer; l++) {
+            float *kc = s->kv + 2 * l * layer_kv;
+            if ((st = layer_step(m, &m->layers[l], &s->b, T, pos, kc, kc + layer_kv, nthreads, err))) return st;
+        }
+        if (all_logits)
+            st = head_logits(m, s->b.x, T, s->b.h, logits + done * V, nthreads, err);
+        else if (done + T == n)
+            st = head_logits(m, s->b.x + (T - 1) * D, 1, s->b.h, logits, nthreads, err);
+        if (st) return st;
+        done += T;
+        pos += T;
+    }
+    s->pos = pos;
+    return ORK_OK;
 }
 
 ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,

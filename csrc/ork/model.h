@@ -125,6 +125,45 @@ ork_status ork_model_check(const ork_model *m, ork_err *err);
 ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T, size_t first, float *logits,
                              int nthreads, ork_err *err);
 
+/* ------------------------------------------------------ decode session --
+ * A KV-cached decode session: tokens are appended at positions pos..pos+n-1
+ * (pos = the number of tokens the session holds), a prompt as one batch, then
+ * one token per call. Per layer the session keeps the keys (after k_norm and
+ * RoPE) and the values of every position it holds, float32:
+ *   K cache of layer l: n_ctx rows of n_head_kv * head_dim floats, row p the
+ *   key of position p, head h at offset h * head_dim (the layout of the
+ *   forward pass's k); the V cache the same.
+ * Caches and scratch (for n_batch tokens per step) are allocated once by
+ * ork_session_new; an eval of n tokens runs in steps of at most n_batch.
+ * Arithmetic: the layer function of ork_model_forward itself (one code path):
+ * RoPE at the absolute positions, the query at position p attending to the
+ * cached keys 0..p (the layer's sliding window, soft-cap and scale as
+ * above), every linear through ork_linear_apply (M = the step's tokens, 1 when
+ * decoding). So the logits of position p equal row p of
+ * ork_model_forward(tokens[0..T), first = 0) bit for bit whenever a linear's
+ * output row depends only on its input row -- the F32 path and the packed
+ * path with per-token or static activations (act_prefix counting absolute
+ * positions: a step at pos quantizes its rows p < act_prefix per token);
+ * dynamic per-tensor scales span one call's rows (a step here, the whole
+ * chunk there), so that mode differs. No thread count changes a bit.
+ * The model must outlive the session and keep its dimensions (its linears
+ * may be replaced between calls). A session is not thread-safe. */
+typedef struct ork_session ork_session;
+
+/* n_ctx >= 1 positions (at most the model's n_ctx_max when it sets one), n_batch >= 1
+ * tokens per step (capped at n_ctx). *out = NULL on failure. */
+ork_status ork_session_new(const ork_model *m, size_t n_ctx, size_t n_batch, ork_session **out, ork_err *err);
+void ork_session_free(ork_session *s);
+size_t ork_session_pos(const ork_session *s);
+size_t ork_session_n_ctx(const ork_session *s);
+/* forget every position >= pos (pos <= the current position): the next eval appends at pos */
+ork_status ork_session_rewind(ork_session *s, size_t pos, ork_err *err);
+/* Append n >= 1 tokens. logits: n_vocab floats (the last token's) or, with
+ * all_logits, n x n_vocab (every appended token's). pos + n > n_ctx is
+ * ORK_EINVAL naming n_ctx. On any error the session is as before the call. */
+ork_status ork_session_eval(ork_session *s, const int32_t *tokens, size_t n, int all_logits, float *logits,
+                            int nthreads, ork_err *err);
+
 /* Negative log-likelihood of targets under log_softmax(logits) per row, as
  * llama-perplexity: nll = -(l[t] - max - log(sum exp(l - max))), the sum in double. */
 ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,

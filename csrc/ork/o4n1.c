@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "half.h"
 #include "pack.h"
 
 static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
@@ -15,14 +16,14 @@ static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t
 
 uint64_t ork_o4n1_store_offset(uint64_t N) { return (ORK_O4N1_HEADER + 4 * N + 63) & ~(uint64_t)63; }
 
-/* a file's layout for a group size: version, header bytes, scale count, store offset */
+/* the layout written for a group size: version, header bytes, scale count, store offset */
 static void layout_of(uint64_t N, uint64_t K, uint64_t group, uint32_t *version, uint32_t *hbytes, uint64_t *nscales,
                       uint64_t *soff) {
     int grouped = group != 0 && group < K;
-    *version = grouped ? ORK_O4N1_VERSION_GROUPED : ORK_O4N1_VERSION;
+    *version = grouped ? ORK_O4N1_VERSION_F16 : ORK_O4N1_VERSION;
     *hbytes = grouped ? ORK_O4N1_HEADER_GROUPED : ORK_O4N1_HEADER;
     *nscales = N * (grouped ? (K + group - 1) / group : 1);
-    *soff = (*hbytes + 4 * *nscales + 63) & ~(uint64_t)63;
+    *soff = (*hbytes + (grouped ? 2 : 4) * *nscales + 63) & ~(uint64_t)63;
 }
 
 uint64_t ork_o4n1_grouped_store_offset(uint64_t N, uint64_t K, uint64_t group) {
@@ -59,7 +60,7 @@ ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint64_t group
     if (lut) memcpy(hdr + 32, lut, 16);
     put64(hdr + 48, soff);
     put64(hdr + 56, ork_pack_store_bytes(kind, (size_t)N, (size_t)K));
-    if (version == ORK_O4N1_VERSION_GROUPED) {
+    if (version == ORK_O4N1_VERSION_F16) {
         put32(hdr + 64, (uint32_t)group);
         put32(hdr + 68, (uint32_t)(nscales / N));
     }
@@ -78,9 +79,9 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     else if (memcmp(buf, "O8N1", 4) == 0) is8 = 1;
     else return BAD("bad magic %02x %02x %02x %02x (expected 'O4N1' or 'O8N1')", buf[0], buf[1], buf[2], buf[3]);
     uint32_t version = get32(buf + 4), kind = get32(buf + 8), hbytes = get32(buf + 12);
-    if (version != ORK_O4N1_VERSION && version != ORK_O4N1_VERSION_GROUPED)
-        return BAD("unsupported version %u (this orkpy reads versions %d and %d)", version, ORK_O4N1_VERSION,
-                   ORK_O4N1_VERSION_GROUPED);
+    if (version != ORK_O4N1_VERSION && version != ORK_O4N1_VERSION_GROUPED && version != ORK_O4N1_VERSION_F16)
+        return BAD("unsupported version %u (this orkpy reads versions %d, %d and %d)", version, ORK_O4N1_VERSION,
+                   ORK_O4N1_VERSION_GROUPED, ORK_O4N1_VERSION_F16);
     const uint32_t want_h = version == ORK_O4N1_VERSION ? ORK_O4N1_HEADER : ORK_O4N1_HEADER_GROUPED;
     if (len < want_h) return BAD("truncated: %zu bytes is shorter than the %u-byte header", len, want_h);
     const ork_kind_info *ki = kind < ORK_KIND_MAX ? ork_kind_get((ork_kind)kind) : NULL;
@@ -91,7 +92,8 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     if (K == 0 || N == 0 || K > ORK_PACK_MAX_K || N > ORK_PACK_MAX_N)
         return BAD("bad shape N = %llu, K = %llu", (unsigned long long)N, (unsigned long long)K);
     uint64_t group = 0, G = 1;
-    if (version == ORK_O4N1_VERSION_GROUPED) {
+    const uint32_t sb = version == ORK_O4N1_VERSION_F16 ? 2 : 4; /* bytes per scale */
+    if (version != ORK_O4N1_VERSION) {
         group = get32(buf + 64);
         G = get32(buf + 68);
         if (group == 0 || group % 32 || group > ORK_GROUP_MAX || group >= K)
@@ -105,7 +107,7 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     if (memcmp(buf + 32, ki->lut, 16) != 0) /* all zero for 8-bit kinds */
         return BAD("LUT in the header does not match kind %u", kind);
     uint64_t soff = get64(buf + 48), sbytes = get64(buf + 56);
-    const uint64_t want_off = (hbytes + 4 * NS + 63) & ~(uint64_t)63;
+    const uint64_t want_off = (hbytes + sb * NS + 63) & ~(uint64_t)63;
     if (soff != want_off)
         return BAD("store offset %llu, expected %llu for N = %llu and %llu scales per row", (unsigned long long)soff,
                    (unsigned long long)want_off, (unsigned long long)N, (unsigned long long)G);
@@ -117,16 +119,23 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
                    (unsigned long long)(soff + sbytes));
     const double cap = ork_pack_max_scale((size_t)K);
     for (uint64_t n = 0; n < NS; n++) {
-        uint32_t bits = get32(buf + hbytes + 4 * n);
+        uint32_t bits;
         float s;
-        memcpy(&s, &bits, 4);
+        if (sb == 2) { /* float16: widened exactly */
+            const uint16_t h = (uint16_t)(buf[hbytes + 2 * n] | (buf[hbytes + 2 * n + 1] << 8));
+            s = ork_f16_to_f32(h);
+            memcpy(&bits, &s, 4);
+        } else {
+            bits = get32(buf + hbytes + 4 * n);
+            memcpy(&s, &bits, 4);
+        }
         if (!isfinite(s) || s < 0.0f || (bits == 0x80000000u))
             return BAD("scale[%llu] = %g is not a finite non-negative number", (unsigned long long)n, (double)s);
         if ((double)s > cap)
             return BAD("scale[%llu] = %g exceeds %g, the largest scale for K = %llu (scale * 127 * 127 * K must fit "
                        "float32)", (unsigned long long)n, (double)s, cap, (unsigned long long)K);
     }
-    for (uint64_t p = hbytes + 4 * NS; p < soff; p++)
+    for (uint64_t p = hbytes + sb * NS; p < soff; p++)
         if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);
     if (ki->bits == 8)
         for (uint64_t p = soff; p < soff + sbytes; p++)
@@ -137,6 +146,8 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     info->scales_off = hbytes;
     info->group = group;
     info->G = G;
+    info->version = version;
+    info->scale_bytes = sb;
     info->store_off = soff;
     info->store_bytes = sbytes;
     return ORK_OK;

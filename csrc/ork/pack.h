@@ -174,7 +174,9 @@ ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16],
  *   y[m][n] = t_0 + t_1 + ... + t_{G-1},  t_i = ork_dequant_acc(acc_i[m][n], ascale[m], bscale[n*G+i])
  * (float32, left to right, no FMA). G == 1 (g >= K) is therefore bit-identical
  * to the per-channel output. The partial sums are what an NPU job split on
- * group boundaries returns (docs/npu.md, "Group-wise scales"). */
+ * group boundaries returns (docs/npu.md, "Group-wise scales"). The quantizer makes
+ * every group scale a float16 value (quant.h) and version-3 files store them as
+ * float16 (o4n1.h), widened exactly to these float32 bscale entries. */
 
 /* float32 out (M, N) like ork_matmul_q8, for group-wise scales (group 0: ork_matmul_q8). */
 ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,

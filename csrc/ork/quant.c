@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "half.h"
 #include "pool.h"
 
 /* ------------------------------------------------------ kind registry -- */
@@ -172,10 +173,29 @@ static ork_status report_nonfinite_w(const float *x, size_t K, size_t row, ork_e
     return ork_err_set(err, ORK_ENONFINITE, "weight row %zu has a non-finite value", row);
 }
 
+/* Group-wise scales are float16 values: more than one segment per row (quant.h). */
+static int f16_scales(const quant_job *j) { return j->p->group != 0 && j->p->group < j->K; }
+
+/* The stored scale of m = a * r and the inverse the codes are chosen with (quant.h):
+ * float32 m / 127 and 127 / m per row; f16(m / 127) and 1 / s (0 for s = 0) per group.
+ * An overflowing float16 saturates here; ork_quantize refuses such segments first. */
+static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
+    const float q = m / 127.0f;
+    if (!f16_scales(j)) {
+        *s = q;
+        *inv = 127.0f / m;
+        return;
+    }
+    uint16_t h = ork_f16_from_f32(q);
+    if ((h & 0x7c00u) == 0x7c00u) h = 0x7bffu;
+    *s = ork_f16_to_f32(h);
+    *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
+}
+
 /* weighted error at ratio r (nearest rounding) of one row segment: n values x, importance im */
 static double seg_werr(const quant_job *j, const float *x, const float *im, size_t n, float a, float r) {
-    float m = a * r;
-    float s = m / 127.0f, inv = 127.0f / m;
+    float s, inv;
+    seg_scale(j, a * r, &s, &inv);
     if (j->g) return j->kern->werr4(x, im, n, inv, s, j->g);
     return j->kern->werr8(x, im, n, inv, s);
 }
@@ -186,25 +206,26 @@ static double seg_werr(const quant_job *j, const float *x, const float *im, size
 static void quant_segment(const quant_job *j, const float *x, const float *im, size_t n, size_t col0, size_t row,
                           float a, uint8_t *out, float *scale, uint8_t *tmp) {
     const size_t nb = j->g ? (n + 1) / 2 : n;
-    if (!(a >= ORK_QUANT_TINY)) { /* zero segment */
+    float r = 1.0f, s = 0.0f, inv = 0.0f;
+    if (a >= ORK_QUANT_TINY) {
+        if (im) {
+            double best = seg_werr(j, x, im, n, a, 1.0f);
+            for (size_t i = 0; i < j->ngrid; i++) {
+                double e = seg_werr(j, x, im, n, a, j->grid[i]);
+                if (e < best) {
+                    best = e;
+                    r = j->grid[i];
+                }
+            }
+        }
+        seg_scale(j, a * r, &s, &inv);
+    }
+    if (s == 0.0f) { /* zero segment (or a float16 scale that rounds to 0) */
         *scale = 0.0f;
         if (j->g) memset(out, j->zero | (j->zero << 4), nb);
         else memset(out, 0, nb);
         return;
     }
-    float r = 1.0f;
-    if (im) {
-        double best = seg_werr(j, x, im, n, a, 1.0f);
-        for (size_t i = 0; i < j->ngrid; i++) {
-            double e = seg_werr(j, x, im, n, a, j->grid[i]);
-            if (e < best) {
-                best = e;
-                r = j->grid[i];
-            }
-        }
-    }
-    float m = a * r;
-    float s = m / 127.0f, inv = 127.0f / m;
     *scale = s;
     uint32_t key = j->p->sr ? ork_sr_row_key(j->p->seed, row) : 0;
     if (j->g) {
@@ -238,6 +259,13 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
         for (size_t g = 0; g < G; g++) {
             const size_t c0 = g * gs, len = K - c0 < gs ? K - c0 : gs;
             if (G > 1) j->kern->absmax(x + c0, len, &a);
+            if (G > 1 && (ork_f16_from_f32(a / 127.0f) & 0x7c00u) == 0x7c00u) {
+                free(tmp);
+                return ork_err_set(err, ORK_EINVAL, "weight row %zu, group %zu (columns %zu..%zu) has absmax %g: its "
+                                   "scale %g exceeds %g, the largest float16 (group-wise scales are float16: use one "
+                                   "scale per row, or rescale the weight)", n, g, c0, c0 + len - 1, (double)a,
+                                   (double)(a / 127.0f), (double)ORK_F16_MAX);
+            }
             quant_segment(j, x + c0, j->p->imatrix ? j->p->imatrix + c0 : NULL, len, c0, n, a,
                           out + (j->g ? c0 / 2 : c0), j->scales + n * G + g, tmp);
         }
@@ -364,4 +392,48 @@ ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales,
     dequant_job j = {kind, (const uint8_t *)codes, scales, K, ork_quant_row_bytes(kind, K), group ? group : K,
                      out, ork_quant_kernels_active()};
     return ork_parallel_for(nthreads, N, 65536 / K + 1, dequant_rows, &j, err);
+}
+
+/* ------------------------------------------------ one segment's scale (GPTQ) -- */
+ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t row, size_t col0, const float *x,
+                                   size_t n, float *scale, float *inv, void *work, ork_err *err) {
+    const ork_kind_info *info = p ? ork_kind_get(p->kind) : NULL;
+    if (!info) return p ? ork_kind_check(p->kind, err) : ork_err_set(err, ORK_EINVAL, "segment_scale: NULL argument");
+    float defgrid[ORK_QUANT_DEFAULT_GRID_N];
+    quant_job j;
+    memset(&j, 0, sizeof j);
+    j.K = K;
+    j.p = p;
+    j.grid = p->grid;
+    j.ngrid = p->imatrix ? p->ngrid : 0;
+    if (p->imatrix && !j.grid) {
+        j.ngrid = ork_quant_default_grid(defgrid, ORK_QUANT_DEFAULT_GRID_N);
+        j.grid = defgrid;
+    }
+    j.kern = ork_quant_kernels_active();
+    j.g = info->bits == 4 ? &info->grid : NULL;
+    j.zero = info->zero_code;
+    j.group = p->group && p->group < K ? p->group : K;
+    float a;
+    if (j.kern->absmax(x, n, &a))
+        for (size_t k = 0; k < n; k++)
+            if (!isfinite(x[k]))
+                return ork_err_set(err, ORK_ENONFINITE, "weight has a non-finite value (%s) at [%zu, %zu]",
+                                   isnan(x[k]) ? "NaN" : "Inf", row, col0 + k);
+    if (f16_scales(&j) && (ork_f16_from_f32(a / 127.0f) & 0x7c00u) == 0x7c00u)
+        return ork_err_set(err, ORK_EINVAL, "weight row %zu, columns %zu..%zu have absmax %g: the scale exceeds %g, "
+                           "the largest float16 (group-wise scales are float16)", row, col0, col0 + n - 1, (double)a,
+                           (double)ORK_F16_MAX);
+    uint8_t *tmp = (uint8_t *)work;
+    quant_segment(&j, x, p->imatrix ? p->imatrix + col0 : NULL, n, col0, row, a, tmp + n, scale, tmp);
+    *inv = 0.0f; /* the inverse of the chosen ratio: the first candidate, in search order, giving that scale */
+    for (size_t i = 0; *scale > 0.0f && i <= j.ngrid; i++) {
+        float s, v;
+        seg_scale(&j, a * (i ? j.grid[i - 1] : 1.0f), &s, &v);
+        if (s == *scale) {
+            *inv = v;
+            break;
+        }
+    }
+    return ORK_OK;
 }

@@ -3,7 +3,8 @@
  *
  * ---------------------------------------------------------------- contract --
  * Input: float32 weight W of shape (N, K), row-major: N output channels, K
- * inputs. Every row n gets one float32 scale s[n] >= 0.
+ * inputs. Every row n gets one float32 scale s[n] >= 0 (group-wise scales,
+ * below: one float16 value per segment).
  *
  * Kinds: every quantization kind is one row of the kind registry (quant.c,
  * ork_kind_info below); nothing else in the tree lists kinds. A row gives the
@@ -196,7 +197,31 @@ typedef struct ork_quant_params {
  * search over the segment's imatrix entries, its codes at the same place of the
  * row; stochastic rounding hashes the row's global column index). group == 0 or
  * group >= K is one segment per row: the per-row contract above, byte for byte.
- * The codes' layout does not change (4-bit segments start on even columns). */
+ * The codes' layout does not change (4-bit segments start on even columns).
+ *
+ * float16 group scales (more than one segment per row, 0 < group < K; O4N1/O8N1
+ * version 3 stores them as float16, docs/o4n1.md): a segment's scale is a float16
+ * value. For m = a * r,
+ *     s = f16(m / 127)   (m / 127 in float32 as above, then to the nearest float16,
+ *                         ties to even: half.h ork_f16_from_f32)
+ *     inv = 1 / s        (float32 division; y = w * inv as above)
+ * so the codes are the nearest levels of w / s for the scale actually stored (the
+ * dequantization error is that of s, not of m / 127; a y beyond the end level
+ * takes it, as in the per-row contract). The imatrix search evaluates every
+ * candidate r with its (s, inv), so E(r) is the error of what would be stored.
+ *   - Subnormal float16 scales (m / 127 < 2^-14: absmax below ~7.8e-3 at r = 1)
+ *     are kept (gradual underflow, as llama.cpp's fp16 block scales): the stored
+ *     s is within 2^-25 of m / 127, a weight's error grows by at most
+ *     127 * 2^-25 ~ 3.8e-6.
+ *   - A candidate whose s rounds to 0 (m / 127 <= 2^-25) is evaluated as all
+ *     zeros (inv = 0); when the search picks it, or r = 1 already gives s = 0
+ *     (absmax below ~3.8e-6), the segment is a zero segment: s = 0, zero codes.
+ *   - A segment with absmax a >= ORK_QUANT_TINY whose f16(a / 127) overflows
+ *     (a / 127 >= 65520, absmax >= ~8.32e6) is an error, ORK_EINVAL naming the
+ *     row, the group and the absmax: no float16 scale reaches it, and
+ *     saturating would silently clip the segment (a smaller clip ratio is never
+ *     tried instead). Such a weight needs per-row scales (group 0) or rescaling.
+ * Per-row scales (group 0 or >= K) stay float32, byte for byte. */
 #define ORK_GROUP_MAX 4096
 /* ORK_EINVAL unless group is 0 or a multiple of 32 in [32, ORK_GROUP_MAX]. */
 ork_status ork_group_check(size_t group, ork_err *err);
@@ -218,5 +243,14 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
                         void *codes, float *scales, ork_err *err);
 ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales, size_t N,
                           size_t K, size_t group, float *out, int nthreads, ork_err *err);
+
+/* One segment's scale, as ork_quantize picks it, for GPTQ (gptq.h), which rounds each
+ * column itself: the n values x at columns [col0, col0 + n) of row `row` of a weight with K
+ * columns quantized with p (kind; imatrix (K,) or NULL, not checked here; grid; group:
+ * float16 scales when 0 < group < K; sr ignored). *scale: the stored scale; *inv: the float32
+ * inverse its codes are chosen with (y = w * inv; 0 for a zero segment). work: 2 * n bytes.
+ * ORK_ENONFINITE naming [row, col] for a non-finite x, ORK_EINVAL for a float16 overflow. */
+ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t row, size_t col0, const float *x,
+                                   size_t n, float *scale, float *inv, void *work, ork_err *err);
 
 #endif /* ORK_QUANT_H */

@@ -30,9 +30,17 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg);
 PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw);
 /* packed_layout(kind, N, K) -> dict: the store's shape/dtype/bytes and the O4N1/O8N1 file offsets */
 PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw);
+/* f16_from_f32(float32 (n,)) -> uint16 (n,), f16_to_f32(uint16 (n,)) -> float32: half.h's codec */
+PyObject *orkpy_f16_from_f32(PyObject *self, PyObject *arg);
+PyObject *orkpy_f16_to_f32(PyObject *self, PyObject *arg);
 /* the store array of a packed weight, exact dtype and shape (pack.h ork_pack_store_shape), or NULL */
 struct tagPyArrayObject *orkpy_as_store(PyObject *obj, const ork_kind_info *k, Py_ssize_t N, Py_ssize_t K,
                                         const char *name);
+
+/* py_gptq.c: gptq(w, gram, kind, damp, block, rows, group, static_groups, threads) -> (codes, scales);
+ * gptq_factor(h, threads) -> U, the upper Cholesky factor of inv(h) (csrc/ork/gptq.h) */
+PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_gptq_factor(PyObject *self, PyObject *args, PyObject *kw);
 
 /* py_map.c: orkpy._core.MappedFile (guarded read-only file mappings, csrc/ork/mapguard.h) */
 int orkpy_map_init(PyObject *module);

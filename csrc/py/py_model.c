@@ -1181,6 +1181,145 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
     return r;
 }
 
+/* ------------------------------------------------------ decode session --
+ * orkpy._core.Session: a KV-cached decode session (model.h) over a ForwardModel, which it keeps
+ * alive. Every call takes the model's lock (a session and the model's forwards, settings and
+ * other sessions never run at once) and checks the model's mapped files like forward. */
+typedef struct {
+    PyObject_HEAD
+    FwdObject *model;
+    ork_session *s;
+} SessObject;
+
+static PyTypeObject SessType;
+
+static void sess_dealloc(SessObject *self) {
+    ork_session_free(self->s);
+    Py_XDECREF(self->model);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ForwardModel.session(n_ctx, n_batch=512) -> Session */
+static PyObject *fwd_session(FwdObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"n_ctx", "n_batch", NULL};
+    Py_ssize_t n_ctx, n_batch = 512;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|n:session", kwlist, &n_ctx, &n_batch)) return NULL;
+    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
+    if (n_ctx < 1) return PyErr_Format(PyExc_ValueError, "n_ctx must be >= 1, got %zd", n_ctx);
+    if (n_batch < 1) return PyErr_Format(PyExc_ValueError, "n_batch must be >= 1, got %zd", n_batch);
+    SessObject *so = PyObject_New(SessObject, &SessType);
+    if (!so) return NULL;
+    so->s = NULL;
+    Py_INCREF(self);
+    so->model = self;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    if (fwd_lock(self) < 0) {
+        Py_DECREF(so);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_session_new(&self->m, (size_t)n_ctx, (size_t)n_batch, &so->s, &err);
+    Py_END_ALLOW_THREADS
+    fwd_unlock(self);
+    if (st != ORK_OK) {
+        Py_DECREF(so);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)so;
+}
+
+/* eval(tokens, all_logits=False, threads=0) -> float32 logits (n_vocab,) or (n, n_vocab) */
+static PyObject *sess_eval(SessObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"tokens", "all_logits", "threads", NULL};
+    PyObject *tok_obj;
+    int all = 0, threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pi:eval", kwlist, &tok_obj, &all, &threads)) return NULL;
+    if (orkpy_check_threads(threads) < 0) return NULL;
+    PyArrayObject *t = tokens_arg(tok_obj);
+    if (!t) return NULL;
+    const npy_intp n = PyArray_DIM(t, 0), V = (npy_intp)self->model->m.n_vocab;
+    npy_intp dims[2] = {n, V};
+    PyArrayObject *out = all ? (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32)
+                             : (PyArrayObject *)PyArray_SimpleNew(1, &dims[1], NPY_FLOAT32);
+    if (!out || fwd_lock(self->model) < 0) {
+        Py_DECREF(t);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ORK_OK;
+    int bad = fwd_check_maps(self->model);
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_session_eval(self->s, (const int32_t *)PyArray_DATA(t), (size_t)n, all, (float *)PyArray_DATA(out),
+                              threads, &err);
+        Py_END_ALLOW_THREADS
+        bad = fwd_check_maps(self->model); /* a file that changed during the pass voids its result */
+    }
+    fwd_unlock(self->model);
+    Py_DECREF(t);
+    if (bad < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (st != ORK_OK) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)out;
+}
+
+/* rewind(pos): keep the first pos tokens */
+static PyObject *sess_rewind(SessObject *self, PyObject *args) {
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "n:rewind", &pos)) return NULL;
+    if (pos < 0) return PyErr_Format(PyExc_ValueError, "pos must be >= 0, got %zd", pos);
+    if (fwd_lock(self->model) < 0) return NULL;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_session_rewind(self->s, (size_t)pos, &err);
+    fwd_unlock(self->model);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *sess_pos(SessObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(ork_session_pos(self->s));
+}
+
+static PyObject *sess_n_ctx(SessObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(ork_session_n_ctx(self->s));
+}
+
+static PyMethodDef sess_methods[] = {
+    {"eval", (PyCFunction)(void (*)(void))sess_eval, METH_VARARGS | METH_KEYWORDS,
+     "eval(tokens, all_logits=False, threads=0) -> float32 logits of the last token (n_vocab,) or of every "
+     "appended token (n, n_vocab)"},
+    {"rewind", (PyCFunction)sess_rewind, METH_VARARGS, "rewind(pos): forget every position >= pos"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef sess_getset[] = {
+    {"pos", (getter)sess_pos, NULL, "tokens the session holds (the next token's position)", NULL},
+    {"n_ctx", (getter)sess_n_ctx, NULL, "positions the KV cache holds", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SessType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.Session",
+    .tp_basicsize = sizeof(SessObject),
+    .tp_dealloc = (destructor)sess_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a KV-cached decode session of a ForwardModel (ForwardModel.session)",
+    .tp_methods = sess_methods,
+    .tp_getset = sess_getset,
+};
+
 static PyMethodDef fwd_methods[] = {
     {"set_linear", (PyCFunction)fwd_set_linear, METH_VARARGS,
      "set_linear(index, spec): replace a linear by another of the same shape (a sensitivity scan)"},
@@ -1204,6 +1343,8 @@ static PyMethodDef fwd_methods[] = {
      "-> [(sums, count)] per linear in linear_names(hparams) order; stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(tokens, first=0, threads=0) -> float32 logits (T - first, n_vocab)"},
+    {"session", (PyCFunction)(void (*)(void))fwd_session, METH_VARARGS | METH_KEYWORDS,
+     "session(n_ctx, n_batch=512) -> Session: a KV-cached decode session with n_ctx positions"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1219,10 +1360,15 @@ static PyTypeObject FwdType = {
 };
 
 int orkpy_model_init(PyObject *module) {
-    if (PyType_Ready(&FwdType) < 0) return -1;
+    if (PyType_Ready(&FwdType) < 0 || PyType_Ready(&SessType) < 0) return -1;
     Py_INCREF(&FwdType);
     if (PyModule_AddObject(module, "ForwardModel", (PyObject *)&FwdType) < 0) {
         Py_DECREF(&FwdType);
+        return -1;
+    }
+    Py_INCREF(&SessType);
+    if (PyModule_AddObject(module, "Session", (PyObject *)&SessType) < 0) {
+        Py_DECREF(&SessType);
         return -1;
     }
     return 0;

@@ -10,6 +10,7 @@
 
 #include <string.h>
 
+#include "../ork/half.h"
 #include "../ork/o4n1.h"
 #include "../ork/linear.h"
 #include "../ork/pack.h"
@@ -284,11 +285,12 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (st != ORK_OK) return orkpy_raise(st, &err);
-    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "kind", ork_kind_get(info.kind)->name, "N",
+    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "kind", ork_kind_get(info.kind)->name, "N",
                          (unsigned long long)info.N, "K", (unsigned long long)info.K, "scales_offset",
                          (unsigned long long)info.scales_off, "store_offset", (unsigned long long)info.store_off,
                          "store_bytes", (unsigned long long)info.store_bytes, "group", (unsigned long long)info.group,
-                         "G", (unsigned long long)info.G);
+                         "G", (unsigned long long)info.G, "version", (unsigned)info.version, "scale_bytes",
+                         (unsigned)info.scale_bytes);
 }
 
 /* packed_check(store, kind, N, K, bscale): the door of PackedWeight(...): the
@@ -352,11 +354,45 @@ PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
     ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
     const size_t bytes = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
     const uint64_t soff = ork_o4n1_grouped_store_offset((uint64_t)N, (uint64_t)K, (uint64_t)group);
-    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n}", "kind", ki->name, "bits", ki->bits,
+    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n,s:i,s:i}", "kind", ki->name, "bits", ki->bits,
                          "store_shape", (Py_ssize_t)shape[0], (Py_ssize_t)shape[1], (Py_ssize_t)shape[2],
                          (Py_ssize_t)shape[3], "store_dtype", ki->bits == 8 ? "int8" : "uint8", "store_bytes",
                          (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", hbytes,
                          "scales_offset", hbytes, "store_offset", (unsigned long long)soff, "file_bytes",
                          (unsigned long long)(soff + bytes), "group", (Py_ssize_t)(grouped ? group : 0), "G",
-                         (Py_ssize_t)G);
+                         (Py_ssize_t)G, "version", grouped ? ORK_O4N1_VERSION_F16 : ORK_O4N1_VERSION, "scale_bytes",
+                         grouped ? 2 : 4);
+}
+
+/* f16_from_f32(x) -> uint16 (n,): IEEE float16 bit patterns of float32 x (n,), nearest, ties to
+ * even (half.h; overflow -> inf). f16_to_f32(h) -> float32 (n,): their exact values. The codec of
+ * float16 group scales (O4N1/O8N1 version 3). */
+PyObject *orkpy_f16_from_f32(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyArrayObject *x = orkpy_as_exact(arg, NPY_FLOAT32, 1, "x");
+    if (!x) return NULL;
+    npy_intp n = PyArray_DIM(x, 0);
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT16);
+    if (out) {
+        const float *src = (const float *)PyArray_DATA(x);
+        uint16_t *dst = (uint16_t *)PyArray_DATA(out);
+        for (npy_intp i = 0; i < n; i++) dst[i] = ork_f16_from_f32(src[i]);
+    }
+    Py_DECREF(x);
+    return (PyObject *)out;
+}
+
+PyObject *orkpy_f16_to_f32(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyArrayObject *h = orkpy_as_exact(arg, NPY_UINT16, 1, "h");
+    if (!h) return NULL;
+    npy_intp n = PyArray_DIM(h, 0);
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT32);
+    if (out) {
+        const uint16_t *src = (const uint16_t *)PyArray_DATA(h);
+        float *dst = (float *)PyArray_DATA(out);
+        for (npy_intp i = 0; i < n; i++) dst[i] = ork_f16_to_f32(src[i]);
+    }
+    Py_DECREF(h);
+    return (PyObject *)out;
 }

@@ -10,6 +10,7 @@
 
 #include "../../csrc/ork/cpu.h"
 #include "check.h"
+#include "../../csrc/ork/half.h"
 #include "../../csrc/ork/quant.h"
 
 
@@ -104,40 +105,46 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
 }
 
 /* full driver: the selected ISA against scalar, 1 vs 3 threads, every kind,
- * with and without imatrix and SR */
+ * with and without imatrix and SR, per row and with group-wise (float16) scales */
 static void compare_drivers(ork_isa isa) {
     const size_t N = 37, K = 301;
     float *w = malloc(N * K * sizeof(float)), *im = malloc(K * sizeof(float));
     uint8_t *c_ref = malloc(N * K), *c_v = malloc(N * K);
-    float s_ref[37], s_v[37];
+    float s_ref[37 * 5], s_v[37 * 5];
     float *d_ref = malloc(N * K * sizeof(float)), *d_v = malloc(N * K * sizeof(float));
     for (size_t i = 0; i < N * K; i++) w[i] = rnd_normal() * 0.02f;
     for (size_t k = 0; k < K; k++) im[k] = rnd_unit() + ((k % 50) == 0 ? 50.0f : 0.0f);
     memset(w + 5 * K, 0, K * sizeof(float)); /* an all-zero row */
     for (int kind = 0; kind < 3; kind++) {
-        for (int variant = 0; variant < 4; variant++) {
+        for (int variant = 0; variant < 8; variant++) {
             ork_quant_params p;
             memset(&p, 0, sizeof p);
             p.kind = (ork_kind)kind;
             p.imatrix = (variant & 1) ? im : NULL;
             p.sr = (variant & 2) != 0;
             p.seed = 42;
+            p.group = (variant & 4) ? 64 : 0;
+            const size_t G = ork_group_count(K, p.group);
             ork_err err;
             ork_cpu_set_isa("scalar", &err);
             p.nthreads = 1;
             ork_status st1 = ork_quantize(w, N, K, &p, c_ref, s_ref, &err);
-            ork_dequantize(p.kind, c_ref, s_ref, N, K, 0, d_ref, 1, &err);
+            ork_dequantize(p.kind, c_ref, s_ref, N, K, p.group, d_ref, 1, &err);
             ork_cpu_set_isa(ork_isa_name(isa), &err);
             p.nthreads = 3;
             ork_status st2 = ork_quantize(w, N, K, &p, c_v, s_v, &err);
-            ork_dequantize(p.kind, c_v, s_v, N, K, 0, d_v, 3, &err);
+            ork_dequantize(p.kind, c_v, s_v, N, K, p.group, d_v, 3, &err);
             size_t nb = N * ork_quant_row_bytes(p.kind, K);
             CHECK(st1 == ORK_OK && st2 == ORK_OK, "quantize status %d %d", st1, st2);
-            CHECK(memcmp(c_ref, c_v, nb) == 0 && memcmp(s_ref, s_v, sizeof s_ref) == 0,
+            CHECK(memcmp(c_ref, c_v, nb) == 0 && memcmp(s_ref, s_v, N * G * sizeof(float)) == 0,
                   "%s driver kind=%d variant=%d codes/scales differ", ork_isa_name(isa), kind, variant);
             CHECK(memcmp(d_ref, d_v, N * K * sizeof(float)) == 0, "%s dequantize kind=%d",
                   ork_isa_name(isa), kind);
-            CHECK(s_ref[5] == 0.0f, "zero row scale");
+            CHECK(s_ref[5 * G] == 0.0f, "zero row scale");
+            size_t not_f16 = 0; /* group scales are float16 values; per-row ones (float32) need not be */
+            for (size_t i = 0; i < N * G; i++) not_f16 += ork_f16_to_f32(ork_f16_from_f32(s_ref[i])) != s_ref[i];
+            CHECK(G == 1 ? not_f16 > 0 : not_f16 == 0, "kind=%d variant=%d: %zu scales not float16", kind, variant,
+                  not_f16);
         }
     }
     w[3 * K + 7] = NAN;

@@ -5,12 +5,14 @@
  * For every input: ork_o4n1_parse over exactly the input bytes (libFuzzer's
  * heap block has exactly `size` bytes, so a one-byte over-read is an ASan
  * report). On success the documented invariants are checked (a violation is a
- * bug: __builtin_trap): the info describes the buffer exactly, every scale is
+ * bug: __builtin_trap): the info describes the buffer exactly (versions 1, 2
+ * and 3: float32 or float16 scales, per channel or group-wise), every scale is
  * finite and >= 0, an int8 store holds no -128. When N*K is small the store is
  * unpacked and, for M = 1 (GEMV) and M = 3 (GEMM) activation rows derived
  * from the input, every ISA this CPU runs must give the exact int32
  * accumulators of a naive reference, and the float path must equal
- * ((float)acc * ascale) * bscale bit for bit on every ISA.
+ * ((float)acc * ascale) * bscale bit for bit on every ISA (group-wise: the
+ * groups' terms added in order, pack.h).
  *
  * Built by tests/fuzz/build.sh; seeds: seeds_o4n1.py (files written by
  * orkpy.save_packed) and tests/fuzz/corpus/o4n1/; run by tests/fuzz/run.py.
@@ -21,6 +23,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "half.h"
 #include "o4n1.h"
 #include "pack.h"
 #include "quant.h"
@@ -35,6 +38,16 @@
 
 static uint32_t get32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* scale i of a parsed file, widened to float32 (float16 in version 3) */
+static float scale_at(const uint8_t *data, const ork_o4n1_info *info, uint64_t i) {
+    const uint8_t *p = data + info->scales_off + info->scale_bytes * i;
+    if (info->scale_bytes == 2) return ork_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+    uint32_t bits = get32(p);
+    float s;
+    memcpy(&s, &bits, 4);
+    return s;
 }
 
 /* activations from the input bytes (deterministic), int8 in [-127, 127] */
@@ -55,8 +68,9 @@ static void check_compute(const uint8_t *data, size_t size, const ork_o4n1_info 
     const int four = kind != ORK_KIND_INT8;
     const int8_t *lut = ork_quant_lut(kind);
     const void *store = data + info->store_off;
-    float *bscale = (float *)malloc(N * sizeof(float)); /* the file's bytes need not be aligned */
-    memcpy(bscale, data + info->scales_off, N * sizeof(float));
+    const size_t G = (size_t)info->G, gs = info->group ? (size_t)info->group : K;
+    float *bscale = (float *)malloc(N * G * sizeof(float)); /* the file's bytes need not be aligned */
+    for (size_t i = 0; i < N * G; i++) bscale[i] = scale_at(data, info, i);
 
     /* row-major codes -> int8 weights W[n][k] */
     size_t rb = four ? (K + 1) / 2 : K;
@@ -114,12 +128,20 @@ static void check_compute(const uint8_t *data, size_t size, const ork_o4n1_info 
             }
             for (size_t m = 0; m < M; m++)
                 for (size_t n = 0; n < N; n++) {
-                    int32_t s = 0;
-                    for (size_t k = 0; k < K; k++) s += (int32_t)xa[m * Kp + k] * w[n * K + k];
-                    float t = (float)s * ascale[m];
-                    yref[m * N + n] = t * bscale[n];
+                    float yv = 0.0f;
+                    for (size_t g = 0; g < G; g++) {
+                        int32_t s = 0;
+                        for (size_t k = g * gs; k < K && k < (g + 1) * gs; k++)
+                            s += (int32_t)xa[m * Kp + k] * w[n * K + k];
+                        float t = (float)s * ascale[m];
+                        t = t * bscale[n * G + g];
+                        yv = g ? yv + t : t;
+                    }
+                    yref[m * N + n] = yv;
                 }
-            CHECK(ork_matmul_f32(kind, store, lut, bscale, N, K, xf, M, 0, y, 1, &err) == ORK_OK);
+            if (G == 1) CHECK(ork_matmul_f32(kind, store, lut, bscale, N, K, xf, M, 0, y, 1, &err) == ORK_OK);
+            else
+                CHECK(ork_matmul_q8_grouped(kind, store, lut, bscale, gs, N, K, xa, ascale, M, y, 1, &err) == ORK_OK);
             CHECK(memcmp(y, yref, M * N * sizeof(float)) == 0);
         }
     }
@@ -155,12 +177,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(info.kind == ORK_KIND_NF4 || info.kind == ORK_KIND_INT4 || info.kind == ORK_KIND_INT8);
     CHECK(memcmp(data, info.kind == ORK_KIND_INT8 ? "O8N1" : "O4N1", 4) == 0);
     CHECK(info.N >= 1 && info.N <= ORK_PACK_MAX_N && info.K >= 1 && info.K <= ORK_PACK_MAX_K);
-    CHECK(info.scales_off == ORK_O4N1_HEADER);
-    CHECK(info.store_off >= info.scales_off + 4 * info.N && info.store_off % 64 == 0);
+    CHECK(info.version >= 1 && info.version <= 3);
+    CHECK(info.scales_off == (info.version == 1 ? ORK_O4N1_HEADER : ORK_O4N1_HEADER_GROUPED));
+    CHECK(info.scale_bytes == (info.version == 3 ? 2u : 4u));
+    CHECK(info.version == 1 ? (info.group == 0 && info.G == 1)
+                            : (info.group % 32 == 0 && info.group >= 32 && info.group < info.K &&
+                               info.G == (info.K + info.group - 1) / info.group));
+    CHECK(info.store_off >= info.scales_off + info.scale_bytes * info.N * info.G && info.store_off % 64 == 0);
     CHECK(info.store_bytes == ork_pack_store_bytes(info.kind, (size_t)info.N, (size_t)info.K));
     CHECK(info.store_off + info.store_bytes == size);
-    for (uint64_t n = 0; n < info.N; n++) {
-        uint32_t bits = get32(data + info.scales_off + 4 * n);
+    for (uint64_t i = 0; i < info.N * info.G; i++) {
+        float s = scale_at(data, &info, i);
+        uint32_t bits;
+        memcpy(&bits, &s, 4);
         CHECK((bits & 0x7F800000u) != 0x7F800000u); /* finite */
         CHECK(bits == 0 || (bits >> 31) == 0);      /* >= 0, no -0 */
     }

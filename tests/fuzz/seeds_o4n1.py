@@ -9,8 +9,9 @@ import sys
 import tempfile
 
 # (N, K): 1 x 1, odd sizes (padding in both tile dimensions), several tiles,
-# and zero rows (scale 0)
+# and zero rows (scale 0); (N, K, group): group-wise scales (version 3, float16)
 SHAPES = [(1, 1), (3, 5), (33, 40), (64, 64), (2, 100)]
+GROUPED = [(3, 100, 32), (33, 70, 64)]
 
 
 def files():
@@ -28,6 +29,13 @@ def files():
             for kind in ("nf4", "int4", "int8"):
                 p = pathlib.Path(d) / f"{kind}-{N}x{K}"
                 orkpy.save_packed(orkpy.pack(orkpy.quantize(w, kind)), p)
+                out[p.name] = p.read_bytes()
+        for N, K, g in GROUPED:
+            w = rng.standard_normal((N, K)).astype(np.float32)
+            w[1, :g] = 0.0
+            for kind in ("nf4", "int8"):
+                p = pathlib.Path(d) / f"{kind}-{N}x{K}-g{g}"
+                orkpy.save_packed(orkpy.pack(orkpy.quantize(w, kind, group_size=g)), p)
                 out[p.name] = p.read_bytes()
     return out
 

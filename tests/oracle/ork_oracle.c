@@ -12,6 +12,13 @@
  *       empty cache in one batch; rows FIRST..N_CTX-1 of every chunk ->
  *       OUT: float32 (n_chunk, N_CTX - FIRST, n_vocab). KV cache float32 and
  *       flash attention off, so the oracle's arithmetic is float32 throughout.
+ *   ork-oracle greedy MODEL TOKENS N_PREDICT THREADS OUT
+ *       TOKENS (int32, the prompt) decoded in one batch, then up to N_PREDICT
+ *       tokens generated greedily (the first largest logit), each fed back
+ *       alone through the KV cache (float32, flash attention off), stopping
+ *       before an end-of-generation token -> OUT: int32 ids. stderr: one line
+ *       "timing: prompt N_PROMPT MS ms, decode N tokens MS ms" (decode: the
+ *       one-token steps after the prompt's batch).
  *
  * Exit status 0 on success; errors go to stderr with status 1.
  */
@@ -19,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "llama.h"
 
@@ -125,6 +133,68 @@ static int cmd_logits(const char *model_path, const char *tok_path, int n_ctx, i
     return 0;
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmd_greedy(const char *model_path, const char *tok_path, int n_predict, int threads, const char *out_path) {
+    long len = 0;
+    char *raw = slurp(tok_path, &len);
+    if (!raw) return die("cannot read", tok_path);
+    const llama_token *toks = (const llama_token *)raw;
+    const int n_prompt = (int)(len / (long)sizeof(llama_token));
+    if (n_prompt < 1 || n_predict < 0) return die("bad prompt / n_predict", NULL);
+    struct llama_model *model = load(model_path, 0);
+    if (!model) return die("cannot load model", model_path);
+    const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)(n_prompt + n_predict + 1);
+    cp.n_batch = (uint32_t)n_prompt;
+    cp.n_ubatch = (uint32_t)n_prompt;
+    cp.n_seq_max = 1;
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    cp.swa_full = 1;
+    struct llama_context *ctx = llama_init_from_model(model, cp);
+    if (!ctx) return die("cannot create context", NULL);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    llama_token *out = malloc(sizeof(llama_token) * (size_t)(n_predict + 1));
+    struct llama_batch batch = llama_batch_get_one((llama_token *)toks, n_prompt);
+    int n_out = 0, n_dec = -1; /* decode calls after the prompt's */
+    double t0 = now_ms(), t_prompt = 0.0, t1 = 0.0;
+    for (;;) {
+        if (llama_decode(ctx, batch)) return die("llama_decode failed", NULL);
+        if (++n_dec == 0) {
+            t_prompt = now_ms() - t0;
+            t1 = now_ms();
+        }
+        if (n_out == n_predict) break;
+        const float *l = llama_get_logits_ith(ctx, -1);
+        llama_token best = 0;
+        for (int i = 1; i < n_vocab; i++)
+            if (l[i] > l[best]) best = i;
+        if (llama_vocab_is_eog(vocab, best)) break;
+        out[n_out++] = best;
+        if (n_out == n_predict) break;
+        batch = llama_batch_get_one(&out[n_out - 1], 1);
+    }
+    fprintf(stderr, "timing: prompt %d %.3f ms, decode %d tokens %.3f ms\n", n_prompt, t_prompt, n_dec,
+            n_dec ? now_ms() - t1 : 0.0);
+    FILE *f = fopen(out_path, "wb");
+    if (!f || fwrite(out, sizeof(llama_token), (size_t)n_out, f) != (size_t)n_out || fclose(f))
+        return die("cannot write", out_path);
+    free(out);
+    llama_free(ctx);
+    llama_model_free(model);
+    free(raw);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     llama_log_set(quiet, NULL);
     llama_backend_init();
@@ -133,8 +203,11 @@ int main(int argc, char **argv) {
         rc = cmd_tokenize(argv[2], argv[3], argv[4]);
     else if (argc == 8 && !strcmp(argv[1], "logits"))
         rc = cmd_logits(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), argv[7]);
+    else if (argc == 7 && !strcmp(argv[1], "greedy"))
+        rc = cmd_greedy(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6]);
     else
-        rc = die("usage: ork-oracle tokenize MODEL TEXT OUT | logits MODEL TOKENS N_CTX FIRST THREADS OUT", NULL);
+        rc = die("usage: ork-oracle tokenize MODEL TEXT OUT | logits MODEL TOKENS N_CTX FIRST THREADS OUT | "
+                 "greedy MODEL TOKENS N_PREDICT THREADS OUT", NULL);
     llama_backend_free();
     return rc;
 }

@@ -1,0 +1,83 @@
+/* gptq.h - GPTQ rounding (Frantar et al., 2022): the columns of a float32 weight
+ * W (N, K) rounded one at a time onto a kind's grid, each column's error moved
+ * onto the columns not yet rounded through the inverse of the linear's input
+ * Gram matrix H = sum x x^T (K, K, float64), so that the error of the layer's
+ * output x W^T shrinks rather than the weights'. The output is exactly
+ * ork_quantize's layout (codes, scales): it packs and saves like any tensor.
+ *
+ * ---------------------------------------------------------------- contract --
+ * 1. H: finite (else ORK_ENONFINITE naming (i, j), the first in row-major
+ *    order), diagonal >= 0 (else ORK_EINVAL naming [k]). Dead columns
+ *    (H[k,k] == 0: inputs that never fired) get H[k,k] = 1; then
+ *    H[k,k] += damp * mean(diag H) (the mean of the dead-fixed diagonal,
+ *    summed in increasing k, double). Not positive definite -> ORK_EINVAL.
+ * 2. U: the upper Cholesky factor of inv(H) (inv(H) = U^T U, U[k,k] > 0), in
+ *    double, without LAPACK: with P the reversal permutation, P H P = L L^T
+ *    (lower Cholesky, right-looking: A[i][j] -= L[i][p] L[j][p] for p
+ *    ascending, one rounding per multiply and per subtraction), then X = L^-1
+ *    by forward substitution (x[i] = (e[i] - sum_p L[i][p] x[p]) / L[i][i],
+ *    the sum accumulated in p ascending) and U = P X P. Blocking (64 x 64
+ *    panels) and threads only change the memory order: each element sees the
+ *    same operations in the same order, so U is bit-identical for any thread
+ *    count. About 2/3 K^3 flops.
+ * 3. Scales: one per row (group 0 or >= K) or per group of `group` columns,
+ *    exactly those ork_quant_segment_scale gives for the segment (float16
+ *    when grouped, as ork_quantize stores them), with the 4-bit kinds'
+ *    importance imatrix[k] = float32(H[k,k] / rows) (the raw diagonal; none
+ *    when rows == 0 or every value is 0; int8 never uses one: absmax). Static
+ *    groups (and per-row scales): chosen from W before any update. Dynamic
+ *    groups: each group's scale chosen when the loop reaches its first
+ *    column, from float32() of that group's columns as the error feedback
+ *    has left them (every earlier column's error applied).
+ * 4. Rows are independent given U; each row's state is double w[k]
+ *    (= W[n][k] at start). For k = 0 .. K-1 with the column's group scale s:
+ *      int8 : q = clamp(round_half_away(float32(w[k]) * inv), +-127) (quant.h's
+ *             rounding, inv the segment's float32 inverse), value q * s;
+ *      4-bit: code = the nearest level of w[k] * (1 / (double)s) among the
+ *             kind's LUT levels (a tie goes to the upper level; s == 0: the
+ *             zero code), value lut[code] * s;
+ *      e = (w[k] - value) / U[k][k] (0 for a dead column), and
+ *      w[j] -= e * U[k][j] for every j > k (one product, one subtraction).
+ *    Lazy block updates (`block` columns: eager inside a block, the block's
+ *    errors pushed onto the later columns when it ends, or before a dynamic
+ *    group's scale is chosen) apply the same subtractions in the same order,
+ *    so the result never depends on `block` or on the thread count: blocks
+ *    of 16 rows run in parallel (ork_parallel_for).
+ *
+ * Plain C, double precision, no ISA variants: this is not a SIMD kernel (the
+ * compiler may vectorize the loops; -ffp-contract=off forbids fusing a
+ * multiply and an add, so every build gives the same bits). Memory: two K x K
+ * double matrices (the factor, then U's panels packed for the lazy updates;
+ * and U) + per work item 16 rows of K doubles.
+ * Never aborts: ORK_ENOMEM when an allocation fails, ORK_EINVAL /
+ * ORK_ENONFINITE naming the bad argument.
+ */
+#ifndef ORK_GPTQ_H
+#define ORK_GPTQ_H
+
+#include <stddef.h>
+
+#include "quant.h"
+#include "status.h"
+
+typedef struct ork_gptq_params {
+    ork_kind kind;     /* int8 or a 4-bit kind */
+    double damp;       /* finite, >= 0: share of mean(diag H) added to the diagonal */
+    size_t block;      /* >= 1: columns per lazy update (memory order only) */
+    size_t rows;       /* input rows H was summed over: the 4-bit importance diag(H) / rows; 0 = none */
+    size_t group;      /* 0 (one scale per row) or a multiple of 32 (ork_group_check); >= K: per row */
+    int static_groups; /* group scales chosen up front from W */
+    int nthreads;      /* <= 0: all cores; results never depend on it */
+} ork_gptq_params;
+
+/* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N * ork_group_count(K, group')
+ * floats (group' = 0 when group >= K): ork_quantize's layout. gram: K x K, row-major. */
+ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p, void *codes,
+                    float *scales, ork_err *err);
+
+/* Step 2 alone: u (K x K doubles) = the upper Cholesky factor of inv(h), h used as given
+ * (no damping, no dead columns; symmetric, only its upper triangle is read); u's strict
+ * lower triangle is set to 0. ORK_EINVAL when h is not positive definite. */
+ork_status ork_gptq_factor(const double *h, size_t K, int nthreads, double *u, ork_err *err);
+
+#endif /* ORK_GPTQ_H */
