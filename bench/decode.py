@@ -40,15 +40,13 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import pytest  # noqa: E402  (tests/oracle.py reports a missing tool or model as a pytest skip)
 from oracle import BIN, llama_bin, llama_quantize, oracle_greedy, real_model  # noqa: E402
+from workers import maxrss_mb, run_worker, serve_worker  # noqa: E402
 
 ROWS = {"f32": ("F32", "gguf", None), "int8": ("int8 / Q8_0", "int8", "Q8_0"), "nf4": ("nf4 / Q4_0", "nf4", "Q4_0")}
-
-
-def _maxrss_mb(who):
-    return resource.getrusage(who).ru_maxrss / 1024.0
 
 
 def worker_orkpy(a):
@@ -71,7 +69,7 @@ def worker_orkpy(a):
         if rep:
             rates.append(a["n"] / dt)
     return {"tok_s": statistics.mean(rates), "sd": statistics.stdev(rates) if len(rates) > 1 else 0.0,
-            "load_s": load, "rss_mb": _maxrss_mb(resource.RUSAGE_SELF)}
+            "load_s": load, "rss_mb": maxrss_mb(resource.RUSAGE_SELF)}
 
 
 def worker_llama(a):
@@ -81,20 +79,12 @@ def worker_llama(a):
                               "-r", str(a["repeat"]), "-o", "json"], capture_output=True, text=True, check=True).stdout
         r = json.loads(out[out.index("["):])[0]
         return {"tok_s": float(r["avg_ts"]), "sd": float(r["stddev_ts"]), "how": "llama-bench",
-                "rss_mb": _maxrss_mb(resource.RUSAGE_CHILDREN)}
+                "rss_mb": maxrss_mb(resource.RUSAGE_CHILDREN)}
     import numpy as np
     tm = {}
     oracle_greedy(a["model"], np.array([a["bos"]], np.int32), a["n"], threads=a["threads"], timing=tm)
     return {"tok_s": tm["decode_tokens"] / (tm["decode_ms"] / 1e3), "sd": 0.0, "how": "ork-oracle greedy",
-            "rss_mb": _maxrss_mb(resource.RUSAGE_CHILDREN)}
-
-
-def run_worker(side, args):
-    """One measurement in a fresh process: its stdout's last line is the JSON result."""
-    p = subprocess.run([sys.executable, __file__, "--worker", side, json.dumps(args)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{side} worker failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+            "rss_mb": maxrss_mb(resource.RUSAGE_CHILDREN)}
 
 
 def main():
@@ -107,8 +97,7 @@ def main():
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        side, args = a.worker[0], json.loads(a.worker[1])
-        print(json.dumps(worker_llama(args) if side == "llama" else worker_orkpy(args)))
+        serve_worker(a.worker, {"llama": worker_llama, "orkpy": worker_orkpy})
         return
 
     import orkpy
@@ -133,8 +122,8 @@ def main():
             lfile = f32 if qtype is None else llama_quantize(f32, pathlib.Path(work) / f"smollm2-{qtype}.gguf",
                                                              qtype, threads=a.threads)
             job = {"n": a.n, "threads": a.threads, "repeat": a.repeat, "bos": bos}
-            r = {"llama": run_worker("llama", dict(job, model=str(lfile))),
-                 "orkpy": run_worker("orkpy", dict(job, model=str(f32), weights=weights))}
+            r = {"llama": run_worker(__file__, "llama", dict(job, model=str(lfile))),
+                 "orkpy": run_worker(__file__, "orkpy", dict(job, model=str(f32), weights=weights))}
             results[key] = r
             for side, x in r.items():
                 note = x.get("how", "") + (f" on {lfile.name}" if side == "llama" else

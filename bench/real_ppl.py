@@ -40,13 +40,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = pathlib.Path(os.environ.get("ORKPY_SHARED", ROOT.parent / "shared"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import pytest  # noqa: E402  (tests/oracle.py reports a missing tool or model as a pytest skip)
 from oracle import llama_bin, llama_perplexity, oracle_tokens, real_model  # noqa: E402
-
-
-def _maxrss_mb(who):
-    return resource.getrusage(who).ru_maxrss / 1024.0
+from workers import maxrss_mb, run_worker, serve_worker  # noqa: E402
 
 
 def worker_llama(a):
@@ -56,7 +54,7 @@ def worker_llama(a):
     n_seq = int(re.search(r"n_seq=(\d+)", out).group(1))
     t_pass = float(re.search(r"([0-9.]+) seconds per pass", out).group(1))
     return {"ppl": r["ppl"], "tok_s": min(n_seq, a["chunks"]) * a["ctx"] / t_pass, "n_seq": n_seq,
-            "rss_mb": _maxrss_mb(resource.RUSAGE_CHILDREN)}
+            "rss_mb": maxrss_mb(resource.RUSAGE_CHILDREN)}
 
 
 def worker_orkpy(a):
@@ -68,7 +66,7 @@ def worker_orkpy(a):
     ids = np.fromfile(a["ids"], dtype=np.int32)
     r = orkpy.perplexity(m, ids, n_ctx=a["ctx"], chunks=a["chunks"], threads=a["threads"], progress=False)
     out = {"ppl": r.ppl, "tok_s": a["chunks"] * a["ctx"] / r.wall_time, "load_s": load,
-           "rss_mb": _maxrss_mb(resource.RUSAGE_SELF)}
+           "rss_mb": maxrss_mb(resource.RUSAGE_SELF)}
     try:  # orkpy's own tokenizer on the same text (timed apart; ids compared with llama.cpp's)
         text = pathlib.Path(a["text"]).read_text(encoding="utf-8")
         t0 = time.perf_counter()
@@ -78,14 +76,6 @@ def worker_orkpy(a):
     except Exception as e:  # noqa: BLE001  (an architecture or tokenizer not supported yet)
         out["tokenize_error"] = f"{type(e).__name__}: {e}"
     return out
-
-
-def run_worker(side, args):
-    """One measurement in a fresh process: its stdout's last line is the JSON result."""
-    p = subprocess.run([sys.executable, __file__, "--worker", side, json.dumps(args)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{side} worker failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -101,8 +91,7 @@ def main():
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        side, args = a.worker[0], json.loads(a.worker[1])
-        print(json.dumps(worker_llama(args) if side == "llama" else worker_orkpy(args)))
+        serve_worker(a.worker, {"llama": worker_llama, "orkpy": worker_orkpy})
         return
 
     import orkpy
@@ -131,11 +120,11 @@ def main():
             best = {}
             for _ in range(a.repeat):
                 for side in ("llama", "orkpy"):
-                    r = run_worker(side, job)
+                    r = run_worker(__file__, side, job)
                     if side not in best or r["tok_s"] > best[side]["tok_s"]:
                         best[side] = r
             if a.quantized:
-                best["llama-quantized"] = run_worker("llama", dict(job, model=str(srcs[name])))
+                best["llama-quantized"] = run_worker(__file__, "llama", dict(job, model=str(srcs[name])))
             o, ll = best["orkpy"], best["llama"]
             for side, r in best.items():
                 note = ""

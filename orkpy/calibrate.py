@@ -234,6 +234,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     gptq = method == "gptq"
     if gptq and calib is None:
         raise ValueError("method='gptq' needs calib= (a calibration text or token ids, not the scored text)")
+    if gptq_sequential and not gptq:
+        raise ValueError("gptq_sequential=True applies to method='gptq' only")
     if awq and calib is None:
         raise ValueError("awq=True needs calib= (a calibration text or token ids, not the scored text)")
     if awq and smooth is not None:

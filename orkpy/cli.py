@@ -438,7 +438,7 @@ def _cmd_quantize(args):
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
                         awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
-                        tied_lookup=args.tied_lookup,
+                        tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
                         **_transform_kwargs(args, calib))
     out = qm.save(args.output, overwrite=args.overwrite)
     if args.emit_map and qm.alloc_map is not None:
@@ -759,8 +759,12 @@ def build_parser():
                    help="worker threads; never changes a result (default: all cores)")
     _add_transform_args(s)
     s.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
-                   help="rounding of the int8 tier: round to nearest, or GPTQ error feedback on the input Gram "
-                        "matrices of --calib (default: rtn)")
+                   help="rounding of every packed tier: round to nearest, or GPTQ error feedback on the input "
+                        "Gram matrices of --calib (default: rtn)")
+    s.add_argument("--gptq-sequential", action="store_true",
+                   help="with --method gptq: calibrate layer by layer, each layer's Gram matrices taken on the "
+                        "outputs of the already-quantized layers before it (slower; default: all layers on the "
+                        "float model)")
     s.add_argument("--awq", action="store_true",
                    help="AWQ-style per-input-channel scales searched on --calib and folded into the norms and "
                         "producing linears before rounding (default: off)")

@@ -219,7 +219,7 @@ def test_non_finite_weight_and_bad_rows_name_the_weight(rng):
         gptq_quantize(np.ones((4, 8), np.float32), g)
     big = np.ones((4, 64), np.float32)
     big[1, 40] = 1e7  # group 1's float16 scale would overflow (its scale is chosen when the loop gets there)
-    with pytest.raises(ValueError, match=r"blk\.2\.attn_q\.weight: weight row 1, columns 32\.\.63 .*float16"):
+    with pytest.raises(ValueError, match=r"blk\.2\.attn_q\.weight: weight row 1, group 1 \(columns 32\.\.63\) .*float16"):
         gptq_quantize(big, np.eye(64), "int8", group_size=32, where="blk.2.attn_q.weight")
     assert gptq_quantize(big, np.eye(64), "int8").scales[1] == np.float32(1e7) / 127  # per row: float32
 
@@ -436,6 +436,14 @@ def test_quantize_cli_method_gptq(shared, tmp_path):
                  "--calib", str(calib), "--calib-ctx", "256", "--calib-chunks", "2", "-o", str(out),
                  "--no-progress"]) == 0
     assert json.loads((out / "manifest.json").read_text())["settings"]["gptq"]["chunks"] == 2
+    assert "sequential" not in json.loads((out / "manifest.json").read_text())["settings"]["gptq"]
+    seq = tmp_path / "gs"
+    assert main(["quantize", str(shared / STORIES), "--alloc", str(shared / STORIES), "--method", "gptq",
+                 "--gptq-sequential", "--calib", str(calib), "--calib-ctx", "256", "--calib-chunks", "2", "-o",
+                 str(seq), "--no-progress"]) == 0
+    assert json.loads((seq / "manifest.json").read_text())["settings"]["gptq"]["sequential"] is True
+    assert main(["quantize", str(shared / STORIES), "--alloc", str(shared / STORIES), "--gptq-sequential",
+                 "--calib", str(calib), "-o", str(tmp_path / "y"), "--no-progress"]) == 1  # rtn: a named error
     assert main(["quantize", str(shared / STORIES), "--alloc", str(shared / STORIES), "--method", "gptq",
                  "-o", str(tmp_path / "x"), "--no-progress"]) == 1   # no --calib: a ValueError, named
     with pytest.raises(ValueError):

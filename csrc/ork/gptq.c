@@ -222,7 +222,7 @@ typedef struct {
 
 /* the scale of group g of row n from float32() of its R-row state W (row stride K) */
 static ork_status pick_scale(const gptq_job *j, const double *wrow, const float *w32, size_t n, size_t g, float *x32,
-                             void *work, seg_sc *out, ork_err *err) {
+                             seg_sc *out, ork_err *err) {
     const size_t c0 = g * j->gs, len = j->K - c0 < j->gs ? j->K - c0 : j->gs;
     const float *x = w32;
     if (wrow) {
@@ -232,7 +232,7 @@ static ork_status pick_scale(const gptq_job *j, const double *wrow, const float 
         x = w32 + c0;
     }
     float s, inv;
-    ork_status st = ork_quant_segment_scale(&j->qp, j->K, n, c0, x, len, &s, &inv, work, err);
+    ork_status st = ork_quant_segment_scale(&j->qp, j->K, n, c0, x, len, &s, &inv, err);
     if (st != ORK_OK) return st;
     j->scales[n * j->G + g] = s;
     out->s = s;
@@ -251,9 +251,8 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
     double *E = (double *)malloc(R * B * sizeof(double));
     seg_sc *sc = (seg_sc *)malloc(R * G * sizeof(seg_sc));
     float *x32 = (float *)malloc(gs * sizeof(float));
-    uint8_t *work = (uint8_t *)malloc(2 * gs);
     ork_status st = ORK_OK;
-    if (!W || !E || !sc || !x32 || !work) {
+    if (!W || !E || !sc || !x32) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ row workspace, %zu x %zu doubles)", R, K);
         goto done;
     }
@@ -262,7 +261,7 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
         for (size_t k = 0; k < K; k++) W[r * K + k] = (double)src[k];
         if (four) memset(j->codes + (r0 + r) * j->row_bytes, zero | (zero << 4), j->row_bytes);
         for (size_t g = 0; g < G && (j->p->static_groups || g == 0); g++)
-            if ((st = pick_scale(j, NULL, src, r0 + r, g, x32, work, &sc[r * G + g], err)) != ORK_OK) goto done;
+            if ((st = pick_scale(j, NULL, src, r0 + r, g, x32, &sc[r * G + g], err)) != ORK_OK) goto done;
     }
     const double *up = j->up; /* this block's panel U[i1..i2, i2..K), packed */
     for (size_t i1 = 0; i1 < K; i1 += B) {
@@ -277,7 +276,7 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
                     f = k;
                 }
                 for (size_t r = 0; r < R; r++)
-                    if ((st = pick_scale(j, W + r * K, NULL, r0 + r, g, x32, work, &sc[r * G + g], err)) != ORK_OK)
+                    if ((st = pick_scale(j, W + r * K, NULL, r0 + r, g, x32, &sc[r * G + g], err)) != ORK_OK)
                         goto done;
             }
             const double *uk = j->u + k * K;
@@ -317,7 +316,6 @@ done:
     free(E);
     free(sc);
     free(x32);
-    free(work);
     return st;
 }
 

@@ -200,26 +200,46 @@ static double seg_werr(const quant_job *j, const float *x, const float *im, size
     return j->kern->werr8(x, im, n, inv, s);
 }
 
+/* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
+ * the imatrix clip search (first best in grid order, 1.0 first; no search without importance),
+ * through seg_scale. s = 0 for a zero segment. Used by quant_segment and, for GPTQ's segments,
+ * by ork_quant_segment_scale, so both pick the same scale from the same values. */
+static void seg_choose(const quant_job *j, const float *x, const float *im, size_t n, float a, float *s,
+                       float *inv) {
+    float r = 1.0f;
+    *s = 0.0f;
+    *inv = 0.0f;
+    if (a < ORK_QUANT_TINY) return;
+    if (im) {
+        double best = seg_werr(j, x, im, n, a, 1.0f);
+        for (size_t i = 0; i < j->ngrid; i++) {
+            double e = seg_werr(j, x, im, n, a, j->grid[i]);
+            if (e < best) {
+                best = e;
+                r = j->grid[i];
+            }
+        }
+    }
+    seg_scale(j, a * r, s, inv);
+}
+
+/* ORK_EINVAL naming the segment when its float16 scale would overflow (group-wise scales only). */
+static ork_status seg_f16_check(const quant_job *j, float a, size_t row, size_t c0, size_t len, ork_err *err) {
+    if (!f16_scales(j) || (ork_f16_from_f32(a / 127.0f) & 0x7c00u) != 0x7c00u) return ORK_OK;
+    return ork_err_set(err, ORK_EINVAL, "weight row %zu, group %zu (columns %zu..%zu) has absmax %g: its scale %g "
+                       "exceeds %g, the largest float16 (group-wise scales are float16: use one scale per row, or "
+                       "rescale the weight)", row, c0 / j->group, c0, c0 + len - 1, (double)a, (double)(a / 127.0f),
+                       (double)ORK_F16_MAX);
+}
+
 /* Quantize one segment of row `row`: the n values x at columns col0.., importance im (or NULL),
  * codes written from out (4-bit: col0 even, nibble packing of the segment as of a row), the
  * scale to *scale. tmp: n bytes (4-bit). */
 static void quant_segment(const quant_job *j, const float *x, const float *im, size_t n, size_t col0, size_t row,
                           float a, uint8_t *out, float *scale, uint8_t *tmp) {
     const size_t nb = j->g ? (n + 1) / 2 : n;
-    float r = 1.0f, s = 0.0f, inv = 0.0f;
-    if (a >= ORK_QUANT_TINY) {
-        if (im) {
-            double best = seg_werr(j, x, im, n, a, 1.0f);
-            for (size_t i = 0; i < j->ngrid; i++) {
-                double e = seg_werr(j, x, im, n, a, j->grid[i]);
-                if (e < best) {
-                    best = e;
-                    r = j->grid[i];
-                }
-            }
-        }
-        seg_scale(j, a * r, &s, &inv);
-    }
+    float s, inv;
+    seg_choose(j, x, im, n, a, &s, &inv);
     if (s == 0.0f) { /* zero segment (or a float16 scale that rounds to 0) */
         *scale = 0.0f;
         if (j->g) memset(out, j->zero | (j->zero << 4), nb);
@@ -259,12 +279,10 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
         for (size_t g = 0; g < G; g++) {
             const size_t c0 = g * gs, len = K - c0 < gs ? K - c0 : gs;
             if (G > 1) j->kern->absmax(x + c0, len, &a);
-            if (G > 1 && (ork_f16_from_f32(a / 127.0f) & 0x7c00u) == 0x7c00u) {
+            ork_status st = seg_f16_check(j, a, n, c0, len, err);
+            if (st != ORK_OK) {
                 free(tmp);
-                return ork_err_set(err, ORK_EINVAL, "weight row %zu, group %zu (columns %zu..%zu) has absmax %g: its "
-                                   "scale %g exceeds %g, the largest float16 (group-wise scales are float16: use one "
-                                   "scale per row, or rescale the weight)", n, g, c0, c0 + len - 1, (double)a,
-                                   (double)(a / 127.0f), (double)ORK_F16_MAX);
+                return st;
             }
             quant_segment(j, x + c0, j->p->imatrix ? j->p->imatrix + c0 : NULL, len, c0, n, a,
                           out + (j->g ? c0 / 2 : c0), j->scales + n * G + g, tmp);
@@ -396,7 +414,7 @@ ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales,
 
 /* ------------------------------------------------ one segment's scale (GPTQ) -- */
 ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t row, size_t col0, const float *x,
-                                   size_t n, float *scale, float *inv, void *work, ork_err *err) {
+                                   size_t n, float *scale, float *inv, ork_err *err) {
     const ork_kind_info *info = p ? ork_kind_get(p->kind) : NULL;
     if (!info) return p ? ork_kind_check(p->kind, err) : ork_err_set(err, ORK_EINVAL, "segment_scale: NULL argument");
     float defgrid[ORK_QUANT_DEFAULT_GRID_N];
@@ -420,20 +438,8 @@ ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t r
             if (!isfinite(x[k]))
                 return ork_err_set(err, ORK_ENONFINITE, "weight has a non-finite value (%s) at [%zu, %zu]",
                                    isnan(x[k]) ? "NaN" : "Inf", row, col0 + k);
-    if (f16_scales(&j) && (ork_f16_from_f32(a / 127.0f) & 0x7c00u) == 0x7c00u)
-        return ork_err_set(err, ORK_EINVAL, "weight row %zu, columns %zu..%zu have absmax %g: the scale exceeds %g, "
-                           "the largest float16 (group-wise scales are float16)", row, col0, col0 + n - 1, (double)a,
-                           (double)ORK_F16_MAX);
-    uint8_t *tmp = (uint8_t *)work;
-    quant_segment(&j, x, p->imatrix ? p->imatrix + col0 : NULL, n, col0, row, a, tmp + n, scale, tmp);
-    *inv = 0.0f; /* the inverse of the chosen ratio: the first candidate, in search order, giving that scale */
-    for (size_t i = 0; *scale > 0.0f && i <= j.ngrid; i++) {
-        float s, v;
-        seg_scale(&j, a * (i ? j.grid[i - 1] : 1.0f), &s, &v);
-        if (s == *scale) {
-            *inv = v;
-            break;
-        }
-    }
+    ork_status st = seg_f16_check(&j, a, row, col0, n, err);
+    if (st != ORK_OK) return st;
+    seg_choose(&j, x, p->imatrix ? p->imatrix + col0 : NULL, n, a, scale, inv);
     return ORK_OK;
 }

@@ -248,9 +248,9 @@ ork_status ork_dequantize(ork_kind kind, const void *codes, const float *scales,
  * column itself: the n values x at columns [col0, col0 + n) of row `row` of a weight with K
  * columns quantized with p (kind; imatrix (K,) or NULL, not checked here; grid; group:
  * float16 scales when 0 < group < K; sr ignored). *scale: the stored scale; *inv: the float32
- * inverse its codes are chosen with (y = w * inv; 0 for a zero segment). work: 2 * n bytes.
+ * inverse its codes are chosen with (y = w * inv; 0 for a zero segment).
  * ORK_ENONFINITE naming [row, col] for a non-finite x, ORK_EINVAL for a float16 overflow. */
 ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t row, size_t col0, const float *x,
-                                   size_t n, float *scale, float *inv, void *work, ork_err *err);
+                                   size_t n, float *scale, float *inv, ork_err *err);
 
 #endif /* ORK_QUANT_H */

@@ -78,6 +78,18 @@ static int fwd_lock(FwdObject *self) {
 }
 static void fwd_unlock(FwdObject *self) { PyThread_release_lock(self->lock); }
 
+/* The end of a pass run under fwd_lock: `bad` < 0 when a mapped file changed before or during it
+ * (the Python error is set; the result is void), else the pass's status. Unlocks, drops `t`, and
+ * returns `out` or NULL with the exception set (dropping `out`). */
+static PyObject *fwd_pass_result(FwdObject *self, int bad, ork_status st, const ork_err *err, PyArrayObject *t,
+                                 PyArrayObject *out) {
+    fwd_unlock(self);
+    Py_DECREF(t);
+    if (bad >= 0 && st == ORK_OK) return (PyObject *)out;
+    Py_DECREF(out);
+    return bad < 0 ? NULL : orkpy_raise(st, err);
+}
+
 /* the model's linears in the forward model's order (model.h): count and linear i */
 static size_t fwd_n_linears(FwdObject *self) { return ork_model_linear_count(self->m.n_layer); }
 static ork_linear *fwd_linear(FwdObject *self, size_t i) {
@@ -517,34 +529,21 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
     }
     ork_err err;
     err.msg[0] = '\0';
-    ork_status st;
+    ork_status st = ORK_OK;
     if (fwd_lock(self) < 0) {
         Py_DECREF(t);
         Py_DECREF(out);
         return NULL;
     }
-    if (fwd_check_maps(self) < 0) {
-        fwd_unlock(self);
-        Py_DECREF(t);
-        Py_DECREF(out);
-        return NULL;
+    int bad = fwd_check_maps(self);
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
+                               (float *)PyArray_DATA(out), threads, &err);
+        Py_END_ALLOW_THREADS
+        bad = fwd_check_maps(self); /* a file that changed during the pass voids its result */
     }
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
-                           (float *)PyArray_DATA(out), threads, &err);
-    Py_END_ALLOW_THREADS
-    int changed = fwd_check_maps(self); /* a file that changed during the pass voids its result */
-    fwd_unlock(self);
-    Py_DECREF(t);
-    if (changed < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    if (st != ORK_OK) {
-        Py_DECREF(out);
-        return orkpy_raise(st, &err);
-    }
-    return (PyObject *)out;
+    return fwd_pass_result(self, bad, st, &err, t, out);
 }
 
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
@@ -1259,17 +1258,7 @@ static PyObject *sess_eval(SessObject *self, PyObject *args, PyObject *kw) {
         Py_END_ALLOW_THREADS
         bad = fwd_check_maps(self->model); /* a file that changed during the pass voids its result */
     }
-    fwd_unlock(self->model);
-    Py_DECREF(t);
-    if (bad < 0) {
-        Py_DECREF(out);
-        return NULL;
-    }
-    if (st != ORK_OK) {
-        Py_DECREF(out);
-        return orkpy_raise(st, &err);
-    }
-    return (PyObject *)out;
+    return fwd_pass_result(self->model, bad, st, &err, t, out);
 }
 
 /* rewind(pos): keep the first pos tokens */
