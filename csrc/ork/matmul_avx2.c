@@ -87,21 +87,23 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
             _mm256_storeu_si256((__m256i *)(acc + (m + 1) * 32 + i0), hsum8x8(a1));
         }
     }
+    /* a single row (decode's M = 1, or an odd M's last row): one sequential pass over the
+     * strip, 32 accumulators, the next tiles prefetched; the weights come from memory once
+     * (passes of 8 rows at a 1 KB stride stalled on every load) */
     for (; m < M; m++) {
         const int8_t *x0 = x + m * ldx;
-        for (size_t i0 = 0; i0 < 32; i0 += 8) {
-            __m256i a0[8];
-            for (int r = 0; r < 8; r++) a0[r] = _mm256_setzero_si256();
-            for (size_t kb = 0; kb < KB; kb++) {
-                __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
-                const int8_t *w = strip + (kb * 32 + i0) * 32;
-                for (int r = 0; r < 8; r++) {
-                    __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
-                    a0[r] = _mm256_add_epi32(a0[r], dot32w(_mm256_abs_epi8(wr), wr, xs0));
-                }
+        __m256i a[32];
+        for (int r = 0; r < 32; r++) a[r] = _mm256_setzero_si256();
+        for (size_t kb = 0; kb < KB; kb++) {
+            __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
+            const int8_t *w = strip + kb * 1024;
+            for (int p = 0; p < 1024; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);
+            for (int r = 0; r < 32; r++) {
+                __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
+                a[r] = _mm256_add_epi32(a[r], dot32w(_mm256_abs_epi8(wr), wr, xs0));
             }
-            _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
         }
+        for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a + i0));
     }
 }
 

@@ -37,19 +37,20 @@ static inline void ork_neon_acc_group(const int32_t *acc, size_t M, const float 
     }                                                                                              \
     static void gemm_strip_i8_##SUF(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx,   \
                                     size_t M, int32_t *acc) {                                      \
+        /* one sequential pass over the strip per row (as the AVX2 single-row loop) */            \
         for (size_t m = 0; m < M; m++) {                                                           \
             const int8_t *xr = x + m * ldx;                                                        \
-            for (size_t i0 = 0; i0 < 32; i0 += 8) {                                                \
-                int32x4_t a[8];                                                                    \
-                for (int r = 0; r < 8; r++) a[r] = vdupq_n_s32(0);                                 \
-                for (size_t kb = 0; kb < KB; kb++) {                                               \
-                    int8x16_t x0 = vld1q_s8(xr + kb * 32), x1 = vld1q_s8(xr + kb * 32 + 16);       \
-                    const int8_t *w = strip + (kb * 32 + i0) * 32;                                 \
-                    for (int r = 0; r < 8; r++)                                                    \
-                        a[r] = DOT(a[r], x0, x1, vld1q_s8(w + r * 32), vld1q_s8(w + r * 32 + 16)); \
-                }                                                                                  \
-                for (int r = 0; r < 8; r++) acc[m * 32 + i0 + r] = vaddvq_s32(a[r]);               \
+            int32x4_t a[32];                                                                       \
+            for (int r = 0; r < 32; r++) a[r] = vdupq_n_s32(0);                                    \
+            for (size_t kb = 0; kb < KB; kb++) {                                                   \
+                int8x16_t x0 = vld1q_s8(xr + kb * 32), x1 = vld1q_s8(xr + kb * 32 + 16);           \
+                const int8_t *w = strip + kb * 1024;                                               \
+                __builtin_prefetch(w + 2048);                                                      \
+                __builtin_prefetch(w + 2048 + 512);                                                \
+                for (int r = 0; r < 32; r++)                                                       \
+                    a[r] = DOT(a[r], x0, x1, vld1q_s8(w + r * 32), vld1q_s8(w + r * 32 + 16));     \
             }                                                                                      \
+            for (int r = 0; r < 32; r++) acc[m * 32 + r] = vaddvq_s32(a[r]);                       \
         }                                                                                          \
     }                                                                                              \
     static void gemv_strip_i4_##SUF(const uint8_t *nib, size_t KB, const int8_t lut[16],           \
