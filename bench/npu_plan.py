@@ -25,6 +25,15 @@ Planner timing: plan() + plan_commands() for every matmul of one token (each
 Device.matmul re-plans and re-emits in C), best of --repeat, against a
 baseline measured in the same run: numpy.copyto of one decoder layer's int8
 weight bytes (what the NPU must stream per layer, copied here by the host CPU).
+
+Submits per token (docs/npu.md, "Chained jobs and plan reuse"): separate matmuls
+(one submit each, 7 per layer + lm_head) against chained jobs (Device.job: the
+matmuls that read the same input in one submit: q/k/v, gate/up; o and down
+alone), each with the host's planning cost per token (measured here: the first
+token plans and emits every job; a reused Job plans nothing after that) and the
+ESTIMATE 1 / (bytes / bandwidth + submits x 0.218 ms), next to RKLLM's
+published Qwen2.5 1.5B w8a8 figure. The fused SwiGLU chain is not on the NPU
+path (csrc/ork/ffn_chain.h is a CPU model), so it has no row.
 """
 import argparse
 import os
@@ -50,6 +59,79 @@ BYTES = ("w_bytes", "in_bytes", "out_bytes", "cmd_bytes")
 QWORDS_PER_TASK = 108  # 104 body + 4 tail
 NPU_MAC_PER_CYCLE, NPU_HZ = 1024, 1.0e9  # per core, int8 (RK3588 TRM; docs/npu.md, sources)
 SUBMIT_S = 0.218e-3  # one tiny submit on the vendor driver (allbilly multicore.md; docs/npu.md, sources)
+
+
+#: matmuls of one layer that read the same input: one chained job each (Device.job)
+SHARED_INPUT_JOBS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
+SCHEDULES = ("separate", "shared_input")
+
+
+def jobs(sh, schedule):
+    """[([(K, N), ...] of one submit, submits of that kind per token)] for a schedule:
+    "separate" = every matmul alone (Device.matmul today), "shared_input" =
+    SHARED_INPUT_JOBS per layer chained, the lm_head alone."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r} (expected one of {', '.join(SCHEDULES)})")
+    by = {name: (K, N, cnt) for name, K, N, cnt in sh}
+    if schedule == "separate":
+        return [([(K, N)], cnt) for _, K, N, cnt in sh]
+    out = [([by[n][:2] for n in group], by[group[0]][2]) for group in SHARED_INPUT_JOBS]
+    return out + [([(K, N)], cnt) for name, K, N, cnt in sh if name.startswith("lm_head")]
+
+
+def submits_per_token(d, schedule="separate"):
+    """NPU submits per decoded token of model dims ``d`` under a schedule (jobs())."""
+    return sum(cnt for _, cnt in jobs(shapes(d), schedule))
+
+
+def submit_table(d, sh, bw, repeat, t_replan):
+    """The submits-per-token table (module doc); returns {schedule: row} for tests."""
+    rows = {}
+    print(f"ESTIMATE: submits per decoded token and tokens/s = 1 / (bytes / {bw:g} GB/s + submits x 0.218 ms) "
+          f"(no board here: counts from the planner, run through the emulator only)")
+    hdr = (f"  {'schedule':<44}{'submits':>8}{'tasks':>7}{'MB/token':>10}{'plan ms 1st':>13}{'later':>8}"
+           f"{'ms/token':>10}{'tok/s':>8}")
+    print(hdr)
+    print("  " + "-" * (len(hdr) - 2))
+    addrs = (0x00100000, 0x10000000, 0x30000000)
+    for schedule, label in (("separate", "separate matmuls, re-planned every call"),
+                            ("separate", "separate matmuls, each a reused Job"),
+                            ("shared_input", "chained by shared input (q/k/v, gate/up)")):
+        js = jobs(sh, schedule)
+        nbytes = tasks = submits = 0
+        for mm, cnt in js:
+            c = npu.chain_plan([(1, K, N) for K, N in mm])
+            w = sum(p["w_bytes"] for p in c["parts"])
+            nbytes += (w + c["in_bytes"] + c["out_bytes"] + c["cmd_bytes"]) * cnt
+            tasks += c["n_tasks"] * cnt
+            submits += cnt
+
+        def emit_token():
+            for mm, cnt in js:
+                for _ in range(cnt):
+                    npu.chain_commands([(1, K, N) for K, N in mm], addrs[0], addrs[1], [0x20000000] * len(mm), addrs[2])
+        reuse = "Job" in label or schedule != "separate"
+        t_first = best_time(emit_token, repeat) if reuse else t_replan
+        later = 0.0 if reuse else t_replan
+        secs = nbytes / (bw * 1e9) + submits * SUBMIT_S
+        rows[label] = dict(schedule=schedule, submits=submits, tasks=tasks, bytes=nbytes, plan_first_s=t_first,
+                           plan_later_s=later, tok_s=1 / secs)
+        print(f"  {label:<44}{submits:>8}{tasks:>7}{nbytes / 1e6:>10.1f}{t_first * 1e3:>13.3f}{later * 1e3:>8.3f}"
+              f"{secs * 1e3:>10.2f}{1 / secs:>8.2f}")
+    nb = rows["separate matmuls, re-planned every call"]["bytes"]
+    print(f"  {'bandwidth bound (no submit cost)':<44}{'-':>8}{'':>7}{nb / 1e6:>10.1f}{'':>13}{'':>8}"
+          f"{nb / (bw * 1e9) * 1e3:>10.2f}{bw * 1e9 / nb:>8.2f}")
+    print(f"  {'RKLLM Qwen2.5 1.5B w8a8 (measured by Rockchip)':<44}{'':>8}{'':>7}{'':>10}{'':>13}{'':>8}"
+          f"{1e3 / RKLLM[0][1]:>10.2f}{RKLLM[0][1]:>8.2f}")
+    print(f"  fused SwiGLU chain (gate/up/down as one job): not on the NPU path (csrc/ork/ffn_chain.h is a CPU "
+          f"model; docs/npu.md), so not counted")
+    print(f"  (plan ms: host time to plan + emit one token's command buffers on this {os.uname().machine} host, "
+          f"best of {repeat}; 'later' = every later token: a Job is planned once and reused, tested in "
+          f"tests/test_npu_job.py; host time is not in ms/token; bytes/token = weights + packed inputs + int32 "
+          f"outputs + commands; 0.218 ms per submit from allbilly/rk3588 multicore notes; {bw:g} GB/s = the "
+          f"RK3588's ~34 GB/s LPDDR4x theoretical, docs/npu.md sources)")
+    print()
+    return rows
 
 
 def model_dims(path):
@@ -238,6 +320,8 @@ def main():
           f"{t_emit / s_roof:>14.4f}")
     print(f"  ('x est. token' = fraction of the {bw0:g} GB/s bandwidth-bound token time, {s_roof * 1e3:.2f} ms; "
           f"host here is {os.uname().machine}, not the RK3588's A76)")
+    print()
+    submit_table(d, sh, bw0, args.repeat, t_emit)
     print(f"total runtime {time.perf_counter() - t_start:.1f} s")
 
 

@@ -29,6 +29,7 @@ gated by perplexity.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Union
@@ -112,6 +113,7 @@ class QuantizedModel:
         self._models: Dict[Any, Model] = {}
         self.alloc_map: Optional[TierMap] = None  # the allocation used (quantize_model sets it)
         self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.alloc)
+        self.path: Optional[str] = None  # the model directory quantize_model(output=) wrote
 
     def float_linears(self) -> Dict[str, str]:
         """{float-tier linear name: the source tensor holding its weight}."""
@@ -156,9 +158,9 @@ class QuantizedModel:
             self._models[key] = Model(self.source, hp, linears, src.tensor, src.meta, src.tied, paths)
         return self._models[key]
 
-    def save(self, path: StrPath, overwrite: bool = False) -> str:
-        """Write the model directory atomically (temp dir + rename); see :mod:`orkpy.modeldir`."""
-        record = {
+    def _record(self) -> Dict[str, Any]:
+        """The manifest's descriptive fields (orkpy.modeldir)."""
+        return {
             "source": {"file": os.path.basename(self.source), "sha256": self.hashes["source"]},
             "alloc": self.hashes["alloc"],
             "imatrix": self.hashes["imatrix"],
@@ -166,8 +168,14 @@ class QuantizedModel:
             "settings": self.settings,
             "int8_share": self.int8_share(),
         }
-        return write_model_dir(path, self.tensors, self.tiers, self.float_linears(), self._src, record, overwrite,
-                               act_scales=None if self.act_calib is None else self.act_calib.to_bytes())
+
+    def _act_bytes(self) -> Optional[bytes]:
+        return None if self.act_calib is None else self.act_calib.to_bytes()
+
+    def save(self, path: StrPath, overwrite: bool = False) -> str:
+        """Write the model directory atomically (temp dir + rename); see :mod:`orkpy.modeldir`."""
+        return write_model_dir(path, self.tensors, self.tiers, self.float_linears(), self._src, self._record(),
+                               overwrite, act_scales=self._act_bytes())
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({os.path.basename(self.source)!r}, {len(self.tensors)} linears, "
@@ -185,7 +193,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                    act_prefix: int = actcal.DEFAULT_PREFIX, method: str = "rtn", awq: bool = False,
                    group_size: Optional[int] = None, target_bpw: Optional[float] = None,
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
-                   target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False) -> QuantizedModel:
+                   target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False,
+                   output: Optional[StrPath] = None, overwrite: bool = False) -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -223,7 +232,13 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     ``"float"`` (the default) keeps the embedding table in float for the token lookup (stored twice:
     float and packed); ``"packed"`` reads the lookup rows from the packed head (dequantized), so the
     table is stored once and the lookup sees the same quantized rows as the head (llama.cpp's
-    tied files do the same)."""
+    tied files do the same). ``output`` (a folder; ``overwrite`` as in :meth:`QuantizedModel.save`):
+    streaming -- each linear is written to the model directory as soon as it is quantized and held
+    only as a mapping of that file, the source's pages are released after each tensor, and the
+    directory appears at ``output`` (atomically, with the same bytes ``save`` writes) when
+    everything is done; the result's ``path`` names it. The peak memory is then about one
+    tensor's float32 copy plus a fixed overhead, not the model (calibration, GPTQ and AWQ still
+    hold what they need)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -234,6 +249,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     gptq = method == "gptq"
     if gptq and calib is None:
         raise ValueError("method='gptq' needs calib= (a calibration text or token ids, not the scored text)")
+    if output is not None and os.path.lexists(output) and not overwrite:  # before any work
+        raise FileExistsError(f"{os.path.abspath(os.fspath(output))} exists (pass overwrite=True to replace it)")
     if gptq_sequential and not gptq:
         raise ValueError("gptq_sequential=True applies to method='gptq' only")
     if awq and calib is None:
@@ -290,81 +307,95 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
         log(f"awq: scales of {len(scales)} groups folded in (alpha per group: "
             + ", ".join(f"{a:g}: {sum(1 for v in arep['alpha'].values() if v == a)}"
                         for a in sorted(set(arep["alpha"].values()))) + ")")
-    quantized_src = sorted({src.type_of(src.tensor_name(n)) for n in names} - FLOAT_TYPES)
-    double_quant = bool(quantized_src)
-    if double_quant:
-        log("!" * 78 + f"\n!! DOUBLE QUANT: the source {os.path.basename(source)} holds quantized tensors "
-            f"({', '.join(quantized_src)}).\n!! They are dequantized and quantized AGAIN. This is the comparison "
-            "configuration,\n!! not the product's path (fp16 is the source; a mixed GGUF only allocates).\n" + "!" * 78)
-    tensors, tiers = {}, {}
-    gq = {}
-    if gptq and calib is not None:
-        kinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
-        kinds = {n: k for n, k in kinds.items() if k != "gguf"}
-        gsizes = {n: split_tier(tm.linear_tier(n))[1] or (group_size or 0) for n in kinds}
-        gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
-                          threads=threads, progress=progress, group_size=gsizes, sequential=bool(gptq_sequential))
-    bar = progress_bar(len(names), "quantize", progress, "tensor")
-    for name in names:
-        tier = tm.linear_tier(name)
-        qkind = tier_path(tier, kind)
-        if qkind != "gguf" and split_tier(tier)[1] == 0 and group_size:
-            tier = grouped_tier(tier, group_size)
-        tiers[name] = tier
-        gsize = split_tier(tier)[1] or None
-        if qkind == "gguf":  # the float tier: the linear stays float
+    writer = None
+    if output is not None:  # streaming: an error removes what was written (ModelDirWriter)
+        from .modeldir import ModelDirWriter
+        writer = ModelDirWriter(output, overwrite)
+    with writer if writer is not None else contextlib.nullcontext():
+        quantized_src = sorted({src.type_of(src.tensor_name(n)) for n in names} - FLOAT_TYPES)
+        double_quant = bool(quantized_src)
+        if double_quant:
+            log("!" * 78 + f"\n!! DOUBLE QUANT: the source {os.path.basename(source)} holds quantized tensors "
+                f"({', '.join(quantized_src)}).\n!! They are dequantized and quantized AGAIN. This is the comparison "
+                "configuration,\n!! not the product's path (fp16 is the source; a mixed GGUF only allocates).\n" + "!" * 78)
+        tensors, tiers = {}, {}
+        gq = {}
+        if gptq and calib is not None:
+            kinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
+            kinds = {n: k for n, k in kinds.items() if k != "gguf"}
+            gsizes = {n: split_tier(tm.linear_tier(n))[1] or (group_size or 0) for n in kinds}
+            gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
+                              threads=threads, progress=progress, group_size=gsizes, sequential=bool(gptq_sequential))
+        bar = progress_bar(len(names), "quantize", progress, "tensor")
+        for name in names:
+            tier = tm.linear_tier(name)
+            qkind = tier_path(tier, kind)
+            if qkind != "gguf" and split_tier(tier)[1] == 0 and group_size:
+                tier = grouped_tier(tier, group_size)
+            tiers[name] = tier
+            gsize = split_tier(tier)[1] or None
+            if qkind == "gguf":  # the float tier: the linear stays float
+                if bar is not None:
+                    bar.update(1)
+                continue
+            if name in gq:
+                tensors[name] = pack(gq.pop(name))
+                if writer is not None:
+                    tensors[name] = writer.add(name, tensors[name], tier)
+                if bar is not None:
+                    bar.update(1)
+                continue
+            w = src.linear(name)
+            im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
+            if im is not None and name in awq_cols and im.shape == awq_cols[name].shape:
+                im = (np.asarray(im, np.float64) / awq_cols[name] ** 2).astype(np.float32)  # the scaled inputs' importance
+            if im is not None and im.shape != (w.shape[1],):
+                where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
+                raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
+                                 f"K = {w.shape[1]} input columns: the imatrix is for a different model")
+            q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads, group_size=gsize)
+            del w
+            tensors[name] = pack(q)
+            del q
+            if writer is not None:  # streaming: the packed bytes go to disk, the source's pages back to the kernel
+                tensors[name] = writer.add(name, tensors[name], tier)
+                src.release()
             if bar is not None:
                 bar.update(1)
-            continue
-        if name in gq:
-            tensors[name] = pack(gq.pop(name))
-            if bar is not None:
-                bar.update(1)
-            continue
-        w = src.linear(name)
-        im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
-        if im is not None and name in awq_cols and im.shape == awq_cols[name].shape:
-            im = (np.asarray(im, np.float64) / awq_cols[name] ** 2).astype(np.float32)  # the scaled inputs' importance
-        if im is not None and im.shape != (w.shape[1],):
-            where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
-            raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
-                             f"K = {w.shape[1]} input columns: the imatrix is for a different model")
-        q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads, group_size=gsize)
-        tensors[name] = pack(q)
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),
-                "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid],
-                "rotate": rotate, "rotate_seed": int(rotate_seed) if (rotate is not None or rotate_online) else None,
-                "rotate_online": bool(rotate_online),
-                "smooth": None if smooth is None else float(smooth),
-                "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": int(calib_ctx),
-                         "chunks": calib_chunks, **({"sequential": True} if gptq_sequential else {})}
-                if gptq else None,
-                "transform": src.info() if isinstance(src, TransformedSource) else None}
-    if awq:  # only then: without it the manifest stays byte-identical to earlier releases
-        settings["awq"] = True
-    if group_size:
-        settings["group_size"] = int(group_size)
-    hashes = {"source": src.sha256(), "alloc": allocation.info(),
-              "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
-    act_calib = None
-    if calib is not None:
-        act_calib = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads, act_prefix)
-        log(f"calibrated the activations of {len(act_calib)} linears on {act_calib.info['chunks']} chunks of "
-            f"{calib_ctx} tokens")
-    if target_bpw is not None:
-        settings["target_bpw"] = float(target_bpw)
-    if tied_lookup == "packed" and src.tied and OUTPUT in tensors:  # only then: otherwise nothing changes
-        settings["tied_lookup"] = "packed"
-    qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src, act_calib)
-    qm.alloc_map = tm
-    qm.alloc_report = alloc_report
-    log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
-        f"{qm.int8_share():.1%}")
-    return qm
+            bar.close()
+        settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),
+                    "clip_grid": None if clip_grid is None else [float(x) for x in clip_grid],
+                    "rotate": rotate, "rotate_seed": int(rotate_seed) if (rotate is not None or rotate_online) else None,
+                    "rotate_online": bool(rotate_online),
+                    "smooth": None if smooth is None else float(smooth),
+                    "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": int(calib_ctx),
+                             "chunks": calib_chunks, **({"sequential": True} if gptq_sequential else {})}
+                    if gptq else None,
+                    "transform": src.info() if isinstance(src, TransformedSource) else None}
+        if awq:  # only then: without it the manifest stays byte-identical to earlier releases
+            settings["awq"] = True
+        if group_size:
+            settings["group_size"] = int(group_size)
+        hashes = {"source": src.sha256(), "alloc": allocation.info(),
+                  "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
+        act_calib = None
+        if calib is not None:
+            act_calib = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads, act_prefix)
+            log(f"calibrated the activations of {len(act_calib)} linears on {act_calib.info['chunks']} chunks of "
+                f"{calib_ctx} tokens")
+        if target_bpw is not None:
+            settings["target_bpw"] = float(target_bpw)
+        if tied_lookup == "packed" and src.tied and OUTPUT in tensors:  # only then: otherwise nothing changes
+            settings["tied_lookup"] = "packed"
+        qm = QuantizedModel(source, tensors, tiers, settings, hashes, double_quant, src, act_calib)
+        qm.alloc_map = tm
+        qm.alloc_report = alloc_report
+        if writer is not None:
+            qm.path = writer.finish(qm.tiers, qm.float_linears(), src, qm._record(), qm._act_bytes())
+        log(f"quantized {len(tensors)} linears of {os.path.basename(source)}: int8 share of weight storage "
+            f"{qm.int8_share():.1%}")
+        return qm
 
 
 def calibrate_activations(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, ArrayLike],

@@ -439,8 +439,9 @@ def _cmd_quantize(args):
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
                         awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
                         tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
+                        output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
                         **_transform_kwargs(args, calib))
-    out = qm.save(args.output, overwrite=args.overwrite)
+    out = qm.path
     if args.emit_map and qm.alloc_map is not None:
         qm.alloc_map.save(args.emit_map)
         print(f"wrote the allocation to {args.emit_map}")

@@ -144,6 +144,12 @@ class GGUFFile:
         pages while open (every read of tensor data through this object checks)."""
         self._mapping().check()
 
+    def release(self) -> None:
+        """Drop the file's pages this process holds resident (a streaming reader calls it after
+        each tensor, so its memory does not grow with the file); arrays read before stay valid
+        and later reads page the data in again (:meth:`orkpy._core.MappedFile.release`)."""
+        self._mapping().release()
+
     def _mapping(self) -> MappedFile:
         if self._map is None or self._map.closed:
             raise ValueError(f"{self.path}: GGUFFile is closed")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,7 +39,7 @@ from ._typing import StrPath
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["write_gguf", "metadata_triples", "VALUE_TYPES", "GGUF_MAX_NAME", "GGUF_DEFAULT_ALIGNMENT"]
+__all__ = ["LazyTensor", "write_gguf", "metadata_triples", "VALUE_TYPES", "GGUF_MAX_NAME", "GGUF_DEFAULT_ALIGNMENT"]
 
 #: GGUF metadata value type names, indexed by their type id.
 VALUE_TYPES = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "FLOAT32", "BOOL", "STRING", "ARRAY",
@@ -164,7 +164,36 @@ def _pad(n: int, a: int) -> int:
     return (a - n % a) % a
 
 
-def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, NDArray[Any], int]:
+class LazyTensor:
+    """A tensor :func:`write_gguf` makes only when it writes it: ``shape`` and ``dtype``
+    (float32 or float16) declared for the header, ``make()`` called once, as the file is
+    written, returning that array (a ValueError naming the tensor if it does not match), so a
+    file of many large tensors is written holding one at a time."""
+
+    __slots__ = ("shape", "dtype", "make")
+
+    def __init__(self, shape: Sequence[int], dtype: Any, make: Callable[[], NDArray[Any]]) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.make = make
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def array(self, name: str) -> NDArray[Any]:
+        a = self.make()
+        if not isinstance(a, np.ndarray) or a.dtype != self.dtype or tuple(a.shape) != self.shape:
+            got = f"{a.dtype} {tuple(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ValueError(f"tensor {name!r}: make() gave {got}, declared {self.dtype} {self.shape}")
+        return a
+
+
+def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, Any, int]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise TypeError(f"tensors[{i}]: expected a (name, ndarray) pair, got {type(item).__name__}")
     name, arr = item
@@ -176,8 +205,8 @@ def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, NDArray[Any], int]:
         raise ValueError(f"tensors[{i}]: name {name!r} is not valid UTF-8 text") from None
     if not 1 <= len(nb) < GGUF_MAX_NAME:
         raise ValueError(f"tensor {name!r}: name is {len(nb)} bytes; GGUF tensor names are 1..{GGUF_MAX_NAME - 1}")
-    if not isinstance(arr, np.ndarray):
-        raise TypeError(f"tensor {name!r}: expected a NumPy array, got {type(arr).__name__}")
+    if not isinstance(arr, (np.ndarray, LazyTensor)):
+        raise TypeError(f"tensor {name!r}: expected a NumPy array or a LazyTensor, got {type(arr).__name__}")
     key = (arr.dtype.kind, arr.dtype.itemsize)
     if key not in _TENSOR_TYPES:
         raise TypeError(f"tensor {name!r}: dtype {arr.dtype} is not supported (float32 -> F32, float16 -> F16)")
@@ -188,9 +217,10 @@ def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, NDArray[Any], int]:
     return name, nb, arr, _TENSOR_TYPES[key][0]
 
 
-def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors: Iterable[Tuple[str, NDArray[Any]]],
+def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors: Iterable[Tuple[str, Any]],
                alignment: int = GGUF_DEFAULT_ALIGNMENT) -> None:
-    """Write a GGUF v3 file atomically (see the module docstring). Returns None."""
+    """Write a GGUF v3 file atomically (see the module docstring); ``tensors``: (name, array or
+    :class:`LazyTensor`) pairs. Returns None."""
     if not _is_int(alignment) or alignment < 8 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 8, got {alignment!r}")
     alignment = int(alignment)
@@ -246,7 +276,7 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
         infos += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", arr.ndim)
         infos += b"".join(struct.pack("<Q", d) for d in reversed(arr.shape))
         infos += struct.pack("<IQ", tid, offset)
-        checked.append(arr)
+        checked.append((name, arr))
         offset += arr.nbytes + _pad(arr.nbytes, alignment)
 
     header = bytearray(GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(checked), n_kv))
@@ -256,8 +286,8 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
 
     def chunks() -> Iterator[Union[bytes, memoryview]]:
         yield bytes(header)
-        for arr in checked:
-            a = _le(arr)
+        for name, arr in checked:
+            a = _le(arr.array(name) if isinstance(arr, LazyTensor) else arr)
             yield a.reshape(-1).view(np.uint8).data
             p = _pad(a.nbytes, alignment)
             if p:

@@ -14,6 +14,7 @@ This module knows files, not models: it imports nothing that runs a forward pass
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -53,6 +54,110 @@ def _tier_ok(tier: object) -> bool:
 
 # ------------------------------------------------------------------- write --
 
+class ModelDirWriter:
+    """A model directory written as it goes (what :func:`write_model_dir` and the streaming
+    ``quantize_model(..., output=)`` use): :meth:`add` saves one packed linear into the
+    writer's own temporary folder next to ``path`` and returns it mapped from there (so the
+    caller holds no copy), :meth:`finish` writes ``float.gguf`` (one tensor at a time) and the
+    manifest and renames the folder into place; :meth:`abort`, or leaving a ``with`` block by
+    an error, removes the folder. Nothing appears at ``path`` before :meth:`finish`."""
+
+    def __init__(self, path: StrPath, overwrite: bool = False) -> None:
+        path = os.path.abspath(os.fspath(path))
+        if os.path.lexists(path):
+            if not overwrite:
+                raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
+            _check_replaceable(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        while True:  # a temp folder of our own: concurrent saves to one path never share one
+            tmp = temp_sibling(path)
+            try:
+                os.mkdir(tmp)
+                break
+            except FileExistsError:
+                continue
+        self.path, self.overwrite = path, bool(overwrite)
+        self.tmp: Optional[str] = tmp
+        self.entries: Dict[str, Dict[str, Any]] = {}
+
+    def __enter__(self) -> "ModelDirWriter":
+        return self
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        if kind is not None:
+            self.abort()
+
+    def add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
+        """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file."""
+        if self.tmp is None:
+            raise ValueError(f"{self.path}: the model directory is already finished or aborted")
+        fn = name + (".o8n1" if pw.kind == "int8" else ".o4n1")
+        fp = os.path.join(self.tmp, fn)
+        save_packed(pw, fp)
+        self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
+                              "sha256": sha256_file(fp)}
+        return load_packed(fp)
+
+    def finish(self, tiers: Mapping[str, str], float_linears: Mapping[str, str], src: Source,
+               record: Mapping[str, Any], act_scales: Optional[bytes] = None) -> str:
+        """Write ``float.gguf`` and the manifest (see :func:`write_model_dir` for the arguments)
+        and rename the folder into place; returns its absolute path."""
+        from .gguf_write import LazyTensor, metadata_triples, write_gguf
+
+        tmp = self.tmp
+        if tmp is None:
+            raise ValueError(f"{self.path}: the model directory is already finished or aborted")
+        try:
+            entries = dict(self.entries)
+            for name, e in entries.items():
+                e["tier"] = tiers.get(name, e["tier"])
+            names = src.float_names()
+            names += [t for t in dict.fromkeys(float_linears.values()) if t not in names]
+            meta = metadata_triples(src.meta)
+            if record.get("settings", {}).get("tied_lookup") == "packed":  # the table is the packed head's rows
+                names = [t for t in names if t != EMBEDDING]
+                meta = [m for m in meta if m[0] != PACKED_LOOKUP_KEY] + [
+                    (PACKED_LOOKUP_KEY, "UINT32", int(src.shapes()[EMBEDDING][0]))]
+            maps: List[Any] = []
+            shapes = src.shapes()
+
+            def make(name: str, f16: bool) -> Any:
+                src.release()  # the tensor before is written: its pages and cached copies go
+                a = src.tensor(name)
+                maps.extend(m for m in maps_of(a) if not any(m is x for x in maps))
+                return a.astype(np.float16) if f16 else np.ascontiguousarray(a, dtype=np.float32)
+
+            floats: List[Tuple[str, LazyTensor]] = []
+            for name in names:
+                f16 = src.type_of(name) == "F16"
+                floats.append((name, LazyTensor(shapes[name], np.float16 if f16 else np.float32,
+                                                functools.partial(make, name, f16))))
+            for name, tensor in float_linears.items():
+                entries[name] = {"tier": "float", "kind": "float", "tensor": tensor, "shape": list(shapes[tensor])}
+            write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats)
+            src.release()
+            check_maps(maps)  # no float.gguf from a source that changed while it was read
+            manifest = {"format": FORMAT, "version": VERSION, **record,
+                        "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
+                        "tensors": entries}
+            if act_scales is not None:
+                atomic_write(os.path.join(tmp, ACT_FILE), [act_scales])
+                manifest["act_scales"] = {"file": ACT_FILE, "sha256": sha256_file(os.path.join(tmp, ACT_FILE))}
+            atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
+            _install_dir(tmp, self.path, self.overwrite)
+        except BaseException:
+            self.abort()
+            raise
+        self.tmp = None
+        return self.path
+
+    def abort(self) -> None:
+        """Remove the temporary folder (and what was saved in it); safe to call twice."""
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
 def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Mapping[str, str],
                     float_linears: Mapping[str, str], src: Source, record: Mapping[str, Any],
                     overwrite: bool = False, act_scales: Optional[bytes] = None) -> str:
@@ -63,57 +168,10 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
     ``float.gguf``); ``src``: the source of the metadata and the float tensors; ``record``: the
     manifest's descriptive fields (source, alloc, imatrix, double_quant, settings, int8_share);
     ``act_scales``: the bytes of ``act_scales.json`` (:class:`orkpy.actcal.ActCalibration`), if any."""
-    from .gguf_write import metadata_triples, write_gguf
-
-    path = os.path.abspath(os.fspath(path))
-    if os.path.lexists(path):
-        if not overwrite:
-            raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
-        _check_replaceable(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    while True:  # a temp folder of our own: concurrent saves to one path never share one
-        tmp = temp_sibling(path)
-        try:
-            os.mkdir(tmp)
-            break
-        except FileExistsError:
-            continue
-    try:
-        entries: Dict[str, Dict[str, Any]] = {}
+    with ModelDirWriter(path, overwrite) as w:
         for name, pw in packed.items():
-            fn = name + (".o8n1" if pw.kind == "int8" else ".o4n1")
-            save_packed(pw, os.path.join(tmp, fn))
-            entries[name] = {"tier": tiers[name], "kind": pw.kind, "file": fn, "shape": list(pw.shape),
-                             "sha256": sha256_file(os.path.join(tmp, fn))}
-        names = src.float_names()
-        names += [t for t in dict.fromkeys(float_linears.values()) if t not in names]
-        meta = metadata_triples(src.meta)
-        if record.get("settings", {}).get("tied_lookup") == "packed":  # the table is the packed head's rows
-            names = [t for t in names if t != EMBEDDING]
-            meta = [m for m in meta if m[0] != PACKED_LOOKUP_KEY] + [
-                (PACKED_LOOKUP_KEY, "UINT32", int(src.shapes()[EMBEDDING][0]))]
-        floats, read = [], []
-        for name in names:
-            a = src.tensor(name)
-            read.append(a)
-            floats.append((name, a.astype(np.float16) if src.type_of(name) == "F16" else np.asarray(a, np.float32)))
-        for name, tensor in float_linears.items():
-            entries[name] = {"tier": "float", "kind": "float", "tensor": tensor,
-                             "shape": list(src.shapes()[tensor])}
-        write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats)
-        check_maps(maps_of(*read))  # no float.gguf from a source that changed while it was read
-        manifest = {"format": FORMAT, "version": VERSION, **record,
-                    "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
-                    "tensors": entries}
-        if act_scales is not None:
-            atomic_write(os.path.join(tmp, ACT_FILE), [act_scales])
-            manifest["act_scales"] = {"file": ACT_FILE, "sha256": sha256_file(os.path.join(tmp, ACT_FILE))}
-        atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
-        _install_dir(tmp, path, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+            w.add(name, pw, tiers[name])
+        return w.finish(tiers, float_linears, src, record, act_scales)
 
 
 def _check_replaceable(path: str) -> None:

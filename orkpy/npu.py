@@ -67,6 +67,25 @@ def plan_commands(M, K, N, cmd_addr, in_addr, w_addr, out_addr, *, max_m=0, max_
     return _core.npu_plan_emit(M, K, N, cmd_addr, in_addr, w_addr, out_addr, max_m, max_k, max_n)
 
 
+def chain_plan(shapes, *, max_m=0, max_k=0, max_n=0):
+    """The layout of a chained job (csrc/ork/npu/plan.h, "chains"): the
+    matmuls ``shapes`` [(M, K, N), ...] planned one after another in one
+    command, input and output buffer. A dict with n_tasks (all of them, one
+    submit), in_bytes / out_bytes / cmd_bytes and ``parts``: per matmul its
+    n_tasks and the offsets of its regions (in_off, out_off, cmd_off; each
+    region holds that matmul's own plan() layout)."""
+    return _core.npu_chain_plan([tuple(s) for s in shapes], max_m, max_k, max_n)
+
+
+def chain_commands(shapes, cmd_addr, in_addr, w_addrs, out_addr, *, max_m=0, max_k=0, max_n=0):
+    """uint64 command buffer of a chained job: every matmul's tasks chained
+    through their PC tails, the last task of matmul i linked to the first of
+    matmul i + 1 (one submit of chain_plan()["n_tasks"] tasks). ``w_addrs``:
+    one weight buffer address per matmul."""
+    return _core.npu_chain_emit([tuple(s) for s in shapes], cmd_addr, in_addr, list(w_addrs), out_addr, max_m, max_k,
+                                max_n)
+
+
 def layout(op, M, K, N, array, *, max_m=0, max_k=0, max_n=0):
     """Operand layouts of a plan: op is pack_input (A (M, K) int8 -> uint8),
     pack_weights (B (N, K) int8 -> uint8), unpack_input, unpack_weights,
@@ -135,7 +154,26 @@ class Device:
         a = _int8_matrix(a, "a")
         return self._dev.matmul(w, a)
 
+    def job(self, weights, M=1, **caps):
+        """A :class:`Job`: the matmuls of ``weights`` (uploaded NPUWeights; int8
+        arrays or PackedWeights are uploaded here with ``caps``) at ``M`` rows,
+        chained into ONE submit and planned + emitted once. Use it for matmuls
+        that share no data dependency, e.g. a layer's q / k / v or gate / up."""
+        ws = []
+        for w in weights:
+            if isinstance(w, _core.NPUWeight):
+                if caps:
+                    raise ValueError(f"tile caps {sorted(caps)} are fixed when a weight is uploaded; pass them to "
+                                     "upload()")
+                ws.append(w)
+            else:
+                ws.append(self.upload(w, **caps))
+        return Job(self._dev.job(ws, int(M)))
+
     def info(self):
+        """Backend, node and counters: ``submits`` (jobs handed to the NPU), ``plans``
+        (command buffers planned and emitted: one per ``matmul`` call, one per
+        ``Job`` however often it runs), ``tasks``, bytes to / from the device."""
         return self._dev.info()
 
     def set_faults(self, bits):
@@ -151,6 +189,46 @@ class Device:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Job:
+    """Matmuls of resident weights chained into one submit, planned once
+    (``Device.job``). The command buffer and the job's own input / output
+    buffers are made when the job is; ``run`` only packs the inputs, submits
+    once and unpacks: the device's ``info()["plans"]`` does not move and
+    ``info()["submits"]`` grows by one per run. The outputs are exactly those
+    of separate ``Device.matmul`` calls. The job keeps its weights alive;
+    closing the device ends it."""
+
+    def __init__(self, core):
+        self._job = core
+
+    @property
+    def M(self):
+        """Rows of every matmul."""
+        return self._job.M
+
+    @property
+    def shapes(self):
+        """(N, K) of each weight, in chain order."""
+        return [w.shape for w in self._job.weights]
+
+    @property
+    def n_tasks(self):
+        """NPU tasks in the chain (all run in one submit)."""
+        return self._job.n_tasks
+
+    def run(self, x):
+        """int32 (M, N_i) for every weight i: ``x`` is one int8 (M, K) input
+        shared by every matmul (q / k / v read the same activations) or a
+        sequence with one input per matmul."""
+        n = len(self._job.weights)
+        if isinstance(x, np.ndarray):
+            x = [x] * n
+        return self._job.run([_int8_matrix(a, f"input {i}") for i, a in enumerate(x)])
+
+    def __len__(self):
+        return len(self._job.weights)
 
 
 def _int8_matrix(x, name):

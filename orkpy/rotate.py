@@ -265,6 +265,9 @@ class TransformedSource(Source):
         self._changed = self._changed_names()
         self._emb: Optional[NDArray[np.float32]] = None
 
+    def release(self) -> None:
+        self.base.release()
+
     def _changed_names(self) -> set:
         """The tensors that differ from the wrapped source's."""
         out = set()

@@ -133,6 +133,11 @@ class Source:
         """The float32 (N, K) weight of linear layer ``name`` (see :meth:`tensor_name`)."""
         return self.tensor(self.tensor_name(name))
 
+    def release(self) -> None:
+        """Drop what reading tensors left in memory (cached conversions, resident pages of mapped
+        files) so that a tensor-by-tensor reader holds about one tensor at a time; later reads
+        still work. Arrays returned before stay valid."""
+
     def sha256(self) -> str:
         """SHA-256 of the source file (of a checkpoint folder: over its files' names and hashes)."""
         return sha256_file(self.path) if os.path.isfile(self.path) else sha256_dir(self.path)
@@ -177,6 +182,11 @@ class GGUFSource(Source):
 
     def type_of(self, name: str) -> str:
         return self.g.tensor_info(self._splits[name][0] if name in self._splits else name).type
+
+    def release(self) -> None:
+        self._emb = None
+        self._last = ("", None)
+        self.g.release()
 
     def tensor(self, name: str) -> NDArray[np.float32]:
         if name in self._splits:
@@ -224,6 +234,11 @@ class SafetensorsSource(Source):
             if tuple(self.arrays[t.name].shape) != t.shape:
                 raise ValueError(f"{self.path}: {t.name} has shape {self.arrays[t.name].shape}, the allocation "
                                  f"file says {t.shape}: it is for a different model")
+
+    def release(self) -> None:
+        from ._mapped import maps_of
+        for m in maps_of(*self.arrays.values()):  # the checkpoint's files (permuted q/k are copies)
+            m.release()
 
     def type_of(self, name: str) -> str:
         return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(self.arrays[name].dtype, "BF16")

@@ -205,6 +205,18 @@ ork_status ork_mapped_check(const ork_mapped *m, ork_err *err) {
     return ORK_OK;
 }
 
+ork_status ork_mapped_release(const ork_mapped *m, size_t offset, size_t length, ork_err *err) {
+    if (!m || m->fd < 0) return ork_err_set(err, ORK_EINVAL, "release: the file is closed");
+    if (!m->data || offset >= m->size || length == 0) return ORK_OK;
+    if (length > m->size - offset) length = m->size - offset;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)m->data + offset) & ~(pg - 1);
+    const uintptr_t b = ((uintptr_t)m->data + offset + length + pg - 1) & ~(pg - 1);
+    if (madvise((void *)a, (size_t)(b - a), MADV_DONTNEED) != 0)
+        return ork_err_set(err, ORK_EIO, "release: madvise failed: %s", strerror(errno));
+    return ORK_OK;
+}
+
 void ork_mapped_close(ork_mapped *m) {
     if (!m) return;
     if (m->slot >= 0) slot_release(m->slot);

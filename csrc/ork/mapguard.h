@@ -62,6 +62,13 @@ ork_status ork_mapped_check(const ork_mapped *m, ork_err *err);
 /* 1 once a read of the mapping faulted past the file's end (sticky). */
 int ork_mapped_faulted(const ork_mapped *m);
 
+/* Drop the resident pages of bytes [offset, offset + length) of the mapping from this process
+ * (madvise MADV_DONTNEED, widened to whole pages; the range is clipped to the file): the next read
+ * pages them in from the file again, so what is read never changes; the page cache keeps them.
+ * Streaming readers call it after each tensor so that the resident set does not grow with the
+ * file. ORK_EINVAL when closed; ORK_EIO if madvise fails. */
+ork_status ork_mapped_release(const ork_mapped *m, size_t offset, size_t length, ork_err *err);
+
 /* Unregister, unmap and close; safe to call twice. */
 void ork_mapped_close(ork_mapped *m);
 

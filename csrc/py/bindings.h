@@ -73,6 +73,9 @@ PyObject *orkpy_npu_names(PyObject *self, PyObject *args);
 PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw);
+/* npu_chain_plan(shapes, ...) / npu_chain_emit(shapes, cmd_addr, in_addr, w_addrs, out_addr, ...): chained jobs (plan.h) */
+PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg);
 /* npu_backends() -> tuple of the backend names (backend.h) */

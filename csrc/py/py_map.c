@@ -146,6 +146,21 @@ static PyObject *map_check(MapObject *self, PyObject *unused) {
     return NULL;
 }
 
+/* release(offset=0, length=None): drop the resident pages of that byte range (mapguard.h) */
+static PyObject *map_release(MapObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"offset", "length", NULL};
+    Py_ssize_t offset = 0, length = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|nn:release", kwlist, &offset, &length)) return NULL;
+    if (map_closed(self)) return NULL;
+    if (offset < 0) return PyErr_Format(PyExc_ValueError, "offset must be >= 0, got %zd", offset);
+    if (length < -1) return PyErr_Format(PyExc_ValueError, "length must be >= 0 (or -1: to the end), got %zd", length);
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_mapped_release(&self->m, (size_t)offset, length < 0 ? self->m.size : (size_t)length, &err);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *map_close(MapObject *self, PyObject *unused) {
     (void)unused;
     if (!self->open) Py_RETURN_NONE;
@@ -198,6 +213,9 @@ static PyMethodDef map_methods[] = {
     {"__buffer__", (PyCFunction)map_buffer, METH_O, "__buffer__(flags) -> memoryview (read-only)"},
     {"check", (PyCFunction)map_check, METH_NOARGS,
      "check(): orkpy.FormatError naming the file if it changed size, was modified or lost pages while mapped"},
+    {"release", (PyCFunction)(void (*)(void))map_release, METH_VARARGS | METH_KEYWORDS,
+     "release(offset=0, length=-1): drop the resident pages of those bytes from this process (re-read from the file "
+     "on the next access; the values never change), so a streaming reader's memory does not grow with the file"},
     {"close", (PyCFunction)map_close, METH_NOARGS,
      "close(): unmap now (BufferError while arrays still view the mapping)"},
     {"__enter__", (PyCFunction)map_enter, METH_NOARGS, NULL},

@@ -172,6 +172,126 @@ done:
     return result;
 }
 
+/* shapes: a sequence of (M, K, N) -> a chain with the same caps for every matmul */
+static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn, ork_npu_chain *c) {
+    ork_npu_plan_opts o;
+    if (caps_arg(mm, mk, mn, &o)) return -1;
+    PyObject *seq = PySequence_Fast(shapes, "shapes must be a sequence of (M, K, N)");
+    if (!seq) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint32_t *d = n > 0 && n <= 65536 ? (uint32_t *)PyMem_Malloc((size_t)n * 3 * sizeof *d) : NULL;
+    ork_npu_plan_opts *op = d ? (ork_npu_plan_opts *)PyMem_Malloc((size_t)n * sizeof *op) : NULL;
+    int rc = -1;
+    if (!op) {
+        if (n <= 0 || n > 65536) PyErr_Format(PyExc_ValueError, "a chain needs 1 to 65536 matmuls, got %zd", n);
+        else PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long M, K, N;
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(it)) {
+            PyErr_SetString(PyExc_TypeError, "each shape must be a tuple (M, K, N)");
+            goto done;
+        }
+        if (!PyArg_ParseTuple(it, "LLL;each shape must be (M, K, N)", &M, &K, &N) ||
+            u32_arg(M, "M", &d[i]) || u32_arg(K, "K", &d[n + i]) || u32_arg(N, "N", &d[2 * n + i]))
+            goto done;
+        op[i] = o;
+    }
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ork_npu_chain_make((uint32_t)n, d, d + n, d + 2 * n, op, c, &err);
+    if (st) orkpy_raise(st, &err);
+    else rc = 0;
+done:
+    PyMem_Free(d);
+    PyMem_Free(op);
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* npu_chain_plan(shapes, max_m, max_k, max_n) -> dict: n_tasks, buffer sizes, per-matmul regions */
+PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"shapes", "max_m", "max_k", "max_n", NULL};
+    PyObject *shapes, *parts = NULL, *result = NULL;
+    long long mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:npu_chain_plan", kwlist, &shapes, &mm, &mk, &mn)) return NULL;
+    ork_npu_chain c;
+    if (make_chain(shapes, mm, mk, mn, &c)) return NULL;
+    if (!(parts = PyList_New(c.n))) goto done;
+    for (uint32_t i = 0; i < c.n; i++) {
+        const ork_npu_plan *p = &c.plans[i];
+        PyObject *row = Py_BuildValue("{s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K}", "M", p->M, "K", p->K, "N", p->N,
+                                      "n_tasks", p->n_tasks, "in_off", (unsigned long long)c.in_at[i], "out_off",
+                                      (unsigned long long)c.out_at[i], "cmd_off", (unsigned long long)c.cmd_at[i],
+                                      "in_bytes", (unsigned long long)p->in_bytes, "out_bytes",
+                                      (unsigned long long)p->out_bytes, "w_bytes", (unsigned long long)p->w_bytes);
+        if (!row) goto done;
+        PyList_SET_ITEM(parts, i, row);
+    }
+    result = Py_BuildValue("{s:I,s:K,s:K,s:K,s:O}", "n_tasks", c.n_tasks, "in_bytes", (unsigned long long)c.in_bytes,
+                           "out_bytes", (unsigned long long)c.out_bytes, "cmd_bytes", (unsigned long long)c.cmd_bytes,
+                           "parts", parts);
+done:
+    Py_XDECREF(parts);
+    ork_npu_chain_free(&c);
+    return result;
+}
+
+/* npu_chain_emit(shapes, cmd_addr, in_addr, w_addrs, out_addr, max_m, max_k, max_n) -> uint64 commands */
+PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"shapes", "cmd_addr", "in_addr", "w_addrs", "out_addr", "max_m", "max_k", "max_n", NULL};
+    PyObject *shapes, *wobj, *wseq = NULL;
+    long long ca, ia, oa, mm = 0, mk = 0, mn = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLOL|LLL:npu_chain_emit", kwlist, &shapes, &ca, &ia, &wobj, &oa, &mm, &mk,
+                                     &mn))
+        return NULL;
+    uint32_t c_a, i_a, o_a;
+    if (u32_arg(ca, "cmd_addr", &c_a) || u32_arg(ia, "in_addr", &i_a) || u32_arg(oa, "out_addr", &o_a)) return NULL;
+    ork_npu_chain c;
+    if (make_chain(shapes, mm, mk, mn, &c)) return NULL;
+    PyArrayObject *a = NULL;
+    PyObject *result = NULL;
+    uint32_t *wa = NULL;
+    if (!(wseq = PySequence_Fast(wobj, "w_addrs must be a sequence of NPU addresses"))) goto done;
+    if (PySequence_Fast_GET_SIZE(wseq) != (Py_ssize_t)c.n) {
+        PyErr_Format(PyExc_ValueError, "w_addrs has %zd addresses for %u matmuls", PySequence_Fast_GET_SIZE(wseq), c.n);
+        goto done;
+    }
+    if (!(wa = (uint32_t *)PyMem_Malloc((size_t)c.n * sizeof *wa))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (uint32_t i = 0; i < c.n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(wseq, i));
+        if ((v == -1 && PyErr_Occurred()) || u32_arg(v, "w_addr", &wa[i])) goto done;
+    }
+    npy_intp n = (npy_intp)(c.cmd_bytes / 8);
+    if (!(a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64))) goto done;
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    uint64_t *q = (uint64_t *)PyArray_DATA(a);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_chain_emit(&c, c_a, i_a, wa, o_a, q, &err);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = (PyObject *)a;
+    a = NULL;
+done:
+    Py_XDECREF(a);
+    Py_XDECREF(wseq);
+    PyMem_Free(wa);
+    ork_npu_chain_free(&c);
+    return result;
+}
+
 /* npu_layout(op, M, K, N, array, max_m, max_k, max_n): op "pack_input" (A int8 (M,K) -> uint8 buffer),
  * "unpack_input", "pack_weights" (B int8 (N,K)), "unpack_weights", "unpack_output" (uint8 -> int32 (M,N)) */
 PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
@@ -373,6 +493,7 @@ PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
 
 /* ---------------------------------------------------------- NPUDevice --- */
 struct WeightObject;
+struct JobObject;
 
 typedef struct {
     PyObject_HEAD
@@ -382,6 +503,8 @@ typedef struct {
     uint32_t timeout_ms;
     struct WeightObject **weights; /* live weights (borrowed: each removes itself when freed) */
     size_t n_weights, cap_weights;
+    struct JobObject **jobs; /* live jobs, likewise */
+    size_t n_jobs, cap_jobs;
 } DevObject;
 
 typedef struct WeightObject {
@@ -390,6 +513,34 @@ typedef struct WeightObject {
     ork_npu_weight w;
     int live;
 } WeightObject;
+
+/* a job planned once (backend.h ork_npu_job); holds its device and weights */
+typedef struct JobObject {
+    PyObject_HEAD
+    DevObject *owner;  /* strong reference */
+    PyObject *weights; /* tuple of WeightObject, strong references (the job borrows their buffers) */
+    ork_npu_job j;
+    int live;
+} JobObject;
+
+static int dev_add_job(DevObject *d, JobObject *j) {
+    if (d->n_jobs == d->cap_jobs) {
+        size_t cap = d->cap_jobs ? 2 * d->cap_jobs : 8;
+        JobObject **nj = PyMem_Realloc(d->jobs, cap * sizeof *nj);
+        if (!nj) return -1;
+        d->jobs = nj;
+        d->cap_jobs = cap;
+    }
+    d->jobs[d->n_jobs++] = j;
+    return 0;
+}
+static void dev_remove_job(DevObject *d, JobObject *j) {
+    for (size_t i = 0; i < d->n_jobs; i++)
+        if (d->jobs[i] == j) {
+            d->jobs[i] = d->jobs[--d->n_jobs];
+            return;
+        }
+}
 
 /* register a live weight with its device (so close() can free its buffer) */
 static int dev_add_weight(DevObject *d, WeightObject *w) {
@@ -412,6 +563,11 @@ static void dev_remove_weight(DevObject *d, WeightObject *w) {
 }
 /* free every weight's device buffer and the device itself; call with the lock held */
 static void dev_shutdown(DevObject *d) {
+    for (size_t i = 0; i < d->n_jobs; i++) { /* jobs first: they borrow the weights */
+        if (d->jobs[i]->live) ork_npu_job_free(d->dev, &d->jobs[i]->j);
+        d->jobs[i]->live = 0;
+    }
+    d->n_jobs = 0;
     for (size_t i = 0; i < d->n_weights; i++) {
         WeightObject *w = d->weights[i];
         if (w->live && d->dev) ork_npu_weight_free(d->dev, &w->w);
@@ -484,6 +640,7 @@ static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
 static void dev_dealloc(DevObject *self) {
     dev_shutdown(self); /* no weight is left: each holds a reference to its device */
     PyMem_Free(self->weights);
+    PyMem_Free(self->jobs);
     if (self->fake) ork_fake_kernel_free(self->fake);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -639,6 +796,79 @@ done:
     return result;
 }
 
+static PyTypeObject JobType;
+
+/* job(weights, M) -> NPUJob: the weights' matmuls at M rows chained, planned and emitted once */
+static PyObject *dev_job(DevObject *self, PyObject *args) {
+    PyObject *wo;
+    long long M;
+    if (!PyArg_ParseTuple(args, "OL:job", &wo, &M) || dev_check(self)) return NULL;
+    if (M < 1 || M > (long long)ORK_NPU_MAX_TOTAL_M)
+        return PyErr_Format(PyExc_ValueError, "M must be in [1, %u], got %lld", ORK_NPU_MAX_TOTAL_M, M);
+    PyObject *tup = PySequence_Tuple(wo), *result = NULL;
+    if (!tup) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(tup);
+    const ork_npu_weight **ws = NULL;
+    JobObject *j = NULL;
+    if (n < 1 || n > 65536) {
+        PyErr_Format(PyExc_ValueError, "a job needs 1 to 65536 weights, got %zd", n);
+        goto done;
+    }
+    if (!(ws = (const ork_npu_weight **)PyMem_Malloc((size_t)n * sizeof *ws))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyTuple_GET_ITEM(tup, i);
+        if (!PyObject_TypeCheck(it, &WeightType)) {
+            PyErr_Format(PyExc_TypeError, "weight %zd of the job is not an NPUWeight (upload it first)", i);
+            goto done;
+        }
+        WeightObject *w = (WeightObject *)it;
+        if (w->owner != self || !w->live) {
+            PyErr_Format(PyExc_ValueError, "weight %zd of the job belongs to another NPU device", i);
+            goto done;
+        }
+        ws[i] = &w->w;
+    }
+    if (!(j = PyObject_New(JobObject, &JobType))) goto done;
+    memset(&j->j, 0, sizeof j->j);
+    j->live = 0;
+    Py_INCREF(self);
+    j->owner = self;
+    Py_INCREF(tup);
+    j->weights = tup;
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    dev_lock(self);
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_job_make(self->dev, ws, (uint32_t)n, (uint32_t)M, &j->j, &err);
+    Py_END_ALLOW_THREADS
+    if (st == ORK_OK) {
+        if (dev_add_job(self, j) < 0) {
+            ork_npu_job_free(self->dev, &j->j);
+            st = ORK_ENOMEM;
+            err.msg[0] = 0;
+        } else {
+            j->live = 1;
+        }
+    }
+    PyThread_release_lock(self->lock);
+    if (st) {
+        if (err.msg[0]) orkpy_raise(st, &err);
+        else PyErr_NoMemory();
+        goto done;
+    }
+    result = (PyObject *)j;
+    j = NULL;
+done:
+    Py_XDECREF(j);
+    PyMem_Free(ws);
+    Py_DECREF(tup);
+    return result;
+}
+
 static PyObject *dev_info(DevObject *self, PyObject *unused) {
     (void)unused;
     if (!self->dev && !self->fake) { /* closed, and no fake kernel state to report */
@@ -652,8 +882,9 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
     if (self->dev) ork_npu_dev_get_info(self->dev, &i);
     if (self->lock) PyThread_release_lock(self->lock);
     PyObject *r = NULL, *f = NULL, *result = NULL;
-    r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys, "submits",
-                      (unsigned long long)i.submits, "tasks", (unsigned long long)i.tasks, "bytes_to_device",
+    r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
+                      "submits", (unsigned long long)i.submits, "plans", (unsigned long long)i.plans, "tasks",
+                      (unsigned long long)i.tasks, "bytes_to_device",
                       (unsigned long long)i.bytes_to_device, "bytes_from_device", (unsigned long long)i.bytes_from_device,
                       "timeout_ms", self->timeout_ms);
     if (!r) goto done;
@@ -703,6 +934,8 @@ static PyMethodDef dev_methods[] = {
     {"upload_packed", (PyCFunction)(void (*)(void))dev_upload_packed, METH_VARARGS | METH_KEYWORDS,
      "upload_packed(kind, store, lut, N, K, ...) -> NPUWeight from a PackedWeight tile store"},
     {"matmul", (PyCFunction)dev_matmul, METH_VARARGS, "matmul(weight, A int8 (M, K)) -> int32 (M, N)"},
+    {"job", (PyCFunction)dev_job, METH_VARARGS,
+     "job(weights, M) -> NPUJob: the weights' matmuls at M rows, chained into one submit, planned once"},
     {"info", (PyCFunction)dev_info, METH_NOARGS, "-> dict: backend, node, counters (+ fake kernel state)"},
     {"set_faults", (PyCFunction)dev_set_faults, METH_O, "set_faults(bits): inject faults into the fake kernel"},
     {"close", (PyCFunction)dev_close, METH_NOARGS, "release the device (weights become unusable)"},
@@ -757,6 +990,110 @@ static PyTypeObject WeightType = {
     .tp_getset = weight_getset,
 };
 
+/* ------------------------------------------------------------ NPUJob --- */
+static void job_dealloc(JobObject *self) {
+    if (self->owner) {
+        dev_lock(self->owner);
+        if (self->live && self->owner->dev) ork_npu_job_free(self->owner->dev, &self->j);
+        if (self->live) dev_remove_job(self->owner, self);
+        PyThread_release_lock(self->owner->lock);
+    }
+    Py_XDECREF(self->weights);
+    Py_XDECREF(self->owner);
+    PyObject_Free(self);
+}
+
+/* run(inputs: sequence of n int8 (M, K_i)) -> list of n int32 (M, N_i), one submit */
+static PyObject *job_run(JobObject *self, PyObject *arg) {
+    if (!self->live || !self->owner->dev) return PyErr_Format(PyExc_ValueError, "the NPU device of the job is closed");
+    const uint32_t n = self->j.n, M = self->j.M;
+    PyObject *seq = PySequence_Fast(arg, "inputs must be a sequence of int8 (M, K) arrays"), *outs = NULL, *result = NULL;
+    if (!seq) return NULL;
+    PyArrayObject **in = (PyArrayObject **)PyMem_Calloc(n, sizeof *in);
+    void **ptr = (void **)PyMem_Calloc((size_t)2 * n, sizeof *ptr);
+    size_t *lda = (size_t *)PyMem_Calloc(n, sizeof *lda);
+    if (!in || !ptr || !lda) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(seq) != (Py_ssize_t)n) {
+        PyErr_Format(PyExc_ValueError, "the job has %u matmuls but got %zd inputs", n, PySequence_Fast_GET_SIZE(seq));
+        goto done;
+    }
+    if (!(outs = PyList_New(n))) goto done;
+    for (uint32_t i = 0; i < n; i++) {
+        const ork_npu_weight *w = self->j.w[i];
+        if (!(in[i] = orkpy_as_exact(PySequence_Fast_GET_ITEM(seq, i), NPY_INT8, 2, "A"))) goto done;
+        if (PyArray_DIM(in[i], 0) != (npy_intp)M || PyArray_DIM(in[i], 1) != (npy_intp)w->K) {
+            PyErr_Format(PyExc_ValueError, "input %u of the job must be (%u, %u) int8, got (%zd, %zd)", i, M, w->K,
+                         (Py_ssize_t)PyArray_DIM(in[i], 0), (Py_ssize_t)PyArray_DIM(in[i], 1));
+            goto done;
+        }
+        npy_intp dims[2] = {(npy_intp)M, (npy_intp)w->N};
+        PyObject *c = PyArray_SimpleNew(2, dims, NPY_INT32);
+        if (!c) goto done;
+        PyList_SET_ITEM(outs, i, c);
+        ptr[i] = PyArray_DATA(in[i]);
+        ptr[n + i] = PyArray_DATA((PyArrayObject *)c);
+        lda[i] = w->K;
+    }
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    DevObject *d = self->owner;
+    dev_lock(d);
+    Py_BEGIN_ALLOW_THREADS
+    st = !self->live || !d->dev ? ork_err_set(&err, ORK_EINVAL, "the NPU device of the job was closed")
+                                : ork_npu_job_run(d->dev, &self->j, (const int8_t *const *)ptr, lda,
+                                                  (int32_t *const *)(ptr + n), d->timeout_ms, &err);
+    Py_END_ALLOW_THREADS
+    PyThread_release_lock(d->lock);
+    if (st) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = outs;
+    outs = NULL;
+done:
+    for (uint32_t i = 0; in && i < n; i++) Py_XDECREF(in[i]);
+    PyMem_Free(in);
+    PyMem_Free(ptr);
+    PyMem_Free(lda);
+    Py_XDECREF(outs);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *job_get(JobObject *self, void *what) {
+    const ork_npu_chain *c = &self->j.chain;
+    switch ((int)(intptr_t)what) {
+    case 0: return PyLong_FromUnsignedLong(self->j.M);
+    case 1: return PyLong_FromUnsignedLong(c->n_tasks);
+    case 2: return PyLong_FromUnsignedLongLong(c->cmd_bytes);
+    default: Py_INCREF(self->weights); return self->weights;
+    }
+}
+
+static PyMethodDef job_methods[] = {
+    {"run", (PyCFunction)job_run, METH_O, "run(inputs: n int8 (M, K_i)) -> n int32 (M, N_i), one submit"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef job_getset[] = {{"M", (getter)job_get, NULL, "rows of every matmul", (void *)0},
+                                   {"n_tasks", (getter)job_get, NULL, "NPU tasks in the chain (one submit)", (void *)1},
+                                   {"cmd_bytes", (getter)job_get, NULL, "bytes of the chained command buffer", (void *)2},
+                                   {"weights", (getter)job_get, NULL, "the job's NPUWeights, in chain order", (void *)3},
+                                   {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject JobType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUJob",
+    .tp_basicsize = sizeof(JobObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Matmuls of resident weights chained into one submit, planned and emitted once (NPUDevice.job)",
+    .tp_dealloc = (destructor)job_dealloc,
+    .tp_methods = job_methods,
+    .tp_getset = job_getset,
+};
+
 /* The forward-pass hook (model.h ork_linear.int_mm): run the int8 matmul of
  * a packed linear on the weight's device. Called without the GIL. */
 static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
@@ -789,7 +1126,7 @@ int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *
 }
 
 int orkpy_npu_init(PyObject *module) {
-    if (PyType_Ready(&DevType) < 0 || PyType_Ready(&WeightType) < 0) return -1;
+    if (PyType_Ready(&DevType) < 0 || PyType_Ready(&WeightType) < 0 || PyType_Ready(&JobType) < 0) return -1;
     Py_INCREF(&DevType);
     if (PyModule_AddObject(module, "NPUDevice", (PyObject *)&DevType) < 0) {
         Py_DECREF(&DevType);
@@ -798,6 +1135,11 @@ int orkpy_npu_init(PyObject *module) {
     Py_INCREF(&WeightType);
     if (PyModule_AddObject(module, "NPUWeight", (PyObject *)&WeightType) < 0) {
         Py_DECREF(&WeightType);
+        return -1;
+    }
+    Py_INCREF(&JobType);
+    if (PyModule_AddObject(module, "NPUJob", (PyObject *)&JobType) < 0) {
+        Py_DECREF(&JobType);
         return -1;
     }
     return 0;

@@ -33,7 +33,7 @@ struct ork_npu_dev {
     /* scratch buffers reused across matmuls */
     ork_npu_bo cmd, in, out, tasks;
     int have_cmd, have_in, have_out, have_tasks;
-    uint64_t submits, n_tasks, to_dev, from_dev;
+    uint64_t submits, n_tasks, to_dev, from_dev, plans;
 };
 
 static uint64_t page_round(uint64_t x) { return (x + PAGE - 1) & ~(uint64_t)(PAGE - 1); }
@@ -156,6 +156,7 @@ void ork_npu_dev_get_info(const ork_npu_dev *dev, ork_npu_dev_info *info) {
     info->tasks = dev->n_tasks;
     info->bytes_to_device = dev->to_dev;
     info->bytes_from_device = dev->from_dev;
+    info->plans = dev->plans;
 }
 
 int ork_npu_probe(ork_npu_backend_kind kind, char *why, size_t len) {
@@ -353,14 +354,15 @@ static ork_status scratch(ork_npu_dev *dev, ork_npu_bo *bo, int *have, uint64_t 
 }
 
 /* ------------------------------------------------------------ submit ---- */
-static ork_status submit(ork_npu_dev *dev, const ork_npu_plan *p, const ork_npu_weight *w, uint32_t timeout_ms,
-                         ork_err *err) {
-    const uint32_t n = p->n_tasks, amount = ork_npu_pc_amount(ORK_NPU_TASK_BODY);
+/* one submit of every task of a chain (commands in cmd, operands in in / out and the weights' buffers) */
+static ork_status submit(ork_npu_dev *dev, const ork_npu_chain *c, const ork_npu_bo *cmd, const ork_npu_bo *in,
+                         const ork_npu_bo *out, const ork_npu_weight *const *w, uint32_t timeout_ms, ork_err *err) {
+    const uint32_t n = c->n_tasks, amount = ork_npu_pc_amount(ORK_NPU_TASK_BODY);
     dev->submits++;
     dev->n_tasks += n;
     if (dev->kind == ORK_NPU_BE_EMU) {
         ork_npu_mem mem = {dev, emu_map};
-        return ork_npu_emu_run(&mem, dev->cmd.dma, amount, n, NULL, NULL, err);
+        return ork_npu_emu_run(&mem, ork_npu_chain_task_addr(c, cmd->dma, 0), amount, n, NULL, NULL, err);
     }
     const ork_npu_sys *s = dev->sys;
     int rc;
@@ -375,7 +377,7 @@ static ork_status submit(ork_npu_dev *dev, const ork_npu_plan *p, const ork_npu_
             r.int_mask = 0x300; /* DPU done (both ping-pong groups) */
             r.int_clear = ORK_RKNPU_INT_CLEAR_ALL;
             r.regcfg_amount = ORK_NPU_TASK_BODY;
-            r.regcmd_addr = (uint64_t)dev->cmd.dma + p->tasks[t].cmd_off;
+            r.regcmd_addr = ork_npu_chain_task_addr(c, cmd->dma, t);
             memcpy(&tk[t], &r, sizeof r);
         }
         for (uint32_t start = 0; start < n; start += ORK_RKNPU_MAX_TASKS) {
@@ -403,19 +405,26 @@ static ork_status submit(ork_npu_dev *dev, const ork_npu_plan *p, const ork_npu_
         return ORK_OK;
     }
     ork_rocket_task *tk = (ork_rocket_task *)malloc((size_t)n * sizeof *tk);
-    if (!tk) return ork_err_set(err, ORK_ENOMEM, "npu: out of memory for %u tasks", n);
+    uint32_t *in_h = (uint32_t *)malloc(((size_t)c->n + 2) * sizeof *in_h), out_h[1] = {out->handle};
+    if (!tk || !in_h) {
+        free(tk);
+        free(in_h);
+        return ork_err_set(err, ORK_ENOMEM, "npu: out of memory for %u tasks", n);
+    }
     for (uint32_t t = 0; t < n; t++) {
-        tk[t].regcmd = dev->cmd.dma + (uint32_t)p->tasks[t].cmd_off;
+        tk[t].regcmd = ork_npu_chain_task_addr(c, cmd->dma, t);
         tk[t].regcmd_count = ORK_NPU_TASK_QWORDS; /* rocket counts the tail */
     }
-    uint32_t in_h[3] = {dev->cmd.handle, dev->in.handle, w->bo.handle}, out_h[1] = {dev->out.handle};
+    in_h[0] = cmd->handle; /* commands, input, then every weight */
+    in_h[1] = in->handle;
+    for (uint32_t i = 0; i < c->n; i++) in_h[2 + i] = w[i]->bo.handle;
     ork_rocket_job job;
     memset(&job, 0, sizeof job);
     job.tasks = (uint64_t)(uintptr_t)tk;
     job.task_count = n;
     job.task_struct_size = sizeof(ork_rocket_task);
     job.in_bo_handles = (uint64_t)(uintptr_t)in_h;
-    job.in_bo_handle_count = 3;
+    job.in_bo_handle_count = c->n + 2;
     job.out_bo_handles = (uint64_t)(uintptr_t)out_h;
     job.out_bo_handle_count = 1;
     ork_rocket_submit sb;
@@ -425,6 +434,7 @@ static ork_status submit(ork_npu_dev *dev, const ork_npu_plan *p, const ork_npu_
     sb.job_struct_size = sizeof job;
     rc = s->ioctl(s->ctx, dev->fd, ORK_ROCKET_IOCTL_SUBMIT, &sb);
     free(tk);
+    free(in_h);
     if (rc) return sys_fail(dev, "ROCKET_SUBMIT", rc, err);
     return ORK_OK;
 }
@@ -472,49 +482,152 @@ void ork_npu_weight_free(ork_npu_dev *dev, ork_npu_weight *w) {
     if (w && w->bo.cpu) ork_npu_bo_free(dev, &w->bo);
 }
 
+/* Pack every input, submit the chain once, check and unpack every output: the
+ * common part of ork_npu_matmul and ork_npu_job_run (the command buffer is
+ * already emitted and synced). */
+static ork_status run_chain(ork_npu_dev *dev, const ork_npu_chain *c, const ork_npu_weight *const *w, ork_npu_bo *cmd,
+                            ork_npu_bo *in, ork_npu_bo *out, const int8_t *const *A, const size_t *lda,
+                            int32_t *const *C, uint32_t timeout_ms, ork_err *err) {
+    ork_status st;
+    for (uint32_t i = 0; i < c->n; i++)
+        if ((st = ork_npu_pack_input(&c->plans[i], A[i], lda[i], in->cpu + c->in_at[i], err))) return st;
+    if ((st = to_device(dev, in, c->in_bytes, err))) return st;
+    if (dev->kind != ORK_NPU_BE_EMU) { /* sentinels: a job the kernel dropped must not return stale results */
+        int32_t *o = (int32_t *)(void *)out->cpu;
+        for (uint64_t i = 0; i < c->out_bytes / 4; i++) o[i] = OUT_SENTINEL;
+        if ((st = to_device(dev, out, c->out_bytes, err))) return st;
+    }
+    if ((st = submit(dev, c, cmd, in, out, w, timeout_ms, err)) ||
+        (st = from_device(dev, out, c->out_bytes, timeout_ms, err)))
+        return st;
+    for (uint32_t i = 0, t0 = 0; i < c->n; t0 += c->plans[i].n_tasks, i++) {
+        const ork_npu_plan *p = &c->plans[i];
+        for (uint32_t t = 0; dev->kind != ORK_NPU_BE_EMU && t < p->n_tasks; t++) {
+            const ork_npu_task_desc *d = &p->tasks[t];
+            const int32_t *o = (const int32_t *)(const void *)(out->cpu + c->out_at[i] + d->out_off);
+            for (uint64_t j = 0; j < (uint64_t)d->Mp * d->Nt; j++)
+                if (o[j] == OUT_SENTINEL)
+                    return ork_err_set(err, ORK_ENPU, "npu: the %s job reported success but task %u of %u did not "
+                                       "write its output (the driver dropped the job?)", kind_name(dev->kind), t0 + t,
+                                       c->n_tasks);
+        }
+        if ((st = ork_npu_unpack_output(p, out->cpu + c->out_at[i], C[i], err))) return st;
+    }
+    return ORK_OK;
+}
+
+/* after a rocket timeout the job may still run: never reuse its buffers (the
+ * kernel keeps them alive until its fence) */
+static int drop_after_timeout(ork_npu_dev *dev, ork_status st, ork_npu_bo *cmd, ork_npu_bo *in, ork_npu_bo *out) {
+    if (dev->kind != ORK_NPU_BE_ROCKET || st != ORK_ETIMEDOUT) return 0;
+    ork_npu_bo_free(dev, cmd);
+    ork_npu_bo_free(dev, in);
+    ork_npu_bo_free(dev, out);
+    return 1;
+}
+
 ork_status ork_npu_matmul(ork_npu_dev *dev, const ork_npu_weight *w, const int8_t *A, uint32_t M, size_t lda,
                           int32_t *C, uint32_t timeout_ms, ork_err *err) {
     if (!dev || !w || !w->bo.cpu || !A || !C) return ork_err_set(err, ORK_EINVAL, "npu matmul: NULL argument");
     if (timeout_ms == 0) return ork_err_set(err, ORK_EINVAL, "npu matmul: timeout must be > 0 ms");
-    ork_npu_plan p;
-    ork_status st = ork_npu_plan_make(M, w->K, w->N, &w->opts, &p, err);
+    ork_npu_chain c; /* a chain of one, planned and emitted for this call into the device's scratch buffers */
+    ork_status st = ork_npu_chain_make(1, &M, &w->K, &w->N, &w->opts, &c, err);
     if (st) return st;
-    if ((st = scratch(dev, &dev->cmd, &dev->have_cmd, p.cmd_bytes, ORK_NPU_BO_CMD, err)) ||
-        (st = scratch(dev, &dev->in, &dev->have_in, p.in_bytes, ORK_NPU_BO_INPUT, err)) ||
-        (st = scratch(dev, &dev->out, &dev->have_out, p.out_bytes, ORK_NPU_BO_OUTPUT, err)) ||
-        (st = ork_npu_plan_emit(&p, dev->cmd.dma, dev->in.dma, w->bo.dma, dev->out.dma, (uint64_t *)(void *)dev->cmd.cpu,
-                                err)) ||
-        (st = ork_npu_pack_input(&p, A, lda, dev->in.cpu, err)) || (st = to_device(dev, &dev->cmd, p.cmd_bytes, err)) ||
-        (st = to_device(dev, &dev->in, p.in_bytes, err)))
+    if ((st = scratch(dev, &dev->cmd, &dev->have_cmd, c.cmd_bytes, ORK_NPU_BO_CMD, err)) ||
+        (st = scratch(dev, &dev->in, &dev->have_in, c.in_bytes, ORK_NPU_BO_INPUT, err)) ||
+        (st = scratch(dev, &dev->out, &dev->have_out, c.out_bytes, ORK_NPU_BO_OUTPUT, err)) ||
+        (st = ork_npu_chain_emit(&c, dev->cmd.dma, dev->in.dma, &w->bo.dma, dev->out.dma,
+                                 (uint64_t *)(void *)dev->cmd.cpu, err)) ||
+        (st = to_device(dev, &dev->cmd, c.cmd_bytes, err)))
         goto done;
-    if (dev->kind != ORK_NPU_BE_EMU) { /* sentinels: a job the kernel dropped must not return stale results */
-        int32_t *o = (int32_t *)(void *)dev->out.cpu;
-        for (uint64_t i = 0; i < p.out_bytes / 4; i++) o[i] = OUT_SENTINEL;
-        if ((st = to_device(dev, &dev->out, p.out_bytes, err))) goto done;
-    }
-    if ((st = submit(dev, &p, w, timeout_ms, err)) || (st = from_device(dev, &dev->out, p.out_bytes, timeout_ms, err))) {
-        if (dev->kind == ORK_NPU_BE_ROCKET && st == ORK_ETIMEDOUT) {
-            /* the job may still run: never reuse its buffers (the kernel keeps them alive until its fence) */
-            ork_npu_bo_free(dev, &dev->cmd);
-            ork_npu_bo_free(dev, &dev->in);
-            ork_npu_bo_free(dev, &dev->out);
-            dev->have_cmd = dev->have_in = dev->have_out = 0;
-        }
-        goto done;
-    }
-    if (dev->kind != ORK_NPU_BE_EMU)
-        for (uint32_t t = 0; t < p.n_tasks; t++) {
-            const ork_npu_task_desc *d = &p.tasks[t];
-            const int32_t *o = (const int32_t *)(const void *)(dev->out.cpu + d->out_off);
-            for (uint64_t i = 0; i < (uint64_t)d->Mp * d->Nt; i++)
-                if (o[i] == OUT_SENTINEL) {
-                    st = ork_err_set(err, ORK_ENPU, "npu: the %s job reported success but task %u of %u did not write its "
-                                     "output (the driver dropped the job?)", kind_name(dev->kind), t, p.n_tasks);
-                    goto done;
-                }
-        }
-    st = ork_npu_unpack_output(&p, dev->out.cpu, C, err);
+    dev->plans++;
+    st = run_chain(dev, &c, &w, &dev->cmd, &dev->in, &dev->out, &A, &lda, &C, timeout_ms, err);
+    if (drop_after_timeout(dev, st, &dev->cmd, &dev->in, &dev->out)) dev->have_cmd = dev->have_in = dev->have_out = 0;
 done:
-    ork_npu_plan_free(&p);
+    ork_npu_chain_free(&c);
+    return st;
+}
+
+/* ------------------------------------------------- planned-once jobs ---- */
+/* the job's own buffers, its command buffer emitted and synced once */
+static ork_status job_emit(ork_npu_dev *dev, ork_npu_job *job, ork_err *err) {
+    const ork_npu_chain *c = &job->chain;
+    uint32_t *wa = (uint32_t *)malloc((size_t)job->n * sizeof *wa);
+    if (!wa) return ork_err_set(err, ORK_ENOMEM, "npu job: out of memory");
+    for (uint32_t i = 0; i < job->n; i++) wa[i] = job->w[i]->bo.dma;
+    ork_status st;
+    if ((st = ork_npu_bo_alloc(dev, c->cmd_bytes, ORK_NPU_BO_CMD, &job->cmd, err)) ||
+        (st = ork_npu_bo_alloc(dev, c->in_bytes, ORK_NPU_BO_INPUT, &job->in, err)) ||
+        (st = ork_npu_bo_alloc(dev, c->out_bytes, ORK_NPU_BO_OUTPUT, &job->out, err)) ||
+        (st = ork_npu_chain_emit(c, job->cmd.dma, job->in.dma, wa, job->out.dma, (uint64_t *)(void *)job->cmd.cpu, err)) ||
+        (st = to_device(dev, &job->cmd, c->cmd_bytes, err))) {
+        ork_npu_bo_free(dev, &job->cmd);
+        ork_npu_bo_free(dev, &job->in);
+        ork_npu_bo_free(dev, &job->out);
+    } else {
+        dev->plans++;
+        job->emitted = 1;
+    }
+    free(wa);
+    return st;
+}
+
+void ork_npu_job_free(ork_npu_dev *dev, ork_npu_job *job) {
+    if (!job) return;
+    if (dev) {
+        ork_npu_bo_free(dev, &job->cmd);
+        ork_npu_bo_free(dev, &job->in);
+        ork_npu_bo_free(dev, &job->out);
+    }
+    ork_npu_chain_free(&job->chain);
+    free((void *)job->w);
+    memset(job, 0, sizeof *job);
+}
+
+ork_status ork_npu_job_make(ork_npu_dev *dev, const ork_npu_weight *const *w, uint32_t n, uint32_t M, ork_npu_job *job,
+                            ork_err *err) {
+    if (!job) return ork_err_set(err, ORK_EINVAL, "npu job: NULL output");
+    memset(job, 0, sizeof *job);
+    if (!dev || !w || n == 0) return ork_err_set(err, ORK_EINVAL, "npu job: no weights");
+    for (uint32_t i = 0; i < n; i++)
+        if (!w[i] || !w[i]->bo.cpu) return ork_err_set(err, ORK_EINVAL, "npu job: weight %u is not resident", i);
+    uint32_t *dims = (uint32_t *)malloc((size_t)3 * n * sizeof *dims);
+    ork_npu_plan_opts *opts = (ork_npu_plan_opts *)malloc((size_t)n * sizeof *opts);
+    job->w = (const ork_npu_weight **)malloc((size_t)n * sizeof *job->w);
+    ork_status st = ORK_OK;
+    if (!dims || !opts || !job->w) {
+        st = ork_err_set(err, ORK_ENOMEM, "npu job: out of memory for %u matmuls", n);
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            dims[i] = M;
+            dims[n + i] = w[i]->K;
+            dims[2 * (size_t)n + i] = w[i]->N;
+            opts[i] = w[i]->opts;
+            job->w[i] = w[i];
+        }
+        job->n = n;
+        job->M = M;
+        if (!(st = ork_npu_chain_make(n, dims, dims + n, dims + 2 * (size_t)n, opts, &job->chain, err)))
+            st = job_emit(dev, job, err);
+    }
+    free(dims);
+    free(opts);
+    if (st) ork_npu_job_free(dev, job);
+    return st;
+}
+
+ork_status ork_npu_job_run(ork_npu_dev *dev, ork_npu_job *job, const int8_t *const *A, const size_t *lda,
+                           int32_t *const *C, uint32_t timeout_ms, ork_err *err) {
+    if (!dev || !job || !job->w || !A || !lda || !C) return ork_err_set(err, ORK_EINVAL, "npu job run: NULL argument");
+    if (timeout_ms == 0) return ork_err_set(err, ORK_EINVAL, "npu job run: timeout must be > 0 ms");
+    for (uint32_t i = 0; i < job->n; i++) {
+        if (!A[i] || !C[i] || lda[i] < job->w[i]->K)
+            return ork_err_set(err, ORK_EINVAL, "npu job run: bad input or output %u of %u", i + 1, job->n);
+        if (!job->w[i]->bo.cpu) return ork_err_set(err, ORK_EINVAL, "npu job run: weight %u was freed", i + 1);
+    }
+    ork_status st;
+    if (!job->emitted && (st = job_emit(dev, job, err))) return st;
+    st = run_chain(dev, &job->chain, job->w, &job->cmd, &job->in, &job->out, A, lda, C, timeout_ms, err);
+    if (drop_after_timeout(dev, st, &job->cmd, &job->in, &job->out)) job->emitted = 0;
     return st;
 }

@@ -90,6 +90,7 @@ typedef struct ork_npu_dev_info {
     char node[64];       /* device node, "" for emu */
     char sys[32];        /* "linux", "fake-rknpu", ... */
     uint64_t submits, tasks, bytes_to_device, bytes_from_device;
+    uint64_t plans; /* command buffers planned and emitted (every ork_npu_matmul; a job once) */
 } ork_npu_dev_info;
 
 /* emu_base: first fake NPU address of the emu backend (0 = 0x1000); buffers
@@ -122,5 +123,28 @@ void ork_npu_weight_free(ork_npu_dev *dev, ork_npu_weight *w);
 /* C (M, N) int32 = A (M, K) int8 (row stride lda) times the resident weight. */
 ork_status ork_npu_matmul(ork_npu_dev *dev, const ork_npu_weight *w, const int8_t *A, uint32_t M, size_t lda,
                           int32_t *C, uint32_t timeout_ms, ork_err *err);
+
+/* ------------------------------------------------- planned-once jobs ---- */
+/* A job: n resident weights run at M rows as ONE chained submit (plan.h,
+ * "chains"). Made once: planned, its own command / input / output buffers
+ * allocated and the command buffer emitted and synced; every run then only
+ * packs the inputs, submits once and unpacks the outputs (no planning, no
+ * emission: info.plans does not move, info.submits grows by one). The
+ * weights are borrowed and must outlive the job. A job whose buffers had to
+ * be dropped (a rocket timeout) re-allocates and re-emits on its next run. */
+typedef struct ork_npu_job {
+    uint32_t n, M;
+    const ork_npu_weight **w; /* n weights, borrowed (the array is owned) */
+    ork_npu_chain chain;
+    ork_npu_bo cmd, in, out;
+    int emitted;
+} ork_npu_job;
+
+ork_status ork_npu_job_make(ork_npu_dev *dev, const ork_npu_weight *const *w, uint32_t n, uint32_t M, ork_npu_job *job,
+                            ork_err *err);
+/* C[i] (M, N_i) int32 = A[i] (M, K_i) int8 (row stride lda[i]) times weight i, for every i, in one submit. */
+ork_status ork_npu_job_run(ork_npu_dev *dev, ork_npu_job *job, const int8_t *const *A, const size_t *lda,
+                           int32_t *const *C, uint32_t timeout_ms, ork_err *err);
+void ork_npu_job_free(ork_npu_dev *dev, ork_npu_job *job);
 
 #endif

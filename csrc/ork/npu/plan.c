@@ -160,6 +160,96 @@ ork_status ork_npu_plan_emit(const ork_npu_plan *p, uint32_t cmd_addr, uint32_t 
     return ORK_OK;
 }
 
+/* ------------------------------------------------------------- chains --- */
+/* "npu chain, matmul i of n: " before a planner / emitter message */
+static ork_status chain_err(ork_err *err, ork_status st, uint32_t i, uint32_t n) {
+    if (!err || n == 1) return st; /* a single matmul keeps the planner's own message */
+    char msg[sizeof err->msg];
+    memcpy(msg, err->msg, sizeof msg);
+    msg[sizeof msg - 1] = 0;
+    return ork_err_set(err, st, "npu chain, matmul %u of %u: %s", i + 1, n, msg);
+}
+
+void ork_npu_chain_free(ork_npu_chain *c) {
+    if (!c) return;
+    for (uint32_t i = 0; c->plans && i < c->n; i++) ork_npu_plan_free(&c->plans[i]);
+    free(c->plans);
+    free(c->in_at);
+    memset(c, 0, sizeof *c);
+}
+
+ork_status ork_npu_chain_make(uint32_t n, const uint32_t *M, const uint32_t *K, const uint32_t *N,
+                              const ork_npu_plan_opts *opts, ork_npu_chain *c, ork_err *err) {
+    if (!c) return ork_err_set(err, ORK_EINVAL, "npu chain: NULL output");
+    memset(c, 0, sizeof *c);
+    if (n == 0 || !M || !K || !N) return ork_err_set(err, ORK_EINVAL, "npu chain: no matmuls");
+    c->plans = (ork_npu_plan *)calloc(n, sizeof *c->plans);
+    c->in_at = (uint64_t *)calloc((size_t)3 * n, sizeof(uint64_t));
+    if (!c->plans || !c->in_at) {
+        free(c->plans);
+        free(c->in_at);
+        c->plans = NULL;
+        c->in_at = NULL;
+        return ork_err_set(err, ORK_ENOMEM, "npu chain: out of memory for %u matmuls", n);
+    }
+    c->n = n;
+    c->out_at = c->in_at + n;
+    c->cmd_at = c->in_at + 2 * (size_t)n;
+    uint64_t tasks = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        ork_status st = ork_npu_plan_make(M[i], K[i], N[i], opts ? &opts[i] : NULL, &c->plans[i], err);
+        if (st) {
+            ork_npu_chain_free(c);
+            return chain_err(err, st, i, n);
+        }
+        const ork_npu_plan *p = &c->plans[i];
+        c->in_at[i] = c->in_bytes;
+        c->out_at[i] = c->out_bytes;
+        c->cmd_at[i] = c->cmd_bytes;
+        c->in_bytes = align_up(c->in_bytes + p->in_bytes);
+        c->out_bytes = align_up(c->out_bytes + p->out_bytes);
+        c->cmd_bytes = align_up(c->cmd_bytes + p->cmd_bytes);
+        tasks += p->n_tasks;
+    }
+    if (tasks > (1u << 20)) {
+        ork_npu_chain_free(c);
+        return ork_err_set(err, ORK_EINVAL, "npu chain: %llu tasks is too many", (unsigned long long)tasks);
+    }
+    c->n_tasks = (uint32_t)tasks;
+    return ORK_OK;
+}
+
+uint32_t ork_npu_chain_task_addr(const ork_npu_chain *c, uint32_t cmd_addr, uint32_t t) {
+    for (uint32_t i = 0; i < c->n; i++) {
+        if (t < c->plans[i].n_tasks) return cmd_addr + (uint32_t)(c->cmd_at[i] + c->plans[i].tasks[t].cmd_off);
+        t -= c->plans[i].n_tasks;
+    }
+    return 0;
+}
+
+ork_status ork_npu_chain_emit(const ork_npu_chain *c, uint32_t cmd_addr, uint32_t in_addr, const uint32_t *w_addr,
+                              uint32_t out_addr, uint64_t *cmds, ork_err *err) {
+    if (!c || !c->plans || !w_addr || !cmds) return ork_err_set(err, ORK_EINVAL, "npu chain emit: NULL argument");
+    ork_status st;
+    if ((st = check_region("regcmd", cmd_addr, c->cmd_bytes, err)) || (st = check_region("input", in_addr, c->in_bytes, err)) ||
+        (st = check_region("output", out_addr, c->out_bytes, err)))
+        return st;
+    memset(cmds, 0, c->cmd_bytes);
+    for (uint32_t i = 0; i < c->n; i++) {
+        const ork_npu_plan *p = &c->plans[i];
+        uint64_t *q = cmds + c->cmd_at[i] / 8;
+        if ((st = ork_npu_plan_emit(p, cmd_addr + (uint32_t)c->cmd_at[i], in_addr + (uint32_t)c->in_at[i], w_addr[i],
+                                    out_addr + (uint32_t)c->out_at[i], q, err)))
+            return chain_err(err, st, i, c->n);
+        /* the last task of matmul i links on to the first task of matmul i + 1 */
+        if (i + 1 < c->n &&
+            (st = ork_npu_task_tail(q + p->tasks[p->n_tasks - 1].cmd_off / 8 + ORK_NPU_TASK_BODY,
+                                    cmd_addr + (uint32_t)c->cmd_at[i + 1], ORK_NPU_TASK_BODY, err)))
+            return st;
+    }
+    return ORK_OK;
+}
+
 /* ------------------------------------------------------------ layouts --- */
 static size_t in_index(uint32_t Mp, uint32_t m, uint32_t k) { return ((size_t)(k / 16) * Mp + m) * 16 + k % 16; }
 

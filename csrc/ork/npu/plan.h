@@ -90,6 +90,36 @@ void ork_npu_plan_free(ork_npu_plan *p);
 ork_status ork_npu_plan_emit(const ork_npu_plan *p, uint32_t cmd_addr, uint32_t in_addr, uint32_t w_addr,
                              uint32_t out_addr, uint64_t *cmds, ork_err *err);
 
+/* ------------------------------------------------------------- chains --- */
+/* A chained job: n matmuls with no data dependency between them (a layer's
+ * q / k / v, which read the same input; gate / up; any run the caller names),
+ * each planned as above, their regions laid out one after another in ONE
+ * command, input and output buffer (every region 64-byte aligned; weights
+ * stay in their own buffers). The last task of matmul i links through its
+ * PC tail to the first task of matmul i + 1, so the whole sequence is one
+ * submit of n_tasks tasks; only the last task of the last matmul ends the
+ * chain. Matmul i's operands use the plan's layouts at in_at[i] / out_at[i],
+ * its commands start at cmd_at[i]. Planned once, the chain is emitted again
+ * only when a buffer address changes. */
+typedef struct ork_npu_chain {
+    uint32_t n, n_tasks;
+    ork_npu_plan *plans;               /* n plans, owned */
+    uint64_t *in_at, *out_at, *cmd_at; /* n region offsets each (one allocation, owned by in_at) */
+    uint64_t in_bytes, out_bytes, cmd_bytes;
+} ork_npu_chain;
+
+/* M[i] x K[i] x N[i] with tile caps opts[i] (opts NULL: hardware limits). */
+ork_status ork_npu_chain_make(uint32_t n, const uint32_t *M, const uint32_t *K, const uint32_t *N,
+                              const ork_npu_plan_opts *opts, ork_npu_chain *c, ork_err *err);
+void ork_npu_chain_free(ork_npu_chain *c);
+/* The NPU address of task t (0-based over the whole chain) for commands at cmd_addr. */
+uint32_t ork_npu_chain_task_addr(const ork_npu_chain *c, uint32_t cmd_addr, uint32_t t);
+/* The chained command buffer (cmd_bytes / 8 qwords; gaps between regions are
+ * zero) for the shared buffers at cmd_addr / in_addr / out_addr and matmul i's
+ * weights at w_addr[i]. */
+ork_status ork_npu_chain_emit(const ork_npu_chain *c, uint32_t cmd_addr, uint32_t in_addr, const uint32_t *w_addr,
+                              uint32_t out_addr, uint64_t *cmds, ork_err *err);
+
 /* ------------------------------------------------------------ layouts --- */
 /* A (M, K) int8 with row stride lda -> the input buffer (in_bytes). */
 ork_status ork_npu_pack_input(const ork_npu_plan *p, const int8_t *A, size_t lda, uint8_t *buf, ork_err *err);

@@ -1,0 +1,145 @@
+"""Streaming quantization (issue 18 item 1): quantize_model(output=) writes each linear as it is
+made, holds it only as a mapping of the written file, releases the source's pages after each
+tensor, and gives the same directory as quantize_model(...).save(); MappedFile.release and
+gguf_write.LazyTensor, the two pieces it stands on."""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import orkpy
+from orkpy._core import MappedFile
+from orkpy._mapped import maps_of
+from orkpy.gguf_write import LazyTensor, write_gguf
+
+STORIES = "models/stories260K/stories260K-F16.gguf"
+Q4_0 = "models/stories260K/stories260K-Q4_0.gguf"
+QUIET = dict(progress=False, log=lambda s: None)
+
+
+def _vm(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    pytest.skip(f"/proc/self/status has no {key}")
+
+
+def test_streamed_directory_equals_the_saved_one(shared, tmp_path):
+    src, alloc = shared / STORIES, shared / Q4_0
+    qm = orkpy.quantize_model(src, alloc, **QUIET)
+    qm.save(tmp_path / "saved")
+    qs = orkpy.quantize_model(src, alloc, output=tmp_path / "streamed", **QUIET)
+    assert qm.path is None and qs.path == str(tmp_path / "streamed")
+    names = sorted(os.listdir(tmp_path / "saved"))
+    assert names == sorted(os.listdir(tmp_path / "streamed")) and "manifest.json" in names
+    for n in names:
+        assert filecmp.cmp(tmp_path / "saved" / n, tmp_path / "streamed" / n, shallow=False), n
+    # every packed linear of the result is a mapping of its written file (opened in the writer's
+    # temporary folder, renamed into place since), not a copy in memory
+    for name, pw in qs.tensors.items():
+        files = [m.path for m in maps_of(pw.store)]
+        assert len(files) == 1 and os.path.basename(files[0]).startswith(name + ".o"), name
+    toks = np.arange(1, 40, dtype=np.int32)
+    ref = qm.to_model().forward(toks)
+    assert np.array_equal(qs.to_model().forward(toks), ref)
+    assert np.array_equal(orkpy.load_model(qs.path).forward(toks), ref)
+
+
+def test_streaming_refuses_an_existing_output_first_and_cleans_up_on_error(shared, tmp_path):
+    src, alloc = shared / STORIES, shared / Q4_0
+    out = tmp_path / "m"
+    orkpy.quantize_model(src, shared / "models/stories260K/stories260K-Q8_0.gguf", **QUIET).save(out)
+    with pytest.raises(FileExistsError, match="exists"):
+        orkpy.quantize_model(src, alloc, output=out, **QUIET)
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+    # an imatrix for another model fails on the first 4-bit linear: nothing is left behind
+    im = orkpy.Imatrix().add("blk.0.attn_q.weight", np.ones(7), 1)
+    with pytest.raises(ValueError, match="imatrix"):
+        orkpy.quantize_model(src, alloc, imatrix=im, output=tmp_path / "n", **QUIET)
+    assert sorted(os.listdir(tmp_path)) == ["m"]
+    qs = orkpy.quantize_model(src, alloc, output=out, overwrite=True, **QUIET)
+    assert qs.path == str(out) and sorted(os.listdir(tmp_path)) == ["m"]
+    tiers = {e["tier"] for e in json.loads((out / "manifest.json").read_text())["tensors"].values()}
+    assert "int4" in tiers  # the Q4_0 allocation replaced the all-int8 model
+
+
+def test_mapped_file_release_drops_pages_and_keeps_values(tmp_path):
+    p = tmp_path / "big.bin"
+    data = np.random.default_rng(0).integers(0, 255, 48 << 20, dtype=np.uint8)
+    data.tofile(p)
+    m = MappedFile(p)
+    a = np.frombuffer(m, np.uint8)
+    before = _vm("VmRSS")
+    s = int(a.sum(dtype=np.uint64))  # pages every byte in
+    touched = _vm("VmRSS")
+    m.release()
+    after = _vm("VmRSS")
+    assert touched - before > (32 << 20) and touched - after > (32 << 20)
+    assert int(a.sum(dtype=np.uint64)) == s and np.array_equal(a[:4096], data[:4096])
+    m.release(5, 10)
+    m.release(len(m) + 10)  # past the end: nothing to drop
+    with pytest.raises(ValueError, match="offset"):
+        m.release(-1)
+    with pytest.raises(ValueError, match="length"):
+        m.release(0, -2)
+    del a
+    m.close()
+    with pytest.raises(ValueError):
+        m.release()
+
+
+def test_lazy_tensors_are_written_like_arrays(tmp_path):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.full((2, 5), 2, np.float16)
+    calls = []
+
+    def make():
+        calls.append(1)
+        return b.copy()
+    write_gguf(tmp_path / "eager.gguf", [], [("a", a), ("b", b)])
+    write_gguf(tmp_path / "lazy.gguf", [], [("a", LazyTensor(a.shape, a.dtype, lambda: a)),
+                                            ("b", LazyTensor((2, 5), np.float16, make))])
+    assert calls == [1]
+    assert (tmp_path / "eager.gguf").read_bytes() == (tmp_path / "lazy.gguf").read_bytes()
+    with pytest.raises(ValueError, match=r"tensor 'b': make\(\) gave float16 \(2, 4\), declared float16 \(2, 5\)"):
+        write_gguf(tmp_path / "bad.gguf", [], [("b", LazyTensor((2, 5), np.float16, lambda: b[:, :4].copy()))])
+    assert sorted(os.listdir(tmp_path)) == ["eager.gguf", "lazy.gguf"]  # the failed write left nothing
+
+
+@pytest.mark.slow
+def test_streamed_quantization_peak_memory_does_not_hold_the_model(tmp_path):
+    """A 4-layer model of 2048 x 8192 FFNs (302 MB of F16 weights): streamed, the peak resident
+    set grows by far less than the model; the in-memory path (quantize_model + save) holds it."""
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', 'bench')!r})
+        import quant_model as qmb
+        qmb.SHAPES["t"] = (2048, 8192, 4, 16, 8)
+        src, _ = qmb.make_model({str(tmp_path)!r}, "t")
+        import orkpy
+        from orkpy.tiermap import TierEntry, TierMap
+        shp = qmb.tensors_of("t")
+        tm = TierMap({{n: TierEntry("float" if len(s) == 1 else "int4", "F16", s) for n, s in shp.items()}}, tied=True)
+        def hwm():
+            return [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+        base = hwm()
+        if sys.argv[1] == "stream":
+            orkpy.quantize_model(src, tm, output={str(tmp_path / 'out')!r}, progress=False, log=lambda s: None)
+        else:
+            orkpy.quantize_model(src, tm, progress=False, log=lambda s: None).save({str(tmp_path / 'out2')!r})
+        print(hwm() - base, src.stat().st_size)
+    """)
+    res = {}
+    for mode in ("stream", "memory"):
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+        res[mode] = [int(v) for v in out.stdout.split()]
+    grown, size = res["stream"]
+    assert size > 250e6
+    assert grown < 0.35 * size, res          # about one tensor's float32 copy (2048 x 8192 x 4 = 67 MB) + overhead
+    assert res["memory"][0] > 0.8 * size, res  # the path it replaces held the model's pages
