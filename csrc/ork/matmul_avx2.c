@@ -125,8 +125,7 @@ static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[1
         xs = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(xs, evod), 0xD8); /* evens | odds */
         __m256i xa = _mm256_abs_epi8(xs);
         const uint8_t *w = nib + kb * 32 * 16;
-        _mm_prefetch((const char *)(w + 4096), _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + 4096 + 256), _MM_HINT_T0);
+        for (int p = 0; p < 512; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);
         for (int r = 0; r < 32; r++) {
             __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + r * 16)));
             __m256i idx = _mm256_and_si256(_mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0), lo4);
