@@ -610,6 +610,9 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
         how = None if paths[n] in ("fp32", "gguf") else linear_act(act, n, cal, act_method, k_outliers, where,
                                                                     w.shape[1], act_prefix)
         linears[n] = _linear_spec(n, w, paths[n], nthreads, how)
+        if how is not None:  # packed: the float pages it was read from go back (the values stay the file's)
+            del w
+            src.release(caches=False)
     return Model(os.fspath(path), src.hp, linears, src.tensor, src.meta, src.tied, paths)
 
 

@@ -265,8 +265,8 @@ class TransformedSource(Source):
         self._changed = self._changed_names()
         self._emb: Optional[NDArray[np.float32]] = None
 
-    def release(self) -> None:
-        self.base.release()
+    def release(self, caches: bool = True) -> None:
+        self.base.release(caches)
 
     def _changed_names(self) -> set:
         """The tensors that differ from the wrapped source's."""

@@ -133,10 +133,10 @@ class Source:
         """The float32 (N, K) weight of linear layer ``name`` (see :meth:`tensor_name`)."""
         return self.tensor(self.tensor_name(name))
 
-    def release(self) -> None:
-        """Drop what reading tensors left in memory (cached conversions, resident pages of mapped
-        files) so that a tensor-by-tensor reader holds about one tensor at a time; later reads
-        still work. Arrays returned before stay valid."""
+    def release(self, caches: bool = True) -> None:
+        """Drop what reading tensors left in memory -- the resident pages of mapped files and, with
+        ``caches``, cached conversions -- so that a tensor-by-tensor reader holds about one tensor
+        at a time; later reads still work. Arrays returned before stay valid."""
 
     def sha256(self) -> str:
         """SHA-256 of the source file (of a checkpoint folder: over its files' names and hashes)."""
@@ -183,9 +183,10 @@ class GGUFSource(Source):
     def type_of(self, name: str) -> str:
         return self.g.tensor_info(self._splits[name][0] if name in self._splits else name).type
 
-    def release(self) -> None:
-        self._emb = None
-        self._last = ("", None)
+    def release(self, caches: bool = True) -> None:
+        if caches:
+            self._emb = None
+            self._last = ("", None)
         self.g.release()
 
     def tensor(self, name: str) -> NDArray[np.float32]:
@@ -235,7 +236,7 @@ class SafetensorsSource(Source):
                 raise ValueError(f"{self.path}: {t.name} has shape {self.arrays[t.name].shape}, the allocation "
                                  f"file says {t.shape}: it is for a different model")
 
-    def release(self) -> None:
+    def release(self, caches: bool = True) -> None:
         from ._mapped import maps_of
         for m in maps_of(*self.arrays.values()):  # the checkpoint's files (permuted q/k are copies)
             m.release()
