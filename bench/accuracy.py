@@ -99,6 +99,9 @@ def main(argv=None):
                     help="methods of the target-size rows")
     ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=["Q4_K_M", "Q4_0"],
                     help="llama.cpp files whose linear bytes the target-size rows take")
+    ap.add_argument("--oracle-methods", nargs="*", default=[], choices=METHODS,
+                    help="methods of the oracle rows: llama.cpp's Q4_K_M file as the allocation, read literally "
+                         "(fallback types as stored) and with the intended types (issue 19)")
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
     ap.add_argument("--gptq-sequential", action="store_true",
                     help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
@@ -159,7 +162,7 @@ def run_model(a, name):
         add("llama.cpp", "F32", am.linear_bytes(f32, names), r["ppl"], 0.0)
         if not imf.exists():
             oracle.llama_imatrix(f32, calib_f, ctx, a.calib_chunks, imf)
-    q4_0 = None
+    q4_0 = q4km = None
     budget = {}
     for label, qtype, with_im in LLAMA:
         if a.no_llama and label not in ("Q4_0", "Q4_K_M"):
@@ -169,6 +172,8 @@ def run_model(a, name):
             oracle.llama_quantize(f32, dst, qtype, imatrix=imf if with_im else None)
         if label == "Q4_0":
             q4_0 = dst
+        if label == "Q4_K_M":
+            q4km = dst
         budget[label] = am.linear_bytes(dst, names)
         if not a.no_llama:
             r = oracle.llama_kld(dst, base_kld, n_ctx=ctx)
@@ -176,6 +181,7 @@ def run_model(a, name):
     plan = [(m, False, g, None) for m in a.methods for g in a.groups]
     plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
     plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
+    plan += [(m, False, 0, f"oracle-{fb}") for m in a.oracle_methods for fb in ("literal", "infer")]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
     if a.gptq_sequential:
         plan = [r for p in plan for r in ([p, (p[0] + "+seq",) + p[1:]] if p[0].startswith("gptq") else [p])]
@@ -194,6 +200,8 @@ def run_model(a, name):
             tm = orkpy.tier_map(q4_0)
             where = orkpy.TierMap({n: orkpy.TierEntry("int8" if e.tier == "int4" else e.tier, e.ggml_type, e.shape)
                                    for n, e in tm.entries.items()}, tied=tm.tied)
+        elif alloc is not None and alloc.startswith("oracle-"):
+            where = orkpy.tier_map(q4km, fallback=alloc[len("oracle-"):])
         elif alloc is not None:
             where = None
             kw.update(target_bpw=8 * budget[alloc] / params,
@@ -205,7 +213,9 @@ def run_model(a, name):
             continue
         nbytes = sum(pw.nbytes for pw in qm.tensors.values())
         label = (f"int8 all" if alloc == "int8" else f"nf4 {method}" + (f" g{group}" if group else "")
-                 + (" +rot" if rot else "") + (f" target@{alloc}" if alloc and alloc != "int8" else ""))
+                 + (" +rot" if rot else "")
+                 + (f" Q4_K_M-map {alloc[7:]} ({where.int8_share():.0%} int8)" if alloc and alloc.startswith("oracle-")
+                    else f" target@{alloc}" if alloc and alloc != "int8" else ""))
         secs = time.perf_counter() - t0
         for mode, m in (("w4a8", qm.to_model()), ("w-only", weight_only(qm))):
             r = orkpy.perplexity(m, tokens, n_ctx=ctx, chunks=a.chunks, kld_base=ref, progress=False)

@@ -194,7 +194,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                    group_size: Optional[int] = None, target_bpw: Optional[float] = None,
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
                    target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False,
-                   output: Optional[StrPath] = None, overwrite: bool = False) -> QuantizedModel:
+                   output: Optional[StrPath] = None, overwrite: bool = False,
+                   fallback: str = "infer") -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -238,7 +239,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     directory appears at ``output`` (atomically, with the same bytes ``save`` writes) when
     everything is done; the result's ``path`` names it. The peak memory is then about one
     tensor's float32 copy plus a fixed overhead, not the model (calibration, GPTQ and AWQ still
-    hold what they need)."""
+    hold what they need). ``fallback``: how a GGUF ``alloc`` is read (:func:`orkpy.tier_map`):
+    ``"infer"`` tiers tensors llama-quantize stored on fallback types by their intended types,
+    ``"literal"`` by the stored types."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -288,7 +291,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     else:
         if alloc is None:
             raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= is given")
-        allocation = read_allocation(alloc, threshold)
+        allocation = read_allocation(alloc, threshold, fallback)
         tm = allocation.tiers
         src = open_source(source, meta if meta is not None else allocation.gguf)
         names = linear_names(src.hp)

@@ -5,6 +5,7 @@ spellings: -m/--model, -f/--file, -c/--ctx-size, -t/--threads, --chunks,
 -b/--batch-size, --kl-divergence-base / --kl-divergence.
 """
 import argparse
+import collections
 import json
 import os
 import sys
@@ -310,7 +311,8 @@ def _cmd_tier_map(args):
 
     if args.emit_map:
         _check_output_path(args.emit_map, "--emit-map")
-    tm = tier_map(args.file, threshold=args.threshold, embeddings=args.embeddings, output=args.output_tier)
+    tm = tier_map(args.file, threshold=args.threshold, embeddings=args.embeddings, output=args.output_tier,
+                  fallback="literal" if args.literal_types else "infer")
     by_tt = tm.counts_by_type_and_tier()
     print(f"tier map of {args.file} (threshold {tm.threshold:g} bits/weight; tied head: {tm.tied})")
     print(f"{'ggml type':<10}{'tier':<7}{'tensors':>8}")
@@ -321,6 +323,14 @@ def _cmd_tier_map(args):
     print(f"tiers: int8 {c['int8']}, int4 {c['int4']}, float {c['float']}")
     print(f"packed linear weight bytes: int8 {b['int8']:,}, int4 {b['int4']:,}")
     print(f"int8 share of weight storage: {tm.int8_share():.1%}")
+    fb = tm.fallbacks()
+    if fb:
+        pairs = collections.Counter((e.ggml_type, e.intended) for e in fb.values())
+        rows = sorted({e.shape[-1] for e in fb.values()})
+        print(f"{len(fb)} tensors read through a llama.cpp fallback type (rows of {', '.join(map(str, rows))}): "
+              + ", ".join(f"{n} {s} (intended {i})" for (s, i), n in sorted(pairs.items()))
+              + ("; tiered by the stored types (--literal-types)" if args.literal_types
+                 else "; tiered by the intended types"))
     if args.emit_map:
         tm.save(args.emit_map)
         print(f"wrote {args.emit_map}")
@@ -440,6 +450,7 @@ def _cmd_quantize(args):
                         awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
                         tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
                         output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
+                        fallback="literal" if args.literal_types else "infer",
                         **_transform_kwargs(args, calib))
     out = qm.path
     if args.emit_map and qm.alloc_map is not None:
@@ -762,6 +773,9 @@ def build_parser():
     s.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
                    help="rounding of every packed tier: round to nearest, or GPTQ error feedback on the input "
                         "Gram matrices of --calib (default: rtn)")
+    s.add_argument("--literal-types", action="store_true",
+                   help="read a GGUF --alloc's fallback types literally (the stored type, not the type llama.cpp "
+                        "intended; see orkpy tier-map)")
     s.add_argument("--gptq-sequential", action="store_true",
                    help="with --method gptq: calibrate layer by layer, each layer's Gram matrices taken on the "
                         "outputs of the already-quantized layers before it (slower; default: all layers on the "
@@ -893,6 +907,9 @@ def build_parser():
     s.set_defaults(func=_cmd_gguf_info)
 
     s = sub.add_parser("tier-map", help="int8/int4 tier per tensor from a mixed GGUF's types")
+    s.add_argument("--literal-types", action="store_true",
+                   help="tier tensors that llama-quantize stored on a fallback type (rows not a multiple of 256) by "
+                        "the stored type, not the type llama.cpp intended (default: intended)")
     tiers = ["by_type", "int8", "int4", "float"]
     s.add_argument("file", help="a (mixed) GGUF: its tensor types decide the tiers")
     s.add_argument("--threshold", type=_threshold, default=5.0, help="bits/weight at or above which a type is int8")

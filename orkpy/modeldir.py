@@ -96,7 +96,10 @@ class ModelDirWriter:
         save_packed(pw, fp)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": sha256_file(fp)}
-        return load_packed(fp)
+        pw = load_packed(fp)
+        for m in maps_of(pw.store, pw.bscale):  # the load's checks read the store: its pages go back to the file
+            m.release()
+        return pw
 
     def finish(self, tiers: Mapping[str, str], float_linears: Mapping[str, str], src: Source,
                record: Mapping[str, Any], act_scales: Optional[bytes] = None) -> str:

@@ -299,15 +299,16 @@ class Allocation:
                 "threshold": self.threshold}
 
 
-def read_allocation(alloc: Union[TierMap, StrPath], threshold: float = 5.0) -> Allocation:
+def read_allocation(alloc: Union[TierMap, StrPath], threshold: float = 5.0, fallback: str = "infer") -> Allocation:
     """The tier map of ``alloc``: a TierMap as given, a ``.gguf`` file's types at ``threshold``
-    bits per weight (:func:`~orkpy.tier_map`), or any other file as an emit-map
+    bits per weight (:func:`~orkpy.tier_map`; ``fallback``: llama.cpp's fallback types read as the
+    intended types, or ``"literal"``), or any other file as an emit-map
     (:meth:`~orkpy.TierMap.load`, whose own threshold it keeps)."""
     if isinstance(alloc, TierMap):
         return Allocation(alloc, "tiermap", None, alloc.threshold)
     path = os.fspath(alloc)
     if path.endswith(".gguf"):
-        return Allocation(tier_map(path, threshold=threshold), "gguf", path, threshold)
+        return Allocation(tier_map(path, threshold=threshold, fallback=fallback), "gguf", path, threshold)
     tm = TierMap.load(path)
     return Allocation(tm, "emit-map", path, tm.threshold)
 

@@ -16,6 +16,17 @@ Rule (``tier_map(gguf, threshold=5.0)``):
 - ``output.weight`` (the LM head) follows ``output=`` with the same choices.
   A tied model has no ``output.weight``: its head *is* ``token_embd.weight``,
   so ``embeddings=`` decides for both and ``TierMap.tied`` is True.
+- llama.cpp's fallback types (``fallback=``, default ``"infer"``): llama-quantize
+  stores a tensor whose rows (K) are not a multiple of 256 on a 32-block
+  substitute of its K-quant / IQ type (:data:`FALLBACK`, read from the llama.cpp
+  vendored by llama-cpp-python 0.3.36; :data:`FALLBACK_OLD` for older builds),
+  with *more* bits: a Q4_K_M file of SmolLM2 (rows of 576) stores Q4_K as Q5_0.
+  The rule then reads the *intended* type (:func:`intended_type`: the fallback
+  table read backwards, the file type ``general.file_type`` and the mix rules
+  that decide between candidates) -- Q5_0 from Q4_K is int4. ``"literal"`` reads
+  the stored types (and warns when more than a few tensors change tier so). A
+  float substitute (rows not a multiple of 32) keeps the int8 tier. Every entry
+  records both types (``TierEntry.intended``; emit-map version 3).
 
 The emit-map file (``TierMap.save`` / ``TierMap.load``) is plain UTF-8 text::
 
@@ -25,6 +36,11 @@ The emit-map file (``TierMap.save`` / ``TierMap.load``) is plain UTF-8 text::
     # tied: true
     # name<TAB>tier<TAB>ggml_type<TAB>shape
     blk.0.attn_q.weight<TAB>int4<TAB>Q4_K<TAB>256x256
+
+A map with any fallback entry is written as version 3: the same lines plus a
+fifth column, the intended type (``-`` when it is the stored one), and a
+``# types: intended|stored`` header (what the tiers were read from); maps without
+fallbacks are still written as version 2, byte for byte.
 
 ``#`` lines are comments except the ``key: value`` header lines shown (each at
 most once); ``shape`` is NumPy order, ASCII decimals without sign or leading
@@ -50,6 +66,7 @@ import collections
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -67,8 +84,10 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float va
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
 _MAGIC = "# orkpy tier map v2"
+_MAGIC_V3 = "# orkpy tier map v3"  # v2 + a fifth column: the intended type of a tensor stored on a fallback type
 _MAGIC_V1 = "# orkpy tier map v1"
-_HEADERS = ("source", "threshold", "tied")
+_HEADERS = ("source", "threshold", "tied", "types")
+_TYPES = ("intended", "stored")  # v3 "types" header: what the tiers were read from
 _SHAPE = re.compile(r"[1-9][0-9]*(?:x[1-9][0-9]*){0,3}")                 # ASCII digits only
 _NUMBER = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")   # what repr(float) writes
 _DIM_MAX = (1 << 63) - 1
@@ -146,6 +165,8 @@ def _entry_problem(e: TierEntry) -> Optional[str]:
         return str(err)
     if not isinstance(e.ggml_type, str) or e.ggml_type not in _GGML_NAMES:
         return f"unknown ggml type {e.ggml_type!r}"
+    if e.intended is not None and (not isinstance(e.intended, str) or e.intended not in _GGML_NAMES):
+        return f"unknown intended ggml type {e.intended!r}"
     shape = e.shape
     if (not isinstance(shape, tuple) or not 1 <= len(shape) <= 4
             or not all(type(d) is int and 1 <= d <= _DIM_MAX for d in shape) or math.prod(shape) > _DIM_MAX):
@@ -157,9 +178,18 @@ def _entry_problem(e: TierEntry) -> Optional[str]:
 
 @dataclass(frozen=True)
 class TierEntry:
+    """One tensor's tier, its ggml type as stored in the allocation file, its shape (NumPy order) and,
+    when llama-quantize stored it on a fallback type, the type it intended (:func:`intended_type`;
+    None: the stored type is the intended one)."""
     tier: str
     ggml_type: str
     shape: Tuple[int, ...]
+    intended: Optional[str] = None
+
+    @property
+    def intended_type(self) -> str:
+        """The type llama.cpp's mix chose for this tensor (the stored type unless a fallback replaced it)."""
+        return self.intended or self.ggml_type
 
     @property
     def n_elements(self) -> int:
@@ -191,7 +221,7 @@ class TierMap:
     """name -> :class:`TierEntry`, plus the settings it was made with."""
 
     def __init__(self, entries: Dict[str, TierEntry], threshold: float = 5.0, source: Optional[str] = None,
-                 tied: Optional[bool] = None) -> None:
+                 tied: Optional[bool] = None, types: str = "intended") -> None:
         for name, e in entries.items():
             problem = _name_problem(name) or _entry_problem(e)
             if problem:
@@ -203,6 +233,13 @@ class TierMap:
         self.threshold = threshold
         self.source = source
         self.tied = (EMBEDDING in entries and OUTPUT not in entries) if tied is None else bool(tied)
+        if types not in _TYPES:
+            raise ValueError(f"types must be one of {', '.join(_TYPES)}, got {types!r}")
+        self.types = types  # "intended": tiers from the intended types; "stored": fallback="literal"
+
+    def fallbacks(self) -> Dict[str, TierEntry]:
+        """{name: entry} of the tensors the allocation file stores on a llama.cpp fallback type."""
+        return {n: e for n, e in self.entries.items() if e.intended is not None}
 
     # mapping-like
     def __getitem__(self, name: str) -> str:
@@ -265,14 +302,21 @@ class TierMap:
     def save(self, path: StrPath) -> None:
         """Write the emit-map text atomically (temp file + fsync + rename); names are
         escaped (module docstring) so that :meth:`load` gives every name back."""
-        lines = [_MAGIC]
+        v3 = any(e.intended is not None for e in self.entries.values())  # else v2, byte for byte as before
+        lines = [_MAGIC_V3 if v3 else _MAGIC]
         if self.source:
             lines.append(f"# source: {_escape(self.source, edges=True)}")
         lines.append(f"# threshold: {self.threshold!r}")
         lines.append(f"# tied: {'true' if self.tied else 'false'}")
-        lines.append("# name\ttier\tggml_type\tshape")
+        if v3:
+            lines.append(f"# types: {self.types}")
+            lines.append("# name\ttier\tggml_type\tshape\tintended (the type llama.cpp intended before its fallback; "
+                         "- = as stored)")
+        else:
+            lines.append("# name\ttier\tggml_type\tshape")
         for n, e in self.entries.items():
-            lines.append(f"{_escape(n)}\t{e.tier}\t{e.ggml_type}\t{'x'.join(str(d) for d in e.shape)}")
+            row = f"{_escape(n)}\t{e.tier}\t{e.ggml_type}\t{'x'.join(str(d) for d in e.shape)}"
+            lines.append(row + (f"\t{e.intended or '-'}" if v3 else ""))
         _atomic_write_text(path, "\n".join(lines) + "\n")
 
     @classmethod
@@ -287,9 +331,11 @@ class TierMap:
         except UnicodeDecodeError as e:
             raise FormatError(f"{path}: not UTF-8 text ({e})") from None
         lines = text.splitlines()
-        if not lines or lines[0].strip() not in (_MAGIC, _MAGIC_V1):
-            raise FormatError(f"{path}:1: not an orkpy tier map (first line must be {_MAGIC!r} or {_MAGIC_V1!r})")
-        unescape = _unescape if lines[0].strip() == _MAGIC else (lambda s: s)
+        if not lines or lines[0].strip() not in (_MAGIC_V3, _MAGIC, _MAGIC_V1):
+            raise FormatError(f"{path}:1: not an orkpy tier map (first line must be {_MAGIC_V3!r}, {_MAGIC!r} or "
+                              f"{_MAGIC_V1!r})")
+        unescape = _unescape if lines[0].strip() != _MAGIC_V1 else (lambda s: s)
+        nfields = 5 if lines[0].strip() == _MAGIC_V3 else 4
         header: Dict[str, Tuple[int, str]] = {}
         entries: Dict[str, TierEntry] = {}
         for i, line in enumerate(lines[1:], start=2):
@@ -304,9 +350,10 @@ class TierMap:
                     header[k] = (i, v)
                 continue
             parts = line.split("\t")
-            if len(parts) != 4:
-                raise FormatError(f"{path}:{i}: expected 4 tab-separated fields, got {len(parts)}")
-            name_s, tier, gtype, shape_s = parts
+            if len(parts) != nfields:
+                raise FormatError(f"{path}:{i}: expected {nfields} tab-separated fields, got {len(parts)}")
+            name_s, tier, gtype, shape_s = parts[:4]
+            intended = parts[4] if nfields == 5 and parts[4] != "-" else None
             try:
                 name = unescape(name_s)
             except ValueError as err:
@@ -318,7 +365,7 @@ class TierMap:
             if not _SHAPE.fullmatch(shape_s):
                 problem: Optional[str] = f"bad shape {shape_s!r} (ASCII decimals joined by 'x', 1 to 4 dimensions)"
             else:
-                entry = TierEntry(tier, gtype, tuple(int(d) for d in shape_s.split("x")))
+                entry = TierEntry(tier, gtype, tuple(int(d) for d in shape_s.split("x")), intended)
                 problem = _entry_problem(entry)
             if problem:
                 raise FormatError(f"{path}:{i}: {problem} (tensor {name!r})")
@@ -339,7 +386,11 @@ class TierMap:
                 source = unescape(v)
             except ValueError as err:
                 raise FormatError(f"{path}:{i}: source {v!r}: {err}") from None
-        return cls(entries, threshold=threshold, source=source, tied=None if tied[1] is None else tied[1] == "true")
+        types = header.get("types", (0, "intended"))
+        if types[1] not in _TYPES:
+            raise FormatError(f"{path}:{types[0]}: bad 'types' value {types[1]!r} (one of {', '.join(_TYPES)})")
+        return cls(entries, threshold=threshold, source=source, tied=None if tied[1] is None else tied[1] == "true",
+                   types=types[1])
 
     def check_fits(self, shapes: Dict[str, Tuple[int, ...]], model: str, linears: Sequence[str] = (),
                    what: str = "tier map") -> None:
@@ -359,7 +410,7 @@ class TierMap:
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, TierMap) and self.entries == other.entries
-                and self.threshold == other.threshold and self.tied == other.tied)
+                and self.threshold == other.threshold and self.tied == other.tied and self.types == other.types)
 
     def __repr__(self) -> str:
         c = self.counts_by_tier()
@@ -371,6 +422,89 @@ def _atomic_write_text(path: StrPath, text: str) -> None:
     atomic_write(path, [text.encode("utf-8")])
 
 
+# ------------------------------------------------------ llama.cpp fallbacks --
+#: llama-quantize's ``tensor_type_fallback`` (src/llama-quant.cpp of the llama.cpp vendored by
+#: llama-cpp-python 0.3.36): when a tensor's row length (ncols, K in NumPy order) is not a
+#: multiple of the intended type's block of 256, the tensor is stored as this 32-block type
+#: instead, and as F16 when even that block does not divide the row.
+FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+            "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
+            "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+#: the mapping of older llama.cpp builds where it differs: Q2_K / Q3_K fell back to IQ4_NL
+FALLBACK_OLD = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL"}
+#: ``general.file_type`` (llama.h ``llama_ftype``) -> (name, the type its mix starts every tensor from:
+#: ``llama_ftype_get_default_type``)
+FILE_TYPES = {0: ("ALL_F32", "F32"), 1: ("MOSTLY_F16", "F16"), 2: ("MOSTLY_Q4_0", "Q4_0"), 3: ("MOSTLY_Q4_1", "Q4_1"),
+              7: ("MOSTLY_Q8_0", "Q8_0"), 8: ("MOSTLY_Q5_0", "Q5_0"), 9: ("MOSTLY_Q5_1", "Q5_1"),
+              10: ("MOSTLY_Q2_K", "Q2_K"), 11: ("MOSTLY_Q3_K_S", "Q3_K"), 12: ("MOSTLY_Q3_K_M", "Q3_K"),
+              13: ("MOSTLY_Q3_K_L", "Q3_K"), 14: ("MOSTLY_Q4_K_S", "Q4_K"), 15: ("MOSTLY_Q4_K_M", "Q4_K"),
+              16: ("MOSTLY_Q5_K_S", "Q5_K"), 17: ("MOSTLY_Q5_K_M", "Q5_K"), 18: ("MOSTLY_Q6_K", "Q6_K"),
+              19: ("MOSTLY_IQ2_XXS", "IQ2_XXS"), 20: ("MOSTLY_IQ2_XS", "IQ2_XS"), 21: ("MOSTLY_Q2_K_S", "Q2_K"),
+              22: ("MOSTLY_IQ3_XS", "IQ3_S"), 23: ("MOSTLY_IQ3_XXS", "IQ3_XXS"), 24: ("MOSTLY_IQ1_S", "IQ1_S"),
+              25: ("MOSTLY_IQ4_NL", "IQ4_NL"), 26: ("MOSTLY_IQ3_S", "IQ3_S"), 27: ("MOSTLY_IQ3_M", "IQ3_S"),
+              28: ("MOSTLY_IQ2_S", "IQ2_XS"), 29: ("MOSTLY_IQ2_M", "IQ2_S"), 30: ("MOSTLY_IQ4_XS", "IQ4_XS"),
+              31: ("MOSTLY_IQ1_M", "IQ1_M"), 32: ("MOSTLY_BF16", "BF16"), 36: ("MOSTLY_TQ1_0", "TQ1_0"),
+              37: ("MOSTLY_TQ2_0", "TQ2_0")}
+_FALLBACK_MODES = ("infer", "literal")
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's Q4_K_M / Q5_K_M rule for the attn_v / ffn_down of block i of n (integer division)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _mix_type(name: str, default: str, file_type: int, n_layer: int, tied: bool, K: int) -> str:
+    """The type llama.cpp's mix gives tensor ``name`` (rows of ``K``) before any fallback, for the
+    rules that decide a tier: the head (and a tied embedding table) Q8_0 when the default type's
+    block does not divide its rows, else Q6_K; attn_v / ffn_down Q6_K in the blocks
+    ``use_more_bits`` picks for Q4_K_M / Q5_K_M; otherwise the file type's default type."""
+    if name == OUTPUT or (tied and name == EMBEDDING):
+        if default == "Q8_0" or K % ggml_type_info(default)["block_size"] != 0:
+            return "Q8_0"
+        return "Q6_K"
+    m = re.fullmatch(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)
+    if m and file_type in (15, 17) and n_layer > 0 and _use_more_bits(int(m.group(1)), n_layer):
+        return "Q6_K"
+    return default
+
+
+def intended_type(name: str, stored: str, shape: Sequence[int], file_type: Optional[int], n_layer: int = 0,
+                  tied: bool = False) -> Tuple[Optional[str], str]:
+    """(intended type or None, why) of a 2-D tensor that llama-quantize wrote as ``stored``:
+    None when ``stored`` is what it intended. The intended type is inferred from the row length
+    ``K = shape[-1]``, :data:`FALLBACK` (and :data:`FALLBACK_OLD`) read backwards and the file
+    type (:data:`FILE_TYPES`): a fallback happens only when ``K`` is not a multiple of 256 (of 32
+    for F16), and a 32-block type is taken as chosen directly when the file's mix chooses it (its
+    default type, the head's Q8_0 for rows its default block does not divide, Q5_1 for a Q5_0
+    file's ffn_down)."""
+    K = int(shape[-1])
+    if file_type is None or file_type not in FILE_TYPES:
+        return None, "no known general.file_type: the stored type is taken as intended"
+    ftname, default = FILE_TYPES[file_type]
+    if default in FLOAT_TYPES:
+        return None, f"{ftname}: a float file"
+    head = name == OUTPUT or (tied and name == EMBEDDING)
+    if stored in FLOAT_TYPES:
+        if K % 32 == 0:
+            return None, "stored float although its rows fit 32-blocks: llama.cpp kept it float"
+        want = _mix_type(name, default, file_type, n_layer, tied, K)
+        return want, f"rows of {K} are not a multiple of 32: llama.cpp fell back to {stored} from {want}"
+    if K % 256 == 0:
+        return None, "rows fit 256-blocks: no fallback"
+    sources = [t for t, f in FALLBACK.items() if f == stored] + [t for t, f in FALLBACK_OLD.items() if f == stored]
+    if not sources:
+        return None, f"{stored} is no fallback type"
+    direct = stored == default or (stored == "Q5_1" and default == "Q5_0" and name.endswith("ffn_down.weight"))
+    if head and stored == "Q8_0" and K % ggml_type_info(default)["block_size"] != 0:
+        direct = True  # llama.cpp's own rule for a head whose rows its default block does not divide
+    if direct:
+        return None, f"{stored} is this {ftname} file's own choice"
+    want = _mix_type(name, default, file_type, n_layer, tied, K)
+    if want not in sources:  # the mix's choice does not fall back to the stored type: the nearest source
+        want = default if default in sources else sources[0]
+    return want, f"rows of {K} are not a multiple of 256: llama.cpp fell back from {want} to {stored}"
+
+
 def type_tier(ggml_type: str, threshold: float = 5.0) -> str:
     """The tier the rule gives a 2-D weight of this ggml type."""
     info = ggml_type_info(ggml_type)
@@ -380,11 +514,18 @@ def type_tier(ggml_type: str, threshold: float = 5.0) -> str:
 
 
 def tier_map(gguf: Union[GGUFFile, StrPath], threshold: float = 5.0, embeddings: str = "by_type",
-             output: str = "by_type",
-             ) -> TierMap:
-    """Tier per tensor from a (mixed) GGUF's types. See the module docstring."""
+             output: str = "by_type", fallback: str = "infer") -> TierMap:
+    """Tier per tensor from a (mixed) GGUF's types. See the module docstring. ``fallback``:
+    ``"infer"`` (default) tiers a tensor that llama-quantize stored on a fallback type by the type
+    it intended (:func:`intended_type`; e.g. a Q4_K_M file's Q5_0 on rows of 576 is an intended
+    Q4_K, so int4); ``"literal"`` by the stored type (a warning when more than a few tensors are on
+    fallback types). A tensor llama.cpp had to store as F16 (rows not a multiple of 32) keeps the
+    int8 tier either way: that file spends 16 bits on it. Each entry records the intended type
+    (``TierEntry.intended``)."""
     if embeddings not in _CHOICES or output not in _CHOICES:
         raise ValueError(f"embeddings/output must be one of {', '.join(_CHOICES)}")
+    if fallback not in _FALLBACK_MODES:
+        raise ValueError(f"fallback must be one of {', '.join(_FALLBACK_MODES)}, got {fallback!r}")
     try:
         threshold = float(threshold)
     except (TypeError, ValueError):
@@ -394,21 +535,42 @@ def tier_map(gguf: Union[GGUFFile, StrPath], threshold: float = 5.0, embeddings:
     own = not isinstance(gguf, GGUFFile)
     g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     try:
+        ft = g.metadata.get("general.file_type")
+        ft = int(ft) if isinstance(ft, int) and not isinstance(ft, bool) else None
+        arch = g.metadata.get("general.architecture")
+        n_layer = g.metadata.get(f"{arch}.block_count", 0) if isinstance(arch, str) else 0
+        n_layer = int(n_layer) if isinstance(n_layer, int) else 0
+        names = {t.name for t in g.tensors}
+        tied = EMBEDDING in names and OUTPUT not in names
         entries = {}
         for t in g.tensors:
+            intended = None
             if len(t.shape) == 1:
                 tier = "float"
             elif len(t.shape) == 2:
-                tier = type_tier(t.type, threshold)
+                intended = intended_type(t.name, t.type, t.shape, ft, n_layer, tied)[0]
+                # a float substitute (rows not a multiple of 32) keeps its tier: llama.cpp's file spends 16 bits
+                # on it, so int8 stays within that file's bytes (its intended type is still recorded)
+                by = intended if (intended and fallback == "infer" and t.type not in FLOAT_TYPES) else t.type
+                tier = type_tier(by, threshold)
                 choice = embeddings if t.name == EMBEDDING else output if t.name == OUTPUT else "by_type"
                 if choice != "by_type":
                     tier = choice
             else:
                 tier = "float"  # no 3-D/4-D weights in the supported architectures
-            entries[t.name] = TierEntry(tier, t.type, t.shape)
-        return TierMap(entries, threshold=threshold, source=os.path.basename(g.path))
+            entries[t.name] = TierEntry(tier, t.type, t.shape, intended)
+        tm = TierMap(entries, threshold=threshold, source=os.path.basename(g.path),
+                     types="intended" if fallback == "infer" else "stored")
+        fb = tm.fallbacks()
+        changed = [n for n, e in fb.items() if e.ggml_type not in FLOAT_TYPES
+                   and type_tier(e.intended_type, threshold) != type_tier(e.ggml_type, threshold)]
+        if fallback == "literal" and len(changed) > 3:
+            rows = sorted({e.shape[-1] for e in fb.values()})
+            warnings.warn(f"{os.path.basename(g.path)}: {len(fb)} of {len(entries)} tensors are stored on llama.cpp "
+                          f"fallback types (rows of {', '.join(map(str, rows))} are not multiples of 256); read "
+                          f"literally, {len(changed)} of them get the int8 tier where llama.cpp intended fewer "
+                          "bits (fallback='infer' tiers them by the intended types)", stacklevel=2)
+        return tm
     finally:
         if own:
             g.close()
-
-
