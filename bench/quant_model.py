@@ -55,6 +55,23 @@ def tensors_of(shape):
     return out
 
 
+def qwen3_meta(name, D, F, L, H, KV, head_dim, vocab):
+    """GGUF metadata triples of a Qwen3-shaped model (``vocab``: tokens, scores, types of a byte-level
+    SentencePiece vocabulary); shared with bench/qwen3_shape.py."""
+    toks, scores, types = vocab
+    return [("general.architecture", "STRING", "qwen3"), ("general.name", "STRING", name),
+            ("qwen3.block_count", "UINT32", L), ("qwen3.context_length", "UINT32", 4096),
+            ("qwen3.embedding_length", "UINT32", D), ("qwen3.feed_forward_length", "UINT32", F),
+            ("qwen3.attention.head_count", "UINT32", H), ("qwen3.attention.head_count_kv", "UINT32", KV),
+            ("qwen3.attention.key_length", "UINT32", head_dim), ("qwen3.attention.value_length", "UINT32", head_dim),
+            ("qwen3.rope.freq_base", "FLOAT32", 1000000.0),
+            ("qwen3.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6), ("general.file_type", "UINT32", 1),
+            ("tokenizer.ggml.model", "STRING", "llama"), ("tokenizer.ggml.tokens", "ARRAY", toks),
+            ("tokenizer.ggml.scores", "ARRAY", scores), ("tokenizer.ggml.token_type", "ARRAY", types),
+            ("tokenizer.ggml.bos_token_id", "UINT32", 1), ("tokenizer.ggml.eos_token_id", "UINT32", 2),
+            ("tokenizer.ggml.unknown_token_id", "UINT32", 0)]
+
+
 def make_model(work, shape):
     """(F16 GGUF, imatrix .dat) of ``shape`` under ``work``, written once, one tensor at a time."""
     from orkpy.imatrix import Imatrix
@@ -70,17 +87,7 @@ def make_model(work, shape):
         toks = toks + [f"<pad{i}>" for i in range(len(toks), VOCAB)]
         scores = np.append(scores, np.full(n, -1e9, np.float32))
         types = np.append(types, np.full(n, 5, np.int32)).astype(np.int32)
-        meta = [("general.architecture", "STRING", "qwen3"), ("general.name", "STRING", f"orkpy qwen3-{shape} shape"),
-                ("qwen3.block_count", "UINT32", L), ("qwen3.context_length", "UINT32", 4096),
-                ("qwen3.embedding_length", "UINT32", D), ("qwen3.feed_forward_length", "UINT32", F),
-                ("qwen3.attention.head_count", "UINT32", H), ("qwen3.attention.head_count_kv", "UINT32", KV),
-                ("qwen3.attention.key_length", "UINT32", HEAD_DIM), ("qwen3.attention.value_length", "UINT32", HEAD_DIM),
-                ("qwen3.rope.freq_base", "FLOAT32", 1000000.0),
-                ("qwen3.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6), ("general.file_type", "UINT32", 1),
-                ("tokenizer.ggml.model", "STRING", "llama"), ("tokenizer.ggml.tokens", "ARRAY", toks),
-                ("tokenizer.ggml.scores", "ARRAY", scores), ("tokenizer.ggml.token_type", "ARRAY", types),
-                ("tokenizer.ggml.bos_token_id", "UINT32", 1), ("tokenizer.ggml.eos_token_id", "UINT32", 2),
-                ("tokenizer.ggml.unknown_token_id", "UINT32", 0)]
+        meta = qwen3_meta(f"orkpy qwen3-{shape} shape", D, F, L, H, KV, HEAD_DIM, (toks, scores, types))
 
         def make(i, s):
             rng = np.random.default_rng(i)

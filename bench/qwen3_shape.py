@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 import orkpy  # noqa: E402
 from orkpy.gguf_write import write_gguf  # noqa: E402
 from orkpy.tiermap import TierEntry, TierMap  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from quant_model import qwen3_meta  # noqa: E402
 
 #: Qwen3-1.7B (config.json of Qwen/Qwen3-1.7B): hidden 2048, intermediate 6144, 28 layers, 16 / 8 heads of 128
 SHAPE = dict(n_embd=2048, n_ff=6144, n_head=16, n_head_kv=8, head_dim=128, n_layer=28)
@@ -98,19 +100,8 @@ def make_model(work, n_layer, seed=0):
     if not path.exists():
         rng = np.random.default_rng(seed)
         D, hd = SHAPE["n_embd"], SHAPE["head_dim"]
-        toks, scores, types = vocab()
-        meta = [("general.architecture", "STRING", "qwen3"), ("general.name", "STRING", "orkpy qwen3-1.7b shape"),
-                ("qwen3.block_count", "UINT32", n_layer), ("qwen3.context_length", "UINT32", 4096),
-                ("qwen3.embedding_length", "UINT32", D), ("qwen3.feed_forward_length", "UINT32", SHAPE["n_ff"]),
-                ("qwen3.attention.head_count", "UINT32", SHAPE["n_head"]),
-                ("qwen3.attention.head_count_kv", "UINT32", SHAPE["n_head_kv"]),
-                ("qwen3.attention.key_length", "UINT32", hd), ("qwen3.attention.value_length", "UINT32", hd),
-                ("qwen3.rope.freq_base", "FLOAT32", 1000000.0),
-                ("qwen3.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6), ("general.file_type", "UINT32", 1),
-                ("tokenizer.ggml.model", "STRING", "llama"), ("tokenizer.ggml.tokens", "ARRAY", toks),
-                ("tokenizer.ggml.scores", "ARRAY", scores), ("tokenizer.ggml.token_type", "ARRAY", types),
-                ("tokenizer.ggml.bos_token_id", "UINT32", 1), ("tokenizer.ggml.eos_token_id", "UINT32", 2),
-                ("tokenizer.ggml.unknown_token_id", "UINT32", 0)]
+        meta = qwen3_meta("orkpy qwen3-1.7b shape", D, SHAPE["n_ff"], n_layer, SHAPE["n_head"], SHAPE["n_head_kv"], hd,
+                          vocab())
         outlier = rng.random(max(D, SHAPE["n_ff"])) < 0.01  # a few x20 input channels, like real outliers
         tensors = []
         for name, s in shp.items():
