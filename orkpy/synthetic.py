@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from .tiermap import TierEntry, TierMap
+from .tiermap import TierEntry, TierMap, use_more_bits
 
 CALIB_SEED_OFFSET = 1000
 WORDS = ("the a an cat dog bird tree house little big red blue happy sad ran jumped saw found said "
@@ -56,11 +56,6 @@ def _vocab():
     for i in range(259, len(toks)):
         scores[i] = -float(i) if len(toks[i]) < 3 else float(len(toks[i]))  # longer pieces merge first
     return toks, scores, np.array(types, np.int32)
-
-
-def use_more_bits(i, n):
-    """llama.cpp's Q4_K_M choice for attn_v / ffn_down of block i of n."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def make_synthetic(dirpath, seed=0, n_layer=4, n_embd=128, n_ff=352, n_head=4, n_head_kv=2):

@@ -448,7 +448,7 @@ FILE_TYPES = {0: ("ALL_F32", "F32"), 1: ("MOSTLY_F16", "F16"), 2: ("MOSTLY_Q4_0"
 _FALLBACK_MODES = ("infer", "literal")
 
 
-def _use_more_bits(i: int, n: int) -> bool:
+def use_more_bits(i: int, n: int) -> bool:
     """llama.cpp's Q4_K_M / Q5_K_M rule for the attn_v / ffn_down of block i of n (integer division)."""
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
@@ -463,7 +463,7 @@ def _mix_type(name: str, default: str, file_type: int, n_layer: int, tied: bool,
             return "Q8_0"
         return "Q6_K"
     m = re.fullmatch(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)
-    if m and file_type in (15, 17) and n_layer > 0 and _use_more_bits(int(m.group(1)), n_layer):
+    if m and file_type in (15, 17) and n_layer > 0 and use_more_bits(int(m.group(1)), n_layer):
         return "Q6_K"
     return default
 
