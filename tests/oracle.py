@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import platform
 import re
 import subprocess
 import tempfile
@@ -38,7 +39,10 @@ import pytest
 
 CACHE = pathlib.Path(os.environ.get("ORKPY_CACHE", pathlib.Path.home() / ".cache" / "orkpy"))
 LLAMA_VERSION = "0.3.36"  # llama-cpp-python sdist whose vendor/llama.cpp is the oracle
-BIN = CACHE / f"llama.cpp-{LLAMA_VERSION}" / "bin"
+# .ci/llama-oracle's cache key: version + a portable CPU baseline (never -march=native)
+LLAMA_FLAVOR = "x86_64-avx2" if platform.machine() == "x86_64" else f"{platform.machine()}-generic"
+LLAMA_ROOT = CACHE / f"llama.cpp-{LLAMA_VERSION}-{LLAMA_FLAVOR}"
+BIN = LLAMA_ROOT / "bin"
 MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
 
 

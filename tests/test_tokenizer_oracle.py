@@ -21,7 +21,7 @@ import unicodedata
 import numpy as np
 import pytest
 
-from oracle import CACHE, LLAMA_VERSION, oracle_tokens, real_model, required
+from oracle import LLAMA_ROOT, LLAMA_VERSION, oracle_tokens, real_model, required
 from orkpy import Tokenizer
 from orkpy.tokenizer import _PRE, PRE_TOKENIZERS, _UnicodeClasses
 from vocabgen import EXTRA_WORDS, TRICKY, bpe_vocab, spm_vocab, write_bpe_vocab, write_spm_vocab
@@ -204,7 +204,7 @@ def test_unknown_pre_lists_the_supported_ones():
 # ---------------------------------------------------------- Unicode classes --
 
 def _llama_unicode_data():
-    p = CACHE / f"llama.cpp-{LLAMA_VERSION}" / "src" / f"llama_cpp_python-{LLAMA_VERSION}" / "vendor" / \
+    p = LLAMA_ROOT / "src" / f"llama_cpp_python-{LLAMA_VERSION}" / "vendor" / \
         "llama.cpp" / "src" / "unicode-data.cpp"
     if not p.is_file():
         msg = f"llama.cpp's source not found at {p} (run .ci/install)"
