@@ -507,11 +507,26 @@ typedef struct {
     size_t n_jobs, cap_jobs;
 } DevObject;
 
+/* The model hook (weight_int_mm, below) keeps per weight a few single-weight
+ * jobs (backend.h ork_npu_job) keyed by the row count M: made the first time
+ * the weight runs at that M, then reused (no planning, no emission, one
+ * submit per call). Only small M are cached, the KV-cached decode (M = 1, or a
+ * few rows): at most ORK_NPU_JOB_CACHE_SLOTS Ms per weight, first come; a
+ * larger M or a full cache plans per call (ork_npu_matmul). A prefill's many
+ * rows amortize its plan, and each job owns command / input / output buffers
+ * sized for its M: caching M = 512 for every linear of a 1.7B model would hold
+ * GBs of device memory (the lm_head's output alone is 512 x 151936 x 4 bytes). */
+#define ORK_NPU_JOB_CACHE_MAX_M 8
+#define ORK_NPU_JOB_CACHE_SLOTS 4
+
 typedef struct WeightObject {
     PyObject_HEAD
     DevObject *owner; /* strong reference */
     ork_npu_weight w;
     int live;
+    /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by owner->lock,
+     * freed before w (weight_drop_jobs: dealloc, and the device's close) */
+    ork_npu_job jobs[ORK_NPU_JOB_CACHE_SLOTS];
 } WeightObject;
 
 /* a job planned once (backend.h ork_npu_job); holds its device and weights */
@@ -561,6 +576,13 @@ static void dev_remove_weight(DevObject *d, WeightObject *w) {
             return;
         }
 }
+/* free the hook's cached jobs of a weight (their device buffers when the device is
+ * open; dev NULL: host memory only); call with the lock held */
+static void weight_drop_jobs(DevObject *d, WeightObject *w) {
+    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
+        if (w->jobs[i].M) ork_npu_job_free(d->dev, &w->jobs[i]);
+}
+
 /* free every weight's device buffer and the device itself; call with the lock held */
 static void dev_shutdown(DevObject *d) {
     for (size_t i = 0; i < d->n_jobs; i++) { /* jobs first: they borrow the weights */
@@ -570,6 +592,7 @@ static void dev_shutdown(DevObject *d) {
     d->n_jobs = 0;
     for (size_t i = 0; i < d->n_weights; i++) {
         WeightObject *w = d->weights[i];
+        weight_drop_jobs(d, w); /* the hook's jobs borrow the weight too */
         if (w->live && d->dev) ork_npu_weight_free(d->dev, &w->w);
         w->live = 0;
     }
@@ -660,6 +683,7 @@ static PyObject *new_weight(DevObject *self) {
     WeightObject *w = PyObject_New(WeightObject, &WeightType);
     if (!w) return NULL;
     memset(&w->w, 0, sizeof w->w);
+    memset(w->jobs, 0, sizeof w->jobs);
     w->live = 0;
     Py_INCREF(self);
     w->owner = self;
@@ -955,6 +979,7 @@ static PyTypeObject DevType = {
 static void weight_dealloc(WeightObject *self) {
     if (self->owner) {
         dev_lock(self->owner);
+        weight_drop_jobs(self->owner, self); /* before the weight they borrow */
         if (self->live && self->owner->dev) ork_npu_weight_free(self->owner->dev, &self->w);
         dev_remove_weight(self->owner, self);
         PyThread_release_lock(self->owner->lock);
@@ -976,7 +1001,27 @@ static PyObject *weight_nbytes(WeightObject *self, void *c) {
     return PyLong_FromUnsignedLongLong(self->w.bo.size);
 }
 
+/* the row counts M the model hook holds a planned-once job for, in slot order */
+static PyObject *weight_job_rows(WeightObject *self, void *c) {
+    (void)c;
+    uint32_t m[ORK_NPU_JOB_CACHE_SLOTS];
+    int n = 0;
+    dev_lock(self->owner);
+    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
+        if (self->jobs[i].M) m[n++] = self->jobs[i].M;
+    PyThread_release_lock(self->owner->lock);
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(m[i]);
+        if (!v) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
 static PyGetSetDef weight_getset[] = {{"shape", (getter)weight_shape, NULL, "(N, K)", NULL},
+                                      {"job_rows", (getter)weight_job_rows, NULL,
+                                       "row counts M the model's NPU hook runs as cached planned-once jobs", NULL},
                                       {"npu_address", (getter)weight_addr, NULL, "32-bit NPU address", NULL},
                                       {"nbytes", (getter)weight_nbytes, NULL, "device buffer bytes", NULL},
                                       {NULL, NULL, NULL, NULL, NULL}};
@@ -1094,16 +1139,42 @@ static PyTypeObject JobType = {
     .tp_getset = job_getset,
 };
 
+/* The cached job of weight w at M rows (made here on first use while a slot is free), or
+ * *job = NULL: plan per call. Call with the device lock held and the device open. */
+static ork_status weight_job(DevObject *d, WeightObject *w, uint32_t M, ork_npu_job **job, ork_err *err) {
+    *job = NULL;
+    if (M < 1 || M > ORK_NPU_JOB_CACHE_MAX_M) return ORK_OK;
+    ork_npu_job *empty = NULL;
+    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++) {
+        if (w->jobs[i].M == M) {
+            *job = &w->jobs[i];
+            return ORK_OK;
+        }
+        if (!w->jobs[i].M && !empty) empty = &w->jobs[i];
+    }
+    if (!empty) return ORK_OK; /* full: first come keeps the slots */
+    const ork_npu_weight *ws = &w->w;
+    ork_status st = ork_npu_job_make(d->dev, &ws, 1, M, empty, err); /* a failure leaves the slot empty */
+    if (st == ORK_OK) *job = empty;
+    return st;
+}
+
 /* The forward-pass hook (model.h ork_linear.int_mm): run the int8 matmul of
- * a packed linear on the weight's device. Called without the GIL. */
+ * a packed linear on the weight's device, through the weight's cached job at
+ * this M (decode) or planned for this call (weight_job). Both give the same
+ * int32 products. Called without the GIL; the cache lives under d->lock. */
 static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
     WeightObject *w = (WeightObject *)ctx;
     DevObject *d = w->owner;
     if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
     PyThread_acquire_lock(d->lock, WAIT_LOCK);
-    ork_status st = (!d->dev || !w->live)
-                        ? ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed")
-                        : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
+    ork_npu_job *job = NULL;
+    ork_status st;
+    if (!d->dev || !w->live)
+        st = ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
+    else if ((st = weight_job(d, w, (uint32_t)M, &job, err)) == ORK_OK)
+        st = job ? ork_npu_job_run(d->dev, job, &xq, &ldq, &acc, d->timeout_ms, err)
+                 : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
     PyThread_release_lock(d->lock);
     return st;
 }
