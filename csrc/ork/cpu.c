@@ -140,3 +140,20 @@ const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa) {
 const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void) {
     return ork_gemm_f32_kernels_for(ork_cpu_isa());
 }
+
+const ork_attn_kernels *ork_attn_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_attn_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return &ork_attn_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON: return &ork_attn_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_attn_kernels *ork_attn_kernels_active(void) {
+    return ork_attn_kernels_for(ork_cpu_isa());
+}

@@ -9,6 +9,7 @@
 #ifndef ORK_CPU_H
 #define ORK_CPU_H
 
+#include "attn.h"
 #include "gemm_f32.h"
 #include "pack.h"
 #include "quant.h"
@@ -43,5 +44,9 @@ const ork_matmul_kernels *ork_matmul_kernels_active(void);
 /* float32 GEMM kernels of an ISA (gemm_f32.h) */
 const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa);
 const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void);
+
+/* attention loops of an ISA (attn.h) */
+const ork_attn_kernels *ork_attn_kernels_for(ork_isa isa);
+const ork_attn_kernels *ork_attn_kernels_active(void);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "ffn_chain.h"
 #include "pool.h"
 
@@ -160,6 +161,7 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
     const size_t group = m->n_head / m->n_head_kv;
     const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)hd);
     const float cap = m->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const ork_attn_kernels *ak = ork_attn_kernels_active(); /* attn.h: bit-identical on every ISA */
     for (size_t h = begin; h < end; h++) {
         size_t kh = h / group;
         float *s = j->s + h * n_keys;
@@ -167,9 +169,10 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
             const size_t p = j->pos0 + t; /* the query's position */
             const float *qv = j->q + t * qd + h * hd;
             const size_t lo = j->n_swa && p >= j->n_swa ? p + 1 - j->n_swa : 0; /* keys lo..p: p - u < n_swa */
+            const size_t n = p + 1 - lo;
+            ak->scores(qv, j->k + lo * kvd + kh * hd, kvd, n, hd, scale, s + lo);
             float mx = -INFINITY;
             for (size_t u = lo; u <= p; u++) {
-                s[u] = ork_dot8(qv, j->k + u * kvd + kh * hd, hd) * scale;
                 if (cap > 0.0f) s[u] = tanhf(s[u] * inv_cap) * cap;
                 if (s[u] > mx) mx = s[u];
             }
@@ -178,14 +181,9 @@ static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) 
                 s[u] = expf(s[u] - mx);
                 sum += s[u];
             }
-            float inv = (float)(1.0 / sum);
-            float *o = j->out + t * qd + h * hd;
-            for (size_t d = 0; d < hd; d++) o[d] = 0.0f;
-            for (size_t u = lo; u <= p; u++) {
-                const float *vv = j->v + u * kvd + kh * hd;
-                float pr = s[u] * inv;
-                for (size_t d = 0; d < hd; d++) o[d] += pr * vv[d];
-            }
+            const float inv = (float)(1.0 / sum);
+            for (size_t u = lo; u <= p; u++) s[u] *= inv; /* the probabilities */
+            ak->pv(s + lo, j->v + lo * kvd + kh * hd, kvd, n, hd, j->out + t * qd + h * hd);
         }
     }
     return ORK_OK;

@@ -26,7 +26,8 @@
  * Norm weights are used as stored: llama.cpp's converter already stores
  * Gemma's (1 + w) norm weights with the 1 added.
  * Float linears are one fused multiply-add chain per output (gemm_f32.h),
- * attention scores a fixed 8-lane dot product (ork_dot8), and work is split
+ * attention's scores and value sums the unfused loops of attn.h (a fixed 8-lane
+ * dot product, ork_dot8; values summed over keys in order), and work is split
  * over output columns / heads only, so results depend on neither the ISA nor
  * the thread count. Every linear runs through ork_linear_apply (linear.h), which adds its
  * bias when it has one.
