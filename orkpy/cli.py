@@ -248,7 +248,7 @@ def _cmd_info(args):
     print(f"orkpy {__version__}")
     print(f"arch:            {caps['arch']}")
     print(f"cpu features:    {feats}")
-    print(f"kernels in use:  {caps['isa']} (quant: {caps['quant_kernels']})")
+    print(f"kernels in use:  {caps['isa']} (quant: {caps['quant_kernels']}, matmul: {caps['matmul_kernels']})")
     print(f"available ISAs:  {', '.join(caps['available'])}")
     print(f"forced scalar:   {caps['forced_scalar']} (set {caps['force_scalar_env']}=1 to force)")
     print(f"default threads: {caps['default_threads']}")

@@ -20,9 +20,12 @@ def capabilities() -> Dict[str, Any]:
 
     Keys: ``isa`` (the ISA whose kernels run now), ``available`` (ISAs this
     build can run here), ``forced_scalar`` (``ORKPY_FORCE_SCALAR`` was set),
-    ``arch``, ``cpu_features`` (avx2, fma, neon, dotprod), ``default_threads``
-    ``quant_kernels`` (the quantizer kernel table in use) and ``gemm_f32_kernels``
-    (the float32 GEMM of the F32 linears in use).
+    ``arch``, ``cpu_features`` (avx2, fma, neon, dotprod, avx512vnni), ``default_threads``,
+    ``quant_kernels`` (the quantizer kernel table in use), ``gemm_f32_kernels``
+    (the float32 GEMM of the F32 linears in use) and ``matmul_kernels`` (the int8 /
+    4-bit matmul table: under "avx2" it is "avx2vnni" where the CPU has avx512vl +
+    avx512vnni, unless ``ORKPY_NO_VNNI=1``; under "neon" "neondot" with the dot-product
+    extension). Every table gives bit-identical results.
     """
     caps = _core.capabilities()
     caps["force_scalar_env"] = FORCE_SCALAR_ENV

@@ -276,3 +276,25 @@ def test_add_bos_false_is_honoured(shared):
     a = orkpy.perplexity(m, text, n_ctx=64, add_bos=False, progress=False)
     b = orkpy.perplexity(m, m.tokenizer.encode(text, add_special=False), n_ctx=64, add_bos=False, progress=False)
     assert a.ppl == b.ppl and a.n_tokens == b.n_tokens
+
+
+def test_vnni_matmul_table_is_bit_identical_to_avx2(shared, monkeypatch):
+    """The int8 strip GEMM's AVX-512 VNNI table (chosen under "avx2" where the CPU has
+    avx512vl + avx512vnni; ORKPY_NO_VNNI=1 keeps the plain one) gives the same logits
+    bit for bit on the int8 and nf4 paths, at prefill sizes (4-row blocks + tails)."""
+    caps = orkpy.capabilities()
+    if "avx2" not in caps["available"]:
+        pytest.skip("no AVX2 here")
+    tokens = np.arange(1, 40, dtype=np.int32)  # 39 rows: nine 4-row blocks and a 3-row tail
+    with orkpy.use_isa("avx2"):
+        vnni = orkpy.capabilities()["cpu_features"]["avx512vnni"]
+        assert orkpy.capabilities()["matmul_kernels"] == ("avx2vnni" if vnni else "avx2")
+        for weights in ("int8", "nf4"):
+            m = load_model(shared / ST, weights=weights)
+            monkeypatch.delenv("ORKPY_NO_VNNI", raising=False)
+            a = m.forward(tokens, threads=2)
+            monkeypatch.setenv("ORKPY_NO_VNNI", "1")
+            assert orkpy.capabilities()["matmul_kernels"] == "avx2"
+            b = m.forward(tokens, threads=1)
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), weights
+    print(f"\navx512vnni on this CPU: {vnni} (False: both runs took the plain AVX2 table)")

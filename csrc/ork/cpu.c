@@ -19,6 +19,8 @@ unsigned ork_cpu_features(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) f |= ORK_CPU_AVX2;
     if (__builtin_cpu_supports("fma")) f |= ORK_CPU_FMA;
+    /* libgcc sets the avx512 bits only when the OS enables their register state (xgetbv) */
+    if (__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) f |= ORK_CPU_AVX512VNNI;
 #endif
 #if defined(__aarch64__)
     f |= ORK_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
@@ -110,7 +112,12 @@ const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa) {
     switch (isa) {
     case ORK_ISA_SCALAR: return &ork_matmul_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: return &ork_matmul_kernels_avx2;
+    case ORK_ISA_AVX2: {
+        const char *no = getenv("ORKPY_NO_VNNI");
+        return ((ork_cpu_features() & ORK_CPU_AVX512VNNI) && !(no && *no && strcmp(no, "0") != 0))
+                   ? &ork_matmul_kernels_avx2vnni
+                   : &ork_matmul_kernels_avx2;
+    }
 #endif
 #if defined(__aarch64__)
     case ORK_ISA_NEON:

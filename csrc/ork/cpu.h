@@ -22,6 +22,7 @@ typedef enum ork_isa { ORK_ISA_SCALAR = 0, ORK_ISA_AVX2 = 1, ORK_ISA_NEON = 2, O
 #define ORK_CPU_FMA (1u << 1)
 #define ORK_CPU_NEON (1u << 2)
 #define ORK_CPU_DOTPROD (1u << 3)
+#define ORK_CPU_AVX512VNNI (1u << 4) /* avx512vl + avx512vnni, with the OS saving their state */
 
 unsigned ork_cpu_features(void);
 const char *ork_isa_name(ork_isa isa);
@@ -37,7 +38,8 @@ ork_status ork_cpu_set_isa(const char *name, ork_err *err);
 const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa);
 const ork_quant_kernels *ork_quant_kernels_active(void);
 
-/* matmul kernels of an ISA; for neon, the sdot table when the CPU has dotprod */
+/* matmul kernels of an ISA; for neon, the sdot table when the CPU has dotprod; for avx2, the
+ * VNNI table when it has avx512vl + avx512vnni (ORKPY_NO_VNNI=1 keeps the plain AVX2 one) */
 const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa);
 const ork_matmul_kernels *ork_matmul_kernels_active(void);
 

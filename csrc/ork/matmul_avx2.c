@@ -149,6 +149,75 @@ static void acc_group_avx2(const int32_t *acc, size_t M, const float *ascale, co
     }
 }
 
+/* ---- AVX-512 VNNI on 256-bit registers (avx512vl + avx512vnni; chosen at run time, cpu.c) ----
+ * vpdpbusd multiplies an unsigned by a signed byte and adds four products into an int32 lane,
+ * with no intermediate saturation. x goes in as x + 128 (x ^ 0x80, in [0, 255]) and the weight
+ * as is; each row's 128 * sum(w) (the same instruction with 0x80 bytes) is subtracted at the
+ * end. Every step is int32 arithmetic modulo 2^32 and the true sum fits in an int32, so the
+ * result equals the _ref's exactly, for any int8 x and w. Blocks of 4 activation rows x 4
+ * weight rows (16 accumulators); the remaining M % 4 rows (decode's M = 1 among them) take
+ * the AVX2 path above, which gives the same sums. */
+#define ORK_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+
+/* four 8-lane accumulators -> their four int32 sums (modular) */
+static inline ORK_VNNI __m128i hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    __m256i u = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+static ORK_VNNI void gemm_strip_i8_vnni(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
+                                        int32_t *acc) {
+    if (M < 4) {
+        gemm_strip_i8_avx2(strip, KB, x, ldx, M, acc);
+        return;
+    }
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    _Alignas(16) int32_t wsum[32]; /* 128 * sum_k w[r][k], modulo 2^32 */
+    for (int r0 = 0; r0 < 32; r0 += 4) {
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0;
+        for (size_t kb = 0; kb < KB; kb++) {
+            const int8_t *w = strip + (kb * 32 + r0) * 32;
+            c0 = _mm256_dpbusd_epi32(c0, bias, _mm256_loadu_si256((const __m256i *)w));
+            c1 = _mm256_dpbusd_epi32(c1, bias, _mm256_loadu_si256((const __m256i *)(w + 32)));
+            c2 = _mm256_dpbusd_epi32(c2, bias, _mm256_loadu_si256((const __m256i *)(w + 64)));
+            c3 = _mm256_dpbusd_epi32(c3, bias, _mm256_loadu_si256((const __m256i *)(w + 96)));
+        }
+        _mm_store_si128((__m128i *)(wsum + r0), hsum4(c0, c1, c2, c3));
+    }
+    size_t m = 0;
+    for (; m + 4 <= M; m += 4) {
+        const int8_t *x0 = x + m * ldx, *x1 = x0 + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+        for (int r0 = 0; r0 < 32; r0 += 4) {
+            __m256i a[4][4];
+            for (int i = 0; i < 4; i++)
+                for (int r = 0; r < 4; r++) a[i][r] = _mm256_setzero_si256();
+            for (size_t kb = 0; kb < KB; kb++) {
+                const __m256i u0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x0 + kb * 32)), bias);
+                const __m256i u1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x1 + kb * 32)), bias);
+                const __m256i u2 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x2 + kb * 32)), bias);
+                const __m256i u3 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x3 + kb * 32)), bias);
+                const int8_t *w = strip + (kb * 32 + r0) * 32;
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    const __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
+                    a[0][r] = _mm256_dpbusd_epi32(a[0][r], u0, wr);
+                    a[1][r] = _mm256_dpbusd_epi32(a[1][r], u1, wr);
+                    a[2][r] = _mm256_dpbusd_epi32(a[2][r], u2, wr);
+                    a[3][r] = _mm256_dpbusd_epi32(a[3][r], u3, wr);
+                }
+            }
+            const __m128i ws = _mm_load_si128((const __m128i *)(wsum + r0));
+            for (int i = 0; i < 4; i++)
+                _mm_storeu_si128((__m128i *)(acc + (m + i) * 32 + r0),
+                                 _mm_sub_epi32(hsum4(a[i][0], a[i][1], a[i][2], a[i][3]), ws));
+        }
+    }
+    if (m < M) gemm_strip_i8_avx2(strip, KB, x + m * ldx, ldx, M - m, acc + m * 32);
+}
+
+const ork_matmul_kernels ork_matmul_kernels_avx2vnni = {"avx2vnni", inflate_strip_avx2, gemm_strip_i8_vnni,
+                                                        gemv_strip_i4_avx2, acc_group_avx2};
+
 const ork_matmul_kernels ork_matmul_kernels_avx2 = {"avx2", inflate_strip_avx2, gemm_strip_i8_avx2,
                                                     gemv_strip_i4_avx2, acc_group_avx2};
 #endif

@@ -124,6 +124,8 @@ typedef struct ork_matmul_kernels {
 extern const ork_matmul_kernels ork_matmul_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_matmul_kernels ork_matmul_kernels_avx2;
+/* the AVX2 table with an AVX-512 VNNI (256-bit) int8 strip GEMM, where the CPU has avx512vl + avx512vnni */
+extern const ork_matmul_kernels ork_matmul_kernels_avx2vnni;
 #endif
 #if defined(__aarch64__)
 extern const ork_matmul_kernels ork_matmul_kernels_neon;

@@ -23,9 +23,10 @@ static int8_t rnd_i8(void) { return (int8_t)((int)(rnd() % 255) - 127); } /* [-1
 
 static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kernels *kv) {
     printf("comparing %s against scalar\n", kv->isa);
-    const size_t KBs[] = {1, 2, 3, 7};
-    const size_t Ms[] = {1, 2, 3, 5};
-    for (size_t a = 0; a < 4; a++) {
+    /* KB 2100 (K = 67200): x + 128 times w sums past 2^31 in the VNNI kernel (modular, still exact) */
+    const size_t KBs[] = {1, 2, 3, 7, 2100};
+    const size_t Ms[] = {1, 2, 3, 5, 4, 8, 11}; /* the 4-row blocks of the VNNI kernel and their tails */
+    for (size_t a = 0; a < sizeof KBs / sizeof KBs[0]; a++) {
         size_t KB = KBs[a];
         uint8_t *nib = malloc(KB * 32 * 16);
         int8_t *s1 = malloc(KB * 1024), *s2 = malloc(KB * 1024);
@@ -35,13 +36,14 @@ static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kerne
         ref->inflate_strip(nib, KB, lut, s1);
         kv->inflate_strip(nib, KB, lut, s2);
         CHECK(memcmp(s1, s2, KB * 1024) == 0, "%s inflate KB=%zu", kv->isa, KB);
-        for (size_t b = 0; b < 4; b++) {
+        for (size_t b = 0; b < sizeof Ms / sizeof Ms[0]; b++) {
             size_t M = Ms[b], ldx = KB * 32 + (b & 1) * 32;
+            if (KB > 100 && M != 5) continue;
             int8_t *x = malloc(M * ldx);
             for (size_t i = 0; i < M * ldx; i++) x[i] = rnd_i8();
-            if (b == 3) { /* extreme values: every product at +-127*127 */
+            if (b == 3 || b == 6) { /* extreme values: every product at +-127*127 */
                 for (size_t i = 0; i < M * ldx; i++) x[i] = (i & 1) ? 127 : -127;
-                for (size_t i = 0; i < KB * 1024; i++) s1[i] = (i & 2) ? 127 : -127;
+                for (size_t i = 0; i < KB * 1024; i++) s1[i] = (KB > 100 || (i & 2)) ? 127 : -127;
             }
             int32_t *a1 = malloc(M * 32 * 4), *a2 = malloc(M * 32 * 4);
             ref->gemm_strip_i8(s1, KB, x, ldx, M, a1);
@@ -51,7 +53,7 @@ static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kerne
             kv->gemv_strip_i4(nib, KB, lut, x, a2);
             CHECK(memcmp(a1, a2, 32 * 4) == 0, "%s gemv4 KB=%zu", kv->isa, KB);
             /* acc_group: random accumulators and scales, first and accumulating calls */
-            float as[5], sc[32], *y1 = malloc(M * 32 * 4), *y2 = malloc(M * 32 * 4);
+            float as[16], sc[32], *y1 = malloc(M * 32 * 4), *y2 = malloc(M * 32 * 4);
             for (size_t m = 0; m < M; m++) as[m] = (float)(rnd() % 1000 + 1) * 1e-4f;
             for (int i = 0; i < 32; i++) sc[i] = (float)(rnd() % 977 + 3) * 3e-5f;
             for (size_t i = 0; i < M * 32; i++) a1[i] = (int32_t)(rnd() % 2000001) - 1000000;
@@ -66,7 +68,7 @@ static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kerne
         /* int8 weights of -128 (a store that bypassed the doors) with activations in [-127, 127]:
          * exact on every kernel (AVX2 takes |w| as the unsigned operand) */
         for (size_t i = 0; i < KB * 1024; i++) s1[i] = (i % 7 == 0) ? -128 : rnd_i8();
-        for (size_t M = 1; M <= 3; M++) {
+        for (size_t M = 1; M <= 5; M++) {
             int8_t *x = malloc(M * KB * 32);
             for (size_t i = 0; i < M * KB * 32; i++) x[i] = (i % 3 == 0) ? -127 : rnd_i8();
             int32_t *a1 = malloc(M * 32 * 4), *a2 = malloc(M * 32 * 4);
@@ -245,6 +247,8 @@ int main(void) {
     int tested = 0;
 #if defined(__x86_64__)
     if (ork_isa_available(ORK_ISA_AVX2)) { compare_tables(ref, &ork_matmul_kernels_avx2); tested++; }
+    if (ork_cpu_features() & ORK_CPU_AVX512VNNI) { compare_tables(ref, &ork_matmul_kernels_avx2vnni); tested++; }
+    else printf("no avx512vl + avx512vnni here: the avx2vnni table is not compared\n");
 #endif
 #if defined(__aarch64__)
     compare_tables(ref, &ork_matmul_kernels_neon);
