@@ -49,6 +49,8 @@ included, on both sides; orkpy's int8 / nf4 rows also touched the F32 file while
 --repeat alternates the two sides of a row that many times and keeps each side's best rate (the
 machine may be shared). --quantized adds llama-perplexity on the shipped quantized file (smollm2,
 gemma3). Needs the llama.cpp tools and the models of .ci/install (tests/oracle.py finds them).
+That cached llama.cpp is a portable AVX2 build (.ci/llama-oracle); to compare against a
+-march=native build (AVX-512 where the CPU has it) point ORKPY_LLAMA_BIN at its bin directory.
 """
 import argparse
 import json
@@ -67,7 +69,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import pytest  # noqa: E402  (tests/oracle.py reports a missing tool or model as a pytest skip)
-from oracle import llama_bin, llama_perplexity, llama_quantize, oracle_tokens, real_model  # noqa: E402
+from oracle import BIN, llama_bin, llama_perplexity, llama_quantize, oracle_tokens, real_model  # noqa: E402
 from workers import maxrss_mb, run_worker, serve_worker  # noqa: E402
 
 
@@ -186,10 +188,13 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     caps = orkpy.capabilities()
     print(f"perplexity throughput (forward pass): n_ctx {a.ctx}, {a.chunks} chunks of {pathlib.Path(a.text).name}, "
-          f"{a.threads} threads, orkpy kernels {caps['isa']}, best of {a.repeat} (sides alternated); "
+          f"{a.threads} threads, orkpy kernels {caps['isa']} (matmul {caps['matmul_kernels']}), best of {a.repeat} "
+          f"(sides alternated); "
           f"load average {os.getloadavg()[0]:.2f} at the start")
     print("rows: F32 = both sides on the F32 file; int8 / Q8_0 = orkpy w8a8 (quantized at load, load excluded) vs "
           "llama-quantize Q8_0 of it; nf4 / Q4_0 = orkpy i4a8 vs Q4_0; all on llama.cpp's token ids")
+    print(f"llama.cpp tools: {BIN}" + (" (ORKPY_LLAMA_BIN)" if os.environ.get("ORKPY_LLAMA_BIN") else
+                                        " (the tests' portable AVX2 build)"))
     if "qwen3" in a.models:
         print("qwen3: random weights and vocabulary, its PPL is meaningless: only tok/s and RSS are figures")
     print(f"{'model':<10}{'row':<13}{'side':<16}{'tok/s':>9}{'peak RSS MB':>13}{'PPL':>12}   notes")

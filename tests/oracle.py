@@ -42,7 +42,9 @@ LLAMA_VERSION = "0.3.36"  # llama-cpp-python sdist whose vendor/llama.cpp is the
 # .ci/llama-oracle's cache key: version + a portable CPU baseline (never -march=native)
 LLAMA_FLAVOR = "x86_64-avx2" if platform.machine() == "x86_64" else f"{platform.machine()}-generic"
 LLAMA_ROOT = CACHE / f"llama.cpp-{LLAMA_VERSION}-{LLAMA_FLAVOR}"
-BIN = LLAMA_ROOT / "bin"
+# ORKPY_LLAMA_BIN: another build's bin directory (benchmarks against a -march=native llama.cpp;
+# the tests use the cached portable one)
+BIN = pathlib.Path(os.environ["ORKPY_LLAMA_BIN"]) if os.environ.get("ORKPY_LLAMA_BIN") else LLAMA_ROOT / "bin"
 MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
 
 

@@ -140,6 +140,30 @@ def test_inferred_types_equal_llama_quantize_log_on_smollm2(tmp_path, qtype, cap
 
 
 @pytest.mark.slow
+def test_inferred_types_equal_llama_quantize_log_on_gemma3(tmp_path):
+    """Gemma-3-270M (rows of 640; the float weights are the shipped Q4_K_M's exact
+    dequantization) re-quantized to Q4_K_M by the live llama-quantize: the tier map's
+    intended / stored types equal what its log prints, and the shipped file's own map
+    (made by another llama.cpp build) reads the same tensors through the same fallbacks."""
+    from orkpy.convert import dequantize_gguf
+    import oracle
+    llama_bin("llama-quantize")
+    f32 = tmp_path / "gemma3-F32.gguf"
+    dequantize_gguf(real_model("gemma3"), f32)
+    out = tmp_path / "gemma3-Q4_K_M.gguf"
+    log = oracle._run([llama_bin("llama-quantize"), f32, out, "Q4_K_M", 2])
+    f32.unlink()
+    tm, told = check_against_log(out, log)
+    assert len(told) > 50  # rows of 640: most tensors fall back
+    with pytest.warns(UserWarning, match=r"rows of 640 are not multiples of 256"):
+        lit = orkpy.tier_map(out, fallback="literal")
+    assert tm.int8_share() < lit.int8_share()
+    shipped = orkpy.tier_map(real_model("gemma3"))
+    assert {n: (e.ggml_type, e.intended) for n, e in shipped.fallbacks().items()} == \
+        {n: (e.ggml_type, e.intended) for n, e in tm.fallbacks().items()}
+
+
+@pytest.mark.slow
 def test_inferred_types_equal_llama_quantize_log_on_synthetic_odd_rows(tmp_path):
     """Synthetic llama models with rows of 320 (32-blocks only) and 80 (not even 32: F16) quantized
     to Q4_K_M by the live llama-quantize."""
