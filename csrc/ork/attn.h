@@ -27,6 +27,17 @@ typedef struct ork_attn_kernels {
     void (*pv)(const float *p, const float *v, size_t ldv, size_t n, size_t hd, float *o);
 } ork_attn_kernels;
 
+/* pv's contract for outputs d0 <= d < d1, one output at a time: the _ref, and the SIMD kernels'
+ * columns past their last full vector */
+static inline void ork_attn_pv_cols(const float *p, const float *v, size_t ldv, size_t n, size_t d0, size_t d1,
+                                    float *o) {
+    for (size_t d = d0; d < d1; d++) {
+        float c = 0.0f;
+        for (size_t u = 0; u < n; u++) c += p[u] * v[u * ldv + d];
+        o[d] = c;
+    }
+}
+
 extern const ork_attn_kernels ork_attn_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_attn_kernels ork_attn_kernels_avx2;

@@ -70,11 +70,7 @@ static void pv_avx2(const float *p, const float *v, size_t ldv, size_t n, size_t
             c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_set1_ps(p[u]), _mm256_loadu_ps(v + u * ldv + d)));
         _mm256_storeu_ps(o + d, c0);
     }
-    for (; d < hd; d++) {
-        float c0 = 0.0f;
-        for (size_t u = 0; u < n; u++) c0 += p[u] * v[u * ldv + d];
-        o[d] = c0;
-    }
+    ork_attn_pv_cols(p, v, ldv, n, d, hd, o);
 }
 
 const ork_attn_kernels ork_attn_kernels_avx2 = {"avx2", scores_avx2, pv_avx2};

@@ -66,11 +66,7 @@ static void pv_neon(const float *p, const float *v, size_t ldv, size_t n, size_t
         for (size_t u = 0; u < n; u++) c0 = vaddq_f32(c0, vmulq_f32(vdupq_n_f32(p[u]), vld1q_f32(v + u * ldv + d)));
         vst1q_f32(o + d, c0);
     }
-    for (; d < hd; d++) {
-        float c0 = 0.0f;
-        for (size_t u = 0; u < n; u++) c0 += p[u] * v[u * ldv + d];
-        o[d] = c0;
-    }
+    ork_attn_pv_cols(p, v, ldv, n, d, hd, o);
 }
 
 const ork_attn_kernels ork_attn_kernels_neon = {"neon", scores_neon, pv_neon};

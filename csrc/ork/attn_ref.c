@@ -9,11 +9,7 @@ static void scores_ref(const float *q, const float *k, size_t ldk, size_t n, siz
 }
 
 static void pv_ref(const float *p, const float *v, size_t ldv, size_t n, size_t hd, float *o) {
-    for (size_t d = 0; d < hd; d++) o[d] = 0.0f;
-    for (size_t u = 0; u < n; u++) {
-        const float *vv = v + u * ldv;
-        for (size_t d = 0; d < hd; d++) o[d] += p[u] * vv[d];
-    }
+    ork_attn_pv_cols(p, v, ldv, n, 0, hd, o);
 }
 
 const ork_attn_kernels ork_attn_kernels_ref = {"scalar", scores_ref, pv_ref};

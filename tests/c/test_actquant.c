@@ -16,12 +16,7 @@
 #include "check.h"
 
 static uint64_t st = 0x2545F4914F6CDD1DULL;
-static uint32_t rnd(void) {
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return (uint32_t)(st >> 20);
-}
+static uint32_t rnd(void) { return check_rnd(&st); }
 static float rnd_f(void) { return (float)(rnd() % 20001) / 10000.0f - 1.0f; } /* [-1, 1] */
 
 enum { M = 7, K = 100, N = 45 };

@@ -16,20 +16,7 @@
 #include "check.h"
 
 static uint64_t st = 0x2545F4914F6CDD1DULL;
-static uint32_t rnd(void) {
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return (uint32_t)(st >> 20);
-}
-/* values over a few binades, both signs, some zeros: sums whose order shows */
-static float rnd_f(void) {
-    uint32_t r = rnd();
-    if (r % 19 == 0) return 0.0f;
-    float v = (float)(r % 100003) / 100003.0f + 0.01f;
-    v = ldexpf(v, (int)(r % 9) - 4);
-    return (r & 1) ? -v : v;
-}
+static float rnd_f(void) { return check_rnd_f(&st, 19, 9); }
 
 static void compare(const ork_attn_kernels *kv, size_t hd, size_t n) {
     const size_t ld = hd + 5; /* a row stride that is not the head size */

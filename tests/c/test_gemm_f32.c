@@ -16,21 +16,7 @@
 #include "check.h"
 
 static uint64_t st = 0x9E3779B97F4A7C15ULL;
-static uint32_t rnd(void) {
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return (uint32_t)(st >> 20);
-}
-/* values over a few binades, both signs, some exact zeros: products whose
- * fused and unfused sums differ */
-static float rnd_f(void) {
-    uint32_t r = rnd();
-    if (r % 17 == 0) return 0.0f;
-    float v = (float)(r % 100003) / 100003.0f + 0.01f;
-    v = ldexpf(v, (int)(r % 7) - 3);
-    return (r & 1) ? -v : v;
-}
+static float rnd_f(void) { return check_rnd_f(&st, 17, 7); }
 
 static const float SENTINEL = 12345.0f;
 static float *scratch; /* ORK_GEMM_F32_SCRATCH floats; offset by one float where a test wants it unaligned */

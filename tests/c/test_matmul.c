@@ -13,12 +13,7 @@
 
 
 static uint64_t st = 0x9E3779B97F4A7C15ULL;
-static uint32_t rnd(void) {
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return (uint32_t)(st >> 20);
-}
+static uint32_t rnd(void) { return check_rnd(&st); }
 static int8_t rnd_i8(void) { return (int8_t)((int)(rnd() % 255) - 127); } /* [-127, 127] */
 
 static void compare_tables(const ork_matmul_kernels *ref, const ork_matmul_kernels *kv) {
