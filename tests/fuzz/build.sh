@@ -46,10 +46,10 @@ CC="${CC:-clang}"
 # in setup.py, so the SIMD kernels are compiled as in the extension.
 objs="$out/o4n1-objs"
 mkdir -p "$objs"
-srcs=(o4n1.c pack.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c)
+srcs=(o4n1.c pack.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c attn_ref.c)
 case "$(uname -m)" in
-  x86_64|amd64) srcs+=(quant_avx2.c matmul_avx2.c gemm_f32_avx2.c) ;;
-  aarch64|arm64) srcs+=(quant_neon.c matmul_neon.c matmul_neondot.c gemm_f32_neon.c) ;;
+  x86_64|amd64) srcs+=(quant_avx2.c matmul_avx2.c gemm_f32_avx2.c attn_avx2.c) ;;
+  aarch64|arm64) srcs+=(quant_neon.c matmul_neon.c matmul_neondot.c gemm_f32_neon.c attn_neon.c) ;;
 esac
 o4n1_objs=()
 for s in "${srcs[@]}" ../../tests/fuzz/fuzz_o4n1.c; do
