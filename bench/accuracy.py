@@ -23,7 +23,9 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
              Each method once per --groups entry: 0 = one scale per output channel, 128 / 32 =
              group-wise scales (csrc/ork/pack.h) on every packed linear.
   orkpy      "target@Q4_K_M": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
-             (quantize_model(target_bpw=), options int4 / int4-g128 / g64 / g32 / int8);
+             (quantize_model(target_bpw=), orkpy.alloc.DEFAULT_OPTIONS: int4 / int4-g128 / g64 / g32,
+             int5-g128 / g64 / g32, int6-g128 / g64 / g32, int8; --target-narrow adds each target row
+             again as "target@Q4_K_M/48" with the 4- and 8-bit options only, the same budget);
              "target@Q4_0": the same at Q4_0's bytes with group sizes <= 64 only (int4-g64 / g32 /
              int8: the issue's grouped row at Q4_0's bytes), for each of --target-methods and
              --target-at; "int8": every linear
@@ -36,7 +38,8 @@ and calibrates on the scored one (SmolLM2 / Gemma-3: TinyStories B scored, wikit
 
     python bench/accuracy.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
                              [--ctx 512] [--methods rtn rtn+im awq awq+im gptq gptq+awq]
-                             [--groups 0 128 32] [--target-methods rtn+im gptq] [--no-int8] [--gptq-sequential]
+                             [--groups 0 128 32] [--target-methods rtn+im gptq] [--target-narrow] [--no-int8]
+                             [--gptq-sequential]
                              [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--swap]
                              [--work DIR] [--json-out FILE_WITH_{model}]
 """
@@ -61,7 +64,8 @@ from orkpy.model import LinearSpec, Model, linear_names  # noqa: E402
 from orkpy.source import open_source  # noqa: E402
 
 METHODS = ("rtn", "rtn+im", "awq", "awq+im", "gptq", "gptq+awq")
-TARGET_OPTIONS = {"Q4_0": ("int4-g64", "int4-g32", "int8")}  # the grouped (G <= 64) row at Q4_0's bytes
+TARGET_OPTIONS = {"Q4_0": ("int4-g64", "int4-g32", "int8"),  # the grouped (G <= 64) row at Q4_0's bytes
+                  "Q4_K_M/48": ("int4", "int4-g128", "int4-g64", "int4-g32", "int8")}  # --target-narrow
 LLAMA = (("Q8_0", "Q8_0", False), ("Q4_0", "Q4_0", False), ("IQ4_NL", "IQ4_NL", False),
          ("IQ4_NL+im", "IQ4_NL", True), ("Q4_K_M", "Q4_K_M", False), ("Q4_K_M+im", "Q4_K_M", True))
 
@@ -105,6 +109,8 @@ def main(argv=None):
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
     ap.add_argument("--gptq-sequential", action="store_true",
                     help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
+    ap.add_argument("--target-narrow", action="store_true",
+                    help="each Q4_K_M target row again with the 4- and 8-bit options only (no int5 / int6 tiers)")
     ap.add_argument("--target-rotate", action="store_true",
                     help="the target-size rows on the rotated source (hadamard + online before ffn_down)")
     ap.add_argument("--swap", action="store_true", help="score the calibration text, calibrate on the scored one")
@@ -181,6 +187,9 @@ def run_model(a, name):
     plan = [(m, False, g, None) for m in a.methods for g in a.groups]
     plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
     plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
+    if a.target_narrow and "Q4_K_M" in a.target_at:
+        plan += [(m, a.target_rotate, 0, "Q4_K_M/48") for m in a.target_methods]
+    budget_of = {"Q4_K_M/48": "Q4_K_M"}
     plan += [(m, False, 0, f"oracle-{fb}") for m in a.oracle_methods for fb in ("literal", "infer")]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
     if a.gptq_sequential:
@@ -204,7 +213,7 @@ def run_model(a, name):
             where = orkpy.tier_map(q4km, fallback=alloc[len("oracle-"):])
         elif alloc is not None:
             where = None
-            kw.update(target_bpw=8 * budget[alloc] / params,
+            kw.update(target_bpw=8 * budget[budget_of.get(alloc, alloc)] / params,
                       target_options=TARGET_OPTIONS.get(alloc, orkpy.alloc.DEFAULT_OPTIONS))
         try:
             qm = orkpy.quantize_model(f32, where, **kw)

@@ -3,7 +3,9 @@
 A llama.cpp mixed GGUF remains the default allocation oracle (:func:`orkpy.tier_map`);
 :func:`target_allocation` is the alternative when a size is what matters: it picks, for every
 linear weight (the tied head included), one tier among ``options`` -- by default ``int4``
-(per-channel scales), ``int4-g128``, ``int4-g64``, ``int4-g32`` and ``int8`` -- so that the packed
+(per-channel scales), ``int4-g128``, ``int4-g64``, ``int4-g32``, the 5- and 6-bit uniform tiers
+``int5-g128/g64/g32`` and ``int6-g128/g64/g32`` (int8 in memory, 5 / 6 bits per code in a file:
+csrc/ork/quant.h) and ``int8`` -- so that the packed
 linears take at most ``target_bpw`` bits per weight (:func:`orkpy.tiermap.packed_nbytes`: tile
 padding and scales included) at the least estimated loss.
 
@@ -41,7 +43,8 @@ from ._io import progress_bar
 from .quant import FOUR_BIT_KINDS, quantize
 from .tiermap import EMBEDDING, TierEntry, TierMap, packed_nbytes, split_tier
 
-DEFAULT_OPTIONS = ("int4", "int4-g128", "int4-g64", "int4-g32", "int8")
+DEFAULT_OPTIONS = ("int4", "int4-g128", "int4-g64", "int4-g32", "int5-g128", "int5-g64", "int5-g32",
+                   "int6-g128", "int6-g64", "int6-g32", "int8")
 
 
 def _log_softmax(logits: NDArray[np.float32]) -> NDArray[np.float64]:
@@ -62,9 +65,9 @@ def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np
 
 def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
                  threads: Optional[int] = None) -> NDArray[np.float32]:
-    """``w`` quantized at ``tier`` (int4 tiers as ``kind``) and dequantized."""
+    """``w`` quantized at ``tier`` (int4 tiers as ``kind``, int8 / int6 / int5 as themselves) and dequantized."""
     base, g = split_tier(tier)
-    q = quantize(w, "int8" if base == "int8" else kind, imatrix=im, threads=threads, group_size=g or None)
+    q = quantize(w, kind if base == "int4" else base, imatrix=im, threads=threads, group_size=g or None)
     return q.dequantize(threads)
 
 
@@ -147,8 +150,8 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     if not options:
         raise ValueError("options must name at least one tier")
     for t in options:
-        if split_tier(t)[0] not in ("int4", "int8"):
-            raise ValueError(f"option {t!r} is not an int4/int8 tier")
+        if split_tier(t)[0] == "float":
+            raise ValueError(f"option {t!r} is not an integer tier (int4, int5, int6, int8)")
     m = float_model(src)
     toks = m.tokens(calib)
     n_chunk, it = m.chunks(toks, n_ctx, chunks)

@@ -48,7 +48,7 @@ from .packed import PackedWeight, pack
 from .quant import FOUR_BIT_KINDS, check_group, quantize
 from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
-from .tiermap import OUTPUT, TierMap, grouped_tier, split_tier
+from .tiermap import OUTPUT, TIER_BITS, TierMap, grouped_tier, split_tier
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
@@ -120,9 +120,9 @@ class QuantizedModel:
         return {n: self._src.tensor_name(n) for n, t in self.tiers.items() if t == "float"}
 
     def result_bytes(self) -> Dict[str, int]:
-        out = {"int8": 0, "int4": 0}
+        out = {t: 0 for t in TIER_BITS}
         for name, pw in self.tensors.items():
-            out["int8" if pw.kind == "int8" else "int4"] += pw.nbytes
+            out[pw.kind if pw.kind in out else "int4"] += pw.nbytes  # a 4-bit codebook counts as int4
         return out
 
     def int8_share(self) -> float:
@@ -130,7 +130,7 @@ class QuantizedModel:
         packed linear weights (``PackedWeight.nbytes``); ``TierMap.int8_share()``
         gives the same figure for the allocation."""
         b = self.result_bytes()
-        t = b["int8"] + b["int4"]
+        t = sum(b.values())
         return b["int8"] / t if t else 0.0
 
     def to_model(self, act: str = "per_token", act_method: str = "mse", act_outliers: int = DEFAULT_OUTLIERS,

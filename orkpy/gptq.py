@@ -51,7 +51,7 @@ from . import _core
 from ._io import progress_bar
 from ._mapped import check as check_maps
 from ._mapped import maps_of
-from .quant import KIND_INFO, QuantizedTensor, _check_threads, check_group
+from .quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, check_group
 
 #: relative damping added to the Gram matrix's diagonal (a share of its mean)
 DEFAULT_DAMP = 0.01
@@ -77,8 +77,8 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     all chosen up front from ``w``), and each column is rounded with its group's scale.
     ``threads``: worker threads (None = all cores); the result never depends on it, nor on
     ``block``."""
-    if kind not in ("int8", "nf4", "int4"):
-        raise ValueError(f"{where}: GPTQ is implemented for kinds 'int8', 'nf4' and 'int4', got {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"{where}: unknown kind {kind!r} (GPTQ runs every kind: {', '.join(KINDS)})")
     if not (isinstance(damp, (int, float)) and not isinstance(damp, bool) and np.isfinite(damp) and damp >= 0):
         raise ValueError(f"{where}: damp must be a finite number >= 0, got {damp!r}")
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:

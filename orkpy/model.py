@@ -98,12 +98,13 @@ def linear_names(hp: Mapping[str, Any]) -> List[str]:
 
 
 def tier_path(tier: str, int4_kind: str = "nf4") -> str:
-    """The weight path of a tier: ``int8`` -> ``"int8"``, ``int4`` -> ``int4_kind``, ``float`` ->
+    """The weight path of a tier: ``int8`` / ``int6`` / ``int5`` -> that kind, ``int4`` -> ``int4_kind``, ``float`` ->
     ``"gguf"`` (the source's float values); a grouped tier (``"int4-g32"``) has its base tier's
     path (:func:`orkpy.tiermap.split_tier` gives the group). One meaning for ``load_model`` and
     ``quantize_model``."""
     from .tiermap import split_tier
-    return {"int8": "int8", "int4": int4_kind, "float": "gguf"}[split_tier(tier)[0]]
+    base = split_tier(tier)[0]
+    return int4_kind if base == "int4" else "gguf" if base == "float" else base  # int8 / int6 / int5: their kinds
 
 
 def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4") -> Dict[str, str]:

@@ -32,6 +32,7 @@ from ._typing import StrPath
 from .packed import PackedWeight, load_packed, save_packed
 from .arch import PACKED_LOOKUP_KEY
 from .source import Source
+from .quant import KIND_INFO
 from .tiermap import EMBEDDING
 
 MANIFEST = "manifest.json"
@@ -40,7 +41,7 @@ VERSION = 1
 MANIFEST_MAX = 64 << 20
 FLOAT_FILE = "float.gguf"
 ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.actcal)
-_TIERS = ("int8", "int4", "float")
+_TIERS = ("int8", "int6", "int5", "int4", "float")
 
 
 def _tier_ok(tier: object) -> bool:
@@ -91,7 +92,7 @@ class ModelDirWriter:
         """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file."""
         if self.tmp is None:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
-        fn = name + (".o8n1" if pw.kind == "int8" else ".o4n1")
+        fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
         fp = os.path.join(self.tmp, fn)
         save_packed(pw, fp)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
@@ -372,8 +373,8 @@ def read_model_dir(path: StrPath) -> ModelDir:
             raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
         field(ent, "kind", str, where)
         if not _tier_ok(ent.get("tier")):
-            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not 'int8', 'int4' or 'float' "
-                              "(int8/int4 optionally with a group size, 'int4-g32')")
+            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not one of "
+                              f"{', '.join(_TIERS)} (the integer tiers optionally with a group size, 'int4-g32')")
         if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
             field(ent, "tensor", str, where)
             if ent["kind"] != "float":

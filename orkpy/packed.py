@@ -5,7 +5,8 @@ native int8 weight layout, tiles of 32 outputs x 32 inputs
 (``(N/32, K/32, 32, 32)``; 4-bit kinds keep the same tile order with two codes
 per byte). ``PackedWeight.matmul`` quantizes activations to int8, multiplies in
 int8 with exact int32 accumulation and scales back; ``save_packed`` /
-``load_packed`` persist the weight as 'O4N1' (4-bit) or 'O8N1' (int8), see
+``load_packed`` persist the weight as 'O4N1' (4-bit) or 'O8N1' (int8; int6 / int5 as
+6 / 5 bits per code, unpacked to int8 tiles on load), see
 docs/o4n1.md (group-wise scales are float16 values, stored as such: version 3).
 Layout and arithmetic contract: csrc/ork/pack.h.
 """
@@ -97,9 +98,13 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes as stored: the tile store plus the scales, 4 per float32 per-channel scale and 2
-        per group-wise scale (float16 values, O4N1/O8N1 version 3; ``tiermap.packed_nbytes``)."""
-        return int(self.store.nbytes + (2 if self.group else 4) * self.bscale.size)
+        """Bytes as stored in a file: the tile store plus the scales, 4 per float32 per-channel
+        scale and 2 per group-wise scale (float16 values, O4N1/O8N1 version 3;
+        ``tiermap.packed_nbytes``). An int6 / int5 store counts 6 / 5 bits per code (its file
+        store, docs/o4n1.md); in memory it is the int8 tile store (``store.nbytes``)."""
+        bits = KIND_INFO[self.kind].store_bits
+        store = self.store.nbytes if KIND_INFO[self.kind].bits != 8 else self.store.nbytes * bits // 8
+        return int(store + (2 if self.group else 4) * self.bscale.size)
 
     @property
     def T(self) -> PackedWeightT:
@@ -262,7 +267,7 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
             scales = _f16_scales(pw.bscale, path)
         else:
             scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
-        store = np.ascontiguousarray(pw.store).tobytes()
+        store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
     pad = layout["store_offset"] - len(header) - len(scales)
     atomic_write(path, [header, scales, bytes(pad), store])
 
@@ -297,6 +302,15 @@ def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
     if group:
         scales = scales.reshape(N, G)
     layout = _core.packed_layout(kind, N, K, group)  # the store's shape and dtype (csrc/ork/pack.h)
-    store = np.frombuffer(buf, dtype=layout["store_dtype"], count=info["store_bytes"], offset=info["store_offset"])
+    if layout["file_store_bytes"] != layout["store_bytes"]:  # int6 / int5: unpacked to the int8 tile store in memory
+        with guarded(maps):
+            raw = np.frombuffer(buf, dtype=np.uint8, count=info["store_bytes"], offset=info["store_offset"])
+            try:
+                store = _core.store_from_file(raw, kind, N, K)
+            except FormatError as e:
+                raise FormatError(f"{path}: {e}") from None
+        store.flags.writeable = False  # read-only, as a mapped store is
+    else:
+        store = np.frombuffer(buf, dtype=layout["store_dtype"], count=info["store_bytes"], offset=info["store_offset"])
     return PackedWeight._trusted(kind, (N, K), store.reshape(layout["store_shape"]),
                                  scales.astype(np.float32, copy=False), source=path, group=group)

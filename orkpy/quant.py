@@ -29,7 +29,9 @@ class KindInfo:
     """One row of the C kind registry (csrc/ork/quant.h): ``bits`` 4 (codes
     index ``lut``, two per byte) or 8 (the codes are the int8 values);
     ``levels`` the nominal float levels and ``zero_code`` the code of level
-    0.0 (4-bit kinds; None / 0 for int8); ``id`` the O4N1/O8N1 header field."""
+    0.0 (4-bit kinds; None / 0 for int8); ``id`` the O4N1/O8N1 header field;
+    ``qmax`` the largest |code| of an 8-bit kind (127 int8, 31 int6, 15 int5; 127 for
+    4-bit kinds: the LUT's range); ``store_bits`` the bits per code in a file (4, 8, 6, 5)."""
 
     name: str
     id: int
@@ -37,16 +39,19 @@ class KindInfo:
     levels: Optional[np.ndarray]
     lut: Optional[np.ndarray]
     zero_code: int
+    qmax: int = 127
+    store_bits: int = 8
 
 
 def _kind_info(row: Dict[str, Any]) -> KindInfo:
     return KindInfo(row["name"], row["id"], row["bits"], None if row["levels"] is None else _readonly(row["levels"]),
-                    None if row["lut"] is None else _readonly(row["lut"]), row["zero_code"])
+                    None if row["lut"] is None else _readonly(row["lut"]), row["zero_code"], row["qmax"],
+                    row["store_bits"])
 
 
 #: The kind registry, in id order: every kind list in orkpy (and every CLI choice) derives from it.
 KIND_INFO: Dict[str, KindInfo] = {r["name"]: _kind_info(r) for r in _core.kinds()}
-#: Every quantization kind: "nf4", "int4", "int8".
+#: Every quantization kind: "nf4", "int4", "int8", "int5", "int6".
 KINDS: Tuple[str, ...] = tuple(KIND_INFO)
 #: The 4-bit codebooks (the int4 tier's choices): "nf4", "int4".
 FOUR_BIT_KINDS: Tuple[str, ...] = tuple(k for k, i in KIND_INFO.items() if i.bits == 4)
@@ -150,7 +155,10 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     """Quantize a float32 (or float16) ``(N, K)`` weight.
 
     kind: ``"nf4"``, ``"int4"`` (4-bit codes into an int8 LUT, per-row scale
-    ``absmax/127``) or ``"int8"`` (per-row symmetric, codes in [-127, 127]).
+    ``absmax/127``), ``"int8"`` (per-row symmetric, codes in [-127, 127]) or
+    ``"int6"`` / ``"int5"`` (uniform symmetric, codes in [-31, 31] / [-15, 15], scale
+    ``absmax/31`` / ``absmax/15``; int8 codes in memory, 6 / 5 bits per code in a file:
+    "i6a8" / "i5a8", computed by the int8 kernels).
 
     imatrix: optional float32 ``(K,)`` per-input-channel importance (e.g.
     mean squared activation). Each row's scale is then chosen from the clip

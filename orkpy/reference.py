@@ -27,6 +27,11 @@ def _is8(kind):
     return KIND_INFO[kind].bits == 8
 
 
+def _qmax(kind):
+    """The largest |code| of an 8-bit kind (127, 31, 15); 127 (the LUT range) for 4-bit kinds."""
+    return KIND_INFO[kind].qmax
+
+
 def lut_of(kind):
     """The int8 LUT derived from the kind's nominal levels (the registry's one
     primary fact): round(level * 127), 0 for codes past the last level; None
@@ -79,7 +84,8 @@ def sr_uniform(seed, rows, K):
 
 def _nearest(y, kind):
     if _is8(kind):
-        return np.clip(round_half_away(y), -127, 127)
+        q = _qmax(kind)
+        return np.clip(round_half_away(y), -q, q)
     lev = _levels(kind)
     thr = (lev[1:] + lev[:-1]) / np.float32(2)
     return np.searchsorted(thr, y, side="left")  # count of thr < y; ties -> lower
@@ -89,14 +95,15 @@ def _deq(codes, kind):
     return codes.astype(np.float32) if _is8(kind) else _levels(kind)[codes]
 
 
-def _scale_inv(a, r, f16=False):
-    """(stored scale, inverse) of m = a * r: float32 m / 127 and 127 / m per row; with
-    float16 group scales f16(m / 127) (NumPy's float16 cast: nearest, ties to even) and 1 / s,
-    0 for a scale that rounds to 0 (csrc/ork/quant.h, "float16 group scales")."""
+def _scale_inv(a, r, f16=False, q=127):
+    """(stored scale, inverse) of m = a * r: float32 m / Q and Q / m per row (Q the kind's
+    qmax: 127, or 31 / 15 for int6 / int5); with float16 group scales f16(m / Q) (NumPy's
+    float16 cast: nearest, ties to even) and 1 / s, 0 for a scale that rounds to 0
+    (csrc/ork/quant.h, "float16 group scales")."""
     m = (a * np.float32(r)).astype(np.float32)
-    s = (m / np.float32(127)).astype(np.float32)
+    s = (m / np.float32(q)).astype(np.float32)
     if not f16:
-        return s, (np.float32(127) / m).astype(np.float32)
+        return s, (np.float32(q) / m).astype(np.float32)
     s = s.astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(s > 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
@@ -104,7 +111,7 @@ def _scale_inv(a, r, f16=False):
 
 
 def _werr(w, im, a, r, kind, f16=False):
-    s, inv = _scale_inv(a, r, f16)
+    s, inv = _scale_inv(a, r, f16, _qmax(kind))
     y = w * inv[:, None]
     q = _deq(_nearest(y, kind), kind) * s[:, None]
     d = (w - q).astype(np.float64)
@@ -130,7 +137,7 @@ def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
             better = e < best
             best = np.where(better, e, best)
             r = np.where(better, g, r).astype(np.float32)
-    s, inv = _scale_inv(a_safe, r, f16)
+    s, inv = _scale_inv(a_safe, r, f16, _qmax(kind))
     zero |= s == 0
     y = w * inv[:, None]
     if not sr:
@@ -138,7 +145,7 @@ def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
     else:
         u = sr_uniform(seed, range(N), col0 + K)[:, col0:]
         if _is8(kind):
-            yc = np.clip(y, np.float32(-127), np.float32(127))
+            yc = np.clip(y, np.float32(-_qmax(kind)), np.float32(_qmax(kind)))
             lo = np.floor(yc)
             codes = lo + (u < (yc - lo)).astype(np.float32)
         else:

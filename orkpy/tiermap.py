@@ -77,8 +77,10 @@ from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
 
 _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
-TIERS = ("int8", "int4", "float")  # the base tiers; int8/int4 may carry a group size: "int4-g32"
-_GROUPED = re.compile(r"(int8|int4)-g([1-9][0-9]{1,3})")
+TIERS = ("int8", "int6", "int5", "int4", "float")  # the base tiers; the integer ones may carry a group size: "int4-g32"
+#: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed).
+TIER_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4}
+_GROUPED = re.compile(r"(int8|int6|int5|int4)-g([1-9][0-9]{1,3})")
 _CHOICES = ("by_type", "int8", "int4", "float")
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
 EMBEDDING = "token_embd.weight"
@@ -147,7 +149,7 @@ def split_tier(tier: str) -> Tuple[str, int]:
         return tier, 0
     m = _GROUPED.fullmatch(tier) if isinstance(tier, str) else None
     if m is None or int(m.group(2)) % 32 or int(m.group(2)) > 4096:
-        raise ValueError(f"unknown tier {tier!r} (expected {', '.join(TIERS)}, or int8/int4 with a group size: "
+        raise ValueError(f"unknown tier {tier!r} (expected {', '.join(TIERS)}, or an integer tier with a group size: "
                          "'int4-g32', a multiple of 32 up to 4096)")
     return m.group(1), int(m.group(2))
 
@@ -206,14 +208,15 @@ class TierEntry:
 
 
 def packed_nbytes(tier: str, N: int, K: int) -> int:
-    """Storage bytes of an (N, K) weight packed for the NPU (``PackedWeight.nbytes``):
+    """Storage bytes of an (N, K) weight packed for the NPU (``PackedWeight.nbytes``, the file's):
     codes in 32 x 32 tiles (N and K padded to multiples of 32; 1 byte per int8
-    code, 2 int4/nf4 codes per byte) + one float32 scale per row (4 bytes), or for a
+    code, 2 int4/nf4 codes per byte, 6 / 5 bits per int6 / int5 code) + one float32 scale
+    per row (4 bytes), or for a
     grouped tier one float16 scale (2 bytes) per group of inputs (``ceil(K / G)`` per
     row when ``G < K``; docs/o4n1.md version 3)."""
     base, g = split_tier(tier)
     Np, Kp = -(-N // 32) * 32, -(-K // 32) * 32
-    codes = Np * Kp if base == "int8" else Np * Kp // 2
+    codes = Np * Kp * TIER_BITS[base] // 8
     return codes + (2 * N * -(-K // g) if g and g < K else 4 * N)
 
 
@@ -283,7 +286,7 @@ class TierMap:
         """Storage bytes of the packed weights per tier, over the tensors that become
         packed linears: every int8/int4 2-D entry except an untied model's embedding
         table (a lookup table that ``quantize_model`` keeps in float)."""
-        out = {"int8": 0, "int4": 0}
+        out = {t: 0 for t in TIER_BITS}
         for n, e in self.entries.items():
             base = split_tier(e.tier)[0]
             if base in out and not (n == EMBEDDING and not self.tied):
@@ -295,7 +298,7 @@ class TierMap:
         packed linear weights (:meth:`result_bytes`); the same definition and
         figure as ``QuantizedModel.int8_share()`` for this allocation."""
         b = self.result_bytes()
-        total = b["int8"] + b["int4"]
+        total = sum(b.values())
         return b["int8"] / total if total else 0.0
 
     # emit-map file

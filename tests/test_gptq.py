@@ -29,19 +29,20 @@ def out_err(w, qt, g):
     return float(np.einsum("nk,kj,nj->", d, g, d))
 
 
-def naive_gptq(w, g, damp):
+def naive_gptq(w, g, damp, qmax=127):
     """The textbook column loop (no lazy blocks): round column k like quantize(), push its error
-    (w_k - q_k s) / U[k, k] onto the later columns through U's row k, U = chol(inv(G + damp))^T."""
+    (w_k - q_k s) / U[k, k] onto the later columns through U's row k, U = chol(inv(G + damp))^T.
+    qmax: the 8-bit kind's code range (127 int8, 31 int6, 15 int5)."""
     w = w.astype(np.float64).copy()
     K = w.shape[1]
     h = g + damp * np.mean(np.diag(g)) * np.eye(K)
     u = np.linalg.cholesky(np.linalg.inv(h)).T
     amax = np.abs(w).max(1).astype(np.float32)
-    s, inv = (amax / np.float32(127)).astype(np.float64), np.float32(127) / amax
+    s, inv = (amax / np.float32(qmax)).astype(np.float64), np.float32(qmax) / amax
     q = np.empty(w.shape, np.int8)
     for k in range(K):
         y = w[:, k].astype(np.float32) * inv
-        qk = np.clip(np.trunc(y + np.copysign(np.float32(0.5), y)), -127, 127)
+        qk = np.clip(np.trunc(y + np.copysign(np.float32(0.5), y)), -qmax, qmax)
         q[:, k] = qk
         e = (w[:, k] - qk * s) / u[k, k]
         w[:, k + 1:] -= np.outer(e, u[k, k + 1:])
@@ -104,8 +105,20 @@ def test_lazy_blocks_follow_the_textbook_column_loop(rng, block):
     assert np.abs(q.codes.astype(int) - ref).max() <= 1
 
 
+@pytest.mark.parametrize("kind, qmax", [("int6", 31), ("int5", 15)])
+def test_int6_int5_follow_the_textbook_loop_and_beat_rounding(rng, kind, qmax):
+    K = 96
+    w = rng.standard_normal((32, K)).astype(np.float32)
+    g = correlated_gram(rng, K)
+    ref = naive_gptq(w, g, 0.01, qmax)
+    q, p = gptq_quantize(w, g, kind, damp=0.01, block=32), orkpy.quantize(w, kind)
+    assert q.kind == kind and np.abs(q.codes).max() <= qmax and np.array_equal(q.scales, p.scales)
+    assert np.mean(q.codes != ref) < 2e-3 and np.abs(q.codes.astype(int) - ref).max() <= 1
+    assert out_err(w, q, g) < 0.8 * out_err(w, p, g)
+
+
 @pytest.mark.parametrize("kw, msg", [
-    (dict(kind="q4_0"), "'int8', 'nf4' and 'int4'"),
+    (dict(kind="q4_0"), "unknown kind 'q4_0'"),
     (dict(damp=-1.0), "damp"),
     (dict(block=0), "block"),
     (dict(gram=np.eye(5)), r"must be \(8, 8\)"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import orkpy
+from orkpy import _core
 
 SHAPES = [(1, 32, 32), (3, 45, 37), (64, 100, 70), (1, 257, 129), (3, 64, 33), (64, 31, 1)]
 
@@ -24,9 +25,10 @@ def test_tile_layout(kind):
     N, K = 70, 100
     _, q, pw = make(kind, N, K)
     t = pw.store
-    assert t.shape == (3, 4, 32, 16 if kind != "int8" else 32)
+    eight = orkpy.quant.KIND_INFO[kind].bits == 8  # int8, int6, int5: int8 tiles in memory
+    assert t.shape == (3, 4, 32, 32 if eight else 16)
     W = pw.int8_weight()
-    inflated = orkpy.lut(kind)[np.stack([t & 15, t >> 4], -1).reshape(3, 4, 32, 32)] if kind != "int8" else t
+    inflated = t if eight else orkpy.lut(kind)[np.stack([t & 15, t >> 4], -1).reshape(3, 4, 32, 32)]
     for nb in range(3):
         for kb in range(4):
             blk = np.zeros((32, 32), np.int8)
@@ -135,7 +137,7 @@ def test_save_load_bit_identical_and_redump_byte_identical(kind, tmp_path):
     _, q, pw = make(kind, 70, 100, seed=9, imatrix=True)
     p1, p2 = tmp_path / "a.bin", tmp_path / "b.bin"
     orkpy.save_packed(pw, p1)
-    assert p1.read_bytes()[:4] == (b"O8N1" if kind == "int8" else b"O4N1")
+    assert p1.read_bytes()[:4] == (b"O8N1" if orkpy.quant.KIND_INFO[kind].bits == 8 else b"O4N1")
     x = np.random.default_rng(10).standard_normal((3, 100)).astype(np.float32)
     xq = np.random.default_rng(11).integers(-127, 128, (64, 100)).astype(np.int8)
     for mm in (True, False):
@@ -253,3 +255,32 @@ def test_minus_zero_scale_normalised(tmp_path):
     pw = orkpy.pack(q)
     orkpy.save_packed(pw, tmp_path / "w.o4n1")
     assert orkpy.load_packed(tmp_path / "w.o4n1").bscale[0] == 0.0
+
+
+# ------------------------------------------------- int6 / int5 narrow file stores --
+@pytest.mark.parametrize("kind, bits", [("int6", 6), ("int5", 5)])
+def test_narrow_file_store_bytes_round_trip_and_refusals(kind, bits, tmp_path):
+    _, q, pw = make(kind, 70, 100, seed=3, imatrix=True)
+    lay = _core.packed_layout(kind, 70, 100)
+    raw = _core.store_to_file(pw.store, kind, 70, 100)
+    assert len(raw) == lay["file_store_bytes"] == pw.store.nbytes * bits // 8
+    # the contract: code i is u = code + qmax + 1 at bits [b*i, b*i + b) of a little-endian stream
+    u = pw.store.reshape(-1).astype(np.int64) + (1 << (bits - 1))
+    stream = np.unpackbits(np.frombuffer(raw, np.uint8), bitorder="little").reshape(-1, bits)
+    assert np.array_equal((stream.astype(np.int64) << np.arange(bits)).sum(1), u)
+    assert np.array_equal(_core.store_from_file(raw, kind, 70, 100), pw.store)
+    p = tmp_path / "w.o8n1"
+    orkpy.save_packed(pw, p)
+    data = bytearray(p.read_bytes())
+    assert len(data) == lay["file_bytes"] and pw.nbytes == len(raw) + 4 * 70
+    assert np.array_equal(orkpy.load_packed(p).dequantize(), orkpy.dequantize(q))
+    data[lay["store_offset"]] &= ~((1 << bits) - 1) & 0xFF  # code 0's u = 0: outside [-qmax, qmax]
+    p.write_bytes(bytes(data))
+    with pytest.raises(orkpy.FormatError, match=f"{kind} store code 0 is -{1 << (bits - 1)}"):
+        orkpy.load_packed(p)
+    bad = pw.store.copy()
+    bad[0, 0, 0, 0] = (1 << (bits - 1))  # one past qmax
+    with pytest.raises(ValueError, match=r"outside \[-"):
+        _core.store_to_file(bad, kind, 70, 100)
+    with pytest.raises(ValueError, match=f"{kind} store holds code"):
+        orkpy.PackedWeight(kind, (70, 100), bad, pw.bscale)

@@ -24,8 +24,9 @@ def _choices(argv, dest):
 # ------------------------------------------------------------------ kinds --
 def test_kind_table_is_the_one_source():
     rows = _core.kinds()
-    assert [r["name"] for r in rows] == list(orkpy.KINDS) == ["nf4", "int4", "int8"]
-    assert [r["id"] for r in rows] == [0, 1, 2]  # the O4N1/O8N1 header ids
+    assert [r["name"] for r in rows] == list(orkpy.KINDS) == ["nf4", "int4", "int8", "int5", "int6"]
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]  # the O4N1/O8N1 header ids
+    assert [(r["qmax"], r["store_bits"]) for r in rows] == [(127, 4), (127, 4), (127, 8), (15, 5), (31, 6)]
     four = tuple(r["name"] for r in rows if r["bits"] == 4)
     assert orkpy.quant.FOUR_BIT_KINDS == four
     for r in rows:
@@ -140,7 +141,7 @@ def test_a_dummy_kind_needs_only_a_registry_row(shared, tmp_path):
     assert r.returncode == 0, r.stderr
     import json
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["id"] == 3 and out["kinds"] == ["nf4", "int4", "int8", "test4"]
+    assert out["id"] == 5 and out["kinds"] == ["nf4", "int4", "int8", "int5", "int6", "test4"]
     assert out["four"] == ["nf4", "int4", "test4"] and out["cli_kind"] == out["four"]
     assert out["zero_code"] == 4 and out["lut"] == out["ref_lut"] and out["lut"][4] == 0 and out["lut"][9:] == [0] * 7
     assert out["zero_row"] == [4 | 4 << 4] * 39  # zero rows hold the row's zero code, not 7
@@ -151,7 +152,7 @@ def test_a_dummy_kind_needs_only_a_registry_row(shared, tmp_path):
     for key in ("quant_vs_reference", "sr_same_on_scalar", "dequant_vs_reference", "matmul_int_exact",
                 "codes_roundtrip", "load_matmul_same", "npu_same"):
         assert out[key] is True, key
-    assert out["file"] == ["test4", "O4N1", 3]
+    assert out["file"] == ["test4", "O4N1", 5]
     assert out["model"] == [True, 5 * 7 + 1, True]  # every linear on the emulated NPU, same logits
     assert "sealed" in out["late"]
 
@@ -165,11 +166,13 @@ def test_packed_layout_is_the_binding_s(kind, N, K, tmp_path):
     pw = orkpy.pack(orkpy.quantize(rng.standard_normal((N, K)).astype(np.float32), kind))
     assert pw.store.shape == lay["store_shape"] and pw.store.dtype == np.dtype(lay["store_dtype"])
     assert pw.store.nbytes == lay["store_bytes"]
+    assert lay["file_store_bytes"] == lay["store_bytes"] * orkpy.quant.KIND_INFO[kind].store_bits // (
+        8 if lay["store_dtype"] == "int8" else 4)
     orkpy.save_packed(pw, tmp_path / "w")
     data = (tmp_path / "w").read_bytes()
     assert len(data) == lay["file_bytes"] and data[:4].decode() == lay["magic"]
     assert int.from_bytes(data[48:56], "little") == lay["store_offset"]
-    assert _core.packed_header(kind, N, K)[:4].decode() == lay["magic"] == ("O8N1" if kind == "int8" else "O4N1")
+    assert _core.packed_header(kind, N, K)[:4].decode() == lay["magic"] == ("O8N1" if lay["store_dtype"] == "int8" else "O4N1")
 
 
 def test_packed_layout_refuses_bad_arguments():

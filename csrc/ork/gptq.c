@@ -296,7 +296,7 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
                     *byte = (k & 1) ? (uint8_t)((*byte & 0x0f) | (c << 4)) : (uint8_t)((*byte & 0xf0) | c);
                     val = (double)grid->lev[c] * (double)s->s;
                 } else {
-                    const float q = ork_clamp127(ork_round_half_away((float)x * s->inv));
+                    const float q = ork_clamp_lim(ork_round_half_away((float)x * s->inv), (float)j->info->qmax);
                     ((int8_t *)j->codes)[(r0 + r) * j->row_bytes + k] = (int8_t)q;
                     val = (double)q * (double)s->s;
                 }

@@ -59,7 +59,7 @@ ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint64_t group
     const int8_t *lut = ork_quant_lut(kind);
     if (lut) memcpy(hdr + 32, lut, 16);
     put64(hdr + 48, soff);
-    put64(hdr + 56, ork_pack_store_bytes(kind, (size_t)N, (size_t)K));
+    put64(hdr + 56, ork_pack_file_store_bytes(kind, (size_t)N, (size_t)K));
     if (version == ORK_O4N1_VERSION_F16) {
         put32(hdr + 64, (uint32_t)group);
         put32(hdr + 68, (uint32_t)(nscales / N));
@@ -111,7 +111,7 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     if (soff != want_off)
         return BAD("store offset %llu, expected %llu for N = %llu and %llu scales per row", (unsigned long long)soff,
                    (unsigned long long)want_off, (unsigned long long)N, (unsigned long long)G);
-    uint64_t want = ork_pack_store_bytes((ork_kind)kind, (size_t)N, (size_t)K);
+    uint64_t want = ork_pack_file_store_bytes((ork_kind)kind, (size_t)N, (size_t)K);
     if (sbytes != want) return BAD("store size %llu, expected %llu for N = %llu, K = %llu", (unsigned long long)sbytes,
                                    (unsigned long long)want, (unsigned long long)N, (unsigned long long)K);
     if ((uint64_t)len != soff + sbytes)
@@ -137,7 +137,11 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     }
     for (uint64_t p = hbytes + sb * NS; p < soff; p++)
         if (buf[p] != 0) return BAD("non-zero padding byte at offset %llu", (unsigned long long)p);
-    if (ki->bits == 8)
+    if (ki->bits == 8 && ki->store_bits < 8) { /* a narrow store: every code decodes into [-qmax, qmax] */
+        ork_err e2;
+        if (ork_unpack_bits((ork_kind)kind, buf + soff, (size_t)(sbytes / (uint64_t)ki->store_bits * 8), NULL, &e2) != ORK_OK)
+            return BAD("%s", e2.msg);
+    } else if (ki->bits == 8)
         for (uint64_t p = soff; p < soff + sbytes; p++)
             if (buf[p] == 0x80) return BAD("int8 store holds -128 at offset %llu (codes must be in [-127, 127])", (unsigned long long)p);
     info->kind = (ork_kind)kind;

@@ -6,13 +6,15 @@
  *
  *   0   4  magic 'O4N1' | 'O8N1'
  *   4   4  u32 version = 1
- *   8   4  u32 kind: the kind's registry id (quant.h): 0 nf4, 1 int4 (O4N1); 2 int8 (O8N1)
+ *   8   4  u32 kind: the kind's registry id (quant.h): 0 nf4, 1 int4 (O4N1); 2 int8, 3 int5,
+ *          4 int6 (O8N1)
  *   12  4  u32 header bytes = 64 (where bscale starts)
  *   16  8  u64 K (inputs)
  *   24  8  u64 N (outputs)
  *   32 16  int8 lut[16]: the kind's LUT (O4N1), all zero (O8N1)
  *   48  8  u64 store offset = round_up(64 + 4*N, 64)
- *   56  8  u64 store bytes  = Np*Kp/2 (O4N1) or Np*Kp (O8N1), see pack.h
+ *   56  8  u64 store bytes  = Np*Kp/2 (O4N1), Np*Kp (O8N1 int8), Np*Kp*b/8 (O8N1 int6 b = 6,
+ *          int5 b = 5: the tile store as a bit stream, pack.h "Narrow file stores")
  *   64 4N  f32 bscale[N], finite, >= +0 and <= ork_pack_max_scale(K) (pack.h)
  *   ..     zero bytes up to the store offset
  *   store offset: the tile store of pack.h; the file ends right after it.

@@ -67,10 +67,12 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
     } else {
         const int8_t *c = (const int8_t *)codes;
         int8_t *s = (int8_t *)store;
+        const ork_kind_info *ki = ork_kind_get(kind);
+        const int q = ki->qmax;
         for (size_t i = 0; i < N * K; i++)
-            if (c[i] == -128)
-                return ork_err_set(err, ORK_EINVAL, "int8 weight code -128 at [%zu, %zu]: codes must be in [-127, 127]",
-                                   i / K, i % K);
+            if (c[i] < -q || c[i] > q)
+                return ork_err_set(err, ORK_EINVAL, "%s weight code %d at [%zu, %zu]: codes must be in [-%d, %d]",
+                                   ki->name, c[i], i / K, i % K, q, q);
         for (size_t nb = 0; nb < NB; nb++)
             for (size_t kb = 0; kb < KB; kb++)
                 for (size_t i = 0; i < 32; i++) {
@@ -120,14 +122,72 @@ ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size
     ork_status st = check_shape(kind, N, K, err);
     if (st || is4(kind)) return st;
     const size_t KB = ork_pack_round32(K) / 32, bytes = ork_pack_store_bytes(kind, N, K);
-    const uint8_t *s = (const uint8_t *)store, *hit = memchr(s, 0x80, bytes);
+    const ork_kind_info *ki = ork_kind_get(kind);
+    const uint8_t *s = (const uint8_t *)store, *hit = NULL;
+    if (ki->qmax == 127) hit = memchr(s, 0x80, bytes);
+    else
+        for (size_t i = 0; i < bytes && !hit; i++)
+            if ((int8_t)s[i] < -ki->qmax || (int8_t)s[i] > ki->qmax) hit = s + i;
     if (!hit) return ORK_OK;
+    if (ki->qmax != 127) {
+        size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
+        size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
+        return ork_err_set(err, ORK_EINVAL, "%s store holds code %d at %s [%zu, %zu] (store byte %zu): codes must be in "
+                           "[-%d, %d] and padding 0", ki->name, (int8_t)*hit, n < N && k < K ? "weight" : "padding",
+                           n, k, off, ki->qmax, ki->qmax);
+    }
     size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
     size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
     if (n < N && k < K)
         return ork_err_set(err, ORK_EINVAL, "int8 weight code -128 at [%zu, %zu]: codes must be in [-127, 127]", n, k);
     return ork_err_set(err, ORK_EINVAL, "int8 store holds -128 in its padding (store byte %zu): codes must be in "
                        "[-127, 127] and padding 0", off);
+}
+
+/* ------------------------------------------------ narrow file stores --- */
+size_t ork_pack_file_store_bytes(ork_kind kind, size_t N, size_t K) {
+    const ork_kind_info *ki = ork_kind_get(kind);
+    const size_t b = ork_pack_store_bytes(kind, N, K);
+    return !ki || ki->bits != 8 ? b : b / 8 * (size_t)ki->store_bits;
+}
+
+ork_status ork_pack_bits(ork_kind kind, const int8_t *store, size_t n, uint8_t *out, ork_err *err) {
+    const ork_kind_info *ki = ork_kind_get(kind);
+    if (!ki || ki->bits != 8 || n % 8)
+        return ork_err_set(err, ORK_EINVAL, "pack_bits: an 8-bit kind and a multiple of 8 codes are needed");
+    const int b = ki->store_bits, q = ki->qmax, bias = q + 1;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t acc = 0;
+        for (int j = 0; j < 8; j++) {
+            const int c = store[i + (size_t)j];
+            if (c < -q || c > q)
+                return ork_err_set(err, ORK_EINVAL, "%s store code %d at %zu is outside [-%d, %d]", ki->name, c,
+                                   i + (size_t)j, q, q);
+            acc |= (uint64_t)(unsigned)(c + bias) << (b * j);
+        }
+        for (int j = 0; j < b; j++) out[i / 8 * (size_t)b + (size_t)j] = (uint8_t)(acc >> (8 * j));
+    }
+    return ORK_OK;
+}
+
+ork_status ork_unpack_bits(ork_kind kind, const uint8_t *in, size_t n, int8_t *store, ork_err *err) {
+    const ork_kind_info *ki = ork_kind_get(kind);
+    if (!ki || ki->bits != 8 || n % 8)
+        return ork_err_set(err, ORK_EINVAL, "unpack_bits: an 8-bit kind and a multiple of 8 codes are needed");
+    const int b = ki->store_bits, bias = ki->qmax + 1;
+    const uint64_t mask = ((uint64_t)1 << b) - 1;
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t acc = 0;
+        for (int j = 0; j < b; j++) acc |= (uint64_t)in[i / 8 * (size_t)b + (size_t)j] << (8 * j);
+        for (int j = 0; j < 8; j++) {
+            const unsigned u = (unsigned)((acc >> (b * j)) & mask);
+            if (u == 0)
+                return ork_err_set(err, ORK_EFORMAT, "%s store code %zu is %d, outside [-%d, %d]", ki->name,
+                                   i + (size_t)j, -bias, ki->qmax, ki->qmax);
+            if (store) store[i + (size_t)j] = (int8_t)((int)u - bias);
+        }
+    }
+    return ORK_OK;
 }
 
 double ork_pack_max_scale(size_t K) { return (double)FLT_MAX / (127.0 * 127.0 * (double)(K ? K : 1)); }
@@ -203,7 +263,7 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, int
             continue;
         }
         ascale[m] = a / 127.0f;
-        qk->codes8_rtn(x + m * K, K, 127.0f / a, q);
+        qk->codes8_rtn(x + m * K, K, 127.0f / a, 127.0f, q);
     }
     return ORK_OK;
 }

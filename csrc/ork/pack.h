@@ -91,9 +91,22 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
 ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void *codes, ork_err *err);
 
 /* The doors of a store: an int8 store must not hold -128 anywhere (padding
- * included); ORK_EINVAL naming the weight [n, k] or the padding byte. 4-bit
+ * included; an int6 / int5 store nothing outside [-qmax, qmax]); ORK_EINVAL
+ * naming the weight [n, k] or the padding byte. 4-bit
  * stores are always valid (every nibble is a LUT index). */
 ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size_t K, ork_err *err);
+/* Narrow file stores (8-bit kinds with store_bits b < 8: int6, int5; docs/o4n1.md).
+ * In memory such a weight is the int8 tile store above; a file holds the same n
+ * codes (the store in memory order) as a little-endian bit stream: code i is
+ * u = code + qmax + 1 (in [1, 2^b - 1]) at bits [b*i, b*i + b), so each run of 8
+ * codes is b bytes. ork_pack_file_store_bytes: the store bytes in a file (the
+ * tile store's bytes * b / 8; = ork_pack_store_bytes for every other kind).
+ * ork_pack_bits: ORK_EINVAL naming a code outside [-qmax, qmax]. ork_unpack_bits
+ * (store may be NULL: check only): ORK_EFORMAT naming a code with u = 0. n is a
+ * multiple of 8 (every tile store is: 1024 codes per tile). */
+size_t ork_pack_file_store_bytes(ork_kind kind, size_t N, size_t K);
+ork_status ork_pack_bits(ork_kind kind, const int8_t *store, size_t n, uint8_t *out, ork_err *err);
+ork_status ork_unpack_bits(ork_kind kind, const uint8_t *in, size_t n, int8_t *store, ork_err *err);
 /* The largest bscale entry for K inputs (see above). */
 double ork_pack_max_scale(size_t K);
 /* Every bscale[n] finite, not negative (nor -0) and <= ork_pack_max_scale(K);

@@ -29,9 +29,12 @@ static ork_kind_info g_kinds[ORK_KIND_MAX] = {
      {-1.0f, -6.0f / 7, -5.0f / 7, -4.0f / 7, -3.0f / 7, -2.0f / 7, -1.0f / 7, 0.0f, 1.0f / 7, 2.0f / 7,
       3.0f / 7, 4.0f / 7, 5.0f / 7, 6.0f / 7, 1.0f}},
     /* per-channel symmetric int8, codes in [-127, 127] */
-    {ORK_KIND_INT8, "int8", 8, 0, {0}},
+    {ORK_KIND_INT8, "int8", 8, 0, {0}, 127, 8},
+    /* uniform symmetric 5-bit and 6-bit codes, int8 in memory: [-15, 15], [-31, 31] */
+    {ORK_KIND_INT5, "int5", 8, 0, {0}, 15, 5},
+    {ORK_KIND_INT6, "int6", 8, 0, {0}, 31, 6},
 };
-static atomic_size_t g_nkinds = 3; /* rows published (a row is complete before the count covers it) */
+static atomic_size_t g_nkinds = 5; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
 static pthread_once_t g_kinds_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_kinds_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_kind_register */
@@ -40,7 +43,15 @@ ork_status ork_kind_derive(ork_kind_info *row, ork_err *err) {
     memset(row->lut, 0, sizeof row->lut);
     memset(&row->grid, 0, sizeof row->grid);
     row->zero_code = 0;
-    if (row->bits == 8) return row->nlev == 0 ? ORK_OK : ork_err_set(err, ORK_EINVAL, "kind '%s': an 8-bit kind has no levels", row->name);
+    if (row->bits == 8) {
+        if (row->nlev != 0) return ork_err_set(err, ORK_EINVAL, "kind '%s': an 8-bit kind has no levels", row->name);
+        if (row->store_bits < 2 || row->store_bits > 8 || row->qmax != (1 << (row->store_bits - 1)) - 1)
+            return ork_err_set(err, ORK_EINVAL, "kind '%s': qmax %d does not match %d stored bits (2^(bits-1) - 1)",
+                               row->name, row->qmax, row->store_bits);
+        return ORK_OK;
+    }
+    row->qmax = 127; /* 4-bit kinds: the LUT's int8 range */
+    row->store_bits = 4;
     if (row->bits != 4) return ork_err_set(err, ORK_EINVAL, "kind '%s': bits must be 4 or 8, got %d", row->name, row->bits);
     if (row->nlev < 2 || row->nlev > 16)
         return ork_err_set(err, ORK_EINVAL, "kind '%s': a 4-bit kind needs 2..16 levels, got %d", row->name, row->nlev);
@@ -66,6 +77,7 @@ ork_status ork_kind_derive(ork_kind_info *row, ork_err *err) {
     return ORK_OK;
 }
 
+/* The NF4 and INT4 rows name no qmax / store_bits: ork_kind_derive sets them. */
 static void kinds_init(void) {
     for (size_t i = 0; i < atomic_load(&g_nkinds); i++) {
         ork_err e;
@@ -163,6 +175,7 @@ typedef struct {
     float *scales;        /* N x G, G = ceil(K / group) */
     size_t row_bytes;
     size_t group;         /* columns per scale: K for per-row scales */
+    float lim;            /* the kind's qmax: 127 (int8, 4-bit kinds' LUT range), 31 (int6), 15 (int5) */
 } quant_job;
 
 static ork_status report_nonfinite_w(const float *x, size_t K, size_t row, ork_err *err) {
@@ -176,14 +189,14 @@ static ork_status report_nonfinite_w(const float *x, size_t K, size_t row, ork_e
 /* Group-wise scales are float16 values: more than one segment per row (quant.h). */
 static int f16_scales(const quant_job *j) { return j->p->group != 0 && j->p->group < j->K; }
 
-/* The stored scale of m = a * r and the inverse the codes are chosen with (quant.h):
- * float32 m / 127 and 127 / m per row; f16(m / 127) and 1 / s (0 for s = 0) per group.
+/* The stored scale of m = a * r and the inverse the codes are chosen with (quant.h), Q = j->lim:
+ * float32 m / Q and Q / m per row; f16(m / Q) and 1 / s (0 for s = 0) per group.
  * An overflowing float16 saturates here; ork_quantize refuses such segments first. */
 static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
-    const float q = m / 127.0f;
+    const float q = m / j->lim;
     if (!f16_scales(j)) {
         *s = q;
-        *inv = 127.0f / m;
+        *inv = j->lim / m;
         return;
     }
     uint16_t h = ork_f16_from_f32(q);
@@ -197,7 +210,7 @@ static double seg_werr(const quant_job *j, const float *x, const float *im, size
     float s, inv;
     seg_scale(j, a * r, &s, &inv);
     if (j->g) return j->kern->werr4(x, im, n, inv, s, j->g);
-    return j->kern->werr8(x, im, n, inv, s);
+    return j->kern->werr8(x, im, n, inv, s, j->lim);
 }
 
 /* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
@@ -225,10 +238,10 @@ static void seg_choose(const quant_job *j, const float *x, const float *im, size
 
 /* ORK_EINVAL naming the segment when its float16 scale would overflow (group-wise scales only). */
 static ork_status seg_f16_check(const quant_job *j, float a, size_t row, size_t c0, size_t len, ork_err *err) {
-    if (!f16_scales(j) || (ork_f16_from_f32(a / 127.0f) & 0x7c00u) != 0x7c00u) return ORK_OK;
+    if (!f16_scales(j) || (ork_f16_from_f32(a / j->lim) & 0x7c00u) != 0x7c00u) return ORK_OK;
     return ork_err_set(err, ORK_EINVAL, "weight row %zu, group %zu (columns %zu..%zu) has absmax %g: its scale %g "
                        "exceeds %g, the largest float16 (group-wise scales are float16: use one scale per row, or "
-                       "rescale the weight)", row, c0 / j->group, c0, c0 + len - 1, (double)a, (double)(a / 127.0f),
+                       "rescale the weight)", row, c0 / j->group, c0, c0 + len - 1, (double)a, (double)(a / j->lim),
                        (double)ORK_F16_MAX);
 }
 
@@ -255,8 +268,8 @@ static void quant_segment(const quant_job *j, const float *x, const float *im, s
         for (; k + 1 < n; k += 2) out[k >> 1] = (uint8_t)(tmp[k] | (tmp[k + 1] << 4));
         if (k < n) out[k >> 1] = (uint8_t)(tmp[k] | (j->zero << 4));
     } else {
-        if (j->p->sr) j->kern->codes8_sr(x, n, inv, key, (uint32_t)col0, (int8_t *)out);
-        else j->kern->codes8_rtn(x, n, inv, (int8_t *)out);
+        if (j->p->sr) j->kern->codes8_sr(x, n, inv, j->lim, key, (uint32_t)col0, (int8_t *)out);
+        else j->kern->codes8_rtn(x, n, inv, j->lim, (int8_t *)out);
     }
 }
 
@@ -350,6 +363,7 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
     j.scales = scales;
     j.row_bytes = ork_quant_row_bytes(p->kind, K);
     j.group = p->group ? p->group : K;
+    j.lim = (float)info->qmax;
     size_t chunk = 65536 / K + 1;
     return ork_parallel_for(p->nthreads, N, chunk, quant_rows, &j, err);
 }
@@ -432,6 +446,7 @@ ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t r
     j.g = info->bits == 4 ? &info->grid : NULL;
     j.zero = info->zero_code;
     j.group = p->group && p->group < K ? p->group : K;
+    j.lim = (float)info->qmax;
     float a;
     if (j.kern->absmax(x, n, &a))
         for (size_t k = 0; k < n; k++)

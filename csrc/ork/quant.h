@@ -35,8 +35,16 @@
  *     2j+1 in the HIGH nibble; rows are padded to ceil(K/2) bytes, a padding
  *     nibble holds the kind's zero_code.
  *
- * int8 kind (ORK_KIND_INT8): codes are int8 in [-127, 127],
- *   q = clamp(round_half_away(y), -127, 127), dequant = (float)q * s.
+ * 8-bit kinds (bits == 8: ORK_KIND_INT8, ORK_KIND_INT6, ORK_KIND_INT5): codes are
+ *   int8 in [-Q, Q] with Q = the row's qmax (127, 31, 15):
+ *     m = a * r;   s = m / Q;   inv = Q / m;   y = w * inv
+ *     q = clamp(round_half_away(y), -Q, Q), dequant = (float)q * s.
+ *   int6 / int5 ("i6a8" / "i5a8": 6/5-bit stored, int8 computed) are uniform
+ *   symmetric grids with 63 / 31 levels. In memory their codes are int8 (the
+ *   int8 tile store, pack.h: every int8 kernel and the NPU run them unchanged);
+ *   a file stores store_bits per code (O8N1 version 4, docs/o4n1.md), so their
+ *   bytes per weight are 6/8 and 5/8 of int8's on disk (the NPU reads int8 from
+ *   DRAM: on the board they cost int8's bandwidth).
  *
  * Rows: absmax a == 0 (or a < ORK_QUANT_TINY, documented as zero) gives
  * s = 0, every code = the zero level, and dequantizes to exact zeros.
@@ -74,7 +82,13 @@
 
 /* A kind is its row index in the registry; the built-in rows have fixed ids
  * (the O4N1/O8N1 header stores the id, docs/o4n1.md). */
-typedef enum ork_kind { ORK_KIND_NF4 = 0, ORK_KIND_INT4 = 1, ORK_KIND_INT8 = 2 } ork_kind;
+typedef enum ork_kind {
+    ORK_KIND_NF4 = 0,
+    ORK_KIND_INT4 = 1,
+    ORK_KIND_INT8 = 2,
+    ORK_KIND_INT5 = 3, /* uniform 5-bit: codes in [-15, 15], computed as int8 */
+    ORK_KIND_INT6 = 4  /* uniform 6-bit: codes in [-31, 31], computed as int8 */
+} ork_kind;
 
 #define ORK_QUANT_TINY 1e-30f /* rows with absmax below this are zero rows */
 #define ORK_QUANT_MAX_DIM ((size_t)1 << 31)
@@ -97,6 +111,8 @@ typedef struct ork_kind_info {
     int bits;                     /* 4: 4-bit codes into lut, two per byte; 8: int8 codes */
     int nlev;                     /* 4-bit: number of levels (2..16); 8-bit: 0 */
     float levels[16];             /* 4-bit: nominal levels, ascending, in [-1, 1] */
+    int qmax;                     /* 8-bit: the largest |code|, 2^(store_bits-1) - 1 (127, 31, 15); 4-bit: 127 */
+    int store_bits;               /* bits per code in a file (docs/o4n1.md): 4, or 8 / 6 / 5 for 8-bit kinds */
     /* derived from levels (ork_kind_derive), never written by hand: */
     int8_t lut[16];               /* 4-bit: round_half_away(levels[c] * 127), 0 for c >= nlev */
     uint8_t zero_code;            /* 4-bit: the code of level 0.0 (zero rows, padding nibbles) */
@@ -141,10 +157,11 @@ typedef struct ork_quant_kernels {
     /* weighted squared error of nearest rounding at scale s (see contract) */
     double (*werr4)(const float *x, const float *im, size_t n, float inv, float s,
                     const ork_q4_grid *g);
-    void (*codes8_rtn)(const float *x, size_t n, float inv, int8_t *codes);
-    void (*codes8_sr)(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+    /* 8-bit kinds: lim = (float)qmax; codes clamped to [-lim, lim] */
+    void (*codes8_rtn)(const float *x, size_t n, float inv, float lim, int8_t *codes);
+    void (*codes8_sr)(const float *x, size_t n, float inv, float lim, uint32_t row_key, uint32_t col0,
                       int8_t *codes);
-    double (*werr8)(const float *x, const float *im, size_t n, float inv, float s);
+    double (*werr8)(const float *x, const float *im, size_t n, float inv, float s, float lim);
     /* out[k] = (float)lut[nibble k] * s, nibbles packed low-first */
     void (*dequant4)(const uint8_t *packed, size_t n, const int8_t lut[16], float s, float *out);
     void (*dequant8)(const int8_t *codes, size_t n, float s, float *out);

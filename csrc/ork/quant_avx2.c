@@ -154,56 +154,56 @@ static inline __m256 round_half_away_avx2(__m256 y) {
     t = _mm256_sub_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one));
     return t;
 }
-static inline __m256 clamp127_avx2(__m256 v) {
-    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+static inline __m256 clamp_avx2(__m256 v, float lim) {
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-lim)), _mm256_set1_ps(lim));
 }
 
-static void codes8_rtn_avx2(const float *x, size_t n, float inv, int8_t *codes) {
+static void codes8_rtn_avx2(const float *x, size_t n, float inv, float lim, int8_t *codes) {
     const __m256 vinv = _mm256_set1_ps(inv);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
-        __m256 q0 = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv)));
-        __m256 q1 = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv)));
+        __m256 q0 = clamp_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv)), lim);
+        __m256 q1 = clamp_avx2(round_half_away_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv)), lim);
         _mm_storeu_si128((__m128i *)(codes + k),
                          pack16_s8(_mm256_cvttps_epi32(q0), _mm256_cvttps_epi32(q1)));
     }
-    for (; k < n; k++) codes[k] = (int8_t)ork_clamp127(ork_round_half_away(x[k] * inv));
+    for (; k < n; k++) codes[k] = (int8_t)ork_clamp_lim(ork_round_half_away(x[k] * inv), lim);
 }
 
-static inline __m256 sr8_avx2(__m256 y, uint32_t row_key, uint32_t col) {
-    y = clamp127_avx2(y);
+static inline __m256 sr8_avx2(__m256 y, float lim, uint32_t row_key, uint32_t col) {
+    y = clamp_avx2(y, lim);
     __m256 lo = _mm256_round_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     __m256 p = _mm256_sub_ps(y, lo);
     __m256 up = _mm256_cmp_ps(uniform_avx2(row_key, col), p, _CMP_LT_OQ);
     return _mm256_add_ps(lo, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
 }
 
-static void codes8_sr_avx2(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+static void codes8_sr_avx2(const float *x, size_t n, float inv, float lim, uint32_t row_key, uint32_t col0,
                            int8_t *codes) {
     const __m256 vinv = _mm256_set1_ps(inv);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
         uint32_t c = col0 + (uint32_t)k;
-        __m256 q0 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), row_key, c);
-        __m256 q1 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv), row_key, c + 8);
+        __m256 q0 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv), lim, row_key, c);
+        __m256 q1 = sr8_avx2(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8), vinv), lim, row_key, c + 8);
         _mm_storeu_si128((__m128i *)(codes + k),
                          pack16_s8(_mm256_cvttps_epi32(q0), _mm256_cvttps_epi32(q1)));
     }
-    for (; k < n; k++) codes[k] = (int8_t)ork_q8_sr(x[k] * inv, row_key, col0 + (uint32_t)k);
+    for (; k < n; k++) codes[k] = (int8_t)ork_q8_sr(x[k] * inv, lim, row_key, col0 + (uint32_t)k);
 }
 
-static double werr8_avx2(const float *x, const float *im, size_t n, float inv, float s) {
+static double werr8_avx2(const float *x, const float *im, size_t n, float inv, float s, float lim) {
     const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(s);
     __m256d acc = _mm256_setzero_pd();
     size_t k = 0;
     for (; k + 8 <= n; k += 8) {
         __m256 vx = _mm256_loadu_ps(x + k);
-        __m256 q = clamp127_avx2(round_half_away_avx2(_mm256_mul_ps(vx, vinv)));
+        __m256 q = clamp_avx2(round_half_away_avx2(_mm256_mul_ps(vx, vinv)), lim);
         acc = werr_acc8(acc, vx, _mm256_mul_ps(q, vs), im + k);
     }
     double a[4];
     _mm256_storeu_pd(a, acc);
-    ork_werr8_range(a, x, im, k, n, inv, s);
+    ork_werr8_range(a, x, im, k, n, inv, s, lim);
     return ork_lanes_sum(a);
 }
 

@@ -137,8 +137,8 @@ static inline float32x4_t round_half_away_neon(float32x4_t y) {
     t = vsubq_f32(t, vreinterpretq_f32_u32(vandq_u32(le, vreinterpretq_u32_f32(one))));
     return t;
 }
-static inline float32x4_t clamp127_neon(float32x4_t v) {
-    return vminq_f32(vmaxq_f32(v, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f));
+static inline float32x4_t clamp_neon(float32x4_t v, float lim) {
+    return vminq_f32(vmaxq_f32(v, vdupq_n_f32(-lim)), vdupq_n_f32(lim));
 }
 static inline int8x16_t narrow16_s8(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
     int16x8_t ab = vcombine_s16(vmovn_s32(vcvtq_s32_f32(a)), vmovn_s32(vcvtq_s32_f32(b)));
@@ -146,19 +146,19 @@ static inline int8x16_t narrow16_s8(float32x4_t a, float32x4_t b, float32x4_t c,
     return vcombine_s8(vmovn_s16(ab), vmovn_s16(cd));
 }
 
-static void codes8_rtn_neon(const float *x, size_t n, float inv, int8_t *codes) {
+static void codes8_rtn_neon(const float *x, size_t n, float inv, float lim, int8_t *codes) {
     const float32x4_t vinv = vdupq_n_f32(inv);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
         float32x4_t q[4];
         for (int j = 0; j < 4; j++)
-            q[j] = clamp127_neon(round_half_away_neon(vmulq_f32(vld1q_f32(x + k + 4 * j), vinv)));
+            q[j] = clamp_neon(round_half_away_neon(vmulq_f32(vld1q_f32(x + k + 4 * j), vinv)), lim);
         vst1q_s8(codes + k, narrow16_s8(q[0], q[1], q[2], q[3]));
     }
-    for (; k < n; k++) codes[k] = (int8_t)ork_clamp127(ork_round_half_away(x[k] * inv));
+    for (; k < n; k++) codes[k] = (int8_t)ork_clamp_lim(ork_round_half_away(x[k] * inv), lim);
 }
 
-static void codes8_sr_neon(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+static void codes8_sr_neon(const float *x, size_t n, float inv, float lim, uint32_t row_key, uint32_t col0,
                            int8_t *codes) {
     const float32x4_t vinv = vdupq_n_f32(inv);
     const uint32x4_t one = vreinterpretq_u32_f32(vdupq_n_f32(1.0f));
@@ -166,7 +166,7 @@ static void codes8_sr_neon(const float *x, size_t n, float inv, uint32_t row_key
     for (; k + 16 <= n; k += 16) {
         float32x4_t q[4];
         for (int j = 0; j < 4; j++) {
-            float32x4_t y = clamp127_neon(vmulq_f32(vld1q_f32(x + k + 4 * j), vinv));
+            float32x4_t y = clamp_neon(vmulq_f32(vld1q_f32(x + k + 4 * j), vinv), lim);
             float32x4_t lo = vrndmq_f32(y);
             float32x4_t p = vsubq_f32(y, lo);
             uint32x4_t up = vcltq_f32(uniform_neon(row_key, col0 + (uint32_t)(k + 4 * j)), p);
@@ -174,22 +174,22 @@ static void codes8_sr_neon(const float *x, size_t n, float inv, uint32_t row_key
         }
         vst1q_s8(codes + k, narrow16_s8(q[0], q[1], q[2], q[3]));
     }
-    for (; k < n; k++) codes[k] = (int8_t)ork_q8_sr(x[k] * inv, row_key, col0 + (uint32_t)k);
+    for (; k < n; k++) codes[k] = (int8_t)ork_q8_sr(x[k] * inv, lim, row_key, col0 + (uint32_t)k);
 }
 
-static double werr8_neon(const float *x, const float *im, size_t n, float inv, float s) {
+static double werr8_neon(const float *x, const float *im, size_t n, float inv, float s, float lim) {
     const float32x4_t vinv = vdupq_n_f32(inv);
     float64x2_t a01 = vdupq_n_f64(0.0), a23 = vdupq_n_f64(0.0);
     size_t k = 0;
     for (; k + 4 <= n; k += 4) {
         float32x4_t vx = vld1q_f32(x + k);
-        float32x4_t q = clamp127_neon(round_half_away_neon(vmulq_f32(vx, vinv)));
+        float32x4_t q = clamp_neon(round_half_away_neon(vmulq_f32(vx, vinv)), lim);
         werr_acc4(&a01, &a23, vx, vmulq_n_f32(q, s), im + k);
     }
     double a[4];
     vst1q_f64(a, a01);
     vst1q_f64(a + 2, a23);
-    ork_werr8_range(a, x, im, k, n, inv, s);
+    ork_werr8_range(a, x, im, k, n, inv, s, lim);
     return ork_lanes_sum(a);
 }
 

@@ -32,19 +32,19 @@ static double werr4_ref(const float *x, const float *im, size_t n, float inv, fl
     return ork_lanes_sum(acc);
 }
 
-static void codes8_rtn_ref(const float *x, size_t n, float inv, int8_t *codes) {
-    for (size_t k = 0; k < n; k++) codes[k] = (int8_t)ork_clamp127(ork_round_half_away(x[k] * inv));
+static void codes8_rtn_ref(const float *x, size_t n, float inv, float lim, int8_t *codes) {
+    for (size_t k = 0; k < n; k++) codes[k] = (int8_t)ork_clamp_lim(ork_round_half_away(x[k] * inv), lim);
 }
 
-static void codes8_sr_ref(const float *x, size_t n, float inv, uint32_t row_key, uint32_t col0,
+static void codes8_sr_ref(const float *x, size_t n, float inv, float lim, uint32_t row_key, uint32_t col0,
                           int8_t *codes) {
     for (size_t k = 0; k < n; k++)
-        codes[k] = (int8_t)ork_q8_sr(x[k] * inv, row_key, col0 + (uint32_t)k);
+        codes[k] = (int8_t)ork_q8_sr(x[k] * inv, lim, row_key, col0 + (uint32_t)k);
 }
 
-static double werr8_ref(const float *x, const float *im, size_t n, float inv, float s) {
+static double werr8_ref(const float *x, const float *im, size_t n, float inv, float s, float lim) {
     double acc[4] = {0.0, 0.0, 0.0, 0.0};
-    ork_werr8_range(acc, x, im, 0, n, inv, s);
+    ork_werr8_range(acc, x, im, 0, n, inv, s, lim);
     return ork_lanes_sum(acc);
 }
 

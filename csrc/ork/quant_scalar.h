@@ -38,12 +38,14 @@ static inline float ork_round_half_away(float y) {
     return t;
 }
 
-static inline float ork_clamp127(float v) {
-    return v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+static inline float ork_clamp_lim(float v, float lim) {
+    return v > lim ? lim : (v < -lim ? -lim : v);
 }
 
-static inline float ork_q8_sr(float y, uint32_t row_key, uint32_t col) {
-    y = ork_clamp127(y);
+static inline float ork_clamp127(float v) { return ork_clamp_lim(v, 127.0f); }
+
+static inline float ork_q8_sr(float y, float lim, uint32_t row_key, uint32_t col) {
+    y = ork_clamp_lim(y, lim);
     float lo = floorf(y);
     float p = y - lo; /* exact */
     return lo + (ork_sr_uniform(row_key, col) < p ? 1.0f : 0.0f);
@@ -76,9 +78,9 @@ static inline void ork_werr4_range(double acc[4], const float *x, const float *i
 }
 
 static inline void ork_werr8_range(double acc[4], const float *x, const float *im, size_t k, size_t n,
-                                   float inv, float s) {
+                                   float inv, float s, float lim) {
     for (; k < n; k++) {
-        float q = ork_clamp127(ork_round_half_away(x[k] * inv)) * s;
+        float q = ork_clamp_lim(ork_round_half_away(x[k] * inv), lim) * s;
         acc[k & 3] += ork_werr_term(x[k], q, im[k]);
     }
 }

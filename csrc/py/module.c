@@ -187,9 +187,10 @@ static PyObject *py_kinds(PyObject *self, PyObject *unused) {
             }
         }
         if (k->bits != 4 || (lev && lut))
-            row = Py_BuildValue("{s:s,s:i,s:i,s:i,s:O,s:O,s:i}", "name", k->name, "id", (int)k->id, "bits", k->bits,
+            row = Py_BuildValue("{s:s,s:i,s:i,s:i,s:O,s:O,s:i,s:i,s:i}", "name", k->name, "id", (int)k->id, "bits", k->bits,
                                 "nlev", k->nlev, "levels", lev ? (PyObject *)lev : Py_None, "lut",
-                                lut ? (PyObject *)lut : Py_None, "zero_code", (int)k->zero_code);
+                                lut ? (PyObject *)lut : Py_None, "zero_code", (int)k->zero_code, "qmax", k->qmax,
+                                "store_bits", k->store_bits);
         Py_XDECREF(lev);
         Py_XDECREF(lut);
         if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);
@@ -391,6 +392,10 @@ static PyMethodDef core_methods[] = {
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},
     {"packed_check", (PyCFunction)(void (*)(void))orkpy_packed_check, METH_VARARGS | METH_KEYWORDS,
      "packed_check(store, kind, N, K, bscale): ValueError/TypeError unless a valid PackedWeight (codes, scales)"},
+    {"store_to_file", orkpy_store_to_file, METH_VARARGS,
+     "store_to_file(store, kind, N, K) -> bytes: the tile store as an O8N1/O4N1 file holds it"},
+    {"store_from_file", orkpy_store_from_file, METH_VARARGS,
+     "store_from_file(buffer, kind, N, K) -> int8 tile store of a narrow (int6 / int5) file store"},
     {"packed_layout", (PyCFunction)(void (*)(void))orkpy_packed_layout, METH_VARARGS | METH_KEYWORDS,
      "packed_layout(kind, N, K) -> dict: store shape, dtype and bytes; O4N1/O8N1 magic and offsets"},
     {"f16_from_f32", orkpy_f16_from_f32, METH_O,

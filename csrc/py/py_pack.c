@@ -353,15 +353,94 @@ PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
     size_t shape[4];
     ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
     const size_t bytes = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
+    const size_t fbytes = ork_pack_file_store_bytes(ki->id, (size_t)N, (size_t)K);
     const uint64_t soff = ork_o4n1_grouped_store_offset((uint64_t)N, (uint64_t)K, (uint64_t)group);
-    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n,s:i,s:i}", "kind", ki->name, "bits", ki->bits,
+    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n,s:i,s:i,s:n,s:i}", "kind", ki->name, "bits", ki->bits,
                          "store_shape", (Py_ssize_t)shape[0], (Py_ssize_t)shape[1], (Py_ssize_t)shape[2],
                          (Py_ssize_t)shape[3], "store_dtype", ki->bits == 8 ? "int8" : "uint8", "store_bytes",
                          (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", hbytes,
                          "scales_offset", hbytes, "store_offset", (unsigned long long)soff, "file_bytes",
-                         (unsigned long long)(soff + bytes), "group", (Py_ssize_t)(grouped ? group : 0), "G",
+                         (unsigned long long)(soff + fbytes), "group", (Py_ssize_t)(grouped ? group : 0), "G",
                          (Py_ssize_t)G, "version", grouped ? ORK_O4N1_VERSION_F16 : ORK_O4N1_VERSION, "scale_bytes",
-                         grouped ? 2 : 4);
+                         grouped ? 2 : 4, "file_store_bytes", (Py_ssize_t)fbytes, "store_bits", ki->store_bits);
+}
+
+/* store_to_file(store, kind, N, K) -> bytes: the store as a file holds it (pack.h "Narrow file
+ * stores": a bit stream for int6 / int5; the store's bytes for every other kind). ValueError
+ * naming a code outside the kind's range. */
+PyObject *orkpy_store_to_file(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *s_obj;
+    const char *kind_s;
+    Py_ssize_t N, K;
+    if (!PyArg_ParseTuple(args, "Osnn:store_to_file", &s_obj, &kind_s, &N, &K)) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    PyArrayObject *store = orkpy_as_store(s_obj, ki, N, K, "store");
+    if (!store) return NULL;
+    const size_t nb = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
+    const size_t fb = ork_pack_file_store_bytes(ki->id, (size_t)N, (size_t)K);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)fb);
+    if (!out) {
+        Py_DECREF(store);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ORK_OK;
+    Py_BEGIN_ALLOW_THREADS
+    if (fb == nb) memcpy(PyBytes_AS_STRING(out), PyArray_DATA(store), nb);
+    else st = ork_pack_bits(ki->id, (const int8_t *)PyArray_DATA(store), nb, (uint8_t *)PyBytes_AS_STRING(out), &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(store);
+    if (st != ORK_OK) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return out;
+}
+
+/* store_from_file(buffer, kind, N, K) -> the int8 tile store (pack.h shape) of a narrow file store
+ * (int6 / int5; a new array); FormatError naming a code outside the kind's range. */
+PyObject *orkpy_store_from_file(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *b_obj;
+    const char *kind_s;
+    Py_ssize_t N, K;
+    if (!PyArg_ParseTuple(args, "Osnn:store_from_file", &b_obj, &kind_s, &N, &K)) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    if (ki->bits != 8 || ki->store_bits >= 8)
+        return PyErr_Format(PyExc_ValueError, "kind %s has no narrow file store", ki->name);
+    Py_buffer view;
+    if (PyObject_GetBuffer(b_obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const size_t nb = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
+    const size_t fb = ork_pack_file_store_bytes(ki->id, (size_t)N, (size_t)K);
+    if ((size_t)view.len != fb) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "a %s store of (%zd, %zd) is %zu bytes in a file, got %zd", ki->name, N, K,
+                            fb, view.len);
+    }
+    size_t shape[4];
+    ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
+    npy_intp dims[4] = {(npy_intp)shape[0], (npy_intp)shape[1], (npy_intp)shape[2], (npy_intp)shape[3]};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(4, dims, NPY_INT8);
+    if (!out) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_unpack_bits(ki->id, (const uint8_t *)view.buf, nb, (int8_t *)PyArray_DATA(out), &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (st != ORK_OK) {
+        Py_DECREF(out);
+        return orkpy_raise(st, &err);
+    }
+    return (PyObject *)out;
 }
 
 /* f16_from_f32(x) -> uint16 (n,): IEEE float16 bit patterns of float32 x (n,), nearest, ties to

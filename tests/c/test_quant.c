@@ -79,15 +79,22 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
                     kv->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o2);
                     CHECK(memcmp(o1, o2, n * sizeof(float)) == 0, "%s dequant4 n=%zu", kv->isa, n);
                 }
-                ref->codes8_rtn(x, n, inv, (int8_t *)c1);
-                kv->codes8_rtn(x, n, inv, (int8_t *)c2);
-                CHECK(memcmp(c1, c2, n) == 0, "%s codes8_rtn n=%zu inv=%g", kv->isa, n, (double)inv);
-                uint32_t key = rnd32(), col0 = rnd32() & 0xffff;
-                ref->codes8_sr(x, n, inv, key, col0, (int8_t *)c1);
-                kv->codes8_sr(x, n, inv, key, col0, (int8_t *)c2);
-                CHECK(memcmp(c1, c2, n) == 0, "%s codes8_sr n=%zu", kv->isa, n);
-                double e1 = ref->werr8(x, im, n, inv, s), e2 = kv->werr8(x, im, n, inv, s);
-                CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr8 n=%zu", kv->isa, n);
+                static const float lims[] = {127.0f, 31.0f, 15.0f}; /* int8, int6, int5 */
+                for (size_t li = 0; li < 3; li++) {
+                    const float lim = lims[li];
+                    ref->codes8_rtn(x, n, inv, lim, (int8_t *)c1);
+                    kv->codes8_rtn(x, n, inv, lim, (int8_t *)c2);
+                    CHECK(memcmp(c1, c2, n) == 0, "%s codes8_rtn lim=%g n=%zu inv=%g", kv->isa, (double)lim, n,
+                          (double)inv);
+                    for (size_t k = 0; k < n; k++)
+                        CHECK((float)((int8_t *)c1)[k] <= lim && (float)((int8_t *)c1)[k] >= -lim, "codes8 range");
+                    uint32_t key = rnd32(), col0 = rnd32() & 0xffff;
+                    ref->codes8_sr(x, n, inv, lim, key, col0, (int8_t *)c1);
+                    kv->codes8_sr(x, n, inv, lim, key, col0, (int8_t *)c2);
+                    CHECK(memcmp(c1, c2, n) == 0, "%s codes8_sr lim=%g n=%zu", kv->isa, (double)lim, n);
+                    double e1 = ref->werr8(x, im, n, inv, s, lim), e2 = kv->werr8(x, im, n, inv, s, lim);
+                    CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr8 lim=%g n=%zu", kv->isa, (double)lim, n);
+                }
                 ref->dequant8((const int8_t *)c1, n, s, o1);
                 kv->dequant8((const int8_t *)c1, n, s, o2);
                 CHECK(memcmp(o1, o2, n * sizeof(float)) == 0, "%s dequant8 n=%zu", kv->isa, n);
@@ -115,7 +122,7 @@ static void compare_drivers(ork_isa isa) {
     for (size_t i = 0; i < N * K; i++) w[i] = rnd_normal() * 0.02f;
     for (size_t k = 0; k < K; k++) im[k] = rnd_unit() + ((k % 50) == 0 ? 50.0f : 0.0f);
     memset(w + 5 * K, 0, K * sizeof(float)); /* an all-zero row */
-    for (int kind = 0; kind < 3; kind++) {
+    for (int kind = 0; kind < (int)ork_kind_count(); kind++) { /* nf4, int4, int8, int5, int6 */
         for (int variant = 0; variant < 8; variant++) {
             ork_quant_params p;
             memset(&p, 0, sizeof p);
