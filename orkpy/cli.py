@@ -320,8 +320,10 @@ def _cmd_tier_map(args):
         print(f"{gt:<10}{tier:<7}{n:>8}")
     c = tm.counts_by_tier()
     b = tm.result_bytes()
-    print(f"tiers: int8 {c['int8']}, int4 {c['int4']}, float {c['float']}")
-    print(f"packed linear weight bytes: int8 {b['int8']:,}, int4 {b['int4']:,}")
+    mid_c = "".join(f", {t} {c[t]}" for t in ("int6", "int5") if c.get(t))  # only when the map has them
+    mid_b = "".join(f", {t} {b[t]:,}" for t in ("int6", "int5") if b.get(t))
+    print(f"tiers: int8 {c['int8']}{mid_c}, int4 {c['int4']}, float {c['float']}")
+    print(f"packed linear weight bytes: int8 {b['int8']:,}{mid_b}, int4 {b['int4']:,}")
     print(f"int8 share of weight storage: {tm.int8_share():.1%}")
     fb = tm.fallbacks()
     if fb:
@@ -457,7 +459,8 @@ def _cmd_quantize(args):
         qm.alloc_map.save(args.emit_map)
         print(f"wrote the allocation to {args.emit_map}")
     b = qm.result_bytes()
-    print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes, int4 {b['int4']:,} bytes; "
+    mid = "".join(f", {t} {b[t]:,} bytes" for t in ("int6", "int5") if b.get(t))
+    print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes{mid}, int4 {b['int4']:,} bytes; "
           f"int8 share of weight storage {qm.int8_share():.1%})")
     return 0
 
