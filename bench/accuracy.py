@@ -25,7 +25,8 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
   orkpy      "target@Q4_K_M": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
              (quantize_model(target_bpw=), orkpy.alloc.DEFAULT_OPTIONS: int4 / int4-g128 / g64 / g32,
              int5-g128 / g64 / g32, int6-g128 / g64 / g32, int8; --target-narrow adds each target row
-             again as "target@Q4_K_M/48" with the 4- and 8-bit options only, the same budget);
+             again as "target@Q4_K_M/48" with the 4- and 8-bit options only, the same budget;
+             --target-at Q4_0/456: Q4_0's bytes with int4 / int5 / int6 at g64 / g32 and int8);
              "target@Q4_0": the same at Q4_0's bytes with group sizes <= 64 only (int4-g64 / g32 /
              int8: the issue's grouped row at Q4_0's bytes), for each of --target-methods and
              --target-at; "int8": every linear
@@ -65,7 +66,9 @@ from orkpy.source import open_source  # noqa: E402
 
 METHODS = ("rtn", "rtn+im", "awq", "awq+im", "gptq", "gptq+awq")
 TARGET_OPTIONS = {"Q4_0": ("int4-g64", "int4-g32", "int8"),  # the grouped (G <= 64) row at Q4_0's bytes
-                  "Q4_K_M/48": ("int4", "int4-g128", "int4-g64", "int4-g32", "int8")}  # --target-narrow
+                  "Q4_K_M/48": ("int4", "int4-g128", "int4-g64", "int4-g32", "int8"),  # --target-narrow
+                  # grouped G <= 64 at Q4_0's bytes, with the 5- and 6-bit grouped tiers as well
+                  "Q4_0/456": ("int4-g64", "int4-g32", "int5-g64", "int5-g32", "int6-g64", "int6-g32", "int8")}
 LLAMA = (("Q8_0", "Q8_0", False), ("Q4_0", "Q4_0", False), ("IQ4_NL", "IQ4_NL", False),
          ("IQ4_NL+im", "IQ4_NL", True), ("Q4_K_M", "Q4_K_M", False), ("Q4_K_M+im", "Q4_K_M", True))
 
@@ -101,8 +104,9 @@ def main(argv=None):
                     help="group sizes of the method rows (0: per output channel)")
     ap.add_argument("--target-methods", nargs="*", default=["rtn+im", "gptq"], choices=METHODS,
                     help="methods of the target-size rows")
-    ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=["Q4_K_M", "Q4_0"],
-                    help="llama.cpp files whose linear bytes the target-size rows take")
+    ap.add_argument("--target-at", nargs="*", default=["Q4_K_M", "Q4_0"], choices=sorted(TARGET_OPTIONS) + ["Q4_K_M"],
+                    help="llama.cpp files whose linear bytes the target-size rows take (FILE/OPTS: that budget "
+                         "with the options TARGET_OPTIONS names)")
     ap.add_argument("--oracle-methods", nargs="*", default=[], choices=METHODS,
                     help="methods of the oracle rows: llama.cpp's Q4_K_M file as the allocation, read literally "
                          "(fallback types as stored) and with the intended types (issue 19)")
@@ -189,7 +193,7 @@ def run_model(a, name):
     plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
     if a.target_narrow and "Q4_K_M" in a.target_at:
         plan += [(m, a.target_rotate, 0, "Q4_K_M/48") for m in a.target_methods]
-    budget_of = {"Q4_K_M/48": "Q4_K_M"}
+
     plan += [(m, False, 0, f"oracle-{fb}") for m in a.oracle_methods for fb in ("literal", "infer")]
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
     if a.gptq_sequential:
@@ -213,7 +217,7 @@ def run_model(a, name):
             where = orkpy.tier_map(q4km, fallback=alloc[len("oracle-"):])
         elif alloc is not None:
             where = None
-            kw.update(target_bpw=8 * budget[budget_of.get(alloc, alloc)] / params,
+            kw.update(target_bpw=8 * budget[alloc.split("/")[0]] / params,
                       target_options=TARGET_OPTIONS.get(alloc, orkpy.alloc.DEFAULT_OPTIONS))
         try:
             qm = orkpy.quantize_model(f32, where, **kw)

@@ -67,8 +67,8 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
                   threads: Optional[int] = None) -> QuantizedTensor:
     """Quantize a float ``(N, K)`` weight (``kind`` int8, nf4 or int4) with GPTQ's error
     compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc; the C core,
-    csrc/ork/gptq.h, with the GIL released). ``where`` names the weight in errors. 4-bit kinds:
-    each scale is the one :func:`orkpy.quantize` picks with the importance ``diag(gram) / rows``
+    csrc/ork/gptq.h, with the GIL released). ``where`` names the weight in errors. 4-bit kinds,
+    int6 and int5: each scale is the one :func:`orkpy.quantize` picks with the importance ``diag(gram) / rows``
     (its imatrix clip search; ``rows`` = the Gram matrix's input rows, 0 = no imatrix, plain
     absmax), then every column goes to the nearest level of the kind's codebook times that
     scale, with the same error feedback as int8. ``group_size``: group-wise scales

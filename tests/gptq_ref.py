@@ -14,13 +14,14 @@ import numpy as np
 import orkpy
 
 
-def round_int8(w, inv):
-    """quant.h's int8 rounding: y = float32(w) * inv in float32, half away from zero, clamped."""
+def round_int8(w, inv, qmax=127):
+    """quant.h's int8 rounding: y = float32(w) * inv in float32, half away from zero, clamped to
+    +-qmax (127 int8, 31 int6, 15 int5)."""
     y = w.astype(np.float32) * inv
     t = np.trunc(y)
     f = y - t
     q = t + (f >= 0.5) - (f <= -0.5)
-    return np.clip(q, -127, 127).astype(np.float32)
+    return np.clip(q, -qmax, qmax).astype(np.float32)
 
 
 def segment_scale(seg, kind, im, grouped):
@@ -38,8 +39,16 @@ def segment_scale(seg, kind, im, grouped):
         inv = np.where(s > 0, np.float32(1) / np.where(s > 0, s, 1), 0).astype(np.float32)
         return s, inv
     s = orkpy.quantize(seg, kind, imatrix=im).scales
-    amax = np.abs(seg).max(axis=1)
-    inv = np.where(s > 0, np.float32(127) / np.where(s > 0, amax, 1), 0).astype(np.float32)
+    # the float32 inverse Q / m of the chosen m = s * Q (exact: s = m / Q was rounded once; recover
+    # m as quantize did, from absmax * r, by trying the clip grid)
+    q = np.float32(orkpy.quant.KIND_INFO[kind].qmax)
+    amax = np.abs(seg).max(axis=1).astype(np.float32)
+    grid = np.concatenate([[np.float32(1)], orkpy.quant.DEFAULT_CLIP_GRID]).astype(np.float32)
+    inv = np.zeros(len(s), np.float32)
+    for n in range(len(s)):
+        if s[n] > 0:
+            m = next(m for m in (amax[n] * grid).astype(np.float32) if np.float32(m / q) == s[n])
+            inv[n] = q / m
     return s, inv
 
 
@@ -51,8 +60,9 @@ def gptq_ref(w, gram, kind="int8", damp=0.01, block=128, rows=0, group_size=None
     w32 = np.asarray(w, np.float32)
     N, K = w32.shape
     g = np.asarray(gram, np.float64)
-    four = kind != "int8"
-    im = (np.diag(g) / rows).astype(np.float32) if (four and rows > 0) else None
+    four = orkpy.quant.KIND_INFO[kind].bits == 4
+    qmax = orkpy.quant.KIND_INFO[kind].qmax
+    im = (np.diag(g) / rows).astype(np.float32) if (kind != "int8" and rows > 0) else None
     im = im if (im is not None and np.any(im > 0)) else None
     gs = group_size if (group_size and group_size < K) else K
     grouped = gs < K
@@ -95,7 +105,7 @@ def gptq_ref(w, gram, kind="int8", damp=0.01, block=128, rows=0, group_size=None
                 C[:, k] = idx
                 q = lv[idx]
             else:
-                q = round_int8(W[:, k], inv[:, gi])
+                q = round_int8(W[:, k], inv[:, gi], qmax)
                 C[:, k] = q
             if dead[k] or disable_feedback:
                 continue

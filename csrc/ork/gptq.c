@@ -354,7 +354,7 @@ ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, cons
         st = ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ: 2 x %zu x %zu doubles)", K, K);
         goto done;
     }
-    if (info->bits == 4 && p->rows > 0) {
+    if ((info->bits == 4 || info->qmax < 127) && p->rows > 0) { /* every kind but int8: the clip search */
         int any = 0;
         if (!(im = (float *)malloc(K * sizeof(float)))) {
             st = ork_err_set(err, ORK_ENOMEM, "out of memory (%zu floats)", K);

@@ -22,17 +22,19 @@
  *    count. About 2/3 K^3 flops.
  * 3. Scales: one per row (group 0 or >= K) or per group of `group` columns,
  *    exactly those ork_quant_segment_scale gives for the segment (float16
- *    when grouped, as ork_quantize stores them), with the 4-bit kinds'
- *    importance imatrix[k] = float32(H[k,k] / rows) (the raw diagonal; none
- *    when rows == 0 or every value is 0; int8 never uses one: absmax). Static
+ *    when grouped, as ork_quantize stores them), with the importance
+ *    imatrix[k] = float32(H[k,k] / rows) for the 4-bit kinds, int6 and int5
+ *    (the raw diagonal; none when rows == 0 or every value is 0; int8 never
+ *    uses one: absmax). Static
  *    groups (and per-row scales): chosen from W before any update. Dynamic
  *    groups: each group's scale chosen when the loop reaches its first
  *    column, from float32() of that group's columns as the error feedback
  *    has left them (every earlier column's error applied).
  * 4. Rows are independent given U; each row's state is double w[k]
  *    (= W[n][k] at start). For k = 0 .. K-1 with the column's group scale s:
- *      int8 : q = clamp(round_half_away(float32(w[k]) * inv), +-127) (quant.h's
- *             rounding, inv the segment's float32 inverse), value q * s;
+ *      int8 / int6 / int5: q = clamp(round_half_away(float32(w[k]) * inv), +-qmax)
+ *             (quant.h's rounding, inv the segment's float32 inverse; qmax 127 / 31 / 15),
+ *             value q * s;
  *      4-bit: code = the nearest level of w[k] * (1 / (double)s) among the
  *             kind's LUT levels (a tie goes to the upper level; s == 0: the
  *             zero code), value lut[code] * s;
@@ -61,10 +63,10 @@
 #include "status.h"
 
 typedef struct ork_gptq_params {
-    ork_kind kind;     /* int8 or a 4-bit kind */
+    ork_kind kind;     /* any kind: int8, int6, int5 or a 4-bit kind */
     double damp;       /* finite, >= 0: share of mean(diag H) added to the diagonal */
     size_t block;      /* >= 1: columns per lazy update (memory order only) */
-    size_t rows;       /* input rows H was summed over: the 4-bit importance diag(H) / rows; 0 = none */
+    size_t rows;       /* input rows H was summed over: the importance diag(H) / rows (not int8); 0 = none */
     size_t group;      /* 0 (one scale per row) or a multiple of 32 (ork_group_check); >= K: per row */
     int static_groups; /* group scales chosen up front from W */
     int nthreads;      /* <= 0: all cores; results never depend on it */
