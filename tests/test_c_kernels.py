@@ -62,6 +62,19 @@ def _qemu_or_skip():
 def test_c_native(src, tmp_path, objdir):
     out = _run([str(build(src, tmp_path, "native", objdir)), *ARGS.get(src.stem, [])])
     assert "comparing" in out
+    if src.stem == "test_quant" and _cpu_flags() >= {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}:
+        assert "comparing avx2 (plain) against scalar" in out and "comparing avx512 against scalar" in out, out
+
+
+def _cpu_flags():
+    """The x86 feature flags of /proc/cpuinfo (empty elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 @pytest.mark.parametrize("cpu", ["max", "cortex-a72"])

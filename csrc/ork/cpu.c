@@ -21,6 +21,9 @@ unsigned ork_cpu_features(void) {
     if (__builtin_cpu_supports("fma")) f |= ORK_CPU_FMA;
     /* libgcc sets the avx512 bits only when the OS enables their register state (xgetbv) */
     if (__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) f |= ORK_CPU_AVX512VNNI;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq"))
+        f |= ORK_CPU_AVX512;
 #endif
 #if defined(__aarch64__)
     f |= ORK_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */
@@ -39,7 +42,12 @@ const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa) {
     switch (isa) {
     case ORK_ISA_SCALAR: return &ork_quant_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: return &ork_quant_kernels_avx2;
+    case ORK_ISA_AVX2: {
+        const char *no = getenv("ORKPY_NO_AVX512");
+        return ((ork_cpu_features() & ORK_CPU_AVX512) && !(no && *no && strcmp(no, "0") != 0))
+                   ? &ork_quant_kernels_avx512
+                   : &ork_quant_kernels_avx2;
+    }
 #endif
 #if defined(__aarch64__)
     case ORK_ISA_NEON: return &ork_quant_kernels_neon;

@@ -23,6 +23,7 @@ typedef enum ork_isa { ORK_ISA_SCALAR = 0, ORK_ISA_AVX2 = 1, ORK_ISA_NEON = 2, O
 #define ORK_CPU_NEON (1u << 2)
 #define ORK_CPU_DOTPROD (1u << 3)
 #define ORK_CPU_AVX512VNNI (1u << 4) /* avx512vl + avx512vnni, with the OS saving their state */
+#define ORK_CPU_AVX512 (1u << 5)     /* avx512f + vl + bw + dq, with the OS saving their state */
 
 unsigned ork_cpu_features(void);
 const char *ork_isa_name(ork_isa isa);
@@ -35,6 +36,8 @@ int ork_cpu_forced_scalar(void);
 /* select by name ("scalar", "avx2", "neon", "auto"); ORK_EUNAVAIL if not available */
 ork_status ork_cpu_set_isa(const char *name, ork_err *err);
 
+/* quant kernels of an ISA; for avx2, the table with the AVX-512 error kernels when the CPU has
+ * avx512f/vl/bw/dq (ORKPY_NO_AVX512=1 keeps the plain AVX2 one) */
 const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa);
 const ork_quant_kernels *ork_quant_kernels_active(void);
 

@@ -3,6 +3,7 @@
  * file only decides which kernel runs on which row with which scale. */
 #include "quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,7 +75,36 @@ ork_status ork_kind_derive(ork_kind_info *row, ork_err *err) {
     row->grid.nlev = row->nlev;
     for (int c = 0; c < row->nlev; c++) row->grid.lev[c] = (float)row->lut[c];
     for (int c = 0; c + 1 < row->nlev; c++) row->grid.thr[c] = (row->grid.lev[c] + row->grid.lev[c + 1]) / 2.0f;
+    ork_q4_grid_cells(&row->grid);
     return ORK_OK;
+}
+
+/* The cell lookup (quant.h). A y mapped to cell c satisfies lo - 2^-16 <= y <= lo + 8 + 2^-16 for
+ * lo = -128 + 8c (fl(y + 128) is within half an ulp of 256 of y + 128, and the cell of fl(y + 128)
+ * brackets it); the margin below is twice that. Thresholds lie in (-127, 127), so clamping y to
+ * [-128, 128] changes no comparison. */
+void ork_q4_grid_cells(ork_q4_grid *g) {
+    const float margin = 1.0f / 32768.0f;
+    g->cells = 0;
+    if (g->nlev < 2 || g->nlev > 16) return;
+    for (int i = 0; i + 1 < g->nlev; i++)
+        if (!(g->thr[i] > -127.5f && g->thr[i] < 127.5f)) return;
+    for (int c = 0; c < 32; c++) {
+        const float lo = -128.0f + 8.0f * (float)c - margin, hi = -120.0f + 8.0f * (float)c + margin;
+        int base = 0, nin = 0;
+        float t[2] = {FLT_MAX, FLT_MAX};
+        for (int i = 0; i + 1 < g->nlev; i++) {
+            if (g->thr[i] < lo) base++;
+            else if (g->thr[i] <= hi) {
+                if (nin == 2) return; /* three thresholds near one cell: no exact two-compare lookup */
+                t[nin++] = g->thr[i];
+            }
+        }
+        g->cell_base[c] = base;
+        g->cell_t1[c] = t[0];
+        g->cell_t2[c] = t[1];
+    }
+    g->cells = 1;
 }
 
 /* The NF4 and INT4 rows name no qmax / store_bits: ork_kind_derive sets them. */
@@ -205,18 +235,13 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
     *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
 }
 
-/* weighted error at ratio r (nearest rounding) of one row segment: n values x, importance im */
-static double seg_werr(const quant_job *j, const float *x, const float *im, size_t n, float a, float r) {
-    float s, inv;
-    seg_scale(j, a * r, &s, &inv);
-    if (j->g) return j->kern->werr4(x, im, n, inv, s, j->g);
-    return j->kern->werr8(x, im, n, inv, s, j->lim);
-}
-
 /* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
  * the imatrix clip search (first best in grid order, 1.0 first; no search without importance),
  * through seg_scale. s = 0 for a zero segment. Used by quant_segment and, for GPTQ's segments,
- * by ork_quant_segment_scale, so both pick the same scale from the same values. */
+ * by ork_quant_segment_scale, so both pick the same scale from the same values.
+ * The candidates go to the kernels ORK_WERR_BATCH at a time (each error is the single-candidate
+ * value bit for bit); a grid ratio equal to 1.0 is skipped: its error equals the first one's,
+ * which a strict "<" never replaces. */
 static void seg_choose(const quant_job *j, const float *x, const float *im, size_t n, float a, float *s,
                        float *inv) {
     float r = 1.0f;
@@ -224,12 +249,28 @@ static void seg_choose(const quant_job *j, const float *x, const float *im, size
     *inv = 0.0f;
     if (a < ORK_QUANT_TINY) return;
     if (im) {
-        double best = seg_werr(j, x, im, n, a, 1.0f);
-        for (size_t i = 0; i < j->ngrid; i++) {
-            double e = seg_werr(j, x, im, n, a, j->grid[i]);
-            if (e < best) {
-                best = e;
-                r = j->grid[i];
+        double best = 0.0;
+        int have = 0;
+        size_t i = 0; /* next grid entry; the first batch starts with 1.0 */
+        while (!have || i < j->ngrid) {
+            float rb[ORK_WERR_BATCH], sb[ORK_WERR_BATCH], ib[ORK_WERR_BATCH];
+            double eb[ORK_WERR_BATCH];
+            int nb = 0;
+            if (!have) rb[nb++] = 1.0f;
+            for (; nb < ORK_WERR_BATCH && i < j->ngrid; i++)
+                if (j->grid[i] != 1.0f) rb[nb++] = j->grid[i];
+            if (nb == 0) break;
+            for (int c = 0; c < nb; c++) seg_scale(j, a * rb[c], &sb[c], &ib[c]);
+            if (j->g) j->kern->werr4n(x, im, n, ib, sb, nb, j->g, eb);
+            else j->kern->werr8n(x, im, n, ib, sb, nb, j->lim, eb);
+            for (int c = 0; c < nb; c++) {
+                if (!have) {
+                    best = eb[c];
+                    have = 1;
+                } else if (eb[c] < best) {
+                    best = eb[c];
+                    r = rb[c];
+                }
             }
         }
     }

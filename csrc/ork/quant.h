@@ -99,7 +99,20 @@ typedef struct ork_q4_grid {
     int nlev;       /* 16 for NF4, 15 for INT4 */
     float lev[16];  /* ascending, integer-valued: (float)lut[c] */
     float thr[15];  /* thr[i] = (lev[i] + lev[i+1]) / 2 (exact) */
+    /* A lookup that finds the nearest level without the 15 comparisons, for the SIMD error kernels:
+     * y clamped to [-128, 128] falls in cell c = min(trunc((y + 128) / 8), 31); every threshold below
+     * the cell (minus a margin that covers the rounding of y + 128) is counted in cell_base[c], and the
+     * at most two thresholds in or near it are cell_t1[c] <= cell_t2[c] (FLT_MAX when absent), so
+     * #{i : y > thr[i]} = cell_base[c] + (y > cell_t1[c]) + (y > cell_t2[c]) exactly. Filled by
+     * ork_q4_grid_cells; cells = 0 (a grid with three thresholds near one cell, or a grid built by hand)
+     * makes the kernels count all thresholds instead. */
+    int cells;
+    int32_t cell_base[32];
+    float cell_t1[32], cell_t2[32];
 } ork_q4_grid;
+
+/* Fill the cell lookup of g from g->nlev and g->thr (cells = 0 when it cannot be exact). */
+void ork_q4_grid_cells(ork_q4_grid *g);
 
 /* ------------------------------------------------------ kind registry -- */
 #define ORK_KIND_MAX 8       /* rows, built-in + registered */
@@ -144,6 +157,8 @@ void ork_kind_seal(void);
 /* ------------------------------------------------------ per-ISA kernels -- */
 /* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
  * The _ref table is the oracle; every other table must be bit-identical. */
+#define ORK_WERR_BATCH 4 /* candidates per werr4n / werr8n call */
+
 typedef struct ork_quant_kernels {
     const char *isa;
     /* *amax = max |x[k]|. Returns 1 if any x is NaN/Inf (then *amax is
@@ -162,6 +177,13 @@ typedef struct ork_quant_kernels {
     void (*codes8_sr)(const float *x, size_t n, float inv, float lim, uint32_t row_key, uint32_t col0,
                       int8_t *codes);
     double (*werr8)(const float *x, const float *im, size_t n, float inv, float s, float lim);
+    /* The clip search's batch form: err[c] = werr4(x, im, n, inv[c], s[c], g) (werr8 with lim) for
+     * c < nc, 1 <= nc <= ORK_WERR_BATCH, each bit for bit the single-candidate value. Evaluating
+     * several ratios in one pass over x and im keeps independent sums in flight. */
+    void (*werr4n)(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                   const ork_q4_grid *g, double *err);
+    void (*werr8n)(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                   float lim, double *err);
     /* out[k] = (float)lut[nibble k] * s, nibbles packed low-first */
     void (*dequant4)(const uint8_t *packed, size_t n, const int8_t lut[16], float s, float *out);
     void (*dequant8)(const int8_t *codes, size_t n, float s, float *out);
@@ -170,6 +192,9 @@ typedef struct ork_quant_kernels {
 extern const ork_quant_kernels ork_quant_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_quant_kernels ork_quant_kernels_avx2;
+/* AVX2's table with AVX-512 (F/VL/BW/DQ) error kernels for the clip search; cpu.c picks it for the
+ * AVX2 ISA when the CPU has them (ORKPY_NO_AVX512=1 keeps the plain AVX2 table). */
+extern const ork_quant_kernels ork_quant_kernels_avx512;
 #endif
 #if defined(__aarch64__)
 extern const ork_quant_kernels ork_quant_kernels_neon;

@@ -222,9 +222,21 @@ static void dequant8_neon(const int8_t *codes, size_t n, float s, float *out) {
     for (; k < n; k++) out[k] = (float)codes[k] * s;
 }
 
+/* batch forms: one candidate at a time (the single-candidate kernels, so bit for bit theirs) */
+static void werr4n_neon(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                        const ork_q4_grid *g, double *err) {
+    for (int c = 0; c < nc; c++) err[c] = werr4_neon(x, im, n, inv[c], s[c], g);
+}
+
+static void werr8n_neon(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                        float lim, double *err) {
+    for (int c = 0; c < nc; c++) err[c] = werr8_neon(x, im, n, inv[c], s[c], lim);
+}
+
 const ork_quant_kernels ork_quant_kernels_neon = {
     "neon",          absmax_neon,    codes4_rtn_neon, codes4_sr_neon, werr4_neon,
-    codes8_rtn_neon, codes8_sr_neon, werr8_neon,      dequant4_neon,  dequant8_neon,
+    codes8_rtn_neon, codes8_sr_neon, werr8_neon,      werr4n_neon,    werr8n_neon,
+    dequant4_neon,   dequant8_neon,
 };
 #endif
 

@@ -32,6 +32,11 @@ static double werr4_ref(const float *x, const float *im, size_t n, float inv, fl
     return ork_lanes_sum(acc);
 }
 
+static void werr4n_ref(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                       const ork_q4_grid *g, double *err) {
+    for (int c = 0; c < nc; c++) err[c] = werr4_ref(x, im, n, inv[c], s[c], g);
+}
+
 static void codes8_rtn_ref(const float *x, size_t n, float inv, float lim, int8_t *codes) {
     for (size_t k = 0; k < n; k++) codes[k] = (int8_t)ork_clamp_lim(ork_round_half_away(x[k] * inv), lim);
 }
@@ -48,6 +53,11 @@ static double werr8_ref(const float *x, const float *im, size_t n, float inv, fl
     return ork_lanes_sum(acc);
 }
 
+static void werr8n_ref(const float *x, const float *im, size_t n, const float *inv, const float *s, int nc,
+                       float lim, double *err) {
+    for (int c = 0; c < nc; c++) err[c] = werr8_ref(x, im, n, inv[c], s[c], lim);
+}
+
 static void dequant4_ref(const uint8_t *packed, size_t n, const int8_t lut[16], float s,
                          float *out) {
     ork_dequant4_range(packed, 0, n, lut, s, out);
@@ -59,5 +69,6 @@ static void dequant8_ref(const int8_t *codes, size_t n, float s, float *out) {
 
 const ork_quant_kernels ork_quant_kernels_ref = {
     "scalar",       absmax_ref,    codes4_rtn_ref, codes4_sr_ref, werr4_ref,
-    codes8_rtn_ref, codes8_sr_ref, werr8_ref,      dequant4_ref,  dequant8_ref,
+    codes8_rtn_ref, codes8_sr_ref, werr8_ref,      werr4n_ref,    werr8n_ref,
+    dequant4_ref,   dequant8_ref,
 };

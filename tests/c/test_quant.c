@@ -12,6 +12,7 @@
 #include "check.h"
 #include "../../csrc/ork/half.h"
 #include "../../csrc/ork/quant.h"
+#include "../../csrc/ork/quant_scalar.h"
 
 
 static uint64_t rng_state = 0x1234567887654321ULL;
@@ -44,6 +45,92 @@ static void fill_row(float *x, size_t n, int mode) {
     }
 }
 
+/* the batch error kernels: every batch size, ratios around inv (the clip search's 1.0 .. 0.6 and
+ * beyond), each result equal to the _ref's single-candidate value */
+static void check_batch4(const ork_quant_kernels *ref, const ork_quant_kernels *kv, const float *x, const float *im,
+                         size_t n, float inv, const ork_q4_grid *g) {
+    for (int nc = 1; nc <= ORK_WERR_BATCH; nc++) {
+        float iv[ORK_WERR_BATCH], sv[ORK_WERR_BATCH];
+        double e[ORK_WERR_BATCH];
+        for (int c = 0; c < nc; c++) {
+            iv[c] = inv / (1.0f - 0.11f * (float)c);
+            sv[c] = 1.0f / iv[c];
+        }
+        kv->werr4n(x, im, n, iv, sv, nc, g, e);
+        for (int c = 0; c < nc; c++) {
+            double e1 = ref->werr4(x, im, n, iv[c], sv[c], g);
+            CHECK(memcmp(&e1, &e[c], sizeof e1) == 0, "%s werr4n nc=%d c=%d n=%zu cells=%d %.17g vs %.17g", kv->isa,
+                  nc, c, n, g->cells, e1, e[c]);
+        }
+    }
+}
+
+static void check_batch8(const ork_quant_kernels *ref, const ork_quant_kernels *kv, const float *x, const float *im,
+                         size_t n, float inv, float lim) {
+    for (int nc = 1; nc <= ORK_WERR_BATCH; nc++) {
+        float iv[ORK_WERR_BATCH], sv[ORK_WERR_BATCH];
+        double e[ORK_WERR_BATCH];
+        for (int c = 0; c < nc; c++) {
+            iv[c] = inv / (1.0f - 0.13f * (float)c);
+            sv[c] = 1.0f / iv[c];
+        }
+        kv->werr8n(x, im, n, iv, sv, nc, lim, e);
+        for (int c = 0; c < nc; c++) {
+            double e1 = ref->werr8(x, im, n, iv[c], sv[c], lim);
+            CHECK(memcmp(&e1, &e[c], sizeof e1) == 0, "%s werr8n nc=%d c=%d n=%zu lim=%g", kv->isa, nc, c, n,
+                  (double)lim);
+        }
+    }
+}
+
+/* The grid's cell lookup (quant.h) against counting the thresholds, with the kernels' float steps,
+ * at every threshold and cell edge and their float neighbours, and at random points: for the
+ * built-in grids and for a custom one whose thresholds sit on cell edges. A grid with three
+ * thresholds near one cell must report cells = 0. */
+static void check_cells_of(const ork_q4_grid *g, const char *what) {
+    CHECK(g->cells == 1, "%s: no cell lookup", what);
+    float pts[4096];
+    size_t np = 0;
+    for (int i = 0; i + 1 < g->nlev; i++) pts[np++] = g->thr[i];
+    for (int c = 0; c <= 32; c++) pts[np++] = -128.0f + 8.0f * (float)c;
+    size_t base = np;
+    for (size_t i = 0; i < base; i++)
+        for (int d = 1; d <= 4; d++) {
+            pts[np++] = nextafterf(pts[i], INFINITY);
+            pts[np++] = nextafterf(pts[i], -INFINITY);
+            float u = pts[i];
+            for (int t = 0; t < d; t++) u = nextafterf(u, t & 1 ? INFINITY : -INFINITY);
+            pts[np++] = u + (float)d * 1e-6f;
+        }
+    while (np < 4000) pts[np++] = (rnd_unit() * 2.0f - 1.0f) * 300.0f;
+    for (size_t i = 0; i < np; i++) {
+        float y = pts[i] > 128.0f ? 128.0f : (pts[i] < -128.0f ? -128.0f : pts[i]);
+        float u = (y - -128.0f) * 0.125f;
+        int cell = (int)u;
+        if (cell > 31) cell = 31;
+        int code = g->cell_base[cell] + (y > g->cell_t1[cell]) + (y > g->cell_t2[cell]);
+        CHECK(code == ork_q4_nearest(pts[i], g), "%s: cell lookup at %.9g gives %d, thresholds %d", what,
+              (double)pts[i], code, ork_q4_nearest(pts[i], g));
+    }
+}
+
+static void check_cells(void) {
+    for (int kind = 0; kind < 2; kind++) check_cells_of(&ork_kind_get((ork_kind)kind)->grid, "built-in grid");
+    ork_q4_grid g;
+    memset(&g, 0, sizeof g);
+    g.nlev = 16;
+    static const float lev[16] = {-127, -120, -104, -88, -72, -56, -40, -24, -8, 0, 8, 24, 40, 56, 72, 127};
+    for (int c = 0; c < 16; c++) g.lev[c] = lev[c];
+    for (int c = 0; c < 15; c++) g.thr[c] = (g.lev[c] + g.lev[c + 1]) / 2.0f; /* -4, 4, 16, ... on cell edges */
+    ork_q4_grid_cells(&g);
+    check_cells_of(&g, "edge grid");
+    static const float dense[16] = {-127, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 127};
+    for (int c = 0; c < 16; c++) g.lev[c] = dense[c];
+    for (int c = 0; c < 15; c++) g.thr[c] = (g.lev[c] + g.lev[c + 1]) / 2.0f;
+    ork_q4_grid_cells(&g);
+    CHECK(g.cells == 0, "dense grid: cell lookup claimed exact");
+}
+
 static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernels *kv) {
     const size_t sizes[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 100, 257, 1000, 4096};
     const float invs[] = {1.0f, 0.37f, 2.5f, 1.0f / 3.0f};
@@ -73,6 +160,7 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
                     double e1 = ref->werr4(x, im, n, inv, s, g), e2 = kv->werr4(x, im, n, inv, s, g);
                     CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr4 kind=%d n=%zu %.17g vs %.17g",
                           kv->isa, kind, n, e1, e2);
+                    check_batch4(ref, kv, x, im, n, inv, g);
                     /* dequant of random packed bytes */
                     for (size_t k = 0; k < (n + 1) / 2; k++) c1[k] = (uint8_t)rnd32();
                     ref->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o1);
@@ -94,6 +182,7 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
                     CHECK(memcmp(c1, c2, n) == 0, "%s codes8_sr lim=%g n=%zu", kv->isa, (double)lim, n);
                     double e1 = ref->werr8(x, im, n, inv, s, lim), e2 = kv->werr8(x, im, n, inv, s, lim);
                     CHECK(memcmp(&e1, &e2, sizeof e1) == 0, "%s werr8 lim=%g n=%zu", kv->isa, (double)lim, n);
+                    check_batch8(ref, kv, x, im, n, inv, lim);
                 }
                 ref->dequant8((const int8_t *)c1, n, s, o1);
                 kv->dequant8((const int8_t *)c1, n, s, o2);
@@ -166,6 +255,20 @@ static void compare_drivers(ork_isa isa) {
 
 int main(void) {
     int tested = 0;
+    check_cells();
+#if defined(__x86_64__) || defined(__i386__)
+    /* both x86 tables, whichever of them cpu.c picks */
+    if (ork_isa_available(ORK_ISA_AVX2)) {
+        printf("comparing avx2 (plain) against scalar\n");
+        compare_kernels(&ork_quant_kernels_ref, &ork_quant_kernels_avx2);
+        if (ork_cpu_features() & ORK_CPU_AVX512) {
+            printf("comparing avx512 against scalar\n");
+            compare_kernels(&ork_quant_kernels_ref, &ork_quant_kernels_avx512);
+        } else {
+            printf("avx512 table not run: this CPU lacks avx512f/vl/bw/dq\n");
+        }
+    }
+#endif
     for (int i = 1; i < ORK_ISA_COUNT; i++) {
         if (!ork_isa_available((ork_isa)i)) continue;
         const ork_quant_kernels *kv = ork_quant_kernels_for((ork_isa)i);
