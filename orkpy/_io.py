@@ -14,7 +14,7 @@ import secrets
 import sys
 import threading
 import time
-from typing import BinaryIO, Iterable, Iterator, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, Union
 
 from ._typing import StrPath
 
@@ -41,11 +41,13 @@ def fsync_dir(d: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: StrPath) -> Iterator[BinaryIO]:
+def atomic_open(path: StrPath, durable: bool = True) -> Iterator[BinaryIO]:
     """``with atomic_open(path) as f:`` a binary file that appears under ``path``
     only when the block completes (temp file in the same folder, fsync, rename);
     on an exception the temp file is removed and ``path`` is untouched. Writers
-    racing on one path each write their own temp file; the last rename wins."""
+    racing on one path each write their own temp file; the last rename wins.
+    ``durable=False`` skips the two fsyncs: for files inside a temporary folder whose
+    writer syncs them all before the folder is renamed into place (:func:`fsync_files`)."""
     path = os.path.abspath(os.fsdecode(path))
     while True:
         tmp = temp_sibling(path)
@@ -58,9 +60,11 @@ def atomic_open(path: StrPath) -> Iterator[BinaryIO]:
         with open(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path))
+        if durable:
+            fsync_dir(os.path.dirname(path))
     except BaseException:
         try:
             os.unlink(tmp)
@@ -69,11 +73,48 @@ def atomic_open(path: StrPath) -> Iterator[BinaryIO]:
         raise
 
 
-def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]]) -> None:
-    """Write an iterable of bytes-like chunks to path atomically."""
-    with atomic_open(path) as f:
+def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]], durable: bool = True) -> None:
+    """Write an iterable of bytes-like chunks to path atomically (``durable``: :func:`atomic_open`)."""
+    with atomic_open(path, durable) as f:
         for c in chunks:
             f.write(c)
+
+
+def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Start ``fn()`` in a daemon thread (one that never holds up the interpreter's exit, e.g. after
+    an error elsewhere); returns a function that waits for it and returns its result or raises its
+    exception."""
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller of the result function
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="orkpy-background", daemon=True)
+    t.start()
+
+    def result() -> Any:
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+    return result
+
+
+def fsync_files(folder: str) -> None:
+    """fsync every regular file directly in ``folder``, then the folder: what files written with
+    ``durable=False`` need before the folder is renamed into place."""
+    for fn in sorted(os.listdir(folder)):
+        fp = os.path.join(folder, fn)
+        if os.path.isfile(fp):
+            fd = os.open(fp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(folder)
 
 
 def read_text_like_llama_cpp(path: StrPath) -> str:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Seque
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ._io import progress_bar, sha256_file
+from ._io import in_background, progress_bar, sha256_file
 from ._typing import StrPath
 from . import actcal
 from .actcal import DEFAULT_OUTLIERS, ActCalibration
@@ -314,6 +314,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     if output is not None:  # streaming: an error removes what was written (ModelDirWriter)
         from .modeldir import ModelDirWriter
         writer = ModelDirWriter(output, overwrite)
+    # the manifest's file hashes (the source can be GBs) are read in a thread while the linears are
+    # quantized: hashlib releases the GIL, and the read warms the page cache the quantizer maps
+    hashes_of = in_background(lambda: (src.sha256(), allocation.info()))
     with writer if writer is not None else contextlib.nullcontext():
         quantized_src = sorted({src.type_of(src.tensor_name(n)) for n in names} - FLOAT_TYPES)
         double_quant = bool(quantized_src)
@@ -380,7 +383,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             settings["awq"] = True
         if group_size:
             settings["group_size"] = int(group_size)
-        hashes = {"source": src.sha256(), "alloc": allocation.info(),
+        source_hash, alloc_info = hashes_of()
+        hashes = {"source": source_hash, "alloc": alloc_info,
                   "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}
         act_calib = None
         if calib is not None:

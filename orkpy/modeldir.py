@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ._core import FormatError
-from ._io import atomic_write, fsync_dir, sha256_file, temp_sibling
+from ._io import atomic_write, fsync_dir, fsync_files, sha256_file, temp_sibling
 from ._mapped import check as check_maps
 from ._mapped import maps_of
 from ._typing import StrPath
-from .packed import PackedWeight, load_packed, save_packed
+from .packed import PackedWeight, load_packed, save_packed_sha256
 from .arch import PACKED_LOOKUP_KEY
 from .source import Source
 from .quant import KIND_INFO
@@ -94,9 +94,9 @@ class ModelDirWriter:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
         fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
         fp = os.path.join(self.tmp, fn)
-        save_packed(pw, fp)
+        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder's files at once
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
-                              "sha256": sha256_file(fp)}
+                              "sha256": digest}
         pw = load_packed(fp)
         for m in maps_of(pw.store, pw.bscale):  # the load's checks read the store: its pages go back to the file
             m.release()
@@ -148,6 +148,7 @@ class ModelDirWriter:
                 atomic_write(os.path.join(tmp, ACT_FILE), [act_scales])
                 manifest["act_scales"] = {"file": ACT_FILE, "sha256": sha256_file(os.path.join(tmp, ACT_FILE))}
             atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
+            fsync_files(tmp)  # the packed linears were written without a sync each
             _install_dir(tmp, self.path, self.overwrite)
         except BaseException:
             self.abort()

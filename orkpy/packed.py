@@ -12,6 +12,7 @@ Layout and arithmetic contract: csrc/ork/pack.h.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, NoReturn, Optional, Sequence, Tuple, Union
 
@@ -257,6 +258,11 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
     """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically: version 1 with
     per-channel float32 scales, version 3 with group-wise scales, which must be float16
     values (ValueError naming the first that is not), docs/o4n1.md."""
+    _save_packed(pw, path)
+
+
+def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True) -> list:
+    """save_packed; returns the byte chunks written, in order (``durable``: orkpy._io.atomic_open)."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
@@ -269,7 +275,18 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
             scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
         store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
     pad = layout["store_offset"] - len(header) - len(scales)
-    atomic_write(path, [header, scales, bytes(pad), store])
+    chunks = [header, scales, bytes(pad), store]
+    atomic_write(path, chunks, durable)
+    return chunks
+
+
+def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True) -> str:
+    """:func:`save_packed`, returning the hex SHA-256 of the bytes it wrote (hashed from memory, so a
+    model directory's manifest needs no read-back of the file)."""
+    h = hashlib.sha256()
+    for c in _save_packed(pw, path, durable):
+        h.update(c)
+    return h.hexdigest()
 
 
 def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:

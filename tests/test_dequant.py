@@ -4,6 +4,7 @@ corner cases, unsupported / invalid types, size checks and thread identity."""
 import numpy as np
 import pytest
 
+import orkpy
 import orkpy._core as C
 
 from orkpy.testing import DEQUANT_TYPES as SUPPORTED
@@ -96,13 +97,17 @@ def test_matches_gguf_with_any_half_scales(type_id):
     assert_bits_equal(got, want)
 
 
-def test_f16_all_bit_patterns():
+def test_f16_all_bit_patterns(isa):
     """Every one of the 65536 half values (subnormals, Inf, quiet and
-    signalling NaN) converts exactly, NaN payloads included."""
+    signalling NaN) converts exactly, NaN payloads included: the scalar loop
+    and the selected ISA's (F16C on x86), the tail of a row too."""
     gguf = pytest.importorskip("gguf")
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     raw = h.view(np.uint8)
-    got = C.dequantize_raw(raw, 1, 65536)
+    with orkpy.use_isa(isa):
+        got = C.dequantize_raw(raw, 1, 65536)
+        tail = C.dequantize_raw(raw[: 2 * 13], 1, 13)
+    assert_bits_equal(tail, got[:13])
     want = oracle(gguf, raw, 1)
     assert np.array_equal(got, h.view(np.float16).astype(np.float32), equal_nan=True)
     assert_bits_equal(got, want)

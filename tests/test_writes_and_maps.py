@@ -99,6 +99,39 @@ def test_atomic_open_failure_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_in_background_returns_or_raises():
+    from orkpy._io import in_background
+    assert in_background(lambda: 6 * 7)() == 42
+
+    def boom():
+        raise OSError("disk gone")
+    result = in_background(boom)
+    with pytest.raises(OSError, match="disk gone"):
+        result()
+
+
+def test_streamed_model_dir_hashes_what_it_wrote(shared, tmp_path, monkeypatch):
+    """The streaming writer hashes each packed linear from memory while writing it (no read-back)
+    and syncs the folder's files once before the rename: the manifest's digests are the files'
+    bytes, the source's and allocation's hashes (read in a thread meanwhile) are theirs."""
+    from orkpy import _io
+    synced = []
+    real = _io.fsync_files
+    monkeypatch.setattr(modeldir, "fsync_files", lambda d: (synced.append(sorted(os.listdir(d))), real(d)))
+    src, alloc = shared / ST / "stories260K-F16.gguf", shared / ST / "stories260K-Q4_0.gguf"
+    out = tmp_path / "m"
+    quantize_model(src, alloc, kind="nf4", output=out, progress=False, log=lambda m: None)
+    man = _manifest(out)
+    files = [e["file"] for e in man["tensors"].values() if "file" in e]
+    assert len(files) > 5 and len(synced) == 1 and set(files) <= set(synced[0])
+    for e in man["tensors"].values():
+        if "file" in e:
+            assert e["sha256"] == _io.sha256_file(out / e["file"])
+    assert man["source"]["sha256"] == _io.sha256_file(src) and man["alloc"]["sha256"] == _io.sha256_file(alloc)
+    from orkpy.calibrate import load_quantized
+    load_quantized(out)  # the load checks every digest again
+
+
 @pytest.fixture(scope="module")
 def two_models(shared):
     """Two different quantizations of one small model (distinct directory payloads)."""

@@ -57,6 +57,10 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
                 for (size_t i = 0; i < 32; i++) {
                     uint8_t *row = s + ((nb * KB + kb) * 32 + i) * 16;
                     size_t n = nb * 32 + i;
+                    if (n < N && (kb + 1) * 32 <= K) { /* a whole tile row: the row's 16 code bytes as they are */
+                        memcpy(row, c + n * rb + kb * 16, 16);
+                        continue;
+                    }
                     for (size_t j = 0; j < 16; j++) {
                         size_t k0 = kb * 32 + 2 * j, k1 = k0 + 1;
                         uint8_t lo = (n < N && k0 < K) ? code_at(c, rb, n, k0) : zero;
@@ -78,6 +82,10 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
                 for (size_t i = 0; i < 32; i++) {
                     int8_t *row = s + ((nb * KB + kb) * 32 + i) * 32;
                     size_t n = nb * 32 + i;
+                    if (n < N && (kb + 1) * 32 <= K) {
+                        memcpy(row, c + n * K + kb * 32, 32);
+                        continue;
+                    }
                     for (size_t j = 0; j < 32; j++) {
                         size_t k = kb * 32 + j;
                         row[j] = (n < N && k < K) ? c[n * K + k] : 0;
