@@ -282,5 +282,9 @@ def test_narrow_file_store_bytes_round_trip_and_refusals(kind, bits, tmp_path):
     bad[0, 0, 0, 0] = (1 << (bits - 1))  # one past qmax
     with pytest.raises(ValueError, match=r"outside \[-"):
         _core.store_to_file(bad, kind, 70, 100)
-    with pytest.raises(ValueError, match=f"{kind} store holds code"):
+    with pytest.raises(ValueError, match=rf"{kind} weight code {1 << (bits - 1)} at \[0, 0\]"):
         orkpy.PackedWeight(kind, (70, 100), bad, pw.bscale)
+    pad = pw.store.copy()
+    pad[2, 0, 6, 0] = -(1 << (bits - 1))  # row 70: padding past N
+    with pytest.raises(ValueError, match=rf"{kind} store holds -{1 << (bits - 1)} in its padding"):
+        orkpy.PackedWeight(kind, (70, 100), pad, pw.bscale)

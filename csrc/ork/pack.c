@@ -131,25 +131,20 @@ ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size
     if (st || is4(kind)) return st;
     const size_t KB = ork_pack_round32(K) / 32, bytes = ork_pack_store_bytes(kind, N, K);
     const ork_kind_info *ki = ork_kind_get(kind);
+    const int q = ki->qmax;
     const uint8_t *s = (const uint8_t *)store, *hit = NULL;
-    if (ki->qmax == 127) hit = memchr(s, 0x80, bytes);
+    if (q == 127) hit = memchr(s, 0x80, bytes); /* int8: -128 is the one code out of range */
     else
         for (size_t i = 0; i < bytes && !hit; i++)
-            if ((int8_t)s[i] < -ki->qmax || (int8_t)s[i] > ki->qmax) hit = s + i;
+            if ((int8_t)s[i] < -q || (int8_t)s[i] > q) hit = s + i;
     if (!hit) return ORK_OK;
-    if (ki->qmax != 127) {
-        size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
-        size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
-        return ork_err_set(err, ORK_EINVAL, "%s store holds code %d at %s [%zu, %zu] (store byte %zu): codes must be in "
-                           "[-%d, %d] and padding 0", ki->name, (int8_t)*hit, n < N && k < K ? "weight" : "padding",
-                           n, k, off, ki->qmax, ki->qmax);
-    }
-    size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
-    size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
+    const size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
+    const size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
     if (n < N && k < K)
-        return ork_err_set(err, ORK_EINVAL, "int8 weight code -128 at [%zu, %zu]: codes must be in [-127, 127]", n, k);
-    return ork_err_set(err, ORK_EINVAL, "int8 store holds -128 in its padding (store byte %zu): codes must be in "
-                       "[-127, 127] and padding 0", off);
+        return ork_err_set(err, ORK_EINVAL, "%s weight code %d at [%zu, %zu]: codes must be in [-%d, %d]", ki->name,
+                           (int8_t)*hit, n, k, q, q);
+    return ork_err_set(err, ORK_EINVAL, "%s store holds %d in its padding (store byte %zu): codes must be in [-%d, %d] "
+                       "and padding 0", ki->name, (int8_t)*hit, off, q, q);
 }
 
 /* ------------------------------------------------ narrow file stores --- */
