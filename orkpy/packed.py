@@ -103,8 +103,7 @@ class PackedWeight:
         scale and 2 per group-wise scale (float16 values, O4N1/O8N1 version 3;
         ``tiermap.packed_nbytes``). An int6 / int5 store counts 6 / 5 bits per code (its file
         store, docs/o4n1.md); in memory it is the int8 tile store (``store.nbytes``)."""
-        bits = KIND_INFO[self.kind].store_bits
-        store = self.store.nbytes if KIND_INFO[self.kind].bits != 8 else self.store.nbytes * bits // 8
+        store = _core.packed_layout(self.kind, self.N, self.K, self.group)["file_store_bytes"]
         return int(store + (2 if self.group else 4) * self.bscale.size)
 
     @property

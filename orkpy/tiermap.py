@@ -74,12 +74,14 @@ from ._core import FormatError
 from ._io import atomic_write
 from ._typing import StrPath
 from .gguf import GGML_TYPES, GGUFFile, ggml_type_info
+from .quant import KIND_INFO
 
 _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
 TIERS = ("int8", "int6", "int5", "int4", "float")  # the base tiers; the integer ones may carry a group size: "int4-g32"
-#: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed).
-TIER_BITS = {"int8": 8, "int6": 6, "int5": 5, "int4": 4}
+#: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed): the
+#: kind registry's ``store_bits`` of the kind of the same name (int4 tiers hold any 4-bit kind).
+TIER_BITS = {t: KIND_INFO[t].store_bits for t in ("int8", "int6", "int5", "int4")}
 _GROUPED = re.compile(r"(int8|int6|int5|int4)-g([1-9][0-9]{1,3})")
 _CHOICES = ("by_type", "int8", "int4", "float")
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
