@@ -239,6 +239,24 @@ static ORK_AVX512 inline __m256d werr_acc16_512(__m256d acc, __m512 x, __m512 q,
     return _mm256_add_pd(acc, _mm512_extractf64x4_pd(e1, 1));
 }
 
+/* the candidates' broadcast inverse scales and scales (a short batch repeats its last) and zero sums */
+static ORK_AVX512 inline void batch_init512(const float *inv, const float *s, int nc, __m512 *vinv, __m512 *vs,
+                                            __m256d *acc) {
+    for (int c = 0; c < ORK_WERR_BATCH; c++) {
+        const int cc = c < nc ? c : nc - 1;
+        vinv[c] = _mm512_set1_ps(inv[cc]);
+        vs[c] = _mm512_set1_ps(s[cc]);
+        acc[c] = _mm256_setzero_pd();
+    }
+}
+
+/* importance k .. k+15 as doubles: i0 = k .. k+7, i1 = k+8 .. k+15 */
+static ORK_AVX512 inline void load_im16(const float *im, __m512d *i0, __m512d *i1) {
+    const __m512 vim = _mm512_loadu_ps(im);
+    *i0 = _mm512_cvtps_pd(_mm512_castps512_ps256(vim));
+    *i1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vim), 1)));
+}
+
 static ORK_AVX512 void werr4n_avx512(const float *x, const float *im, size_t n, const float *inv, const float *s,
                                      int nc, const ork_q4_grid *g, double *err) {
     if (!g->cells) {
@@ -253,17 +271,12 @@ static ORK_AVX512 void werr4n_avx512(const float *x, const float *im, size_t n, 
     const __m512i c31 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
     __m512 vinv[ORK_WERR_BATCH], vs[ORK_WERR_BATCH];
     __m256d acc[ORK_WERR_BATCH];
-    for (int c = 0; c < ORK_WERR_BATCH; c++) {
-        int cc = c < nc ? c : nc - 1;
-        vinv[c] = _mm512_set1_ps(inv[cc]);
-        vs[c] = _mm512_set1_ps(s[cc]);
-        acc[c] = _mm256_setzero_pd();
-    }
+    batch_init512(inv, s, nc, vinv, vs, acc);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
-        __m512 vx = _mm512_loadu_ps(x + k), vim = _mm512_loadu_ps(im + k);
-        __m512d i0 = _mm512_cvtps_pd(_mm512_castps512_ps256(vim));
-        __m512d i1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vim), 1)));
+        const __m512 vx = _mm512_loadu_ps(x + k);
+        __m512d i0, i1;
+        load_im16(im + k, &i0, &i1);
         for (int c = 0; c < ORK_WERR_BATCH; c++) {
             __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(vx, vinv[c]), lo), hi);
             __m512i cell = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, lo), eighth)), c31);
@@ -290,17 +303,12 @@ static ORK_AVX512 void werr8n_avx512(const float *x, const float *im, size_t n, 
     const __m512 vlim = _mm512_set1_ps(lim), nlim = _mm512_set1_ps(-lim);
     __m512 vinv[ORK_WERR_BATCH], vs[ORK_WERR_BATCH];
     __m256d acc[ORK_WERR_BATCH];
-    for (int c = 0; c < ORK_WERR_BATCH; c++) {
-        int cc = c < nc ? c : nc - 1;
-        vinv[c] = _mm512_set1_ps(inv[cc]);
-        vs[c] = _mm512_set1_ps(s[cc]);
-        acc[c] = _mm256_setzero_pd();
-    }
+    batch_init512(inv, s, nc, vinv, vs, acc);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
-        __m512 vx = _mm512_loadu_ps(x + k), vim = _mm512_loadu_ps(im + k);
-        __m512d i0 = _mm512_cvtps_pd(_mm512_castps512_ps256(vim));
-        __m512d i1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vim), 1)));
+        const __m512 vx = _mm512_loadu_ps(x + k);
+        __m512d i0, i1;
+        load_im16(im + k, &i0, &i1);
         for (int c = 0; c < ORK_WERR_BATCH; c++) {
             __m512 y = _mm512_mul_ps(vx, vinv[c]);
             __m512 t = _mm512_roundscale_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
