@@ -12,7 +12,17 @@ def test_info_json(capsys):
     assert main(["info", "--json"]) == 0
     caps = json.loads(capsys.readouterr().out)
     assert caps["isa"] in caps["available"]
-    assert caps["quant_kernels"] == caps["isa"]
+    # the ISA's quant table; under AVX2, its AVX-512 variant where the CPU has AVX-512 (cpu.c)
+    want = "avx512" if caps["isa"] == "avx2" and caps["cpu_features"]["avx512"] else caps["isa"]
+    assert caps["quant_kernels"] == want
+
+
+def test_no_avx512_env_keeps_the_plain_avx2_quant_table():
+    code = "import orkpy; c = orkpy.capabilities(); print(c['isa'], c['quant_kernels'])"
+    env = dict(os.environ, ORKPY_NO_AVX512="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    isa, quant = p.stdout.split()
+    assert quant == isa
 
 
 def test_info_text_via_module():

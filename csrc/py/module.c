@@ -252,14 +252,15 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
 #else
         "other";
 #endif
-    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O,s:O},s:i,s:s,s:s,s:s}", "isa",
+    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O,s:O,s:O},s:i,s:s,s:s,s:s}", "isa",
                          ork_isa_name(ork_cpu_isa()), "available", avail, "forced_scalar",
                          ork_cpu_forced_scalar() ? Py_True : Py_False, "arch", arch, "cpu_features",
                          "avx2", (f & ORK_CPU_AVX2) ? Py_True : Py_False, "fma",
                          (f & ORK_CPU_FMA) ? Py_True : Py_False, "neon",
                          (f & ORK_CPU_NEON) ? Py_True : Py_False, "dotprod",
                          (f & ORK_CPU_DOTPROD) ? Py_True : Py_False, "avx512vnni",
-                         (f & ORK_CPU_AVX512VNNI) ? Py_True : Py_False, "default_threads",
+                         (f & ORK_CPU_AVX512VNNI) ? Py_True : Py_False, "avx512",
+                         (f & ORK_CPU_AVX512) ? Py_True : Py_False, "default_threads",
                          ork_pool_default_threads(), "quant_kernels",
                          ork_quant_kernels_active()->isa, "gemm_f32_kernels", ork_gemm_f32_kernels_active()->isa,
                          "matmul_kernels", ork_matmul_kernels_active()->isa);
