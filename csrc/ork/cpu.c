@@ -3,6 +3,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -24,6 +27,10 @@ unsigned ork_cpu_features(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq"))
         f |= ORK_CPU_AVX512;
+    { /* by CPUID: not every compiler's __builtin_cpu_supports knows "f16c" (clang 14 does not) */
+        unsigned a, b, c, d;
+        if ((f & ORK_CPU_AVX2) && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29))) f |= ORK_CPU_F16C;
+    }
 #endif
 #if defined(__aarch64__)
     f |= ORK_CPU_NEON; /* Advanced SIMD is mandatory on AArch64 */

@@ -24,6 +24,7 @@ typedef enum ork_isa { ORK_ISA_SCALAR = 0, ORK_ISA_AVX2 = 1, ORK_ISA_NEON = 2, O
 #define ORK_CPU_DOTPROD (1u << 3)
 #define ORK_CPU_AVX512VNNI (1u << 4) /* avx512vl + avx512vnni, with the OS saving their state */
 #define ORK_CPU_AVX512 (1u << 5)     /* avx512f + vl + bw + dq, with the OS saving their state */
+#define ORK_CPU_F16C (1u << 6)       /* the half <-> float conversions (CPUID.1:ECX bit 29), with AVX2 */
 
 unsigned ork_cpu_features(void);
 const char *ork_isa_name(ork_isa isa);

@@ -390,7 +390,7 @@ __attribute__((target("avx,f16c"))) static void row_f16_f16c(const uint8_t *src,
 }
 
 static dq_row_fn row_fn_for(uint32_t t, dq_row_fn fn) {
-    if (t == ORK_GGML_F16 && ork_cpu_isa() == ORK_ISA_AVX2 && __builtin_cpu_supports("f16c")) return row_f16_f16c;
+    if (t == ORK_GGML_F16 && ork_cpu_isa() == ORK_ISA_AVX2 && (ork_cpu_features() & ORK_CPU_F16C)) return row_f16_f16c;
     return fn;
 }
 #else

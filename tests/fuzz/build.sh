@@ -28,15 +28,6 @@ core="$here/../../csrc/ork"
 out="$1"
 mkdir -p "$out"
 CC="${CC:-clang}"
-# gguf.c: the parser; ggml_types.c: the type table; dequant.c: the block
-# dequantizers (its ork_dequant_tensor calls ork_parallel_for from pool.c,
-# hence -pthread); status.c: ork_err_set.
-"$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
-  -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
-  -I"$core" \
-  "$here/fuzz_gguf.c" \
-  "$core/gguf.c" "$core/ggml_types.c" "$core/dequant.c" "$core/status.c" "$core/pool.c" \
-  -pthread -lm -o "$out/fuzz_gguf"
 # the strict NPU emulator over untrusted command bytes (seeds: seeds_npu.py)
 "$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
   -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -I"$core" \
@@ -65,6 +56,24 @@ for s in "${srcs[@]}" ../../tests/fuzz/fuzz_o4n1.c; do
   o4n1_objs+=("$o")
 done
 "$CC" -fsanitize=fuzzer,address,undefined "${o4n1_objs[@]}" -pthread -lm -o "$out/fuzz_o4n1"
+# the GGUF parser + dequantizers: gguf.c the parser, ggml_types.c the type table, dequant.c the block
+# dequantizers (ork_dequant_tensor runs on pool.c's threads, hence -pthread; its F16 rows take cpu.c's
+# ISA, so the core objects above link in too, all but the O4N1 target's main)
+gguf_objs=()
+for s in gguf.c ggml_types.c dequant.c; do
+  o="$objs/$(basename "$s" .c).o"
+  "$CC" -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
+    -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
+    -I"$core" -c "$core/$s" -o "$o"
+  gguf_objs+=("$o")
+done
+core_objs=()
+for o in "${o4n1_objs[@]}"; do
+  case "$o" in */fuzz_o4n1.o) ;; *) core_objs+=("$o") ;; esac
+done
+"$CC" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
+  -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -I"$core" \
+  "$here/fuzz_gguf.c" "${gguf_objs[@]}" "${core_objs[@]}" -pthread -lm -o "$out/fuzz_gguf"
 echo "$out/fuzz_gguf"
 echo "$out/fuzz_npu_emu"
 echo "$out/fuzz_o4n1"
