@@ -16,7 +16,12 @@
 
 static const char *const isa_names[ORK_ISA_COUNT] = {"scalar", "avx2", "neon"};
 
-unsigned ork_cpu_features(void) {
+/* the features, read once (CPUID traps to the hypervisor on a VM, and every int8 matmul and
+ * quantize call asks through its kernel table's choice): ORK_CPU_READ marks the cached value */
+#define ORK_CPU_READ (1u << 31)
+static atomic_uint g_features = 0;
+
+static unsigned read_features(void) {
     unsigned f = 0;
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
     __builtin_cpu_init();
@@ -39,6 +44,15 @@ unsigned ork_cpu_features(void) {
 #endif
 #endif
     return f;
+}
+
+unsigned ork_cpu_features(void) {
+    unsigned f = atomic_load(&g_features);
+    if (!(f & ORK_CPU_READ)) {
+        f = read_features() | ORK_CPU_READ;
+        atomic_store(&g_features, f); /* racing first callers store the same value */
+    }
+    return f & ~ORK_CPU_READ;
 }
 
 const char *ork_isa_name(ork_isa isa) {
