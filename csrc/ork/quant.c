@@ -249,29 +249,26 @@ static void seg_choose(const quant_job *j, const float *x, const float *im, size
     *inv = 0.0f;
     if (a < ORK_QUANT_TINY) return;
     if (im) {
-        double best = 0.0;
-        int have = 0;
-        size_t i = 0; /* next grid entry; the first batch starts with 1.0 */
-        while (!have || i < j->ngrid) {
+        double best = INFINITY; /* replaced by 1.0's error, the first candidate */
+        size_t i = 0;           /* the next grid entry */
+        int first = 1;
+        for (;;) {
             float rb[ORK_WERR_BATCH], sb[ORK_WERR_BATCH], ib[ORK_WERR_BATCH];
             double eb[ORK_WERR_BATCH];
             int nb = 0;
-            if (!have) rb[nb++] = 1.0f;
+            if (first) rb[nb++] = 1.0f;
             for (; nb < ORK_WERR_BATCH && i < j->ngrid; i++)
                 if (j->grid[i] != 1.0f) rb[nb++] = j->grid[i];
             if (nb == 0) break;
             for (int c = 0; c < nb; c++) seg_scale(j, a * rb[c], &sb[c], &ib[c]);
             if (j->g) j->kern->werr4n(x, im, n, ib, sb, nb, j->g, eb);
             else j->kern->werr8n(x, im, n, ib, sb, nb, j->lim, eb);
-            for (int c = 0; c < nb; c++) {
-                if (!have) {
-                    best = eb[c];
-                    have = 1;
-                } else if (eb[c] < best) {
+            for (int c = 0; c < nb; c++)
+                if ((first && c == 0) || eb[c] < best) {
                     best = eb[c];
                     r = rb[c];
                 }
-            }
+            first = 0;
         }
     }
     seg_scale(j, a * r, s, inv);
