@@ -145,10 +145,11 @@ class ModelDirWriter:
                         "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
                         "tensors": entries}
             if act_scales is not None:
-                atomic_write(os.path.join(tmp, ACT_FILE), [act_scales])
+                atomic_write(os.path.join(tmp, ACT_FILE), [act_scales], durable=False)
                 manifest["act_scales"] = {"file": ACT_FILE, "sha256": sha256_file(os.path.join(tmp, ACT_FILE))}
-            atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()])
-            fsync_files(tmp)  # the packed linears were written without a sync each
+            atomic_write(os.path.join(tmp, MANIFEST), [json.dumps(manifest, indent=1, sort_keys=True).encode()],
+                         durable=False)
+            fsync_files(tmp)  # every file of the folder, synced once before the rename
             _install_dir(tmp, self.path, self.overwrite)
         except BaseException:
             self.abort()
