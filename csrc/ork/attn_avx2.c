@@ -1,79 +1,66 @@
-/* attn_avx2.c - the AVX2 attention loops (attn.h). scores: four keys at a
- * time, each key's 8 dot8 lanes one ymm accumulator (_mm256_mul_ps then
- * _mm256_add_ps, rounded apart), the four trees reduced together by two
- * hadds and one add, which is exactly ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
- * pv: 64 outputs at a time in 8 ymm accumulators over all keys (the scalar
- * loop reloads and stores o for every key). */
+/* attn_avx2.c - the AVX2 attention value sums (attn.h). Rows go three at a
+ * time (then two, then one); for three or two rows, 32 outputs of each row in
+ * 4 ymm accumulators share every value load; a single row keeps 64 outputs in
+ * 8. One _mm256_fmadd_ps per key and 8 outputs; outputs past the last full
+ * vector by the scalar contract. */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 #include "attn.h"
 
-/* lanes [A, B, C, D]: the dot8 tree of each of four 8-lane accumulators */
-static inline __m128 tree4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    /* low half: (x0+x1)+(x2+x3) of a, b, c, d; high half: (x4+x5)+(x6+x7) */
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+/* rows g (<= 3) x W vectors of outputs at o, continued over n keys (g, W constants once inlined) */
+static inline __attribute__((always_inline)) void pv_tile(const int g, const int W, const float *p, size_t ldp,
+                                                           const float *v, size_t ldv, size_t n, float *o,
+                                                           size_t ldo) {
+    __m256 c[3][8];
+    #pragma GCC unroll 16
+    for (int r = 0; r < g; r++)
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) c[r][w] = _mm256_loadu_ps(o + r * ldo + 8 * w);
+    for (size_t u = 0; u < n; u++) {
+        const float *vv = v + u * ldv;
+        __m256 pr[3];
+        #pragma GCC unroll 16
+        for (int r = 0; r < g; r++) pr[r] = _mm256_broadcast_ss(p + r * ldp + u);
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) {
+            const __m256 x = _mm256_loadu_ps(vv + 8 * w);
+            #pragma GCC unroll 16
+            for (int r = 0; r < g; r++) c[r][w] = _mm256_fmadd_ps(pr[r], x, c[r][w]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < g; r++)
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(o + r * ldo + 8 * w, c[r][w]);
 }
 
-static void scores_avx2(const float *q, const float *k, size_t ldk, size_t n, size_t hd, float scale, float *s) {
-    const size_t h8 = hd & ~(size_t)7;
-    size_t u = 0;
-    for (; u + 4 <= n; u += 4) {
-        const float *k0 = k + u * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (size_t i = 0; i < h8; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_loadu_ps(k0 + i)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_loadu_ps(k1 + i)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_loadu_ps(k2 + i)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_loadu_ps(k3 + i)));
-        }
-        float r[4];
-        _mm_storeu_ps(r, tree4(a0, a1, a2, a3));
-        for (size_t i = h8; i < hd; i++) {
-            r[0] += q[i] * k0[i];
-            r[1] += q[i] * k1[i];
-            r[2] += q[i] * k2[i];
-            r[3] += q[i] * k3[i];
-        }
-        for (int j = 0; j < 4; j++) s[u + j] = r[j] * scale;
-    }
-    for (; u < n; u++) {
-        const float *k0 = k + u * ldk;
-        __m256 a0 = _mm256_setzero_ps();
-        for (size_t i = 0; i < h8; i += 8)
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k0 + i)));
-        float r[4];
-        _mm_storeu_ps(r, tree4(a0, a0, a0, a0));
-        for (size_t i = h8; i < hd; i++) r[0] += q[i] * k0[i];
-        s[u] = r[0] * scale;
-    }
-}
-
-static void pv_avx2(const float *p, const float *v, size_t ldv, size_t n, size_t hd, float *o) {
+static void pv_rows(const int g, const float *p, size_t ldp, const float *v, size_t ldv, size_t n, size_t hd,
+                    float *o, size_t ldo) {
     size_t d = 0;
-    for (; d + 64 <= hd; d += 64) {
-        __m256 c[8];
-        for (int i = 0; i < 8; i++) c[i] = _mm256_setzero_ps();
-        for (size_t u = 0; u < n; u++) {
-            const __m256 pu = _mm256_set1_ps(p[u]);
-            const float *vv = v + u * ldv + d;
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) c[i] = _mm256_add_ps(c[i], _mm256_mul_ps(pu, _mm256_loadu_ps(vv + 8 * i)));
-        }
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d + 8 * i, c[i]);
-    }
+    if (g == 1)
+        for (; d + 64 <= hd; d += 64) pv_tile(1, 8, p, ldp, v + d, ldv, n, o + d, ldo);
+    else if (g == 2)
+        for (; d + 32 <= hd; d += 32) pv_tile(2, 4, p, ldp, v + d, ldv, n, o + d, ldo);
+    else
+        for (; d + 32 <= hd; d += 32) pv_tile(3, 4, p, ldp, v + d, ldv, n, o + d, ldo);
     for (; d + 8 <= hd; d += 8) {
-        __m256 c0 = _mm256_setzero_ps();
-        for (size_t u = 0; u < n; u++)
-            c0 = _mm256_add_ps(c0, _mm256_mul_ps(_mm256_set1_ps(p[u]), _mm256_loadu_ps(v + u * ldv + d)));
-        _mm256_storeu_ps(o + d, c0);
+        if (g == 1) pv_tile(1, 1, p, ldp, v + d, ldv, n, o + d, ldo);
+        else if (g == 2) pv_tile(2, 1, p, ldp, v + d, ldv, n, o + d, ldo);
+        else pv_tile(3, 1, p, ldp, v + d, ldv, n, o + d, ldo);
     }
-    ork_attn_pv_cols(p, v, ldv, n, d, hd, o);
+    ork_attn_pv_cols(p, ldp, (size_t)g, v, ldv, n, d, hd, o, ldo);
 }
 
-const ork_attn_kernels ork_attn_kernels_avx2 = {"avx2", scores_avx2, pv_avx2};
+static void pv_avx2(const float *p, size_t ldp, size_t R, const float *v, size_t ldv, size_t n, size_t hd, float *o,
+                    size_t ldo) {
+    size_t r = 0;
+    for (; r + 3 <= R; r += 3) pv_rows(3, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+    if (R - r == 2) pv_rows(2, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+    else if (R - r == 1) pv_rows(1, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+}
+
+const ork_attn_kernels ork_attn_kernels_avx2 = {"avx2", pv_avx2};
 #else
 typedef int ork_attn_avx2_empty; /* ISO C: no empty translation unit */
 #endif

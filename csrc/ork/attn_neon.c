@@ -1,75 +1,66 @@
-/* attn_neon.c - the aarch64 NEON attention loops (attn.h). scores: a key's
- * 8 dot8 lanes in two q registers (lanes 0-3, 4-7; vmulq then vaddq, rounded
- * apart), reduced by two pairwise adds and one add, which is exactly
- * ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); two keys at a time. pv: 64 outputs at
- * a time in 16 q accumulators over all keys. */
+/* attn_neon.c - the aarch64 NEON attention value sums (attn.h). Rows go three
+ * at a time (then two, then one); for three or two rows, 32 outputs of each
+ * row in 8 q accumulators share every value load; a single row keeps 64
+ * outputs in 16. One vfmaq_f32 per key and 4 outputs; outputs past the last
+ * full vector by the scalar contract. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
 #include "attn.h"
 
-static inline float tree(float32x4_t lo, float32x4_t hi) {
-    const float32x4_t t = vpaddq_f32(vpaddq_f32(lo, hi), vdupq_n_f32(0.0f));
-    /* t[0] = (l0+l1)+(l2+l3), t[1] = (l4+l5)+(l6+l7) */
-    return vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 1);
+/* rows g (<= 3) x W vectors of outputs at o, continued over n keys (g, W constants once inlined) */
+static inline __attribute__((always_inline)) void pv_tile(const int g, const int W, const float *p, size_t ldp,
+                                                           const float *v, size_t ldv, size_t n, float *o,
+                                                           size_t ldo) {
+    float32x4_t c[3][16];
+    #pragma GCC unroll 16
+    for (int r = 0; r < g; r++)
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) c[r][w] = vld1q_f32(o + r * ldo + 4 * w);
+    for (size_t u = 0; u < n; u++) {
+        const float *vv = v + u * ldv;
+        float32x4_t pr[3];
+        #pragma GCC unroll 16
+        for (int r = 0; r < g; r++) pr[r] = vdupq_n_f32(p[r * ldp + u]);
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) {
+            const float32x4_t x = vld1q_f32(vv + 4 * w);
+            #pragma GCC unroll 16
+            for (int r = 0; r < g; r++) c[r][w] = vfmaq_f32(c[r][w], pr[r], x);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < g; r++)
+        #pragma GCC unroll 16
+        for (int w = 0; w < W; w++) vst1q_f32(o + r * ldo + 4 * w, c[r][w]);
 }
 
-static void scores_neon(const float *q, const float *k, size_t ldk, size_t n, size_t hd, float scale, float *s) {
-    const size_t h8 = hd & ~(size_t)7;
-    size_t u = 0;
-    for (; u + 2 <= n; u += 2) {
-        const float *k0 = k + u * ldk, *k1 = k0 + ldk;
-        float32x4_t a0 = vdupq_n_f32(0.0f), b0 = a0, a1 = a0, b1 = a0;
-        for (size_t i = 0; i < h8; i += 8) {
-            const float32x4_t ql = vld1q_f32(q + i), qh = vld1q_f32(q + i + 4);
-            a0 = vaddq_f32(a0, vmulq_f32(ql, vld1q_f32(k0 + i)));
-            b0 = vaddq_f32(b0, vmulq_f32(qh, vld1q_f32(k0 + i + 4)));
-            a1 = vaddq_f32(a1, vmulq_f32(ql, vld1q_f32(k1 + i)));
-            b1 = vaddq_f32(b1, vmulq_f32(qh, vld1q_f32(k1 + i + 4)));
-        }
-        float r0 = tree(a0, b0), r1 = tree(a1, b1);
-        for (size_t i = h8; i < hd; i++) {
-            r0 += q[i] * k0[i];
-            r1 += q[i] * k1[i];
-        }
-        s[u] = r0 * scale;
-        s[u + 1] = r1 * scale;
-    }
-    for (; u < n; u++) {
-        const float *k0 = k + u * ldk;
-        float32x4_t a0 = vdupq_n_f32(0.0f), b0 = a0;
-        for (size_t i = 0; i < h8; i += 8) {
-            a0 = vaddq_f32(a0, vmulq_f32(vld1q_f32(q + i), vld1q_f32(k0 + i)));
-            b0 = vaddq_f32(b0, vmulq_f32(vld1q_f32(q + i + 4), vld1q_f32(k0 + i + 4)));
-        }
-        float r0 = tree(a0, b0);
-        for (size_t i = h8; i < hd; i++) r0 += q[i] * k0[i];
-        s[u] = r0 * scale;
-    }
-}
-
-static void pv_neon(const float *p, const float *v, size_t ldv, size_t n, size_t hd, float *o) {
+static void pv_rows(const int g, const float *p, size_t ldp, const float *v, size_t ldv, size_t n, size_t hd,
+                    float *o, size_t ldo) {
     size_t d = 0;
-    for (; d + 64 <= hd; d += 64) {
-        float32x4_t c[16];
-        for (int i = 0; i < 16; i++) c[i] = vdupq_n_f32(0.0f);
-        for (size_t u = 0; u < n; u++) {
-            const float32x4_t pu = vdupq_n_f32(p[u]);
-            const float *vv = v + u * ldv + d;
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) c[i] = vaddq_f32(c[i], vmulq_f32(pu, vld1q_f32(vv + 4 * i)));
-        }
-        for (int i = 0; i < 16; i++) vst1q_f32(o + d + 4 * i, c[i]);
-    }
+    if (g == 1)
+        for (; d + 64 <= hd; d += 64) pv_tile(1, 16, p, ldp, v + d, ldv, n, o + d, ldo);
+    else if (g == 2)
+        for (; d + 32 <= hd; d += 32) pv_tile(2, 8, p, ldp, v + d, ldv, n, o + d, ldo);
+    else
+        for (; d + 32 <= hd; d += 32) pv_tile(3, 8, p, ldp, v + d, ldv, n, o + d, ldo);
     for (; d + 4 <= hd; d += 4) {
-        float32x4_t c0 = vdupq_n_f32(0.0f);
-        for (size_t u = 0; u < n; u++) c0 = vaddq_f32(c0, vmulq_f32(vdupq_n_f32(p[u]), vld1q_f32(v + u * ldv + d)));
-        vst1q_f32(o + d, c0);
+        if (g == 1) pv_tile(1, 1, p, ldp, v + d, ldv, n, o + d, ldo);
+        else if (g == 2) pv_tile(2, 1, p, ldp, v + d, ldv, n, o + d, ldo);
+        else pv_tile(3, 1, p, ldp, v + d, ldv, n, o + d, ldo);
     }
-    ork_attn_pv_cols(p, v, ldv, n, d, hd, o);
+    ork_attn_pv_cols(p, ldp, (size_t)g, v, ldv, n, d, hd, o, ldo);
 }
 
-const ork_attn_kernels ork_attn_kernels_neon = {"neon", scores_neon, pv_neon};
+static void pv_neon(const float *p, size_t ldp, size_t R, const float *v, size_t ldv, size_t n, size_t hd, float *o,
+                    size_t ldo) {
+    size_t r = 0;
+    for (; r + 3 <= R; r += 3) pv_rows(3, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+    if (R - r == 2) pv_rows(2, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+    else if (R - r == 1) pv_rows(1, p + r * ldp, ldp, v, ldv, n, hd, o + r * ldo, ldo);
+}
+
+const ork_attn_kernels ork_attn_kernels_neon = {"neon", pv_neon};
 #else
 typedef int ork_attn_neon_empty; /* ISO C: no empty translation unit */
 #endif

@@ -130,19 +130,6 @@ typedef struct ork_linear {
  * packed linear. ORK_EINVAL naming the problem. */
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err);
 
-/* dot of n floats in 8 interleaved lanes, combined in a fixed tree, tail last
- * (multiplies and adds rounded apart; the attention scores use it, the F32
- * linear does not) */
-static inline float ork_dot8(const float *a, const float *b, size_t n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    size_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[k + l] * b[k + l];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
-}
-
 /* row n of the linear's weight as float32 (K values): the F32 row, or the packed row dequantized,
  * out[k] = (float)ork_pack_value(n, k) * bscale[n] (group-wise: the scale of k's group) -- a tied
  * model's embedding lookup from its packed head. n < N. */

@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,48 +145,98 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
 }
 
 /* ----------------------------------------------------------- attention -- */
+/* Work item (head h, block of up to rows_per_block query rows): the block's scores against
+ * the keys any of its rows sees, by the float32 GEMM (attn.h: each score its own chain, so
+ * the block never changes one), then per row the softmax over its own keys and the value
+ * sum over exactly those keys. A decoded token (T = 1) is a block of one row: the same
+ * chains, so its output equals the prefill row's bit for bit. Each running item holds one
+ * scratch slot (scores + the GEMM's packing buffer); at most nslots items run at once. */
 typedef struct {
     const ork_model *m;
     const float *q;         /* (T, H*hd): the queries of positions pos0..pos0+T-1 */
     const float *k, *v;     /* (pos0 + T, Hkv*hd): keys / values of positions 0..pos0+T-1 */
     float *out;             /* (T, H*hd) */
-    float *s;               /* H x (pos0 + T) scores, a row per head */
     size_t T, pos0, n_swa;  /* n_swa: the layer's sliding window, 0 = none */
+    size_t rows, nblk;      /* query rows per block, blocks per head */
+    float *slots;           /* nslots x slot_floats, 64-byte aligned each */
+    size_t slot_floats;
+    atomic_int *busy;       /* nslots flags */
+    int nslots;
 } attn_job;
 
-static ork_status attn_heads(void *ctx, size_t begin, size_t end, ork_err *err) {
+#define ATTN_PV_ROWS 3 /* rows per value-sum call (attn.h kernels take them three at a time) */
+
+/* the first key position a query at position p sees */
+static size_t attn_lo(size_t p, size_t n_swa) { return n_swa && p >= n_swa ? p + 1 - n_swa : 0; }
+
+/* query rows per block: at most 64, and the block's scores within 2^18 floats (1 MB) */
+static size_t attn_rows(size_t n_keys) {
+    size_t r = ((size_t)1 << 18) / (n_keys ? n_keys : 1);
+    return r < 1 ? 1 : r > 64 ? 64 : r;
+}
+
+static size_t attn_slot_floats(size_t n_keys) {
+    const size_t s = attn_rows(n_keys) * n_keys;
+    return (s + 15) / 16 * 16 + ORK_GEMM_F32_SCRATCH; /* the GEMM scratch stays 64-byte aligned */
+}
+
+static ork_status attn_blocks(void *ctx, size_t begin, size_t end, ork_err *err) {
     (void)err;
     const attn_job *j = (const attn_job *)ctx;
     const ork_model *m = j->m;
-    const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, T = j->T, n_keys = j->pos0 + T;
+    const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd;
     const size_t group = m->n_head / m->n_head_kv;
     const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)hd);
     const float cap = m->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    const ork_attn_kernels *ak = ork_attn_kernels_active(); /* attn.h: bit-identical on every ISA */
-    for (size_t h = begin; h < end; h++) {
-        size_t kh = h / group;
-        float *s = j->s + h * n_keys;
-        for (size_t t = 0; t < T; t++) {
-            const size_t p = j->pos0 + t; /* the query's position */
-            const float *qv = j->q + t * qd + h * hd;
-            const size_t lo = j->n_swa && p >= j->n_swa ? p + 1 - j->n_swa : 0; /* keys lo..p: p - u < n_swa */
-            const size_t n = p + 1 - lo;
-            ak->scores(qv, j->k + lo * kvd + kh * hd, kvd, n, hd, scale, s + lo);
+    const ork_attn_kernels *ak = ork_attn_kernels_active();       /* attn.h: bit-identical on every ISA */
+    const ork_gemm_f32_kernels *gk = ork_gemm_f32_kernels_active(); /* gemm_f32.h: likewise */
+    int slot = 0; /* fewer items run at once than there are slots, so one is free */
+    while (atomic_exchange_explicit(&j->busy[slot], 1, memory_order_acquire)) slot = (slot + 1) % j->nslots;
+    float *S = j->slots + (size_t)slot * j->slot_floats;
+    float *gs = S + (j->slot_floats - ORK_GEMM_F32_SCRATCH);
+    for (size_t it = begin; it < end; it++) {
+        const size_t h = it / j->nblk, kh = h / group, t0 = (it % j->nblk) * j->rows;
+        const size_t t1 = t0 + j->rows < j->T ? t0 + j->rows : j->T;
+        const size_t klo = attn_lo(j->pos0 + t0, j->n_swa), nk = j->pos0 + t1 - klo; /* keys klo..klo+nk-1 */
+        gk->cols(j->q + t0 * qd + h * hd, qd, t1 - t0, hd, j->k + klo * kvd + kh * hd, kvd, 0, nk, S, nk, gs);
+        for (size_t t = t0; t < t1; t++) {
+            const size_t p = j->pos0 + t, lo = attn_lo(p, j->n_swa), n = p + 1 - lo; /* keys lo..p */
+            float *s = S + (t - t0) * nk + (lo - klo);
             float mx = -INFINITY;
-            for (size_t u = lo; u <= p; u++) {
+            for (size_t u = 0; u < n; u++) {
+                s[u] *= scale;
                 if (cap > 0.0f) s[u] = tanhf(s[u] * inv_cap) * cap;
                 if (s[u] > mx) mx = s[u];
             }
             double sum = 0.0;
-            for (size_t u = lo; u <= p; u++) {
+            for (size_t u = 0; u < n; u++) {
                 s[u] = expf(s[u] - mx);
                 sum += s[u];
             }
             const float inv = (float)(1.0 / sum);
-            for (size_t u = lo; u <= p; u++) s[u] *= inv; /* the probabilities */
-            ak->pv(s + lo, j->v + lo * kvd + kh * hd, kvd, n, hd, j->out + t * qd + h * hd);
+            for (size_t u = 0; u < n; u++) s[u] *= inv; /* the probabilities */
+            memset(j->out + t * qd + h * hd, 0, hd * sizeof(float));
+        }
+        /* value sums, ATTN_PV_ROWS rows at a time: each row's keys in order, the rows' common
+         * range [L, P] together (row t's probability of key u is S[(t - t0) * nk + u - klo]) */
+        for (size_t ta = t0; ta < t1; ta += ATTN_PV_ROWS) {
+            const size_t tb = ta + ATTN_PV_ROWS < t1 ? ta + ATTN_PV_ROWS : t1, R = tb - ta;
+            const size_t L = attn_lo(j->pos0 + tb - 1, j->n_swa), P = j->pos0 + ta;
+            const float *Sa = S + (ta - t0) * nk;
+            float *oa = j->out + ta * qd + h * hd;
+            const float *vh = j->v + kh * hd;
+            for (size_t r = 0; r < R; r++) {
+                const size_t lo = attn_lo(j->pos0 + ta + r, j->n_swa), p = j->pos0 + ta + r;
+                const size_t hi = L <= P ? L : p + 1; /* keys lo..hi-1 before the common range (all, without one) */
+                if (hi > lo) ak->pv(Sa + r * nk + (lo - klo), nk, 1, vh + lo * kvd, kvd, hi - lo, hd, oa + r * qd, qd);
+            }
+            if (L > P) continue;
+            ak->pv(Sa + (L - klo), nk, R, vh + L * kvd, kvd, P + 1 - L, hd, oa, qd);
+            for (size_t r = 1; r < R; r++) /* keys P+1 .. p */
+                ak->pv(Sa + r * nk + (P + 1 - klo), nk, 1, vh + (P + 1) * kvd, kvd, r, hd, oa + r * qd, qd);
         }
     }
+    atomic_store_explicit(&j->busy[slot], 0, memory_order_release);
     return ORK_OK;
 }
 
@@ -221,13 +272,16 @@ static void down_rotate(float *x, size_t T, size_t n, const float *R, size_t p) 
 
 /* ------------------------------------------------------------- forward -- */
 /* the activations of one step of T tokens (rows of D, D, qd, max(qd, F), F, D floats) and
- * the attention scores (n_head rows of up to n_keys) */
+ * the attention's scratch slots (attn_slot_floats(n_keys) floats each, one per thread that
+ * runs attention items; grown on first use by attn_ensure) */
 typedef struct {
     float *x, *h, *q, *a, *g, *tmp, *s;
+    atomic_int *busy;
+    size_t n_keys, s_slots;
 } fwd_bufs;
 
 static void bufs_free(fwd_bufs *b) {
-    free(b->x); free(b->h); free(b->q); free(b->a); free(b->g); free(b->tmp); free(b->s);
+    free(b->x); free(b->h); free(b->q); free(b->a); free(b->g); free(b->tmp); free(b->s); free(b->busy);
     memset(b, 0, sizeof *b);
 }
 
@@ -243,15 +297,35 @@ static ork_status bufs_alloc(const ork_model *m, size_t T, size_t n_keys, fwd_bu
     const size_t D = m->n_embd, qd = m->n_head * m->head_dim, F = m->n_ff, big = qd > F ? qd : F;
     memset(b, 0, sizeof *b);
     const size_t nx = mul3(T, D, sizeof(float)), nq = mul3(T, qd, sizeof(float)), na = mul3(T, big, sizeof(float)),
-                 ng = mul3(T, F, sizeof(float)), ns = mul3(m->n_head, n_keys, sizeof(float));
-    if (nx && nq && na && ng && ns) {
+                 ng = mul3(T, F, sizeof(float));
+    b->n_keys = n_keys;
+    if (nx && nq && na && ng) {
         b->x = malloc(nx); b->h = malloc(nx); b->q = malloc(nq); b->a = malloc(na);
-        b->g = malloc(ng); b->tmp = malloc(nx); b->s = malloc(ns);
+        b->g = malloc(ng); b->tmp = malloc(nx);
     }
-    if (!b->x || !b->h || !b->q || !b->a || !b->g || !b->tmp || !b->s) {
+    if (!b->x || !b->h || !b->q || !b->a || !b->g || !b->tmp) {
         bufs_free(b);
         return ork_err_set(err, ORK_ENOMEM, "out of memory for the activations of %zu tokens", T);
     }
+    return ORK_OK;
+}
+
+/* at least nslots attention scratch slots for n_keys keys in b (kept for later steps) */
+static ork_status attn_ensure(fwd_bufs *b, int nslots, ork_err *err) {
+    if (b->s_slots >= (size_t)nslots) return ORK_OK;
+    const size_t per = attn_slot_floats(b->n_keys), bytes = mul3((size_t)nslots, per, sizeof(float));
+    float *s = bytes ? aligned_alloc(64, bytes) : NULL;
+    atomic_int *busy = s ? malloc((size_t)nslots * sizeof *busy) : NULL;
+    if (!busy) {
+        free(s);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for the attention scratch (%d x %zu floats)", nslots, per);
+    }
+    for (int i = 0; i < nslots; i++) atomic_init(&busy[i], 0);
+    free(b->s);
+    free(b->busy);
+    b->s = s;
+    b->busy = busy;
+    b->s_slots = (size_t)nslots;
     return ORK_OK;
 }
 
@@ -286,7 +360,7 @@ static ork_status block_linear(const ork_linear *l, const float *x, size_t M, si
  * are written to rows pos0..pos0+T-1 of kc / vc (n_head_kv * head_dim floats per row), and the
  * attention reads rows 0..pos0+T-1: the chunk's own rows in the forward pass (pos0 = 0), the
  * session's caches when decoding. */
-static ork_status layer_step(const ork_model *m, const ork_layer *L, const fwd_bufs *b, size_t T, size_t pos0,
+static ork_status layer_step(const ork_model *m, const ork_layer *L, fwd_bufs *b, size_t T, size_t pos0,
                              float *kc, float *vc, int nthreads, ork_err *err) {
     const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
     float *x = b->x, *h = b->h, *q = b->q, *a = b->a, *g = b->g, *tmp = b->tmp;
@@ -313,9 +387,11 @@ static ork_status layer_step(const ork_model *m, const ork_layer *L, const fwd_b
             rope(kh, m->n_rot, m->rope_type, pos, base, fscale, m->rope_freqs, mscale);
         }
     }
-    attn_job aj = {m, q, kc, vc, a, b->s, T, pos0, L->n_swa};
+    const size_t rows = attn_rows(b->n_keys), nblk = (T + rows - 1) / rows;
     int nt = ork_pool_threads_for(nthreads, (double)T * (double)(pos0 + T) * (double)qd, 1 << 20);
-    if ((st = ork_parallel_for(nt, m->n_head, 1, attn_heads, &aj, err))) return st;
+    if ((st = attn_ensure(b, nt, err))) return st;
+    attn_job aj = {m, q, kc, vc, a, T, pos0, L->n_swa, rows, nblk, b->s, attn_slot_floats(b->n_keys), b->busy, nt};
+    if ((st = ork_parallel_for(nt, m->n_head * nblk, 1, attn_blocks, &aj, err))) return st;
     if ((st = block_linear(&L->wo, a, T, pos0, tmp, nthreads, err))) return st;
     if (L->post_attn_norm)
         for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);

@@ -25,11 +25,12 @@
  * rmsnorm(v) = v * (1 / sqrt(mean(v^2) + eps)), the mean accumulated in double.
  * Norm weights are used as stored: llama.cpp's converter already stores
  * Gemma's (1 + w) norm weights with the 1 added.
- * Float linears are one fused multiply-add chain per output (gemm_f32.h),
- * attention's scores and value sums the unfused loops of attn.h (a fixed 8-lane
- * dot product, ork_dot8; values summed over keys in order), and work is split
- * over output columns / heads only, so results depend on neither the ISA nor
- * the thread count. Every linear runs through ork_linear_apply (linear.h), which adds its
+ * Float linears are one fused multiply-add chain per output (gemm_f32.h), and so
+ * are attention's scores (the same GEMM, blocks of query rows against their keys)
+ * and value sums (attn.h: keys in order); work is split over output columns and
+ * over (head, query block) items only, and no chain depends on the blocking, so
+ * results depend on neither the ISA nor the thread count, and a decoded token's
+ * output equals its row of the full forward pass. Every linear runs through ork_linear_apply (linear.h), which adds its
  * bias when it has one.
  *
  * Linear names and order: the forward model owns them. A layer's linears are

@@ -1,11 +1,13 @@
-/* test_attn.c - the attention loops (attn.h): every SIMD table of this build
- * (AVX2; NEON on aarch64) bit-identical to the scalar _ref over head sizes
- * with and without a tail (hd 1..260: the 8-lane dot, the 64-wide pv
- * blocks and their remainders), key counts 0..37 (the 4- and 2-key groups
- * and their tails), row strides; the contract itself on every ISA (the dot8
- * lane tree and the unfused pv sums, checked against values written out by
- * hand) and the scores' scale applied after the dot. Prints failures and a
- * closing "N passed, N failed" line. */
+/* test_attn.c - the attention value sums (attn.h): every SIMD table of this
+ * build (AVX2; NEON on aarch64) bit-identical to the scalar _ref over head
+ * sizes with and without a tail (hd 1..260: the 64- and 32-wide blocks, the
+ * 8/4-wide vectors and the scalar rest), row counts 1..7 (the three-row
+ * groups and their remainders), key counts 0..37, row and probability
+ * strides, and outputs that continue the chains left in o; the contract itself
+ * on every ISA (one fused multiply-add per term, keys in order, o continued,
+ * no keys leaves o as it was), checked against values written out by hand.
+ * (The scores are the float32 GEMM's: tests/c/test_gemm_f32.c.) Prints
+ * failures and a closing "N passed, N failed" line. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,66 +20,63 @@
 static uint64_t st = 0x2545F4914F6CDD1DULL;
 static float rnd_f(void) { return check_rnd_f(&st, 19, 9); }
 
-static void compare(const ork_attn_kernels *kv, size_t hd, size_t n) {
-    const size_t ld = hd + 5; /* a row stride that is not the head size */
-    float *q = malloc((hd + 1) * sizeof(float)), *k = malloc((n * ld + 1) * sizeof(float));
-    float *v = malloc((n * ld + 1) * sizeof(float)), *p = malloc((n + 1) * sizeof(float));
-    float *s1 = malloc((n + 2) * sizeof(float)), *s2 = malloc((n + 2) * sizeof(float));
-    float *o1 = malloc((hd + 2) * sizeof(float)), *o2 = malloc((hd + 2) * sizeof(float));
-    for (size_t i = 0; i < hd; i++) q[i] = rnd_f();
-    for (size_t i = 0; i < n * ld; i++) k[i] = rnd_f(), v[i] = rnd_f();
-    for (size_t i = 0; i < n; i++) p[i] = fabsf(rnd_f());
-    for (size_t i = 0; i < n + 2; i++) s1[i] = s2[i] = 777.0f;
-    for (size_t i = 0; i < hd + 2; i++) o1[i] = o2[i] = 777.0f;
-    const float scale = 0.125f + (float)(hd % 7) * 0.0371f;
-    ork_attn_kernels_ref.scores(q, k, ld, n, hd, scale, s1);
-    kv->scores(q, k, ld, n, hd, scale, s2);
-    CHECK(memcmp(s1, s2, (n + 2) * sizeof(float)) == 0, "%s scores hd=%zu n=%zu", kv->isa, hd, n);
-    ork_attn_kernels_ref.pv(p, v, ld, n, hd, o1);
-    kv->pv(p, v, ld, n, hd, o2);
-    CHECK(memcmp(o1, o2, (hd + 2) * sizeof(float)) == 0, "%s pv hd=%zu n=%zu", kv->isa, hd, n);
-    CHECK(s2[n] == 777.0f && s2[n + 1] == 777.0f && o2[hd] == 777.0f, "%s hd=%zu n=%zu: wrote past the end",
-          kv->isa, hd, n);
-    free(q); free(k); free(v); free(p); free(s1); free(s2); free(o1); free(o2);
+static void compare(const ork_attn_kernels *kv, size_t hd, size_t R, size_t n) {
+    const size_t ld = hd + 5, ldp = n + 3, ldo = hd + 7; /* strides that are not the sizes */
+    float *v = malloc((n * ld + 1) * sizeof(float)), *p = malloc((R * ldp + 1) * sizeof(float));
+    float *o1 = malloc((R * ldo + 2) * sizeof(float)), *o2 = malloc((R * ldo + 2) * sizeof(float));
+    for (size_t i = 0; i < n * ld; i++) v[i] = rnd_f();
+    for (size_t i = 0; i < R * ldp; i++) p[i] = fabsf(rnd_f());
+    for (size_t i = 0; i < R * ldo + 2; i++) o1[i] = o2[i] = i < R * ldo && (i % ldo) < hd ? rnd_f() : 777.0f; /* chains to continue */
+    ork_attn_kernels_ref.pv(p, ldp, R, v, ld, n, hd, o1, ldo);
+    kv->pv(p, ldp, R, v, ld, n, hd, o2, ldo);
+    CHECK(memcmp(o1, o2, (R * ldo + 2) * sizeof(float)) == 0, "%s pv hd=%zu R=%zu n=%zu", kv->isa, hd, R, n);
+    int past = 1;
+    for (size_t i = 0; i < R * ldo + 2; i++)
+        if ((i % ldo) >= hd || i >= R * ldo) past &= o2[i] == 777.0f;
+    CHECK(past, "%s hd=%zu R=%zu n=%zu: wrote outside the outputs", kv->isa, hd, R, n);
+    free(v); free(p); free(o1); free(o2);
 }
 
 static void compare_table(const ork_attn_kernels *kv) {
     printf("comparing %s against scalar\n", kv->isa);
-    static const size_t hds[] = {1, 3, 7, 8, 9, 15, 16, 24, 63, 64, 65, 72, 80, 96, 120, 128, 136, 192, 200, 256, 260};
+    static const size_t hds[] = {1, 3, 4, 7, 8, 9, 15, 16, 24, 31, 32, 33, 40, 63, 64, 65, 72, 80, 96, 120, 128, 136,
+                                 192, 200, 256, 260};
     for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
-        for (size_t n = 0; n <= 37; n += (n < 10 ? 1 : 9)) compare(kv, hds[a], n);
+        for (size_t R = 1; R <= 7; R++)
+            for (size_t n = 0; n <= 37; n += (n < 10 ? 1 : 9)) compare(kv, hds[a], R, n);
 }
 
-/* the contract on one table: lane tree, tail last, scale after; pv unfused, keys in order */
+/* the contract on one table: fused, keys in order, o continued, no keys leaves o */
 static void contract(const ork_attn_kernels *kv) {
-    /* lane l of 8 holds one product; 1e8 + 1 - 1e8 ... shows the grouping */
-    float q[10], k[10], s[1];
-    const float big = 16777216.0f; /* 2^24: big + 1 rounds back to big */
-    const float lanes[8] = {big, 1.0f, -big, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
-    for (int i = 0; i < 8; i++) q[i] = lanes[i], k[i] = 1.0f;
-    q[8] = 3.0f, k[8] = 1.0f; /* the tail term, added after the tree */
-    q[9] = 0.0f, k[9] = 0.0f;
-    kv->scores(q, k, 10, 1, 9, 0.5f, s);
-    /* ((big+1) + (-big+1)) + ((1+1)+(1+1)) = (big + (1-big)) + 4 = 1 + 4 = 5 (big+1 = big; -big+1 exact) */
-    const float tree = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    CHECK(s[0] == (tree + 3.0f) * 0.5f, "%s: dot8 tree / tail / scale gives %g, want %g", kv->isa, (double)s[0],
-          (double)((tree + 3.0f) * 0.5f));
-    /* pv: 1 + 2^-24 * 1 ... in key order, unfused: p0*v0 = 1, then 3 x (2^-24 each, rounded away) */
-    float p[4] = {1.0f, 0x1p-24f, 0x1p-24f, 0x1p-24f}, vv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, o[1];
-    kv->pv(p, vv, 1, 4, 1, o);
+    /* 1 + 2^-24 * 1 ... in key order: p0*v0 = 1, then 3 x (2^-24 each, rounded away) */
+    float p[4] = {1.0f, 0x1p-24f, 0x1p-24f, 0x1p-24f}, vv[4] = {1.0f, 1.0f, 1.0f, 1.0f}, o[1] = {0.0f};
+    kv->pv(p, 4, 1, vv, 1, 4, 1, o, 1);
     CHECK(o[0] == 1.0f, "%s: pv not summed in key order (got %.9g)", kv->isa, (double)o[0]);
-    /* a product that rounds: x*y = 1 + 2^-22 + 2^-46 exactly; unfused (rounded to 1 + 2^-22, then
-     * added to -(1 + 2^-22)) gives 0, a fused multiply-add 2^-46 */
+    /* x*y = 1 + 2^-22 + 2^-46 exactly: fused with c = -(1 + 2^-22) gives 2^-46 (unfused: 0) */
     const float x = 1.0f + 0x1p-23f, y = 1.0f + 0x1p-23f, c = -(1.0f + 0x1p-22f);
-    float pp[2] = {1.0f, x}, v2[2] = {c, y}, o2[1];
-    kv->pv(pp, v2, 1, 2, 1, o2);
-    CHECK(o2[0] == 0.0f, "%s: pv fused a multiply-add (got %.9g)", kv->isa, (double)o2[0]);
-    float q2[16] = {0}, k2[16] = {0}, s2[1];
-    q2[0] = 1.0f, k2[0] = c, q2[8] = x, k2[8] = y; /* lane 0: two terms */
-    kv->scores(q2, k2, 16, 1, 16, 1.0f, s2);
-    CHECK(s2[0] == 0.0f, "%s: dot8 fused a multiply-add (got %.9g)", kv->isa, (double)s2[0]);
-    kv->pv(pp, v2, 1, 0, 1, o2);
-    CHECK(o2[0] == 0.0f && !signbit(o2[0]), "%s: no keys gives %g, want +0", kv->isa, (double)o2[0]);
+    float pp[2] = {1.0f, x}, v2[2] = {c, y};
+    for (size_t hd = 1; hd <= 72; hd += 71) { /* the scalar rest (1) and the vector paths (72) */
+        float *v3 = malloc(2 * hd * sizeof(float)), *o3 = malloc(3 * hd * sizeof(float));
+        float p3[6] = {1.0f, x, 1.0f, x, 1.0f, x};
+        for (size_t d = 0; d < hd; d++) v3[d] = c, v3[hd + d] = y;
+        for (size_t i = 0; i < 3 * hd; i++) o3[i] = 0.0f;
+        kv->pv(p3, 2, 3, v3, hd, 2, hd, o3, hd);
+        int ok = 1;
+        for (size_t i = 0; i < 3 * hd; i++) ok &= o3[i] == 0x1p-46f;
+        CHECK(ok, "%s hd=%zu: pv not one fused multiply-add per term (got %.9g)", kv->isa, hd, (double)o3[0]);
+        /* continued: from o = 0.5, terms 1*1 and 1*0.25 give 1.75 (1.25 if a kernel restarted at 0) */
+        float p4[6] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+        for (size_t d = 0; d < hd; d++) v3[d] = 1.0f, v3[hd + d] = 0.25f;
+        for (size_t i = 0; i < 3 * hd; i++) o3[i] = 0.5f;
+        kv->pv(p4, 2, 3, v3, hd, 2, hd, o3, hd);
+        ok = 1;
+        for (size_t i = 0; i < 3 * hd; i++) ok &= o3[i] == 1.75f;
+        CHECK(ok, "%s hd=%zu: pv did not continue the chains in o (got %.9g)", kv->isa, hd, (double)o3[0]);
+        free(v3); free(o3);
+    }
+    float o2[1] = {-3.5f};
+    kv->pv(pp, 2, 1, v2, 1, 0, 1, o2, 1);
+    CHECK(o2[0] == -3.5f, "%s: no keys gives %g, want o unchanged", kv->isa, (double)o2[0]);
 }
 
 int main(void) {
