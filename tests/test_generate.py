@@ -88,6 +88,7 @@ ARCHS = {
     "qwen3": dict(arch="qwen3", hd=24),
     "gemma2-window-softcaps": dict(arch="gemma2", n_swa=8, attn_softcap=5.0, final_softcap=3.0),
     "gemma3-pattern": dict(arch="gemma3", hd=32, HKV=1, n_layer=4, n_swa=6, rope_base=1e6, final_softcap=4.0),
+    "gemma2-window-2": dict(arch="gemma2", n_swa=2),   # a window shorter than the 3 rows of a value-sum call
     "phi3": dict(arch="phi3", qkv_bias=True),
 }
 
@@ -97,11 +98,13 @@ def test_decode_equals_forward_every_architecture(tmp_path, case):
     kw = dict(ARCHS[case])
     a = kw.pop("arch")
     p = tmp_path / f"{case}.gguf"
-    archgen.make(a, p, n_ctx=64, **kw)
+    archgen.make(a, p, n_ctx=160, **kw)
     m = orkpy.load_model(p)
-    ids = archgen.tokens(40)
+    ids = archgen.tokens(150)
     full = m.forward(ids)
-    for k in (1, 11):   # the windows (6, 8) are shorter than both the prefill and the sequence
+    # the windows (6, 8) are shorter than both the prefill and the sequence; 150 rows are three attention
+    # blocks of the forward pass (64 query rows each), 70 two of the prefill
+    for k in (1, 11, 70):
         assert np.array_equal(decode_rows(m, ids, k), full)
 
 
