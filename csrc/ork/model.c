@@ -187,7 +187,7 @@ static ork_status attn_blocks(void *ctx, size_t begin, size_t end, ork_err *err)
     const size_t hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd;
     const size_t group = m->n_head / m->n_head_kv;
     const float scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)hd);
-    const float cap = m->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const float cap = m->attn_softcap;
     const ork_attn_kernels *ak = ork_attn_kernels_active();       /* attn.h: bit-identical on every ISA */
     const ork_gemm_f32_kernels *gk = ork_gemm_f32_kernels_active(); /* gemm_f32.h: likewise */
     int slot = 0; /* fewer items run at once than there are slots, so one is free */
@@ -201,20 +201,7 @@ static ork_status attn_blocks(void *ctx, size_t begin, size_t end, ork_err *err)
         gk->cols(j->q + t0 * qd + h * hd, qd, t1 - t0, hd, j->k + klo * kvd + kh * hd, kvd, 0, nk, S, nk, gs);
         for (size_t t = t0; t < t1; t++) {
             const size_t p = j->pos0 + t, lo = attn_lo(p, j->n_swa), n = p + 1 - lo; /* keys lo..p */
-            float *s = S + (t - t0) * nk + (lo - klo);
-            float mx = -INFINITY;
-            for (size_t u = 0; u < n; u++) {
-                s[u] *= scale;
-                if (cap > 0.0f) s[u] = tanhf(s[u] * inv_cap) * cap;
-                if (s[u] > mx) mx = s[u];
-            }
-            double sum = 0.0;
-            for (size_t u = 0; u < n; u++) {
-                s[u] = expf(s[u] - mx);
-                sum += s[u];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (size_t u = 0; u < n; u++) s[u] *= inv; /* the probabilities */
+            ak->softmax(S + (t - t0) * nk + (lo - klo), n, scale, cap); /* the probabilities */
             memset(j->out + t * qd + h * hd, 0, hd * sizeof(float));
         }
         /* value sums, ATTN_PV_ROWS rows at a time: each row's keys in order, the rows' common

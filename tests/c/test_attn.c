@@ -79,16 +79,76 @@ static void contract(const ork_attn_kernels *kv) {
     CHECK(o2[0] == -3.5f, "%s: no keys gives %g, want o unchanged", kv->isa, (double)o2[0]);
 }
 
+/* softmax: the table against the scalar _ref on rows with and without a tail, with and without a
+ * soft-cap, spread wide enough that some exps fall below the -87 cut, and with a NaN and +-0 ties */
+static void compare_softmax(const ork_attn_kernels *kv) {
+    for (size_t n = 0; n <= 70; n++)
+        for (int kind = 0; kind < 4; kind++) {
+            float *a = malloc((n + 2) * sizeof(float)), *b = malloc((n + 2) * sizeof(float));
+            for (size_t u = 0; u < n + 2; u++) a[u] = b[u] = u < n ? rnd_f() * (kind == 1 ? 40.0f : 3.0f) : 777.0f;
+            if (kind == 2 && n > 3) a[3] = b[3] = NAN;
+            if (kind == 3) for (size_t u = 0; u < n; u += 2) a[u] = b[u] = (u & 2) ? -0.0f : 0.0f;
+            const float cap = kind == 1 ? 30.0f : 0.0f;
+            ork_attn_kernels_ref.softmax(a, n, 0.37f, cap);
+            kv->softmax(b, n, 0.37f, cap);
+            CHECK(memcmp(a, b, (n + 2) * sizeof(float)) == 0, "%s softmax n=%zu kind=%d", kv->isa, n, kind);
+            free(a); free(b);
+        }
+}
+
+/* the exp: within 2 ulp of exp (float64) on [-87, 88], +0 below -87, 88 above, NaN kept, exp(0) = 1 */
+static void expf_contract(void) {
+    double worst = 0.0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.0009765625f * 3.0f + x * 1e-7f) {
+        const double want = exp((double)x), got = (double)ork_attn_expf(x);
+        const double ulp = ldexp(1.0, ilogb(want) - 23);
+        const double e = fabs(got - want) / ulp;
+        if (e > worst) worst = e;
+    }
+    CHECK(worst <= 2.0, "ork_attn_expf: %.3f ulp from exp on [-87, 88]", worst);
+    CHECK(ork_attn_expf(0.0f) == 1.0f && ork_attn_expf(-0.0f) == 1.0f, "ork_attn_expf(0) = %g", (double)ork_attn_expf(0.0f));
+    CHECK(ork_attn_expf(-87.01f) == 0.0f && !signbit(ork_attn_expf(-1000.0f)) && ork_attn_expf(-INFINITY) == 0.0f,
+          "ork_attn_expf below -87 is not +0");
+    CHECK(ork_attn_expf(1000.0f) == ork_attn_expf(88.0f) && ork_attn_expf(INFINITY) == ork_attn_expf(88.0f),
+          "ork_attn_expf above 88 is not exp(88)");
+    CHECK(isnan(ork_attn_expf(NAN)), "ork_attn_expf(NaN) is not a NaN");
+}
+
+/* the softmax contract on one table, written out: scale, max, the exp, the 8 float64 lanes and their
+ * tree (a sum of positive terms in float64 is seldom visible after the float division: the lanes are
+ * checked through the SIMD tables' bit equality with the _ref on the 71 row lengths above) */
+static void softmax_contract(const ork_attn_kernels *kv) {
+    for (size_t n = 1; n <= 37; n += 4) {
+        float s[40], want[40];
+        for (size_t u = 0; u < n; u++) s[u] = rnd_f() * 5.0f;
+        float mx = -INFINITY;
+        for (size_t u = 0; u < n; u++) mx = fmaxf(mx, s[u] * 0.5f);
+        double lane[8] = {0};
+        for (size_t u = 0; u < n; u++) lane[u % 8] += (double)(want[u] = ork_attn_expf(s[u] * 0.5f - mx));
+        const double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        for (size_t u = 0; u < n; u++) want[u] *= (float)(1.0 / sum);
+        kv->softmax(s, n, 0.5f, 0.0f);
+        CHECK(memcmp(s, want, n * sizeof(float)) == 0, "%s softmax n=%zu differs from the contract written out",
+              kv->isa, n);
+    }
+}
+
 int main(void) {
     int tested = 0;
 #if defined(__x86_64__)
-    if (ork_isa_available(ORK_ISA_AVX2)) { compare_table(&ork_attn_kernels_avx2); tested++; }
+    if (ork_isa_available(ORK_ISA_AVX2)) {
+        compare_table(&ork_attn_kernels_avx2);
+        compare_softmax(&ork_attn_kernels_avx2);
+        tested++;
+    }
 #endif
 #if defined(__aarch64__)
     compare_table(&ork_attn_kernels_neon);
+    compare_softmax(&ork_attn_kernels_neon);
     tested++;
 #endif
     CHECK(tested > 0, "no SIMD attention table to compare");
+    expf_contract();
     for (int i = 0; i < ORK_ISA_COUNT; i++) {
         ork_err err;
         if (!ork_isa_available((ork_isa)i)) continue;
@@ -96,6 +156,7 @@ int main(void) {
         CHECK(ork_attn_kernels_active() == ork_attn_kernels_for((ork_isa)i), "%s: active table",
               ork_isa_name((ork_isa)i));
         contract(ork_attn_kernels_active());
+        softmax_contract(ork_attn_kernels_active());
     }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
