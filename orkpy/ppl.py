@@ -203,7 +203,7 @@ def perplexity(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, A
     for c, chunk in enumerate(chunk_iter):
         logits = model.forward(chunk, first=first, threads=threads)[:-1]  # positions first .. n_ctx-2
         targets = tokens[c * n_ctx + first + 1:(c + 1) * n_ctx]
-        nll = _core.nll_rows(np.ascontiguousarray(logits), targets)
+        nll = _core.nll_rows(np.ascontiguousarray(logits), targets, 0 if threads is None else int(threads))
         nlls.append(nll)
         if save_logprobs is not None or base is not None:
             lp = _log_softmax(logits)

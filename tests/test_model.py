@@ -298,3 +298,23 @@ def test_vnni_matmul_table_is_bit_identical_to_avx2(shared, monkeypatch):
             b = m.forward(tokens, threads=1)
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), weights
     print(f"\navx512vnni on this CPU: {vnni} (False: both runs took the plain AVX2 table)")
+
+
+def test_nll_rows_against_float64_and_thread_count():
+    """nll_rows (perplexity's per-token NLL): float64 log-softmax within float rounding, the same
+    bits on 1 and 2 threads (each row one thread's sum), a target outside the vocabulary named."""
+    from orkpy import _core
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((37, 5003)) * 4).astype(np.float32)
+    targets = rng.integers(0, 5003, 37).astype(np.int32)
+    l64 = logits.astype(np.float64)
+    mx = l64.max(1, keepdims=True)
+    want = -(l64[np.arange(37), targets] - mx[:, 0] - np.log(np.exp(l64 - mx).sum(1)))
+    got = _core.nll_rows(logits, targets, 2)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got, _core.nll_rows(logits, targets, 1))
+    assert np.array_equal(got, _core.nll_rows(logits, targets))
+    bad = targets.copy()
+    bad[5] = 5003
+    with pytest.raises(ValueError, match="target 5003 of row 5 is outside the vocabulary"):
+        _core.nll_rows(logits, bad, 2)

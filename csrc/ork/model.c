@@ -51,9 +51,11 @@ static void rmsnorm(const float *x, const float *w, size_t n, float eps, float *
     }
 }
 
-/* theta_i = freq_scale * (pos * base^(-2i/n_rot) / ff_i), the running product as ggml's rope cache */
-static void rope(float *v, size_t n_rot, ork_rope_type type, float pos, float base, float freq_scale, const float *ff,
-                 float mscale) {
+/* theta_i = freq_scale * (pos * base^(-2i/n_rot) / ff_i), the running product as ggml's rope cache:
+ * cs[2i] = cos(theta_i) * mscale, cs[2i + 1] = sin(theta_i) * mscale for i < n_rot / 2 (one table per
+ * position serves every head) */
+static void rope_table(size_t n_rot, float pos, float base, float freq_scale, const float *ff, float mscale,
+                       float *cs) {
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     float theta = pos;
     for (size_t i0 = 0; i0 < n_rot; i0 += 2) {
@@ -63,12 +65,20 @@ static void rope(float *v, size_t n_rot, ork_rope_type type, float pos, float ba
             c *= mscale;
             s *= mscale;
         }
+        cs[i0] = c;
+        cs[i0 + 1] = s;
+        theta *= theta_scale;
+    }
+}
+
+static void rope(float *v, size_t n_rot, ork_rope_type type, const float *cs) {
+    for (size_t i0 = 0; i0 < n_rot; i0 += 2) {
+        const float c = cs[i0], s = cs[i0 + 1];
         size_t a = (type == ORK_ROPE_NEOX) ? i0 / 2 : i0;
         size_t b = (type == ORK_ROPE_NEOX) ? i0 / 2 + n_rot / 2 : i0 + 1;
         float x0 = v[a], x1 = v[b];
         v[a] = x0 * c - x1 * s;
         v[b] = x0 * s + x1 * c;
-        theta *= theta_scale;
     }
 }
 
@@ -347,61 +357,128 @@ static ork_status block_linear(const ork_linear *l, const float *x, size_t M, si
  * are written to rows pos0..pos0+T-1 of kc / vc (n_head_kv * head_dim floats per row), and the
  * attention reads rows 0..pos0+T-1: the chunk's own rows in the forward pass (pos0 = 0), the
  * session's caches when decoding. */
+/* ------------------------------------------------ row-wise stages -- */
+/* The per-token work between the linears (norms, RoPE, residual adds, the gated activation),
+ * split over rows: each row's arithmetic is the same on any thread. */
+typedef enum { ROWS_ATTN_IN, ROWS_ROPE, ROWS_ATTN_OUT, ROWS_ACT, ROWS_FFN_OUT } rows_stage;
+
+typedef struct {
+    const ork_model *m;
+    const ork_layer *L;
+    const fwd_bufs *b;
+    float *k;          /* this step's key rows */
+    size_t pos0;
+    rows_stage stage;
+} rows_job;
+
+static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
+    const rows_job *j = (const rows_job *)ctx;
+    const ork_model *m = j->m;
+    const ork_layer *L = j->L;
+    const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
+    float *x = j->b->x, *h = j->b->h, *q = j->b->q, *a = j->b->a, *g = j->b->g, *tmp = j->b->tmp;
+    switch (j->stage) {
+    case ROWS_ATTN_IN:
+        for (size_t t = begin; t < end; t++) {
+            rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
+            if (L->norm_rot) down_rotate(h + t * D, 1, D, L->norm_rot, L->norm_rot_p);
+        }
+        break;
+    case ROWS_ROPE: {
+        const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
+        const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
+        const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
+        float *cs = malloc((m->n_rot + 1) * sizeof(float));
+        if (!cs) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu floats of RoPE table)", m->n_rot);
+        for (size_t t = begin; t < end; t++) {
+            rope_table(m->n_rot, (float)(j->pos0 + t), base, fscale, m->rope_freqs, mscale, cs);
+            for (size_t hh = 0; hh < m->n_head; hh++) {
+                float *qh = q + t * qd + hh * hd;
+                if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
+                rope(qh, m->n_rot, m->rope_type, cs);
+            }
+            for (size_t hh = 0; hh < m->n_head_kv; hh++) {
+                float *kh = j->k + t * kvd + hh * hd;
+                if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
+                rope(kh, m->n_rot, m->rope_type, cs);
+            }
+        }
+        free(cs);
+        break;
+    }
+    case ROWS_ATTN_OUT:
+        for (size_t t = begin; t < end; t++) {
+            float *o = tmp + t * D, *xr = x + t * D;
+            if (L->post_attn_norm) rmsnorm(o, L->post_attn_norm, D, m->norm_eps, o);
+            for (size_t i = 0; i < D; i++) xr[i] += o[i];
+            rmsnorm(xr, L->ffn_norm, D, m->norm_eps, h + t * D);
+            if (L->norm_rot) down_rotate(h + t * D, 1, D, L->norm_rot, L->norm_rot_p);
+        }
+        break;
+    case ROWS_ACT:
+        for (size_t t = begin; t < end; t++) {
+            float *ar = a + t * F;
+            const float *gr = g + t * F;
+            if (m->act == ORK_ACT_SILU)
+                for (size_t i = 0; i < F; i++) ar[i] = ork_act_apply(ORK_ACT_SILU, gr[i]) * ar[i];
+            else
+                for (size_t i = 0; i < F; i++) ar[i] = ork_act_apply(m->act, gr[i]) * ar[i];
+            if (L->down_rot) down_rotate(ar, 1, F, L->down_rot, L->down_rot_p);
+        }
+        break;
+    case ROWS_FFN_OUT:
+        for (size_t t = begin; t < end; t++) {
+            float *o = tmp + t * D, *xr = x + t * D;
+            if (L->post_ffn_norm) rmsnorm(o, L->post_ffn_norm, D, m->norm_eps, o);
+            for (size_t i = 0; i < D; i++) xr[i] += o[i];
+        }
+        break;
+    }
+    return ORK_OK;
+}
+
+/* run a row stage over T rows, on as many threads as ~64K floats of row work each justify */
+static ork_status rows_stage_run(rows_job *j, rows_stage stage, size_t T, size_t row_floats, int nthreads,
+                                 ork_err *err) {
+    j->stage = stage;
+    const int nt = ork_pool_threads_for(nthreads, (double)T * (double)row_floats, 65536.0);
+    const size_t chunk = T / (4 * (size_t)nt) > 0 ? T / (4 * (size_t)nt) : 1;
+    return ork_parallel_for(nt, T, chunk, rows_run, j, err);
+}
+
+/* One layer on the T rows of b->x (positions pos0..pos0+T-1), in place. Their keys and values
+ * are written to rows pos0..pos0+T-1 of kc / vc (n_head_kv * head_dim floats per row), and the
+ * attention reads rows 0..pos0+T-1: the chunk's own rows in the forward pass (pos0 = 0), the
+ * session's caches when decoding. */
 static ork_status layer_step(const ork_model *m, const ork_layer *L, fwd_bufs *b, size_t T, size_t pos0,
                              float *kc, float *vc, int nthreads, ork_err *err) {
     const size_t D = m->n_embd, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_head_kv * hd, F = m->n_ff;
-    float *x = b->x, *h = b->h, *q = b->q, *a = b->a, *g = b->g, *tmp = b->tmp;
+    float *h = b->h, *q = b->q, *a = b->a, *g = b->g, *tmp = b->tmp;
     float *k = kc + pos0 * kvd, *v = vc + pos0 * kvd;
-    const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
+    rows_job rj = {m, L, b, k, pos0, ROWS_ATTN_IN};
     ork_status st;
-    for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->attn_norm, D, m->norm_eps, h + t * D);
-    if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
+    if ((st = rows_stage_run(&rj, ROWS_ATTN_IN, T, 2 * D, nthreads, err))) return st;
     if ((st = block_linear(&L->wq, h, T, pos0, q, nthreads, err))) return st;
     if ((st = block_linear(&L->wk, h, T, pos0, k, nthreads, err))) return st;
     if ((st = block_linear(&L->wv, h, T, pos0, v, nthreads, err))) return st;
-    const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
-    const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
-    for (size_t t = 0; t < T; t++) {
-        const float pos = (float)(pos0 + t);
-        for (size_t hh = 0; hh < m->n_head; hh++) {
-            float *qh = q + t * qd + hh * hd;
-            if (L->q_norm) rmsnorm(qh, L->q_norm, hd, m->norm_eps, qh);
-            rope(qh, m->n_rot, m->rope_type, pos, base, fscale, m->rope_freqs, mscale);
-        }
-        for (size_t hh = 0; hh < m->n_head_kv; hh++) {
-            float *kh = k + t * kvd + hh * hd;
-            if (L->k_norm) rmsnorm(kh, L->k_norm, hd, m->norm_eps, kh);
-            rope(kh, m->n_rot, m->rope_type, pos, base, fscale, m->rope_freqs, mscale);
-        }
-    }
+    if ((st = rows_stage_run(&rj, ROWS_ROPE, T, 8 * (qd + kvd), nthreads, err))) return st;
     const size_t rows = attn_rows(b->n_keys), nblk = (T + rows - 1) / rows;
     int nt = ork_pool_threads_for(nthreads, (double)T * (double)(pos0 + T) * (double)qd, 1 << 20);
     if ((st = attn_ensure(b, nt, err))) return st;
     attn_job aj = {m, q, kc, vc, a, T, pos0, L->n_swa, rows, nblk, b->s, attn_slot_floats(b->n_keys), b->busy, nt};
     if ((st = ork_parallel_for(nt, m->n_head * nblk, 1, attn_blocks, &aj, err))) return st;
     if ((st = block_linear(&L->wo, a, T, pos0, tmp, nthreads, err))) return st;
-    if (L->post_attn_norm)
-        for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_attn_norm, D, m->norm_eps, tmp + t * D);
-    for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
-    for (size_t t = 0; t < T; t++) rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
-    if (L->norm_rot) down_rotate(h, T, D, L->norm_rot, L->norm_rot_p);
+    if ((st = rows_stage_run(&rj, ROWS_ATTN_OUT, T, 4 * D, nthreads, err))) return st;
     if (L->ffn) {
         if ((st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, tmp, nthreads, err))) return st;
     } else {
         if ((st = block_linear(&L->w_gate, h, T, pos0, g, nthreads, err))) return st;
         if ((st = block_linear(&L->w_up, h, T, pos0, a, nthreads, err))) return st;
         if (L->ffn_stats) ork_ffn_stats_add(L->ffn_stats, g, a, T, F);
-        if (m->act == ORK_ACT_SILU)
-            for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(ORK_ACT_SILU, g[i]) * a[i];
-        else
-            for (size_t i = 0; i < T * F; i++) a[i] = ork_act_apply(m->act, g[i]) * a[i];
-        if (L->down_rot) down_rotate(a, T, F, L->down_rot, L->down_rot_p);
+        if ((st = rows_stage_run(&rj, ROWS_ACT, T, 8 * F, nthreads, err))) return st;
         if ((st = block_linear(&L->w_down, a, T, pos0, tmp, nthreads, err))) return st;
     }
-    if (L->post_ffn_norm)
-        for (size_t t = 0; t < T; t++) rmsnorm(tmp + t * D, L->post_ffn_norm, D, m->norm_eps, tmp + t * D);
-    for (size_t i = 0; i < T * D; i++) x[i] += tmp[i];
-    return ORK_OK;
+    return rows_stage_run(&rj, ROWS_FFN_OUT, T, 2 * D, nthreads, err);
 }
 
 /* logits (rows x n_vocab) of the rows of x: the output norm into h, the head, the final soft-cap */
@@ -539,18 +616,35 @@ ork_status ork_session_eval(ork_session *s, const int32_t *tokens, size_t n, int
     return ORK_OK;
 }
 
-ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,
-                        ork_err *err) {
-    for (size_t r = 0; r < rows; r++) {
-        const float *l = logits + r * n_vocab;
-        if (targets[r] < 0 || (size_t)targets[r] >= n_vocab)
-            return ork_err_set(err, ORK_EINVAL, "target %d of row %zu is outside the vocabulary", targets[r], r);
+typedef struct {
+    const float *logits;
+    size_t n_vocab;
+    const int32_t *targets;
+    double *nll;
+} nll_job;
+
+static ork_status nll_run(void *ctx, size_t begin, size_t end, ork_err *err) {
+    (void)err;
+    const nll_job *j = (const nll_job *)ctx;
+    for (size_t r = begin; r < end; r++) {
+        const float *l = j->logits + r * j->n_vocab;
         float mx = l[0];
-        for (size_t i = 1; i < n_vocab; i++)
+        for (size_t i = 1; i < j->n_vocab; i++)
             if (l[i] > mx) mx = l[i];
         double sum_exp = 0.0;
-        for (size_t i = 0; i < n_vocab; i++) sum_exp += expf(l[i] - mx);
-        nll[r] = -((double)(l[targets[r]] - mx) - log(sum_exp));
+        for (size_t i = 0; i < j->n_vocab; i++) sum_exp += expf(l[i] - mx);
+        j->nll[r] = -((double)(l[j->targets[r]] - mx) - log(sum_exp));
     }
     return ORK_OK;
+}
+
+ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,
+                        int nthreads, ork_err *err) {
+    for (size_t r = 0; r < rows; r++)
+        if (targets[r] < 0 || (size_t)targets[r] >= n_vocab)
+            return ork_err_set(err, ORK_EINVAL, "target %d of row %zu is outside the vocabulary", targets[r], r);
+    if (rows == 0 || n_vocab == 0) return ORK_OK;
+    nll_job j = {logits, n_vocab, targets, nll};
+    const int nt = ork_pool_threads_for(nthreads, (double)rows * (double)n_vocab, 1 << 18);
+    return ork_parallel_for(nt, rows, 1, nll_run, &j, err);
 }

@@ -167,8 +167,9 @@ ork_status ork_session_eval(ork_session *s, const int32_t *tokens, size_t n, int
                             int nthreads, ork_err *err);
 
 /* Negative log-likelihood of targets under log_softmax(logits) per row, as
- * llama-perplexity: nll = -(l[t] - max - log(sum exp(l - max))), the sum in double. */
+ * llama-perplexity: nll = -(l[t] - max - log(sum exp(l - max))), the sum in double
+ * (one row's sum in order on one thread: the result never depends on nthreads; <= 0: all cores). */
 ork_status ork_nll_rows(const float *logits, size_t rows, size_t n_vocab, const int32_t *targets, double *nll,
-                        ork_err *err);
+                        int nthreads, ork_err *err);
 
 #endif

@@ -408,7 +408,7 @@ static PyMethodDef core_methods[] = {
      "gptq_factor(h, threads=0) -> float64 U (upper, inv(h) = U^T U)"},
     {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,
      "mapguard_state() -> dict(installed, mappings): the SIGBUS guard of MappedFile"},
-    {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets) -> float64 NLL per row (llama-perplexity)"},
+    {"nll_rows", orkpy_nll_rows, METH_VARARGS, "nll_rows(logits, targets, threads=0) -> float64 NLL per row (llama-perplexity); threads <= 0: all cores"},
     {"npu_matmul_task", (PyCFunction)(void (*)(void))orkpy_npu_matmul_task, METH_VARARGS | METH_KEYWORDS,
      "npu_matmul_task(dtype, M, K, N, in_addr, w_addr, out_addr) -> uint64[108] register commands"},
     {"npu_names", orkpy_npu_names, METH_VARARGS, "npu_names(target, reg) -> (block name, register name)"},

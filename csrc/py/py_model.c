@@ -549,7 +549,8 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *l_obj, *t_obj;
-    if (!PyArg_ParseTuple(args, "OO:nll_rows", &l_obj, &t_obj)) return NULL;
+    int threads = 0;
+    if (!PyArg_ParseTuple(args, "OO|i:nll_rows", &l_obj, &t_obj, &threads)) return NULL;
     PyArrayObject *l = orkpy_as_exact(l_obj, NPY_FLOAT32, 2, "logits");
     if (!l) return NULL;
     PyArrayObject *t = tokens_arg(t_obj);
@@ -571,7 +572,7 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     if (out) {
         Py_BEGIN_ALLOW_THREADS
         st = ork_nll_rows((const float *)PyArray_DATA(l), (size_t)rows, (size_t)PyArray_DIM(l, 1),
-                          (const int32_t *)PyArray_DATA(t), (double *)PyArray_DATA(out), &err);
+                          (const int32_t *)PyArray_DATA(t), (double *)PyArray_DATA(out), threads, &err);
         Py_END_ALLOW_THREADS
     }
     Py_DECREF(l);
