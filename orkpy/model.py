@@ -305,8 +305,13 @@ class Model:
         """The linear layers' names in the forward pass's order (:func:`linear_names`)."""
         return list(self._linears)
 
-    def forward(self, tokens: ArrayLike, first: int = 0, threads: Optional[int] = None) -> NDArray[np.float32]:
-        return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads))
+    def forward(self, tokens: ArrayLike, first: int = 0, threads: Optional[int] = None,
+                out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+        """float32 logits of positions ``first .. T-1`` of one chunk (T = len(tokens)), shape
+        (T - first, n_vocab). ``out``: a writeable C-contiguous float32 array of that shape to
+        write them into (and return), so a loop over chunks reuses one buffer instead of a fresh
+        one per chunk (perplexity does); its contents are unspecified after an error."""
+        return self._fwd.forward(np.asarray(tokens), int(first), 0 if threads is None else int(threads), out)
 
     # ------------------------------------------------------- generation --
     def session(self, n_ctx: int, n_batch: int = 512) -> Session:

@@ -200,8 +200,9 @@ def perplexity(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, A
     nlls, kl, same = [], [], []
     chunk_ppl = []
     bar = progress_bar(n_chunk, "perplexity", progress, "chunk")
+    buf = np.empty((n_ctx - first, model.n_vocab), np.float32)  # one logits buffer for every chunk
     for c, chunk in enumerate(chunk_iter):
-        logits = model.forward(chunk, first=first, threads=threads)[:-1]  # positions first .. n_ctx-2
+        logits = model.forward(chunk, first=first, threads=threads, out=buf)[:-1]  # positions first .. n_ctx-2
         targets = tokens[c * n_ctx + first + 1:(c + 1) * n_ctx]
         nll = _core.nll_rows(np.ascontiguousarray(logits), targets, 0 if threads is None else int(threads))
         nlls.append(nll)

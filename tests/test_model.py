@@ -318,3 +318,23 @@ def test_nll_rows_against_float64_and_thread_count():
     bad[5] = 5003
     with pytest.raises(ValueError, match="target 5003 of row 5 is outside the vocabulary"):
         _core.nll_rows(logits, bad, 2)
+
+
+def test_forward_into_out(shared):
+    """forward(out=buf) writes the same logits into buf and returns it; a wrong buffer is refused
+    by name before any work."""
+    m = load_model(shared / "models/stories260K/stories260K-F32.gguf")
+    ids = np.arange(1, 41, dtype=np.int32)
+    want = m.forward(ids, first=10)
+    buf = np.full((30, m.n_vocab), np.nan, np.float32)
+    got = m.forward(ids, first=10, out=buf)
+    assert got is buf and np.array_equal(buf, want)
+    with pytest.raises(ValueError, match=r"out must have shape \(30, 512\)"):
+        m.forward(ids, first=10, out=np.empty((31, m.n_vocab), np.float32))
+    for bad in (np.empty((30, m.n_vocab), np.float64), np.empty((m.n_vocab, 30), np.float32).T, [[0.0]]):
+        with pytest.raises(TypeError, match="out must be a writeable C-contiguous float32 ndarray"):
+            m.forward(ids, first=10, out=bad)
+    ro = np.empty((30, m.n_vocab), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="writeable"):
+        m.forward(ids, first=10, out=ro)

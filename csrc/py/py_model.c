@@ -508,11 +508,12 @@ static PyArrayObject *tokens_arg(PyObject *obj) {
 }
 
 static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"tokens", "first", "threads", NULL};
-    PyObject *tok_obj;
+    static char *kwlist[] = {"tokens", "first", "threads", "out", NULL};
+    PyObject *tok_obj, *out_obj = Py_None;
     Py_ssize_t first = 0;
     int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ni:forward", kwlist, &tok_obj, &first, &threads)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|niO:forward", kwlist, &tok_obj, &first, &threads, &out_obj))
+        return NULL;
     if (orkpy_check_threads(threads) < 0) return NULL;
     PyArrayObject *t = tokens_arg(tok_obj);
     if (!t) return NULL;
@@ -522,7 +523,22 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
         return PyErr_Format(PyExc_ValueError, "first must be in [0, %zd), got %zd", (Py_ssize_t)T, first);
     }
     npy_intp dims[2] = {T - first, (npy_intp)self->m.n_vocab};
-    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    PyArrayObject *out;
+    if (out_obj == Py_None) {
+        out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    } else if (!PyArray_Check(out_obj) || PyArray_TYPE((PyArrayObject *)out_obj) != NPY_FLOAT32 ||
+               !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out_obj) || !PyArray_ISWRITEABLE((PyArrayObject *)out_obj)) {
+        Py_DECREF(t);
+        return PyErr_Format(PyExc_TypeError, "out must be a writeable C-contiguous float32 ndarray");
+    } else if (PyArray_NDIM((PyArrayObject *)out_obj) != 2 || PyArray_DIM((PyArrayObject *)out_obj, 0) != dims[0] ||
+               PyArray_DIM((PyArrayObject *)out_obj, 1) != dims[1]) {
+        Py_DECREF(t);
+        return PyErr_Format(PyExc_ValueError, "out must have shape (%zd, %zd) (the rows first..T-1 x n_vocab)",
+                            (Py_ssize_t)dims[0], (Py_ssize_t)dims[1]);
+    } else {
+        Py_INCREF(out_obj);
+        out = (PyArrayObject *)out_obj;
+    }
     if (!out) {
         Py_DECREF(t);
         return NULL;
@@ -1332,7 +1348,7 @@ static PyMethodDef fwd_methods[] = {
     {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,
      "-> [(sums, count)] per linear in linear_names(hparams) order; stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
-     "forward(tokens, first=0, threads=0) -> float32 logits (T - first, n_vocab)"},
+     "forward(tokens, first=0, threads=0, out=None) -> float32 logits (T - first, n_vocab), written into out when given"},
     {"session", (PyCFunction)(void (*)(void))fwd_session, METH_VARARGS | METH_KEYWORDS,
      "session(n_ctx, n_batch=512) -> Session: a KV-cached decode session with n_ctx positions"},
     {NULL, NULL, 0, NULL},
