@@ -338,3 +338,35 @@ def test_forward_into_out(shared):
     ro.flags.writeable = False
     with pytest.raises(TypeError, match="writeable"):
         m.forward(ids, first=10, out=ro)
+
+
+def test_resident_workers_survive_fork_and_concurrent_callers(shared):
+    """The pool's resident workers (pool.c): a forked child gets a fresh pool and still runs a
+    2-thread pass (same bits), and passes from several Python threads at once (one holds the
+    workers, the others start their own threads) give the same bits as one alone."""
+    import os
+    import signal
+    import threading
+    m = load_model(shared / "models/stories260K/stories260K-F32.gguf")
+    ids = np.arange(1, 65, dtype=np.int32)
+    want = m.forward(ids, threads=2)          # starts the resident worker
+    pid = os.fork()
+    if pid == 0:                              # the child: no workers survived the fork
+        signal.alarm(60)                      # a hang fails the test instead of blocking it
+        ok = False
+        try:
+            ok = np.array_equal(m.forward(ids, threads=2), want)
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    got = [None] * 4
+
+    def run(i):
+        got[i] = m.forward(ids, threads=2)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert all(g is not None and np.array_equal(g, want) for g in got)

@@ -34,8 +34,8 @@ int ork_pool_threads_for(int nthreads, double work, double min_per_thread) {
     return fit < (double)n ? (int)fit : n;
 }
 
-static void *pool_worker(void *arg) {
-    pool_job *job = (pool_job *)arg;
+/* run chunks of a job until none is left (every participant, the caller included) */
+static void pool_run(pool_job *job) {
     for (;;) {
         size_t b = atomic_fetch_add(&job->next, job->chunk);
         if (b >= job->n) break;
@@ -53,8 +53,122 @@ static void *pool_worker(void *arg) {
             pthread_mutex_unlock(&job->lock);
         }
     }
+}
+
+/* ------------------------------------------------------------------------
+ * The resident workers. Starting a thread per parallel_for cost tens of
+ * microseconds and a cold stack each time, and a forward pass runs hundreds of
+ * them (a decoded token too), so workers are started once, on first need, and
+ * wait for jobs: each new job bumps a generation number; worker i takes part
+ * when i < want. A worker spins briefly on the generation before it sleeps on
+ * the condition variable (the next job of a forward pass follows within
+ * microseconds); the caller spins briefly on the count of active workers before
+ * it sleeps. One job uses the workers at a time (pool_use); a call that finds
+ * them busy (another thread's job, or a nested call) starts threads of its own
+ * as before. A forked child starts with no workers (pthread_atfork). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    int nworkers;            /* started (under pool_use) */
+    unsigned long gen;       /* under mu; also published in pub_gen */
+    pool_job *job;
+    int want;
+} pool_state;
+
+static pool_state P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0};
+static pthread_mutex_t pool_use = PTHREAD_MUTEX_INITIALIZER;
+static atomic_ulong pub_gen;
+static atomic_int active;      /* workers still in the current job */
+static unsigned long start_gen[ORK_POOL_MAX_THREADS]; /* the generation when worker i was started */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+#define POOL_SPIN 20000
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void *resident_worker(void *arg) {
+    const int idx = (int)(intptr_t)arg;
+    unsigned long seen = start_gen[idx]; /* the job being published next is new to it */
+    for (;;) {
+        for (int s = 0; s < POOL_SPIN && atomic_load_explicit(&pub_gen, memory_order_acquire) == seen; s++) cpu_relax();
+        pthread_mutex_lock(&P.mu);
+        while (P.gen == seen) pthread_cond_wait(&P.wake, &P.mu);
+        seen = P.gen;
+        pool_job *job = idx < P.want ? P.job : NULL;
+        pthread_mutex_unlock(&P.mu);
+        if (!job) continue;
+        pool_run(job);
+        if (atomic_fetch_sub_explicit(&active, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&P.mu);
+            pthread_cond_signal(&P.done);
+            pthread_mutex_unlock(&P.mu);
+        }
+    }
     return NULL;
 }
+
+static void pool_after_fork_child(void) {
+    /* the workers did not survive the fork: a fresh, empty pool */
+    pthread_mutex_init(&P.mu, NULL);
+    pthread_cond_init(&P.wake, NULL);
+    pthread_cond_init(&P.done, NULL);
+    P.nworkers = 0;
+    P.gen = 0;
+    P.job = NULL;
+    P.want = 0;
+    atomic_store(&pub_gen, 0);
+    atomic_store(&active, 0);
+    pthread_mutex_init(&pool_use, NULL);
+}
+
+static void pool_register_fork(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
+
+/* run job on the caller and `helpers` resident workers; 0 if the pool was busy (nothing run) */
+static int pool_resident(pool_job *job, int helpers) {
+    if (pthread_mutex_trylock(&pool_use) != 0) return 0;
+    pthread_once(&fork_once, pool_register_fork);
+    while (P.nworkers < helpers) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        start_gen[P.nworkers] = P.gen; /* stable: P.gen only moves under pool_use, which this call holds */
+        int ok = pthread_create(&t, &at, resident_worker, (void *)(intptr_t)P.nworkers) == 0;
+        pthread_attr_destroy(&at);
+        if (!ok) break;
+        P.nworkers++;
+    }
+    if (helpers > P.nworkers) helpers = P.nworkers; /* fewer started: the caller does more */
+    atomic_store(&active, helpers);
+    pthread_mutex_lock(&P.mu);
+    P.job = job;
+    P.want = helpers;
+    P.gen++;
+    atomic_store_explicit(&pub_gen, P.gen, memory_order_release);
+    if (helpers) pthread_cond_broadcast(&P.wake);
+    pthread_mutex_unlock(&P.mu);
+    pool_run(job);
+    for (int s = 0; s < POOL_SPIN && atomic_load_explicit(&active, memory_order_acquire) > 0; s++) cpu_relax();
+    if (atomic_load_explicit(&active, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&P.mu);
+        while (atomic_load_explicit(&active, memory_order_acquire) > 0) pthread_cond_wait(&P.done, &P.mu);
+        pthread_mutex_unlock(&P.mu);
+    }
+    pthread_mutex_unlock(&pool_use);
+    return 1;
+}
+
+static void *pool_worker(void *arg) {
+    pool_run((pool_job *)arg);
+    return NULL;
+}
+
 
 ork_status ork_parallel_for(int nthreads, size_t n, size_t chunk, ork_range_fn fn, void *ctx,
                             ork_err *err) {
@@ -77,16 +191,20 @@ ork_status ork_parallel_for(int nthreads, size_t n, size_t chunk, ork_range_fn f
     job.fail_st = ORK_OK;
     job.fail_err.msg[0] = '\0';
 
-    pthread_t tids[ORK_POOL_MAX_THREADS];
-    int started = 0;
-    for (int t = 1; t < nthreads; t++) {
-        if (pthread_create(&tids[started], NULL, pool_worker, &job) != 0) break;
-        started++;
+    if (nthreads == 1) {
+        pool_run(&job);
+    } else if (!pool_resident(&job, nthreads - 1)) {
+        pthread_t tids[ORK_POOL_MAX_THREADS];
+        int started = 0;
+        for (int t = 1; t < nthreads; t++) {
+            if (pthread_create(&tids[started], NULL, pool_worker, &job) != 0) break;
+            started++;
+        }
+        /* The caller works too; if no thread could be started it does all the
+         * work alone, which is slower but gives the same result. */
+        pool_worker(&job);
+        for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
     }
-    /* The caller works too; if no thread could be started it does all the
-     * work alone, which is slower but gives the same result. */
-    pool_worker(&job);
-    for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
     pthread_mutex_destroy(&job.lock);
 
     if (job.fail_st != ORK_OK) {

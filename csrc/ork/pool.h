@@ -6,6 +6,11 @@
  * the thread count. If chunks fail, the status and message of the failing
  * chunk with the LOWEST begin index is returned, so even errors are
  * deterministic across thread counts.
+ *
+ * The helper threads are resident (pool.c): started on first need and kept,
+ * waiting between jobs; one job uses them at a time, and a call that finds
+ * them busy (another thread's job, or a call from inside a job) starts threads
+ * of its own for that call. A forked child starts with none.
  */
 #ifndef ORK_POOL_H
 #define ORK_POOL_H
