@@ -10,7 +10,18 @@ import sys
 
 def maxrss_mb(who: int) -> float:
     """Peak resident set of this process (resource.RUSAGE_SELF) or of its waited-for children
-    (RUSAGE_CHILDREN), in MB."""
+    (RUSAGE_CHILDREN), in MB. For this process, Linux's VmHWM (the peak of its own address space):
+    ru_maxrss also keeps the peak of the process it was spawned from (Linux carries it across
+    fork and exec), so a worker spawned by a parent holding 650 MB reported 650 MB whatever it
+    used. A child's figure keeps that floor: the spawning worker's own RSS at the time (tens of MB)."""
+    if who == resource.RUSAGE_SELF:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024.0
+        except OSError:
+            pass
     return resource.getrusage(who).ru_maxrss / 1024.0
 
 
