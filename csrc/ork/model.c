@@ -155,10 +155,10 @@ ork_status ork_model_check(const ork_model *m, ork_err *err) {
 }
 
 /* ----------------------------------------------------------- attention -- */
-/* Work item (head h, block of up to rows_per_block query rows): the block's scores against
- * the keys any of its rows sees, by the float32 GEMM (attn.h: each score its own chain, so
- * the block never changes one), then per row the softmax over its own keys and the value
- * sum over exactly those keys. A decoded token (T = 1) is a block of one row: the same
+/* Work item (KV head, block of up to `rows` query rows), for each query head of the KV head's
+ * group: the block's scores against the keys any of its rows sees, by the float32 GEMM
+ * (attn.h: each score its own chain, so the block never changes one), then per row the
+ * softmax over its own keys and the value sum over exactly those keys. A decoded token (T = 1) is a block of one row: the same
  * chains, so its output equals the prefill row's bit for bit. Each running item holds one
  * scratch slot (scores + the GEMM's packing buffer); at most nslots items run at once. */
 typedef struct {
@@ -179,14 +179,15 @@ typedef struct {
 /* the first key position a query at position p sees */
 static size_t attn_lo(size_t p, size_t n_swa) { return n_swa && p >= n_swa ? p + 1 - n_swa : 0; }
 
-/* query rows per block: at most 64, and the block's scores within 2^18 floats (1 MB) */
-static size_t attn_rows(size_t n_keys) {
-    size_t r = ((size_t)1 << 18) / (n_keys ? n_keys : 1);
+/* query rows per block: at most 64, and the block's scores for a KV head's group of query heads
+ * within 2^18 floats (1 MB) */
+static size_t attn_rows(size_t n_keys, size_t group) {
+    size_t r = ((size_t)1 << 18) / ((n_keys ? n_keys : 1) * (group ? group : 1));
     return r < 1 ? 1 : r > 64 ? 64 : r;
 }
 
-static size_t attn_slot_floats(size_t n_keys) {
-    const size_t s = attn_rows(n_keys) * n_keys;
+static size_t attn_slot_floats(size_t n_keys, size_t group) {
+    const size_t s = group * attn_rows(n_keys, group) * n_keys;
     return (s + 15) / 16 * 16 + ORK_GEMM_F32_SCRATCH; /* the GEMM scratch stays 64-byte aligned */
 }
 
@@ -205,33 +206,48 @@ static ork_status attn_blocks(void *ctx, size_t begin, size_t end, ork_err *err)
     float *S = j->slots + (size_t)slot * j->slot_floats;
     float *gs = S + (j->slot_floats - ORK_GEMM_F32_SCRATCH);
     for (size_t it = begin; it < end; it++) {
-        const size_t h = it / j->nblk, kh = h / group, t0 = (it % j->nblk) * j->rows;
-        const size_t t1 = t0 + j->rows < j->T ? t0 + j->rows : j->T;
+        const size_t kh = it / j->nblk, h0 = kh * group, t0 = (it % j->nblk) * j->rows;
+        const size_t t1 = t0 + j->rows < j->T ? t0 + j->rows : j->T, nr = t1 - t0;
         const size_t klo = attn_lo(j->pos0 + t0, j->n_swa), nk = j->pos0 + t1 - klo; /* keys klo..klo+nk-1 */
-        gk->cols(j->q + t0 * qd + h * hd, qd, t1 - t0, hd, j->k + klo * kvd + kh * hd, kvd, 0, nk, S, nk, gs);
-        for (size_t t = t0; t < t1; t++) {
-            const size_t p = j->pos0 + t, lo = attn_lo(p, j->n_swa), n = p + 1 - lo; /* keys lo..p */
-            ak->softmax(S + (t - t0) * nk + (lo - klo), n, scale, cap); /* the probabilities */
-            memset(j->out + t * qd + h * hd, 0, hd * sizeof(float));
+        const float *kb = j->k + klo * kvd + kh * hd, *vh = j->v + kh * hd;
+        /* S[(g * nr + row) * nk + key]: head h0 + g of the group. One row (a decoded token): the
+         * group's query vectors are adjacent rows (stride hd), one GEMM packs the keys once. */
+        if (nr == 1)
+            gk->cols(j->q + t0 * qd + h0 * hd, hd, group, hd, kb, kvd, 0, nk, S, nk, gs);
+        else
+            for (size_t g = 0; g < group; g++)
+                gk->cols(j->q + t0 * qd + (h0 + g) * hd, qd, nr, hd, kb, kvd, 0, nk, S + g * nr * nk, nk, gs);
+        for (size_t g = 0; g < group; g++)
+            for (size_t t = t0; t < t1; t++) {
+                const size_t p = j->pos0 + t, lo = attn_lo(p, j->n_swa), n = p + 1 - lo; /* keys lo..p */
+                ak->softmax(S + (g * nr + t - t0) * nk + (lo - klo), n, scale, cap); /* the probabilities */
+                memset(j->out + t * qd + (h0 + g) * hd, 0, hd * sizeof(float));
+            }
+        if (nr == 1) { /* the group's heads share every value load (outputs adjacent, stride hd) */
+            const size_t lo = attn_lo(j->pos0 + t0, j->n_swa);
+            ak->pv(S + (lo - klo), nk, group, vh + lo * kvd, kvd, j->pos0 + t0 + 1 - lo, hd,
+                   j->out + t0 * qd + h0 * hd, hd);
+            continue;
         }
         /* value sums, ATTN_PV_ROWS rows at a time: each row's keys in order, the rows' common
-         * range [L, P] together (row t's probability of key u is S[(t - t0) * nk + u - klo]) */
-        for (size_t ta = t0; ta < t1; ta += ATTN_PV_ROWS) {
-            const size_t tb = ta + ATTN_PV_ROWS < t1 ? ta + ATTN_PV_ROWS : t1, R = tb - ta;
-            const size_t L = attn_lo(j->pos0 + tb - 1, j->n_swa), P = j->pos0 + ta;
-            const float *Sa = S + (ta - t0) * nk;
-            float *oa = j->out + ta * qd + h * hd;
-            const float *vh = j->v + kh * hd;
-            for (size_t r = 0; r < R; r++) {
-                const size_t lo = attn_lo(j->pos0 + ta + r, j->n_swa), p = j->pos0 + ta + r;
-                const size_t hi = L <= P ? L : p + 1; /* keys lo..hi-1 before the common range (all, without one) */
-                if (hi > lo) ak->pv(Sa + r * nk + (lo - klo), nk, 1, vh + lo * kvd, kvd, hi - lo, hd, oa + r * qd, qd);
+         * range [L, P] together (row t's probability of key u is S[(g * nr + t - t0) * nk + u - klo]) */
+        for (size_t g = 0; g < group; g++)
+            for (size_t ta = t0; ta < t1; ta += ATTN_PV_ROWS) {
+                const size_t tb = ta + ATTN_PV_ROWS < t1 ? ta + ATTN_PV_ROWS : t1, R = tb - ta;
+                const size_t L = attn_lo(j->pos0 + tb - 1, j->n_swa), P = j->pos0 + ta;
+                const float *Sa = S + (g * nr + ta - t0) * nk;
+                float *oa = j->out + ta * qd + (h0 + g) * hd;
+                for (size_t r = 0; r < R; r++) {
+                    const size_t lo = attn_lo(j->pos0 + ta + r, j->n_swa), p = j->pos0 + ta + r;
+                    const size_t hi = L <= P ? L : p + 1; /* keys lo..hi-1 before the common range (all, without one) */
+                    if (hi > lo)
+                        ak->pv(Sa + r * nk + (lo - klo), nk, 1, vh + lo * kvd, kvd, hi - lo, hd, oa + r * qd, qd);
+                }
+                if (L > P) continue;
+                ak->pv(Sa + (L - klo), nk, R, vh + L * kvd, kvd, P + 1 - L, hd, oa, qd);
+                for (size_t r = 1; r < R; r++) /* keys P+1 .. p */
+                    ak->pv(Sa + r * nk + (P + 1 - klo), nk, 1, vh + (P + 1) * kvd, kvd, r, hd, oa + r * qd, qd);
             }
-            if (L > P) continue;
-            ak->pv(Sa + (L - klo), nk, R, vh + L * kvd, kvd, P + 1 - L, hd, oa, qd);
-            for (size_t r = 1; r < R; r++) /* keys P+1 .. p */
-                ak->pv(Sa + r * nk + (P + 1 - klo), nk, 1, vh + (P + 1) * kvd, kvd, r, hd, oa + r * qd, qd);
-        }
     }
     atomic_store_explicit(&j->busy[slot], 0, memory_order_release);
     return ORK_OK;
@@ -269,7 +285,7 @@ static void down_rotate(float *x, size_t T, size_t n, const float *R, size_t p) 
 
 /* ------------------------------------------------------------- forward -- */
 /* the activations of one step of T tokens (rows of D, D, qd, max(qd, F), F, D floats) and
- * the attention's scratch slots (attn_slot_floats(n_keys) floats each, one per thread that
+ * the attention's scratch slots (attn_slot_floats(n_keys, group) floats each, one per thread that
  * runs attention items; grown on first use by attn_ensure) */
 typedef struct {
     float *x, *h, *q, *a, *g, *tmp, *s;
@@ -308,9 +324,9 @@ static ork_status bufs_alloc(const ork_model *m, size_t T, size_t n_keys, fwd_bu
 }
 
 /* at least nslots attention scratch slots for n_keys keys in b (kept for later steps) */
-static ork_status attn_ensure(fwd_bufs *b, int nslots, ork_err *err) {
+static ork_status attn_ensure(fwd_bufs *b, int nslots, size_t group, ork_err *err) {
     if (b->s_slots >= (size_t)nslots) return ORK_OK;
-    const size_t per = attn_slot_floats(b->n_keys), bytes = mul3((size_t)nslots, per, sizeof(float));
+    const size_t per = attn_slot_floats(b->n_keys, group), bytes = mul3((size_t)nslots, per, sizeof(float));
     float *s = bytes ? aligned_alloc(64, bytes) : NULL;
     atomic_int *busy = s ? malloc((size_t)nslots * sizeof *busy) : NULL;
     if (!busy) {
@@ -462,11 +478,12 @@ static ork_status layer_step(const ork_model *m, const ork_layer *L, fwd_bufs *b
     if ((st = block_linear(&L->wk, h, T, pos0, k, nthreads, err))) return st;
     if ((st = block_linear(&L->wv, h, T, pos0, v, nthreads, err))) return st;
     if ((st = rows_stage_run(&rj, ROWS_ROPE, T, 8 * (qd + kvd), nthreads, err))) return st;
-    const size_t rows = attn_rows(b->n_keys), nblk = (T + rows - 1) / rows;
+    const size_t group = m->n_head / m->n_head_kv, rows = attn_rows(b->n_keys, group), nblk = (T + rows - 1) / rows;
     int nt = ork_pool_threads_for(nthreads, (double)T * (double)(pos0 + T) * (double)qd, 1 << 20);
-    if ((st = attn_ensure(b, nt, err))) return st;
-    attn_job aj = {m, q, kc, vc, a, T, pos0, L->n_swa, rows, nblk, b->s, attn_slot_floats(b->n_keys), b->busy, nt};
-    if ((st = ork_parallel_for(nt, m->n_head * nblk, 1, attn_blocks, &aj, err))) return st;
+    if ((st = attn_ensure(b, nt, group, err))) return st;
+    attn_job aj = {m, q, kc, vc, a, T, pos0, L->n_swa, rows, nblk, b->s, attn_slot_floats(b->n_keys, group), b->busy,
+                   nt};
+    if ((st = ork_parallel_for(nt, m->n_head_kv * nblk, 1, attn_blocks, &aj, err))) return st;
     if ((st = block_linear(&L->wo, a, T, pos0, tmp, nthreads, err))) return st;
     if ((st = rows_stage_run(&rj, ROWS_ATTN_OUT, T, 4 * D, nthreads, err))) return st;
     if (L->ffn) {
