@@ -387,6 +387,12 @@ typedef struct {
     rows_stage stage;
 } rows_job;
 
+/* x += o for one row of n, o first normalized in place by post_norm when the layer has one */
+static void residual_add(float *x, float *o, const float *post_norm, size_t n, float eps) {
+    if (post_norm) rmsnorm(o, post_norm, n, eps, o);
+    for (size_t i = 0; i < n; i++) x[i] += o[i];
+}
+
 static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
     const rows_job *j = (const rows_job *)ctx;
     const ork_model *m = j->m;
@@ -424,10 +430,8 @@ static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
     }
     case ROWS_ATTN_OUT:
         for (size_t t = begin; t < end; t++) {
-            float *o = tmp + t * D, *xr = x + t * D;
-            if (L->post_attn_norm) rmsnorm(o, L->post_attn_norm, D, m->norm_eps, o);
-            for (size_t i = 0; i < D; i++) xr[i] += o[i];
-            rmsnorm(xr, L->ffn_norm, D, m->norm_eps, h + t * D);
+            residual_add(x + t * D, tmp + t * D, L->post_attn_norm, D, m->norm_eps);
+            rmsnorm(x + t * D, L->ffn_norm, D, m->norm_eps, h + t * D);
             if (L->norm_rot) down_rotate(h + t * D, 1, D, L->norm_rot, L->norm_rot_p);
         }
         break;
@@ -443,11 +447,7 @@ static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
         }
         break;
     case ROWS_FFN_OUT:
-        for (size_t t = begin; t < end; t++) {
-            float *o = tmp + t * D, *xr = x + t * D;
-            if (L->post_ffn_norm) rmsnorm(o, L->post_ffn_norm, D, m->norm_eps, o);
-            for (size_t i = 0; i < D; i++) xr[i] += o[i];
-        }
+        for (size_t t = begin; t < end; t++) residual_add(x + t * D, tmp + t * D, L->post_ffn_norm, D, m->norm_eps);
         break;
     }
     return ORK_OK;
