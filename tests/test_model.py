@@ -370,3 +370,11 @@ def test_resident_workers_survive_fork_and_concurrent_callers(shared):
     for t in ts:
         t.join(60)
     assert all(g is not None and np.array_equal(g, want) for g in got)
+
+
+def test_huge_thread_counts_give_the_same_bits(shared):
+    """threads far past the cores (here up to 16 attention items run at once on 2 cores, and the
+    linears' pool clips at 256 threads) give the same bits as 2."""
+    m = load_model(shared / "models/stories260K/stories260K-F32.gguf")
+    ids = (np.arange(512, dtype=np.int32) * 7 + 1) % m.n_vocab
+    assert np.array_equal(m.forward(ids, threads=100000), m.forward(ids, threads=2))

@@ -174,6 +174,7 @@ typedef struct {
     int nslots;
 } attn_job;
 
+#define ATTN_MAX_SLOTS 256 /* scratch slots at most (threads=10000 asks for no 10000 slots of scores) */
 #define ATTN_PV_ROWS 3 /* rows per value-sum call (attn.h kernels take them three at a time) */
 
 /* the first key position a query at position p sees */
@@ -480,6 +481,8 @@ static ork_status layer_step(const ork_model *m, const ork_layer *L, fwd_bufs *b
     if ((st = rows_stage_run(&rj, ROWS_ROPE, T, 8 * (qd + kvd), nthreads, err))) return st;
     const size_t group = m->n_head / m->n_head_kv, rows = attn_rows(b->n_keys, group), nblk = (T + rows - 1) / rows;
     int nt = ork_pool_threads_for(nthreads, (double)T * (double)(pos0 + T) * (double)qd, 1 << 20);
+    if ((size_t)nt > m->n_head_kv * nblk) nt = (int)(m->n_head_kv * nblk); /* no more running items than items */
+    if (nt > ATTN_MAX_SLOTS) nt = ATTN_MAX_SLOTS;
     if ((st = attn_ensure(b, nt, group, err))) return st;
     attn_job aj = {m, q, kc, vc, a, T, pos0, L->n_swa, rows, nblk, b->s, attn_slot_floats(b->n_keys, group), b->busy,
                    nt};
