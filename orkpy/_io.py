@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import math
 import os
+import stat
 import secrets
 import sys
 import threading
@@ -131,8 +132,22 @@ def read_text_like_llama_cpp(path: StrPath) -> str:
 
 
 def sha256_file(path: StrPath, bufsize: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file's bytes."""
+    """Hex SHA-256 of a file's bytes. A non-empty regular file is hashed from a guarded mapping
+    (:class:`orkpy._core.MappedFile`: no copy through ``read()``, each hashed stretch's pages released
+    after it, FormatError naming the file if it changes meanwhile); anything else is read."""
     h = hashlib.sha256()
+    st = os.stat(path)
+    if stat.S_ISREG(st.st_mode) and st.st_size > 0:
+        from ._mapped import MappedFile, guarded
+        with MappedFile(path) as m, guarded((m,)):
+            mv = memoryview(m)
+            try:
+                for off in range(0, len(m), bufsize):
+                    h.update(mv[off:off + bufsize])
+                    m.release(off, min(bufsize, len(m) - off))
+            finally:
+                mv.release()
+        return h.hexdigest()
     with open(path, "rb") as f:
         while True:
             b = f.read(bufsize)

@@ -45,7 +45,7 @@ from .model import (LinearSpec, Model, as_model, calibrate_source_acts, linear_n
                     transformed_source)
 from .modeldir import MANIFEST, write_model_dir
 from .packed import PackedWeight, pack
-from .quant import FOUR_BIT_KINDS, check_group, quantize
+from .quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group, quantize
 from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
 from .tiermap import OUTPUT, TIER_BITS, TierMap, grouped_tier, split_tier
@@ -195,7 +195,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
                    target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False,
                    output: Optional[StrPath] = None, overwrite: bool = False,
-                   fallback: str = "infer") -> QuantizedModel:
+                   fallback: str = "infer", clip_search: str = "screen") -> QuantizedModel:
     """Quantize every linear of ``source`` (a GGUF; F32/F16/BF16 = the intended
     fp16 source, a quantized GGUF = the double-quant comparison; or a safetensors
     checkpoint) with the tiers of ``alloc`` (a TierMap, a mixed GGUF or an
@@ -241,12 +241,16 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     tensor's float32 copy plus a fixed overhead, not the model (calibration, GPTQ and AWQ still
     hold what they need). ``fallback``: how a GGUF ``alloc`` is read (:func:`orkpy.tier_map`):
     ``"infer"`` tiers tensors llama-quantize stored on fallback types by their intended types,
-    ``"literal"`` by the stored types."""
+    ``"literal"`` by the stored types. ``clip_search``: the imatrix clip search of the 4-bit
+    tiers, ``"screen"`` or ``"full"`` (:func:`orkpy.quantize`'s ``search``; recorded in the
+    settings when full)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
     if kind not in FOUR_BIT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)} (the int4 tier's codebook), got {kind!r}")
+    if clip_search not in CLIP_SEARCHES:
+        raise ValueError(f"clip_search must be one of {', '.join(map(repr, CLIP_SEARCHES))}, got {clip_search!r}")
     if method not in ("rtn", "gptq"):
         raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
     gptq = method == "gptq"
@@ -333,6 +337,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             gq = gptq_linears(src, calib, kinds, n_ctx=calib_ctx, chunks=calib_chunks, names=list(kinds),
                               threads=threads, progress=progress, group_size=gsizes, sequential=bool(gptq_sequential))
         bar = progress_bar(len(names), "quantize", progress, "tensor")
+        scratch = np.empty(0, np.float32)
         for name in names:
             tier = tm.linear_tier(name)
             qkind = tier_path(tier, kind)
@@ -351,7 +356,10 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 if bar is not None:
                     bar.update(1)
                 continue
-            w = src.linear(name)
+            shape = src.shapes()[src.tensor_name(name)]
+            if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
+                scratch = np.empty(shape[0] * shape[1], np.float32)
+            w = src.linear(name, scratch=scratch[:shape[0] * shape[1]].reshape(shape))
             im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
             if im is not None and name in awq_cols and im.shape == awq_cols[name].shape:
                 im = (np.asarray(im, np.float64) / awq_cols[name] ** 2).astype(np.float32)  # the scaled inputs' importance
@@ -359,7 +367,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
                 raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
                                  f"K = {w.shape[1]} input columns: the imatrix is for a different model")
-            q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads, group_size=gsize)
+            q = quantize(w, qkind, imatrix=im, sr=sr, seed=seed, clip_grid=clip_grid, threads=threads, group_size=gsize,
+                         search=clip_search)
             del w
             tensors[name] = pack(q)
             del q
@@ -383,6 +392,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             settings["awq"] = True
         if group_size:
             settings["group_size"] = int(group_size)
+        if clip_search != "screen":  # only then: the default keeps the manifest as before
+            settings["clip_search"] = clip_search
         source_hash, alloc_info = hashes_of()
         hashes = {"source": source_hash, "alloc": alloc_info,
                   "imatrix": None if imatrix is None else {"sha256": imatrix.sha256(), "chunks": imatrix.chunks}}

@@ -450,7 +450,7 @@ def _cmd_quantize(args):
                         threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
                         calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
                         awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
-                        tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
+                        clip_search=args.clip_search, tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
                         output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
                         fallback="literal" if args.literal_types else "infer",
                         **_transform_kwargs(args, calib))
@@ -669,7 +669,7 @@ _TEXT_HELP = "UTF-8 text file, one trailing newline dropped as llama-perplexity 
 
 def build_parser():
     from .npu import BACKENDS
-    from .quant import FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
+    from .quant import CLIP_SEARCHES, FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
 
     p = _Parser(prog="orkpy", description=__doc__)
     p.add_argument("--version", action="version", version=f"orkpy {__version__}")
@@ -768,6 +768,10 @@ def build_parser():
     s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
     s.add_argument("--sr", action="store_true", help="stochastic rounding")
     s.add_argument("--seed", type=int, default=0, help="seed of the stochastic rounding")
+    s.add_argument("--clip-search", choices=CLIP_SEARCHES, default="screen",
+                   help="with --imatrix: the 4-bit clip search on rows of >= 512 inputs, screened by a histogram "
+                        "(1.0 and the two best estimates evaluated exactly) or every ratio evaluated "
+                        "(default: screen; see orkpy.quantize)")
     s.add_argument("--threshold", type=_threshold, default=5.0,
                    help="bits/weight at or above which an allocation type is int8")
     s.add_argument("-t", "--threads", type=_positive_int, default=None,

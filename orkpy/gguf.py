@@ -132,12 +132,16 @@ class GGUFFile:
         a = np.frombuffer(memoryview(self._mapping()), dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
         return a
 
-    def tensor(self, name: str, threads: Optional[int] = None) -> NDArray[np.float32]:
-        """The tensor as float32 in NumPy shape, dequantized from its ggml type."""
+    def tensor(self, name: str, threads: Optional[int] = None,
+               out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+        """The tensor as float32 in NumPy shape, dequantized from its ggml type; ``out`` (a writeable
+        C-contiguous float32 array of the tensor's size) is written and returned in that shape
+        instead of a new array (a streaming reader reuses one buffer)."""
         t = self.tensor_info(name)
         with guarded((self._mapping(),)):
-            out = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads)
-        return out.reshape(t.shape)
+            res = _core.dequantize_raw(self.raw(name), t.type_id, t.n_elements, 0 if threads is None else threads,
+                                       out=out)
+        return res.reshape(t.shape)
 
     def check(self) -> None:
         """orkpy.FormatError naming the file if it changed size, was modified or lost

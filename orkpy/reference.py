@@ -121,7 +121,65 @@ def _werr(w, im, a, r, kind, f16=False):
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
+#: the screened clip search of 4-bit segments of at least SCREEN_MIN_N values (csrc/ork/quant.h)
+SCREEN_BINS = 2048
+SCREEN_MIN_N = 512
+SCREEN_TOP = 2
+SCREEN_BLOCK = 8
+
+
+def _block_prefix(S):
+    """P (N, B + 1), P[:, i] = the sum of the bins S[:, :i] as the C screen forms it (quant.h): 0 for
+    i = 0, else off[j] + run[i - 1] with j = (i - 1) // SCREEN_BLOCK, run the running sum inside each
+    block of SCREEN_BLOCK bins and off the running sum of the blocks' totals before block j."""
+    N, B = S.shape
+    W = SCREEN_BLOCK
+    run = np.cumsum(S.reshape(N, B // W, W), axis=2)
+    off = np.zeros((N, B // W))
+    off[:, 1:] = np.cumsum(run[:, :-1, -1], axis=1)
+    P = np.zeros((N, B + 1))
+    P[:, 1:] = (off[:, :, None] + run).reshape(N, B)
+    return P
+
+
+def _screen_picks(w, im, a, grid, kind, f16):
+    """Indices into ``grid`` (N, <= SCREEN_TOP), in grid order, of the screened search's picks per row:
+    the best histogram estimates of every ratio but 1.0 (quant.h, "screened clip search")."""
+    N, n = w.shape
+    B, h = SCREEN_BINS, float(SCREEN_BINS // 2)
+    ra = 1.0 / a.astype(np.float64)
+    v = (w.astype(np.float64) * ra[:, None] + 1.0) * h
+    b = np.clip(np.trunc(v), 0, B - 1).astype(np.int64) + (np.arange(N) * B)[:, None]
+    imd = im.astype(np.float64)
+    # bincount adds each bin's weights in element order, as the C loop does
+    P0 = _block_prefix(np.bincount(b.ravel(), np.broadcast_to(imd, (N, n)).ravel(), N * B).reshape(N, B))
+    P1 = _block_prefix(np.bincount(b.ravel(), (imd[None, :] * w.astype(np.float64)).ravel(), N * B).reshape(N, B))
+    lev = _levels(kind)
+    thr = (lev[1:] + lev[:-1]) / np.float32(2)
+    rows = np.arange(N)
+    cand = [i for i, g in enumerate(grid) if g != np.float32(1)]
+    est = np.zeros((N, len(cand)))
+    for ci, i in enumerate(cand):
+        s, inv = _scale_inv(a, grid[i], f16, _qmax(kind))
+        e = np.zeros(N)
+        prev = np.zeros(N, np.int64)
+        for c in range(len(lev)):
+            if c + 1 < len(lev):
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    vb = (np.float64(thr[c]) * (ra / inv.astype(np.float64)) + 1.0) * h + 0.5
+                bnd = np.clip(np.trunc(np.nan_to_num(vb, nan=0.0, posinf=B, neginf=0.0)), 0, B).astype(np.int64)
+                bnd = np.maximum(bnd, prev)
+            else:
+                bnd = np.full(N, B, np.int64)
+            L = np.float64(lev[c]) * s.astype(np.float64)
+            e = e + (L * L * (P0[rows, bnd] - P0[rows, prev]) - 2.0 * L * (P1[rows, bnd] - P1[rows, prev]))
+            prev = bnd
+        est[:, ci] = np.where(inv == 0, 0.0, e)
+    order = np.argsort(est, axis=1, kind="stable")[:, :SCREEN_TOP]
+    return np.sort(np.asarray(cand, np.int64)[order], axis=1) if cand else np.zeros((N, 0), np.int64)
+
+
+def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16, search="screen"):
     """Unpacked codes (N, n) and scales (N,) of the columns col0.. of every row, quantized as rows."""
     N, K = w.shape
     a = np.abs(w).max(axis=1)
@@ -132,11 +190,20 @@ def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
         im = np.asarray(imatrix, dtype=np.float32)
         grid = DEFAULT_CLIP_GRID if clip_grid is None else np.asarray(clip_grid, dtype=np.float32)
         best = _werr(w, im, a_safe, np.float32(1), kind, f16)
-        for g in grid:
-            e = _werr(w, im, a_safe, g, kind, f16)
-            better = e < best
-            best = np.where(better, e, best)
-            r = np.where(better, g, r).astype(np.float32)
+        if not _is8(kind) and K >= SCREEN_MIN_N and search == "screen":  # 1.0, then the screen's picks
+            picks = _screen_picks(w, im, a_safe, grid, kind, f16)
+            for t in range(picks.shape[1]):
+                g = grid[picks[:, t]]
+                e = _werr(w, im, a_safe, g, kind, f16)
+                better = e < best
+                best = np.where(better, e, best)
+                r = np.where(better, g, r).astype(np.float32)
+        else:
+            for g in grid:
+                e = _werr(w, im, a_safe, g, kind, f16)
+                better = e < best
+                best = np.where(better, e, best)
+                r = np.where(better, g, r).astype(np.float32)
     s, inv = _scale_inv(a_safe, r, f16, _qmax(kind))
     zero |= s == 0
     y = w * inv[:, None]
@@ -163,7 +230,7 @@ def _segment(w, kind, imatrix, sr, seed, clip_grid, col0, f16):
     return np.where(zero[:, None], zero_code(kind), codes).astype(np.uint8), s
 
 
-def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, group_size=None):
+def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, group_size=None, search="screen"):
     """Return (codes, scales) exactly as orkpy.quantize stores them. ``group_size`` (below K):
     every ``group_size`` columns of a row quantized as a row (SR hashing the global column) with
     a float16 scale, scales (N, G)."""
@@ -171,7 +238,7 @@ def quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, group_size
     N, K = w.shape
     g = group_size if group_size and group_size < K else K
     im = None if imatrix is None else np.asarray(imatrix, dtype=np.float32)
-    parts = [_segment(w[:, c:c + g], kind, None if im is None else im[c:c + g], sr, seed, clip_grid, c, g < K)
+    parts = [_segment(w[:, c:c + g], kind, None if im is None else im[c:c + g], sr, seed, clip_grid, c, g < K, search)
              for c in range(0, K, g)]
     codes = np.concatenate([c for c, _ in parts], axis=1)
     s = np.stack([s for _, s in parts], axis=1) if g < K else parts[0][1]

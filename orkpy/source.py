@@ -129,8 +129,11 @@ class Source:
         ``output.weight`` is the embedding table."""
         return EMBEDDING if (linear == OUTPUT and self.tied) else linear
 
-    def linear(self, name: str) -> NDArray[np.float32]:
-        """The float32 (N, K) weight of linear layer ``name`` (see :meth:`tensor_name`)."""
+    def linear(self, name: str, scratch: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+        """The float32 (N, K) weight of linear layer ``name`` (see :meth:`tensor_name`). ``scratch``: a
+        writeable C-contiguous float32 array of N * K elements the weight may be converted into (then
+        the result views it, valid until the next use of the scratch); a source that holds the weight
+        in place, or converts it otherwise, ignores it."""
         return self.tensor(self.tensor_name(name))
 
     def release(self, caches: bool = True) -> None:
@@ -188,6 +191,13 @@ class GGUFSource(Source):
             self._emb = None
             self._last = ("", None)
         self.g.release()
+
+    def linear(self, name: str, scratch: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+        tn = self.tensor_name(name)
+        if (scratch is not None and tn != EMBEDDING and tn not in self._splits and tn in self._shapes
+                and self.g.tensor_info(tn).type != "F32"):
+            return self.g.tensor(tn, out=scratch)
+        return self.tensor(tn)
 
     def tensor(self, name: str) -> NDArray[np.float32]:
         if name in self._splits:

@@ -302,7 +302,8 @@ def test_vnni_matmul_table_is_bit_identical_to_avx2(shared, monkeypatch):
 
 def test_nll_rows_against_float64_and_thread_count():
     """nll_rows (perplexity's per-token NLL): float64 log-softmax within float rounding, the same
-    bits on 1 and 2 threads (each row one thread's sum), a target outside the vocabulary named."""
+    bits on 1 and 2 threads (each row one thread's sum), a target outside the vocabulary named, a
+    negative thread count refused like forward's."""
     from orkpy import _core
     rng = np.random.default_rng(7)
     logits = (rng.standard_normal((37, 5003)) * 4).astype(np.float32)
@@ -318,6 +319,8 @@ def test_nll_rows_against_float64_and_thread_count():
     bad[5] = 5003
     with pytest.raises(ValueError, match="target 5003 of row 5 is outside the vocabulary"):
         _core.nll_rows(logits, bad, 2)
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        _core.nll_rows(logits, targets, -5)
 
 
 def test_forward_into_out(shared):

@@ -242,13 +242,124 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
  * The candidates go to the kernels ORK_WERR_BATCH at a time (each error is the single-candidate
  * value bit for bit); a grid ratio equal to 1.0 is skipped: its error equals the first one's,
  * which a strict "<" never replaces. */
+/* The screen's prefix sum P(i) = the bins below i (quant.h): bins in blocks of ORK_SCREEN_BLOCK, each
+ * block's running sum local[] (bins of the block up to i) plus off[] (every block before it). */
+static inline double screen_prefix(const double *local, const double *off, size_t i) {
+    return i == 0 ? 0.0 : off[(i - 1) / ORK_SCREEN_BLOCK] + local[i - 1];
+}
+
+/* The screen's estimate of a 4-bit candidate's error, less the candidate-independent sum of
+ * im * x^2 (quant.h "screened clip search"): level c owns the bins between the boundaries of
+ * thresholds c-1 and c (the bin edge nearest thr[c] / inv), L = lev[c] * s, and adds
+ * L*L*S0 - 2*L*S1 of those bins. inv = 0 (a float16 scale that rounds to 0: every value decodes
+ * to 0) estimates 0. */
+static double screen4_err(const ork_q4_grid *g, const double *L0, const double *O0, const double *L1,
+                          const double *O1, float s, float inv, double ra) {
+    const double h = ORK_SCREEN_BINS / 2;
+    if (inv == 0.0f) return 0.0;
+    const double k = ra / (double)inv; /* x / a where y = x * inv = 1 */
+    double e = 0.0, p0 = 0.0, p1 = 0.0;
+    size_t prev = 0;
+    for (int c = 0; c < g->nlev; c++) {
+        size_t bnd = ORK_SCREEN_BINS;
+        if (c + 1 < g->nlev) {
+            const double v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
+            bnd = v <= 0.0 ? 0 : v >= (double)ORK_SCREEN_BINS ? ORK_SCREEN_BINS : (size_t)v;
+            if (bnd < prev) bnd = prev;
+        }
+        const double q0 = screen_prefix(L0, O0, bnd), q1 = screen_prefix(L1, O1, bnd);
+        const double L = (double)g->lev[c] * (double)s;
+        e += L * L * (q0 - p0) - 2.0 * L * (q1 - p1);
+        p0 = q0;
+        p1 = q1;
+        prev = bnd;
+    }
+    return e;
+}
+
+/* The screened clip search of a 4-bit segment (quant.h): every grid ratio but 1.0 estimated from a
+ * histogram of the segment (ORK_SCREEN_BINS bins of x / a over [-1, 1], each holding sum im and
+ * sum im * x in double, in increasing k), the ORK_SCREEN_TOP best estimates (first in grid order on
+ * ties) kept. Writes them to rb in grid order; returns how many (0 .. ORK_SCREEN_TOP). */
+static int screen4(const quant_job *j, const float *x, const float *im, size_t n, float a, float *rb) {
+    enum { B = ORK_SCREEN_BINS, W = ORK_SCREEN_BLOCK, NB = ORK_SCREEN_BINS / ORK_SCREEN_BLOCK };
+    double L0[B], L1[B], O0[NB], O1[NB];
+    const double ra = 1.0 / (double)a, h = B / 2;
+    memset(L0, 0, sizeof L0);
+    memset(L1, 0, sizeof L1);
+    for (size_t k0 = 0; k0 < n; k0 += 256) { /* bins of 256 values at a time, then their sums */
+        const size_t m = n - k0 < 256 ? n - k0 : 256;
+        int32_t bi[256];
+        for (size_t t = 0; t < m; t++) { /* |x| <= a: v in (-1, B + 1), truncated then clamped */
+            int32_t b = (int32_t)(((double)x[k0 + t] * ra + 1.0) * h);
+            b = b < B - 1 ? b : B - 1;
+            bi[t] = b > 0 ? b : 0;
+        }
+        for (size_t t = 0; t < m; t++) {
+            L0[bi[t]] += (double)im[k0 + t];
+            L1[bi[t]] += (double)im[k0 + t] * (double)x[k0 + t];
+        }
+    }
+    for (size_t b0 = 0; b0 < B; b0 += W) /* running sums inside each block (independent chains) */
+        for (size_t t = 1; t < W; t++) {
+            L0[b0 + t] += L0[b0 + t - 1];
+            L1[b0 + t] += L1[b0 + t - 1];
+        }
+    O0[0] = O1[0] = 0.0;
+    for (size_t q = 1; q < NB; q++) {
+        O0[q] = O0[q - 1] + L0[q * W - 1];
+        O1[q] = O1[q - 1] + L1[q * W - 1];
+    }
+    double eb[ORK_SCREEN_TOP];
+    size_t ib[ORK_SCREEN_TOP];
+    int nb = 0;
+    for (size_t i = 0; i < j->ngrid; i++) {
+        if (j->grid[i] == 1.0f) continue;
+        float sc, ic;
+        seg_scale(j, a * j->grid[i], &sc, &ic);
+        const double e = screen4_err(j->g, L0, O0, L1, O1, sc, ic, ra);
+        int at = nb; /* insertion point: after every kept estimate <= e */
+        while (at > 0 && e < eb[at - 1]) at--;
+        if (at >= ORK_SCREEN_TOP) continue;
+        for (int t = (nb < ORK_SCREEN_TOP ? nb : ORK_SCREEN_TOP - 1); t > at; t--) {
+            eb[t] = eb[t - 1];
+            ib[t] = ib[t - 1];
+        }
+        eb[at] = e;
+        ib[at] = i;
+        if (nb < ORK_SCREEN_TOP) nb++;
+    }
+    for (int t = 1; t < nb; t++) /* grid order */
+        for (int u = t; u > 0 && ib[u] < ib[u - 1]; u--) {
+            size_t tmp = ib[u];
+            ib[u] = ib[u - 1];
+            ib[u - 1] = tmp;
+        }
+    for (int t = 0; t < nb; t++) rb[t] = j->grid[ib[t]];
+    return nb;
+}
+
 static void seg_choose(const quant_job *j, const float *x, const float *im, size_t n, float a, float *s,
                        float *inv) {
     float r = 1.0f;
     *s = 0.0f;
     *inv = 0.0f;
     if (a < ORK_QUANT_TINY) return;
-    if (im) {
+    if (im && j->g && n >= ORK_SCREEN_MIN_N && !j->p->full_search) {
+        /* 1.0 and the screen's picks, each error exact (the kernels), the first best in grid order */
+        float rb[1 + ORK_SCREEN_TOP], sb[1 + ORK_SCREEN_TOP], ib[1 + ORK_SCREEN_TOP];
+        double eb[1 + ORK_SCREEN_TOP];
+        rb[0] = 1.0f;
+        const int nb = 1 + screen4(j, x, im, n, a, rb + 1);
+        for (int c = 0; c < nb; c++) seg_scale(j, a * rb[c], &sb[c], &ib[c]);
+        j->kern->werr4n(x, im, n, ib, sb, nb, j->g, eb);
+        double best = eb[0];
+        for (int c = 1; c < nb; c++)
+            if (eb[c] < best) {
+                best = eb[c];
+                r = rb[c];
+            }
+    } else if (im) {
         double best = INFINITY; /* replaced by 1.0's error, the first candidate */
         size_t i = 0;           /* the next grid entry */
         int first = 1;

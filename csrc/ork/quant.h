@@ -61,6 +61,29 @@
  *   reproduces this order exactly. imatrix == NULL skips the search entirely,
  *   so its output is byte-identical to plain absmax.
  *
+ * Screened clip search (4-bit kinds, segments of n >= ORK_SCREEN_MIN_N values):
+ *   the grid is not evaluated in full. A histogram of the segment, bin
+ *   b = clamp(trunc((x * (1/a) + 1) * B/2), 0, B-1) with B = ORK_SCREEN_BINS
+ *   and every operation in double, holds S0 = sum im and S1 = sum im * x (in
+ *   increasing k). The sum of the bins below i (i >= 1) is off[j] + run[i-1],
+ *   j = (i-1) / ORK_SCREEN_BLOCK: run the running sum inside each block of
+ *   ORK_SCREEN_BLOCK bins, off[j] = off[j-1] + (block j-1's total), off[0] = 0;
+ *   below 0 it is 0. Each grid ratio but 1.0 gets
+ *   an estimate: level c owns the bins between the boundaries of thresholds
+ *   c-1 and c, boundary = clamp(trunc((thr * ((1/a) / inv) + 1) * B/2 + 0.5),
+ *   0, B), and adds L*L*S0 - 2*L*S1 with L = lev[c] * s (E less the
+ *   candidate-independent sum im*x^2; only values in a bin that straddles a
+ *   threshold are misplaced, by less than a bin's width; inv = 0: 0). The
+ *   ORK_SCREEN_TOP best estimates (first in grid order on ties) are then
+ *   evaluated exactly with 1.0, 1.0 first and the picks in grid order, and
+ *   the exact E chooses as above. So E still never exceeds plain absmax, and
+ *   the result equals the full search's whenever the full search's best is
+ *   among the picks (measured: all but 57 of 155,520 rows of SmolLM2-135M and
+ *   57 of 124,416 of Gemma-3-270M; the model's weighted error +2e-7 / +2e-6;
+ *   docs/quantization.md). 8-bit kinds, shorter segments (groups of <= 256)
+ *   and ork_quant_params.full_search = 1 search the grid in full. The screen
+ *   is plain C shared by every ISA, so the choice is the same on all.
+ *
  * Stochastic rounding (sr != 0): after the scale is chosen, y is rounded to
  *   one of its two bracketing levels lo <= y < hi with P(hi) = (y-lo)/(hi-lo),
  *   so E[dequant] = w inside the level range (values beyond the end levels
@@ -158,6 +181,13 @@ void ork_kind_seal(void);
 /* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
  * The _ref table is the oracle; every other table must be bit-identical. */
 #define ORK_WERR_BATCH 4 /* candidates per werr4n / werr8n call */
+#define ORK_SCREEN_BINS 2048 /* screened clip search: histogram bins over [-a, a] */
+#define ORK_SCREEN_MIN_N 512 /* ... for segments of at least this many values */
+#define ORK_SCREEN_TOP 2     /* ... estimates evaluated exactly (with 1.0: one werr4n call) */
+#define ORK_SCREEN_BLOCK 8   /* ... bins per block of the two-level prefix sums */
+#if ORK_SCREEN_TOP + 1 > ORK_WERR_BATCH
+#error "the screened search's exact candidates must fit one werr4n batch"
+#endif
 
 typedef struct ork_quant_kernels {
     const char *isa;
@@ -231,6 +261,7 @@ typedef struct ork_quant_params {
     uint64_t seed;
     int nthreads; /* <= 0: all cores */
     size_t group; /* 0: one scale per row; else a multiple of 32 (ork_group_check): one per group */
+    int full_search; /* 1: the imatrix clip search evaluates every grid ratio (no screen) */
 } ork_quant_params;
 
 /* Group-wise scales (group = g > 0): row n's columns [i*g, min(K, (i+1)*g)) are a

@@ -221,8 +221,9 @@ static void werr8n_avx2(const float *x, const float *im, size_t n, const float *
     for (int c = 0; c < nc; c++) err[c] = werr8_avx2(x, im, n, inv[c], s[c], lim);
 }
 
-/* ---- AVX-512 (F/VL/BW/DQ) batch error kernels, 16 elements per step; chosen at run time (cpu.c) ----
- * werr4n finds each nearest level through the grid's 32-cell lookup (quant.h ork_q4_grid: two
+/* ---- AVX-512 (F/VL/BW/DQ) batch error kernels and 4-bit codes, 16 elements per step; chosen at run
+ * time (cpu.c) ----
+ * werr4n and codes4_rtn find each nearest level through the grid's 32-cell lookup (quant.h ork_q4_grid: two
  * 32-entry permutes and two compares instead of 15 compares and blends); the sums keep the 4-lane
  * order of the _ref: lanes (k..k+3), (k+4..k+7), (k+8..k+11), (k+12..k+15) in turn. */
 #define ORK_AVX512 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq")))
@@ -297,6 +298,32 @@ static ORK_AVX512 void werr4n_avx512(const float *x, const float *im, size_t n, 
     }
 }
 
+/* codes4_rtn through the grid's cell lookup (the count of thresholds below y, as werr4n_avx512 finds it) */
+static ORK_AVX512 void codes4_rtn_avx512(const float *x, size_t n, float inv, const ork_q4_grid *g, uint8_t *codes) {
+    if (!g->cells) {
+        codes4_rtn_avx2(x, n, inv, g, codes);
+        return;
+    }
+    const __m512i bA = _mm512_loadu_si512(g->cell_base), bB = _mm512_loadu_si512(g->cell_base + 16);
+    const __m512 t1A = _mm512_loadu_ps(g->cell_t1), t1B = _mm512_loadu_ps(g->cell_t1 + 16);
+    const __m512 t2A = _mm512_loadu_ps(g->cell_t2), t2B = _mm512_loadu_ps(g->cell_t2 + 16);
+    const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f), eighth = _mm512_set1_ps(0.125f);
+    const __m512i c31 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
+    const __m512 vinv = _mm512_set1_ps(inv);
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv), lo), hi);
+        __m512i cell = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, lo), eighth)), c31);
+        __m512i code = _mm512_permutex2var_epi32(bA, cell, bB);
+        __mmask16 m1 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t1A, cell, t1B), _CMP_GT_OQ);
+        __mmask16 m2 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t2A, cell, t2B), _CMP_GT_OQ);
+        code = _mm512_mask_add_epi32(code, m1, code, one);
+        code = _mm512_mask_add_epi32(code, m2, code, one);
+        _mm_storeu_si128((__m128i *)(codes + k), _mm512_cvtepi32_epi8(code));
+    }
+    for (; k < n; k++) codes[k] = (uint8_t)ork_q4_nearest(x[k] * inv, g);
+}
+
 static ORK_AVX512 void werr8n_avx512(const float *x, const float *im, size_t n, const float *inv, const float *s,
                                      int nc, float lim, double *err) {
     const __m512 half = _mm512_set1_ps(0.5f), nhalf = _mm512_set1_ps(-0.5f), one = _mm512_set1_ps(1.0f);
@@ -365,7 +392,7 @@ const ork_quant_kernels ork_quant_kernels_avx2 = {
 };
 
 const ork_quant_kernels ork_quant_kernels_avx512 = {
-    "avx512",        absmax_avx2,    codes4_rtn_avx2, codes4_sr_avx2, werr4_avx2,
+    "avx512",        absmax_avx2,    codes4_rtn_avx512, codes4_sr_avx2, werr4_avx2,
     codes8_rtn_avx2, codes8_sr_avx2, werr8_avx2,      werr4n_avx512,  werr8n_avx512,
     dequant4_avx2,   dequant8_avx2,
 };

@@ -26,19 +26,19 @@
 /* ---------------------------------------------------------- quantize -- */
 
 PyDoc_STRVAR(quantize_doc,
-             "quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=0)\n"
+             "quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=0, group=0, full_search=False)\n"
              "-> (codes, scales). Low level; use orkpy.quantize.");
 
 static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"w", "kind", "imatrix", "sr", "seed", "clip_grid", "threads", "group", NULL};
+    static char *kwlist[] = {"w", "kind", "imatrix", "sr", "seed", "clip_grid", "threads", "group", "full_search", NULL};
     PyObject *w_obj, *im_obj = Py_None, *grid_obj = Py_None;
     const char *kind_s;
-    int sr = 0, threads = 0;
+    int sr = 0, threads = 0, full_search = 0;
     unsigned long long seed = 0;
     Py_ssize_t group = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|OpKOin:quantize", kwlist, &w_obj, &kind_s, &im_obj,
-                                     &sr, &seed, &grid_obj, &threads, &group))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|OpKOinp:quantize", kwlist, &w_obj, &kind_s, &im_obj,
+                                     &sr, &seed, &grid_obj, &threads, &group, &full_search))
         return NULL;
     if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
     ork_quant_params p;
@@ -73,6 +73,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     p.seed = (uint64_t)seed;
     p.nthreads = threads;
     p.group = group < K ? (size_t)group : 0; /* a group of K or more is one scale per row */
+    p.full_search = full_search;
 
     npy_intp cdims[2] = {N, (npy_intp)ork_quant_row_bytes(p.kind, (size_t)K)};
     npy_intp sdims[2] = {N, (npy_intp)ork_group_count((size_t)K, p.group)};
@@ -284,19 +285,21 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
 #include "../ork/ggml_types.h"
 
 PyDoc_STRVAR(dequantize_raw_doc,
-             "dequantize_raw(raw, type_id, n, threads=0) -> float32 (n,)\n"
+             "dequantize_raw(raw, type_id, n, threads=0, out=None) -> float32 (n,)\n"
              "Dequantize n elements of ggml type `type_id` from the uint8 1-D buffer `raw`,\n"
-             "which must hold exactly n / block_size * type_size bytes.");
+             "which must hold exactly n / block_size * type_size bytes. out: a writeable\n"
+             "C-contiguous float32 array of n elements (any shape, not overlapping raw) to write\n"
+             "into and return instead of a new array.");
 
 static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"raw", "type_id", "n", "threads", NULL};
-    PyObject *raw_obj;
+    static char *kwlist[] = {"raw", "type_id", "n", "threads", "out", NULL};
+    PyObject *raw_obj, *out_obj = Py_None;
     long long type_ll;
     Py_ssize_t n;
     int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLn|i:dequantize_raw", kwlist, &raw_obj, &type_ll, &n,
-                                     &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLn|iO:dequantize_raw", kwlist, &raw_obj, &type_ll, &n,
+                                     &threads, &out_obj))
         return NULL;
     if (orkpy_check_threads(threads) < 0) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
@@ -330,7 +333,24 @@ static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw)
         goto done;
     }
     npy_intp odim = (npy_intp)n;
-    if (!(out = (PyArrayObject *)PyArray_SimpleNew(1, &odim, NPY_FLOAT32))) goto done;
+    if (out_obj == Py_None) {
+        if (!(out = (PyArrayObject *)PyArray_SimpleNew(1, &odim, NPY_FLOAT32))) goto done;
+    } else if (!PyArray_Check(out_obj) || PyArray_TYPE((PyArrayObject *)out_obj) != NPY_FLOAT32 ||
+               !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out_obj) || !PyArray_ISWRITEABLE((PyArrayObject *)out_obj)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a writeable C-contiguous float32 ndarray");
+        goto done;
+    } else if (PyArray_SIZE((PyArrayObject *)out_obj) != odim) {
+        PyErr_Format(PyExc_ValueError, "out has %zd elements, n = %zd", (Py_ssize_t)PyArray_SIZE((PyArrayObject *)out_obj), n);
+        goto done;
+    } else {
+        const char *o = (const char *)PyArray_DATA((PyArrayObject *)out_obj), *r = (const char *)PyArray_DATA(raw);
+        if (n > 0 && want > 0 && o < r + want && r < o + (size_t)n * sizeof(float)) {
+            PyErr_SetString(PyExc_ValueError, "out overlaps raw");
+            goto done;
+        }
+        Py_INCREF(out_obj);
+        out = (PyArrayObject *)out_obj;
+    }
     Py_BEGIN_ALLOW_THREADS
     st = ork_dequant_tensor(type_id, PyArray_DATA(raw), (size_t)n, (float *)PyArray_DATA(out), threads,
                             &err);

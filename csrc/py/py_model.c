@@ -566,7 +566,8 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *l_obj, *t_obj;
     int threads = 0;
-    if (!PyArg_ParseTuple(args, "OO|i:nll_rows", &l_obj, &t_obj, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO|i:nll_rows", &l_obj, &t_obj, &threads) || orkpy_check_threads(threads) < 0)
+        return NULL;
     PyArrayObject *l = orkpy_as_exact(l_obj, NPY_FLOAT32, 2, "logits");
     if (!l) return NULL;
     PyArrayObject *t = tokens_arg(t_obj);

@@ -131,7 +131,23 @@ static void check_cells(void) {
     CHECK(g.cells == 0, "dense grid: cell lookup claimed exact");
 }
 
+/* two hand-made grids: thresholds on the lookup's cell edges (cells != 0) and a dense grid the
+ * lookup refuses (cells == 0: the kernels count thresholds) */
+static void odd_grids(ork_q4_grid out[2]) {
+    static const float edge[16] = {-127, -120, -104, -88, -72, -56, -40, -24, -8, 0, 8, 24, 40, 56, 72, 127};
+    static const float dense[16] = {-127, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 127};
+    for (int i = 0; i < 2; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].nlev = 16;
+        for (int c = 0; c < 16; c++) out[i].lev[c] = i ? dense[c] : edge[c];
+        for (int c = 0; c < 15; c++) out[i].thr[c] = (out[i].lev[c] + out[i].lev[c + 1]) / 2.0f;
+        ork_q4_grid_cells(&out[i]);
+    }
+}
+
 static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernels *kv) {
+    ork_q4_grid odd[2];
+    odd_grids(odd);
     const size_t sizes[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 100, 257, 1000, 4096};
     const float invs[] = {1.0f, 0.37f, 2.5f, 1.0f / 3.0f};
     float *x = malloc(4096 * sizeof(float)), *im = malloc(4096 * sizeof(float));
@@ -166,6 +182,13 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
                     ref->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o1);
                     kv->dequant4(c1, n, ork_quant_lut((ork_kind)kind), s, o2);
                     CHECK(memcmp(o1, o2, n * sizeof(float)) == 0, "%s dequant4 n=%zu", kv->isa, n);
+                }
+                for (int gi = 0; gi < 2; gi++) { /* codes and batch errors on the hand-made grids */
+                    ref->codes4_rtn(x, n, inv, &odd[gi], c1);
+                    kv->codes4_rtn(x, n, inv, &odd[gi], c2);
+                    CHECK(memcmp(c1, c2, n) == 0, "%s codes4_rtn odd grid %d (cells=%d) n=%zu inv=%g", kv->isa, gi,
+                          odd[gi].cells, n, (double)inv);
+                    check_batch4(ref, kv, x, im, n, inv, &odd[gi]);
                 }
                 static const float lims[] = {127.0f, 31.0f, 15.0f}; /* int8, int6, int5 */
                 for (size_t li = 0; li < 3; li++) {
