@@ -30,6 +30,7 @@ gated by perplexity.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Union
@@ -372,11 +373,14 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             del w
             tensors[name] = pack(q)
             del q
-            if writer is not None:  # streaming: the packed bytes go to disk, the source's pages back to the kernel
-                tensors[name] = writer.add(name, tensors[name], tier)
+            if writer is not None:  # streaming: the packed bytes go to disk (on the writer's thread, while the
+                # next linear is quantized), the source's pages back to the kernel
+                writer.add_later(name, tensors[name], tier, functools.partial(tensors.__setitem__, name))
                 src.release()
             if bar is not None:
                 bar.update(1)
+        if writer is not None:
+            writer.wait()  # every linear now maps its file
         if bar is not None:
             bar.close()
         settings = {"kind": kind, "sr": bool(sr), "seed": int(seed), "threshold": float(threshold),

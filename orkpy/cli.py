@@ -770,7 +770,7 @@ def build_parser():
     s.add_argument("--seed", type=int, default=0, help="seed of the stochastic rounding")
     s.add_argument("--clip-search", choices=CLIP_SEARCHES, default="screen",
                    help="with --imatrix: the 4-bit clip search on rows of >= 512 inputs, screened by a histogram "
-                        "(1.0 and the two best estimates evaluated exactly) or every ratio evaluated "
+                        "(1.0 and the three best estimates evaluated exactly) or every ratio evaluated "
                         "(default: screen; see orkpy.quantize)")
     s.add_argument("--threshold", type=_threshold, default=5.0,
                    help="bits/weight at or above which an allocation type is int8")

@@ -19,8 +19,9 @@ import json
 import os
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -59,9 +60,10 @@ class ModelDirWriter:
     """A model directory written as it goes (what :func:`write_model_dir` and the streaming
     ``quantize_model(..., output=)`` use): :meth:`add` saves one packed linear into the
     writer's own temporary folder next to ``path`` and returns it mapped from there (so the
-    caller holds no copy), :meth:`finish` writes ``float.gguf`` (one tensor at a time) and the
-    manifest and renames the folder into place; :meth:`abort`, or leaving a ``with`` block by
-    an error, removes the folder. Nothing appears at ``path`` before :meth:`finish`."""
+    caller holds no copy; :meth:`add_later` does it on a thread of the writer's while the caller
+    goes on), :meth:`finish` writes ``float.gguf`` (one tensor at a time) and the manifest and
+    renames the folder into place; :meth:`abort`, or leaving a ``with`` block by an error,
+    removes the folder. Nothing appears at ``path`` before :meth:`finish`."""
 
     def __init__(self, path: StrPath, overwrite: bool = False) -> None:
         path = os.path.abspath(os.fspath(path))
@@ -80,6 +82,8 @@ class ModelDirWriter:
         self.path, self.overwrite = path, bool(overwrite)
         self.tmp: Optional[str] = tmp
         self.entries: Dict[str, Dict[str, Any]] = {}
+        self._job: Optional[threading.Thread] = None  # the add_later in flight (at most one)
+        self._err: Optional[BaseException] = None
 
     def __enter__(self) -> "ModelDirWriter":
         return self
@@ -87,6 +91,34 @@ class ModelDirWriter:
     def __exit__(self, kind: Any, *exc: Any) -> None:
         if kind is not None:
             self.abort()
+
+    def add_later(self, name: str, pw: PackedWeight, tier: str, done: Callable[[PackedWeight], None]) -> None:
+        """:meth:`add` on a thread of the writer's, so the caller quantizes the next linear while this
+        one is written and hashed: waits for the one before (at most one in flight, so memory holds
+        one more packed linear), then returns; ``done(mapped)`` runs on that thread when the file is
+        written. An error of that write is raised by the next :meth:`add_later`, :meth:`wait` or
+        :meth:`finish`."""
+        self.wait()
+        if self.tmp is None:
+            raise ValueError(f"{self.path}: the model directory is already finished or aborted")
+
+        def run() -> None:
+            try:
+                done(self.add(name, pw, tier))
+            except BaseException as e:  # handed to the caller's thread by wait()
+                self._err = e
+
+        self._job = threading.Thread(target=run, name="orkpy-model-dir-writer", daemon=True)
+        self._job.start()
+
+    def wait(self) -> None:
+        """Wait for the :meth:`add_later` in flight; raise its error, if it had one."""
+        if self._job is not None:
+            self._job.join()
+            self._job = None
+        if self._err is not None:
+            e, self._err = self._err, None
+            raise e
 
     def add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
         """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file."""
@@ -108,6 +140,7 @@ class ModelDirWriter:
         and rename the folder into place; returns its absolute path."""
         from .gguf_write import LazyTensor, metadata_triples, write_gguf
 
+        self.wait()
         tmp = self.tmp
         if tmp is None:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
@@ -158,7 +191,12 @@ class ModelDirWriter:
         return self.path
 
     def abort(self) -> None:
-        """Remove the temporary folder (and what was saved in it); safe to call twice."""
+        """Remove the temporary folder (and what was saved in it) once no write is in flight; safe
+        to call twice."""
+        if self._job is not None:
+            self._job.join()
+            self._job = None
+        self._err = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None

@@ -122,9 +122,13 @@ def _werr(w, im, a, r, kind, f16=False):
 
 
 #: the screened clip search of 4-bit segments of at least SCREEN_MIN_N values (csrc/ork/quant.h)
-SCREEN_BINS = 2048
+def screen_bins(n):
+    """The screen's histogram bins for a segment of n values (quant.h ork_screen_bins)."""
+    return 2048
+
+
 SCREEN_MIN_N = 512
-SCREEN_TOP = 2
+SCREEN_TOP = 3
 SCREEN_BLOCK = 8
 
 
@@ -146,7 +150,8 @@ def _screen_picks(w, im, a, grid, kind, f16):
     """Indices into ``grid`` (N, <= SCREEN_TOP), in grid order, of the screened search's picks per row:
     the best histogram estimates of every ratio but 1.0 (quant.h, "screened clip search")."""
     N, n = w.shape
-    B, h = SCREEN_BINS, float(SCREEN_BINS // 2)
+    B = screen_bins(n)
+    h = float(B // 2)
     ra = 1.0 / a.astype(np.float64)
     v = (w.astype(np.float64) * ra[:, None] + 1.0) * h
     b = np.clip(np.trunc(v), 0, B - 1).astype(np.int64) + (np.arange(N) * B)[:, None]
@@ -168,7 +173,7 @@ def _screen_picks(w, im, a, grid, kind, f16):
                 with np.errstate(divide="ignore", invalid="ignore"):
                     vb = (np.float64(thr[c]) * (ra / inv.astype(np.float64)) + 1.0) * h + 0.5
                 bnd = np.clip(np.trunc(np.nan_to_num(vb, nan=0.0, posinf=B, neginf=0.0)), 0, B).astype(np.int64)
-                bnd = np.maximum(bnd, prev)
+                assert np.all(bnd >= prev)  # ascending thresholds: ascending boundaries
             else:
                 bnd = np.full(N, B, np.int64)
             L = np.float64(lev[c]) * s.astype(np.float64)

@@ -55,15 +55,15 @@ def test_full_search_is_the_unscreened_reference(rng, kind):
 def test_screen_picks_the_full_searchs_scale_on_almost_every_row(kind):
     """On 3000 heavy-tailed rows of 512 (the shortest screened segment, where the histogram is
     coarsest; a seed where both kinds have rows the screen misses) the screened scale differs from
-    the full search's on a few rows (so the screen really runs), at most 1%, and those rows are
+    the full search's on a few rows (so the screen really runs), at most 0.5%, and those rows are
     the reference's too; the total weighted error is within 1e-4 of the full search's; no row is
     worse than plain absmax (1.0 is always evaluated exactly)."""
-    w, im = heavy(np.random.default_rng(1), 3000, 512, df=3)
+    w, im = heavy(np.random.default_rng(2), 3000, 512, df=2)
     scr = orkpy.quantize(w, kind, imatrix=im)
     full = orkpy.quantize(w, kind, imatrix=im, search="full")
     plain = orkpy.quantize(w, kind)
     differ = np.count_nonzero(scr.scales != full.scales)
-    assert 1 <= differ <= 30, differ
+    assert 1 <= differ <= 15, differ
     c, s = R.quantize(w, kind, imatrix=im)
     assert np.array_equal(scr.codes, c) and np.array_equal(scr.scales, s)
     es, ef, ep = werr(w, im, scr), werr(w, im, full), werr(w, im, plain)
@@ -111,3 +111,21 @@ def test_search_argument_is_checked():
         orkpy.quantize(np.ones((2, 4), f32), "nf4", search="fast")
     with pytest.raises(ValueError, match="clip_search must be one of"):
         orkpy.quantize_model("nonexistent.gguf", None, clip_search="fast")
+
+
+def test_quantize_model_records_a_full_search_and_the_cli_passes_it(shared, tmp_path):
+    """clip_search="full" is recorded in the manifest's settings (the default leaves the manifest as
+    it was); ``orkpy quantize --clip-search full`` gives the same directory."""
+    import json
+    import subprocess
+    import sys
+    src = shared / "models/stories260K/stories260K-F16.gguf"
+    alloc = shared / "models/stories260K/stories260K-Q4_0.gguf"
+    quiet = dict(progress=False, log=lambda s: None)
+    orkpy.quantize_model(src, alloc, output=tmp_path / "screen", **quiet)
+    orkpy.quantize_model(src, alloc, clip_search="full", output=tmp_path / "full", **quiet)
+    settings = [json.loads((tmp_path / d / "manifest.json").read_text())["settings"] for d in ("screen", "full")]
+    assert "clip_search" not in settings[0] and settings[1]["clip_search"] == "full"
+    subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(src), "--alloc", str(alloc), "--clip-search",
+                    "full", "-o", str(tmp_path / "cli"), "--no-progress"], check=True, capture_output=True)
+    assert (tmp_path / "cli" / "manifest.json").read_bytes() == (tmp_path / "full" / "manifest.json").read_bytes()

@@ -225,3 +225,23 @@ def test_thread_count_does_not_change_output(type_id):
     c = C.dequantize_raw(raw, type_id, nblocks * bs, threads=0)
     assert_bits_equal(a, b)
     assert_bits_equal(a, c)
+
+
+def test_dequantize_into_out():
+    """out=: written and returned (any shape of n elements); a wrong dtype, layout, size or an out
+    overlapping raw is refused before any work."""
+    raw = random_raw(np.random.default_rng(3), 8, 64)  # Q8_0: 64 blocks
+    want = C.dequantize_raw(raw, 8, 64 * 32)
+    out = np.full((32, 64), np.nan, np.float32)
+    got = C.dequantize_raw(raw, 8, 64 * 32, out=out)
+    assert got is out and np.array_equal(out.ravel(), want)
+    with pytest.raises(TypeError, match="float32"):
+        C.dequantize_raw(raw, 8, 64 * 32, out=np.empty(64 * 32, np.float64))
+    with pytest.raises(TypeError, match="C-contiguous"):
+        C.dequantize_raw(raw, 8, 64 * 32, out=np.empty((64, 64), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="out has 2047 elements, n = 2048"):
+        C.dequantize_raw(raw, 8, 64 * 32, out=np.empty(2047, np.float32))
+    buf = np.zeros(raw.size + 64 * 32 * 4, np.uint8)
+    buf[:raw.size] = raw
+    with pytest.raises(ValueError, match="overlaps raw"):
+        C.dequantize_raw(buf[:raw.size], 8, 64 * 32, out=buf[16:16 + 64 * 32 * 4].view(np.float32))

@@ -143,3 +143,47 @@ def test_streamed_quantization_peak_memory_does_not_hold_the_model(tmp_path):
     assert size > 250e6
     assert grown < 0.35 * size, res          # about one tensor's float32 copy (2048 x 8192 x 4 = 67 MB) + overhead
     assert res["memory"][0] > 0.8 * size, res  # the path it replaces held the model's pages
+
+
+def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(shared, tmp_path, monkeypatch):
+    """The writer writes each linear on its own thread (add_later) while the next is quantized: an
+    error there is raised in the caller (by the next add_later, or at the end), and the temporary
+    folder is removed only after the write in flight has stopped."""
+    from orkpy.modeldir import ModelDirWriter
+    real_add, calls = ModelDirWriter.add, []
+
+    def add(self, name, pw, tier):
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device (simulated)")
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "add", add)
+    with pytest.raises(OSError, match="simulated"):
+        orkpy.quantize_model(shared / STORIES, shared / Q4_0, output=tmp_path / "m", **QUIET)
+    assert len(calls) == 3 and os.listdir(tmp_path) == []
+    calls.clear()  # the last linear's write fails: raised at the end, before finish()
+    n_linears = len(orkpy.quantize_model(shared / STORIES, shared / Q4_0, **QUIET).tensors)
+
+    def add_last(self, name, pw, tier):
+        calls.append(name)
+        if len(calls) == n_linears:
+            raise OSError(5, "I/O error (simulated)")
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "add", add_last)
+    with pytest.raises(OSError, match="I/O error"):
+        orkpy.quantize_model(shared / STORIES, shared / Q4_0, output=tmp_path / "m", **QUIET)
+    assert len(calls) == n_linears and os.listdir(tmp_path) == []
+
+
+def test_linear_into_a_scratch_buffer(shared):
+    """Source.linear(scratch=): an F16 tensor is converted into the buffer (the result views it) with
+    the same values; the embedding table and an F32 file's tensors ignore it."""
+    from orkpy.source import open_source
+    src = open_source(shared / STORIES)
+    name = "blk.0.ffn_up.weight"
+    want = src.linear(name)
+    buf = np.full(want.size, np.nan, np.float32)
+    got = src.linear(name, scratch=buf.reshape(want.shape))
+    assert np.shares_memory(got, buf) and np.array_equal(got, want)
+    emb = src.linear("token_embd.weight", scratch=np.empty(src.shapes()["token_embd.weight"], np.float32))
+    assert np.array_equal(emb, src.tensor("token_embd.weight"))

@@ -242,10 +242,17 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
  * The candidates go to the kernels ORK_WERR_BATCH at a time (each error is the single-candidate
  * value bit for bit); a grid ratio equal to 1.0 is skipped: its error equals the first one's,
  * which a strict "<" never replaces. */
-/* The screen's prefix sum P(i) = the bins below i (quant.h): bins in blocks of ORK_SCREEN_BLOCK, each
- * block's running sum local[] (bins of the block up to i) plus off[] (every block before it). */
-static inline double screen_prefix(const double *local, const double *off, size_t i) {
-    return i == 0 ? 0.0 : off[(i - 1) / ORK_SCREEN_BLOCK] + local[i - 1];
+/* The screen's prefix sums (quant.h): the bins below i, sum im into p[0] and sum im * x into p[1].
+ * Bins come in blocks of ORK_SCREEN_BLOCK: run[] (pairs) holds each block's running sums, off[] (pairs)
+ * the sums of every block before it. */
+static inline void screen_prefix(const double *run, const double *off, size_t i, double p[2]) {
+    if (i == 0) {
+        p[0] = p[1] = 0.0;
+        return;
+    }
+    const size_t q = (i - 1) / ORK_SCREEN_BLOCK;
+    p[0] = off[2 * q] + run[2 * (i - 1)];
+    p[1] = off[2 * q + 1] + run[2 * (i - 1) + 1];
 }
 
 /* The screen's estimate of a 4-bit candidate's error, less the candidate-independent sum of
@@ -253,40 +260,40 @@ static inline double screen_prefix(const double *local, const double *off, size_
  * thresholds c-1 and c (the bin edge nearest thr[c] / inv), L = lev[c] * s, and adds
  * L*L*S0 - 2*L*S1 of those bins. inv = 0 (a float16 scale that rounds to 0: every value decodes
  * to 0) estimates 0. */
-static double screen4_err(const ork_q4_grid *g, const double *L0, const double *O0, const double *L1,
-                          const double *O1, float s, float inv, double ra) {
-    const double h = ORK_SCREEN_BINS / 2;
+static double screen4_err(const ork_q4_grid *g, const double *run, const double *off, float s, float inv,
+                          double ra, size_t B) {
+    const double h = (double)(B / 2);
     if (inv == 0.0f) return 0.0;
     const double k = ra / (double)inv; /* x / a where y = x * inv = 1 */
-    double e = 0.0, p0 = 0.0, p1 = 0.0;
-    size_t prev = 0;
+    double e = 0.0, p[2] = {0.0, 0.0};
     for (int c = 0; c < g->nlev; c++) {
-        size_t bnd = ORK_SCREEN_BINS;
+        size_t bnd = B;
         if (c + 1 < g->nlev) {
             const double v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
-            bnd = v <= 0.0 ? 0 : v >= (double)ORK_SCREEN_BINS ? ORK_SCREEN_BINS : (size_t)v;
-            if (bnd < prev) bnd = prev;
+            /* ascending thresholds, k > 0 and monotone rounding: the boundaries ascend */
+            bnd = v <= 0.0 ? 0 : v >= (double)B ? B : (size_t)v;
         }
-        const double q0 = screen_prefix(L0, O0, bnd), q1 = screen_prefix(L1, O1, bnd);
+        double q[2];
+        screen_prefix(run, off, bnd, q);
         const double L = (double)g->lev[c] * (double)s;
-        e += L * L * (q0 - p0) - 2.0 * L * (q1 - p1);
-        p0 = q0;
-        p1 = q1;
-        prev = bnd;
+        e += L * L * (q[0] - p[0]) - 2.0 * L * (q[1] - p[1]);
+        p[0] = q[0];
+        p[1] = q[1];
     }
     return e;
 }
 
 /* The screened clip search of a 4-bit segment (quant.h): every grid ratio but 1.0 estimated from a
- * histogram of the segment (ORK_SCREEN_BINS bins of x / a over [-1, 1], each holding sum im and
+ * histogram of the segment (ork_screen_bins(n) bins of x / a over [-1, 1], each holding sum im and
  * sum im * x in double, in increasing k), the ORK_SCREEN_TOP best estimates (first in grid order on
  * ties) kept. Writes them to rb in grid order; returns how many (0 .. ORK_SCREEN_TOP). */
 static int screen4(const quant_job *j, const float *x, const float *im, size_t n, float a, float *rb) {
-    enum { B = ORK_SCREEN_BINS, W = ORK_SCREEN_BLOCK, NB = ORK_SCREEN_BINS / ORK_SCREEN_BLOCK };
-    double L0[B], L1[B], O0[NB], O1[NB];
-    const double ra = 1.0 / (double)a, h = B / 2;
-    memset(L0, 0, sizeof L0);
-    memset(L1, 0, sizeof L1);
+    enum { W = ORK_SCREEN_BLOCK, BMAX = ORK_SCREEN_BINS_MAX };
+    const int32_t B = (int32_t)ork_screen_bins(n);
+    const size_t NB = (size_t)B / W;
+    double H[2 * BMAX], O[2 * BMAX / W]; /* (sum im, sum im * x) per bin, then per block */
+    const double ra = 1.0 / (double)a, h = (double)(B / 2);
+    memset(H, 0, 2 * (size_t)B * sizeof(double));
     for (size_t k0 = 0; k0 < n; k0 += 256) { /* bins of 256 values at a time, then their sums */
         const size_t m = n - k0 < 256 ? n - k0 : 256;
         int32_t bi[256];
@@ -296,19 +303,21 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
             bi[t] = b > 0 ? b : 0;
         }
         for (size_t t = 0; t < m; t++) {
-            L0[bi[t]] += (double)im[k0 + t];
-            L1[bi[t]] += (double)im[k0 + t] * (double)x[k0 + t];
+            double *hb = H + 2 * bi[t];
+            const double w = (double)im[k0 + t];
+            hb[0] += w;
+            hb[1] += w * (double)x[k0 + t];
         }
     }
-    for (size_t b0 = 0; b0 < B; b0 += W) /* running sums inside each block (independent chains) */
+    for (size_t b0 = 0; b0 < (size_t)B; b0 += W) /* running sums inside each block (independent chains) */
         for (size_t t = 1; t < W; t++) {
-            L0[b0 + t] += L0[b0 + t - 1];
-            L1[b0 + t] += L1[b0 + t - 1];
+            H[2 * (b0 + t)] += H[2 * (b0 + t - 1)];
+            H[2 * (b0 + t) + 1] += H[2 * (b0 + t - 1) + 1];
         }
-    O0[0] = O1[0] = 0.0;
+    O[0] = O[1] = 0.0;
     for (size_t q = 1; q < NB; q++) {
-        O0[q] = O0[q - 1] + L0[q * W - 1];
-        O1[q] = O1[q - 1] + L1[q * W - 1];
+        O[2 * q] = O[2 * (q - 1)] + H[2 * (q * W - 1)];
+        O[2 * q + 1] = O[2 * (q - 1) + 1] + H[2 * (q * W - 1) + 1];
     }
     double eb[ORK_SCREEN_TOP];
     size_t ib[ORK_SCREEN_TOP];
@@ -317,7 +326,7 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
         if (j->grid[i] == 1.0f) continue;
         float sc, ic;
         seg_scale(j, a * j->grid[i], &sc, &ic);
-        const double e = screen4_err(j->g, L0, O0, L1, O1, sc, ic, ra);
+        const double e = screen4_err(j->g, H, O, sc, ic, ra, (size_t)B);
         int at = nb; /* insertion point: after every kept estimate <= e */
         while (at > 0 && e < eb[at - 1]) at--;
         if (at >= ORK_SCREEN_TOP) continue;

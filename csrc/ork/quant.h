@@ -63,8 +63,8 @@
  *
  * Screened clip search (4-bit kinds, segments of n >= ORK_SCREEN_MIN_N values):
  *   the grid is not evaluated in full. A histogram of the segment, bin
- *   b = clamp(trunc((x * (1/a) + 1) * B/2), 0, B-1) with B = ORK_SCREEN_BINS
- *   and every operation in double, holds S0 = sum im and S1 = sum im * x (in
+ *   b = clamp(trunc((x * (1/a) + 1) * B/2), 0, B-1) with B = ork_screen_bins(n)
+ *   (2048) and every operation in double, holds S0 = sum im and S1 = sum im * x (in
  *   increasing k). The sum of the bins below i (i >= 1) is off[j] + run[i-1],
  *   j = (i-1) / ORK_SCREEN_BLOCK: run the running sum inside each block of
  *   ORK_SCREEN_BLOCK bins, off[j] = off[j-1] + (block j-1's total), off[0] = 0;
@@ -78,9 +78,10 @@
  *   evaluated exactly with 1.0, 1.0 first and the picks in grid order, and
  *   the exact E chooses as above. So E still never exceeds plain absmax, and
  *   the result equals the full search's whenever the full search's best is
- *   among the picks (measured: all but 57 of 155,520 rows of SmolLM2-135M and
- *   57 of 124,416 of Gemma-3-270M; the model's weighted error +2e-7 / +2e-6;
- *   docs/quantization.md). 8-bit kinds, shorter segments (groups of <= 256)
+ *   among the picks (measured: all but 9 of 155,520 rows of SmolLM2-135M and
+ *   12 of 124,416 of Gemma-3-270M; the model's weighted error +2e-7 for both;
+ *   docs/quantization.md). With 1.0 the picks are ORK_WERR_BATCH candidates:
+ *   one pass of werr4n. 8-bit kinds, shorter segments (groups of <= 256)
  *   and ork_quant_params.full_search = 1 search the grid in full. The screen
  *   is plain C shared by every ISA, so the choice is the same on all.
  *
@@ -181,10 +182,13 @@ void ork_kind_seal(void);
 /* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
  * The _ref table is the oracle; every other table must be bit-identical. */
 #define ORK_WERR_BATCH 4 /* candidates per werr4n / werr8n call */
-#define ORK_SCREEN_BINS 2048 /* screened clip search: histogram bins over [-a, a] */
+#define ORK_SCREEN_BINS_MAX 2048 /* screened clip search: histogram bins over [-a, a], at most */
 #define ORK_SCREEN_MIN_N 512 /* ... for segments of at least this many values */
-#define ORK_SCREEN_TOP 2     /* ... estimates evaluated exactly (with 1.0: one werr4n call) */
+#define ORK_SCREEN_TOP 3     /* ... estimates evaluated exactly (with 1.0: one werr4n call) */
 #define ORK_SCREEN_BLOCK 8   /* ... bins per block of the two-level prefix sums */
+/* The screen's bins for a segment of n values (1024 bins lost the full search's best on one row of
+ * SmolLM2's 1536-wide ffn_down by 2e-4 of the whole model's weighted error: 2048 for every n) */
+static inline size_t ork_screen_bins(size_t n) { (void)n; return ORK_SCREEN_BINS_MAX; }
 #if ORK_SCREEN_TOP + 1 > ORK_WERR_BATCH
 #error "the screened search's exact candidates must fit one werr4n batch"
 #endif
