@@ -258,18 +258,45 @@ static ORK_AVX512 inline void load_im16(const float *im, __m512d *i0, __m512d *i
     *i1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vim), 1)));
 }
 
+/* The grid's 32-cell lookup in registers (quant.h ork_q4_grid) and the nearest level's code of 16 y */
+typedef struct {
+    __m512i bA, bB;
+    __m512 t1A, t1B, t2A, t2B;
+} cells512;
+
+static ORK_AVX512 inline cells512 cells512_load(const ork_q4_grid *g) {
+    cells512 t;
+    t.bA = _mm512_loadu_si512(g->cell_base);
+    t.bB = _mm512_loadu_si512(g->cell_base + 16);
+    t.t1A = _mm512_loadu_ps(g->cell_t1);
+    t.t1B = _mm512_loadu_ps(g->cell_t1 + 16);
+    t.t2A = _mm512_loadu_ps(g->cell_t2);
+    t.t2B = _mm512_loadu_ps(g->cell_t2 + 16);
+    return t;
+}
+
+/* #{i : y > thr[i]} for y clamped to [-128, 128] (the count is the same as for y itself) */
+static ORK_AVX512 inline __m512i cells512_code(const cells512 *t, __m512 y) {
+    const __m512 lo = _mm512_set1_ps(-128.0f), eighth = _mm512_set1_ps(0.125f);
+    __m512i cell = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, lo), eighth)),
+                                    _mm512_set1_epi32(31));
+    __m512i code = _mm512_permutex2var_epi32(t->bA, cell, t->bB);
+    __mmask16 m1 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t->t1A, cell, t->t1B), _CMP_GT_OQ);
+    __mmask16 m2 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t->t2A, cell, t->t2B), _CMP_GT_OQ);
+    const __m512i one = _mm512_set1_epi32(1);
+    code = _mm512_mask_add_epi32(code, m1, code, one);
+    return _mm512_mask_add_epi32(code, m2, code, one);
+}
+
 static ORK_AVX512 void werr4n_avx512(const float *x, const float *im, size_t n, const float *inv, const float *s,
                                      int nc, const ork_q4_grid *g, double *err) {
     if (!g->cells) {
         werr4n_avx2(x, im, n, inv, s, nc, g, err);
         return;
     }
-    const __m512i bA = _mm512_loadu_si512(g->cell_base), bB = _mm512_loadu_si512(g->cell_base + 16);
-    const __m512 t1A = _mm512_loadu_ps(g->cell_t1), t1B = _mm512_loadu_ps(g->cell_t1 + 16);
-    const __m512 t2A = _mm512_loadu_ps(g->cell_t2), t2B = _mm512_loadu_ps(g->cell_t2 + 16);
+    const cells512 cl = cells512_load(g);
     const __m512 lev16 = _mm512_loadu_ps(g->lev);
-    const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f), eighth = _mm512_set1_ps(0.125f);
-    const __m512i c31 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
+    const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f);
     __m512 vinv[ORK_WERR_BATCH], vs[ORK_WERR_BATCH];
     __m256d acc[ORK_WERR_BATCH];
     batch_init512(inv, s, nc, vinv, vs, acc);
@@ -280,13 +307,7 @@ static ORK_AVX512 void werr4n_avx512(const float *x, const float *im, size_t n, 
         load_im16(im + k, &i0, &i1);
         for (int c = 0; c < ORK_WERR_BATCH; c++) {
             __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(vx, vinv[c]), lo), hi);
-            __m512i cell = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, lo), eighth)), c31);
-            __m512i code = _mm512_permutex2var_epi32(bA, cell, bB);
-            __mmask16 m1 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t1A, cell, t1B), _CMP_GT_OQ);
-            __mmask16 m2 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t2A, cell, t2B), _CMP_GT_OQ);
-            code = _mm512_mask_add_epi32(code, m1, code, one);
-            code = _mm512_mask_add_epi32(code, m2, code, one);
-            __m512 q = _mm512_mul_ps(_mm512_permutexvar_ps(code, lev16), vs[c]);
+            __m512 q = _mm512_mul_ps(_mm512_permutexvar_ps(cells512_code(&cl, y), lev16), vs[c]);
             acc[c] = werr_acc16_512(acc[c], vx, q, i0, i1);
         }
     }
@@ -304,22 +325,13 @@ static ORK_AVX512 void codes4_rtn_avx512(const float *x, size_t n, float inv, co
         codes4_rtn_avx2(x, n, inv, g, codes);
         return;
     }
-    const __m512i bA = _mm512_loadu_si512(g->cell_base), bB = _mm512_loadu_si512(g->cell_base + 16);
-    const __m512 t1A = _mm512_loadu_ps(g->cell_t1), t1B = _mm512_loadu_ps(g->cell_t1 + 16);
-    const __m512 t2A = _mm512_loadu_ps(g->cell_t2), t2B = _mm512_loadu_ps(g->cell_t2 + 16);
-    const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f), eighth = _mm512_set1_ps(0.125f);
-    const __m512i c31 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
+    const cells512 cl = cells512_load(g);
+    const __m512 lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(128.0f);
     const __m512 vinv = _mm512_set1_ps(inv);
     size_t k = 0;
     for (; k + 16 <= n; k += 16) {
         __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv), lo), hi);
-        __m512i cell = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(y, lo), eighth)), c31);
-        __m512i code = _mm512_permutex2var_epi32(bA, cell, bB);
-        __mmask16 m1 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t1A, cell, t1B), _CMP_GT_OQ);
-        __mmask16 m2 = _mm512_cmp_ps_mask(y, _mm512_permutex2var_ps(t2A, cell, t2B), _CMP_GT_OQ);
-        code = _mm512_mask_add_epi32(code, m1, code, one);
-        code = _mm512_mask_add_epi32(code, m2, code, one);
-        _mm_storeu_si128((__m128i *)(codes + k), _mm512_cvtepi32_epi8(code));
+        _mm_storeu_si128((__m128i *)(codes + k), _mm512_cvtepi32_epi8(cells512_code(&cl, y)));
     }
     for (; k < n; k++) codes[k] = (uint8_t)ork_q4_nearest(x[k] * inv, g);
 }
