@@ -139,15 +139,20 @@ def sha256_file(path: StrPath, bufsize: int = 1 << 22) -> str:
     st = os.stat(path)
     if stat.S_ISREG(st.st_mode) and st.st_size > 0:
         from ._mapped import MappedFile, guarded
-        with MappedFile(path) as m, guarded((m,)):
-            mv = memoryview(m)
-            try:
-                for off in range(0, len(m), bufsize):
-                    h.update(mv[off:off + bufsize])
-                    m.release(off, min(bufsize, len(m) - off))
-            finally:
-                mv.release()
-        return h.hexdigest()
+        try:
+            m = MappedFile(path)
+        except OSError:  # a file system that cannot map it: read it below
+            pass
+        else:
+            with m, guarded((m,)):
+                mv = memoryview(m)
+                try:
+                    for off in range(0, len(m), bufsize):
+                        h.update(mv[off:off + bufsize])
+                        m.release(off, min(bufsize, len(m) - off))
+                finally:
+                    mv.release()
+            return h.hexdigest()
     with open(path, "rb") as f:
         while True:
             b = f.read(bufsize)

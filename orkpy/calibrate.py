@@ -244,7 +244,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
     ``"infer"`` tiers tensors llama-quantize stored on fallback types by their intended types,
     ``"literal"`` by the stored types. ``clip_search``: the imatrix clip search of the 4-bit
     tiers, ``"screen"`` or ``"full"`` (:func:`orkpy.quantize`'s ``search``; recorded in the
-    settings when full)."""
+    settings whenever there is an imatrix; ``"full"`` only with method ``"rtn"``, no ``awq``, an
+    allocation oracle)."""
     from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, gptq_linears
     from .imatrix import Imatrix
 
@@ -252,6 +253,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
         raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)} (the int4 tier's codebook), got {kind!r}")
     if clip_search not in CLIP_SEARCHES:
         raise ValueError(f"clip_search must be one of {', '.join(map(repr, CLIP_SEARCHES))}, got {clip_search!r}")
+    if clip_search == "full" and (method == "gptq" or awq or target_bpw is not None):
+        raise ValueError("clip_search='full' applies to the plain rounding of the linears (method='rtn', no awq, an "
+                         "allocation oracle): GPTQ's scales, AWQ's and target_bpw's searches use the screened search")
     if method not in ("rtn", "gptq"):
         raise ValueError(f"method must be 'rtn' or 'gptq', got {method!r}")
     gptq = method == "gptq"
@@ -396,7 +400,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
             settings["awq"] = True
         if group_size:
             settings["group_size"] = int(group_size)
-        if clip_search != "screen":  # only then: the default keeps the manifest as before
+        if imatrix is not None or clip_search != "screen":  # the search that chose the 4-bit scales
             settings["clip_search"] = clip_search
         source_hash, alloc_info = hashes_of()
         hashes = {"source": source_hash, "alloc": alloc_info,

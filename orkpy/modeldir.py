@@ -104,12 +104,13 @@ class ModelDirWriter:
 
         def run() -> None:
             try:
-                done(self.add(name, pw, tier))
+                done(self._add(name, pw, tier))
             except BaseException as e:  # handed to the caller's thread by wait()
                 self._err = e
 
-        self._job = threading.Thread(target=run, name="orkpy-model-dir-writer", daemon=True)
-        self._job.start()
+        t = threading.Thread(target=run, name="orkpy-model-dir-writer", daemon=True)
+        t.start()  # only a started thread is waited for
+        self._job = t
 
     def wait(self) -> None:
         """Wait for the :meth:`add_later` in flight; raise its error, if it had one."""
@@ -121,7 +122,12 @@ class ModelDirWriter:
             raise e
 
     def add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
-        """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file."""
+        """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file
+        (after any :meth:`add_later` in flight)."""
+        self.wait()
+        return self._add(name, pw, tier)
+
+    def _add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
         if self.tmp is None:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
         fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
@@ -193,9 +199,12 @@ class ModelDirWriter:
     def abort(self) -> None:
         """Remove the temporary folder (and what was saved in it) once no write is in flight; safe
         to call twice."""
-        if self._job is not None:
-            self._job.join()
-            self._job = None
+        while self._job is not None:  # a second Ctrl-C during the join still waits for the write
+            try:
+                self._job.join()
+                self._job = None
+            except KeyboardInterrupt:
+                continue
         self._err = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)

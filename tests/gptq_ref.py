@@ -35,7 +35,9 @@ def segment_scale(seg, kind, im, grouped):
         if im is not None:
             imp = np.zeros(pad.shape[1], np.float32)
             imp[:n] = im
-        s = orkpy.quantize(pad, kind, imatrix=imp, group_size=pad.shape[1] // 2).scales[:, 0]
+        # the padded group is wider than the segment: search it as C searches n values (screened from 512)
+        s = orkpy.quantize(pad, kind, imatrix=imp, group_size=pad.shape[1] // 2,
+                           search="screen" if n >= 512 else "full").scales[:, 0]
         inv = np.where(s > 0, np.float32(1) / np.where(s > 0, s, 1), 0).astype(np.float32)
         return s, inv
     s = orkpy.quantize(seg, kind, imatrix=im).scales

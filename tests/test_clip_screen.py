@@ -113,19 +113,39 @@ def test_search_argument_is_checked():
         orkpy.quantize_model("nonexistent.gguf", None, clip_search="fast")
 
 
-def test_quantize_model_records_a_full_search_and_the_cli_passes_it(shared, tmp_path):
-    """clip_search="full" is recorded in the manifest's settings (the default leaves the manifest as
-    it was); ``orkpy quantize --clip-search full`` gives the same directory."""
+def test_quantize_model_passes_the_search_and_records_it(shared, tmp_path, monkeypatch):
+    """quantize_model(clip_search=) reaches every quantize() call and the manifest's settings
+    (recorded whenever an imatrix chose scales); ``orkpy quantize --clip-search full`` gives the same
+    directory; full with GPTQ is refused (GPTQ's own scales come from the screened search)."""
     import json
     import subprocess
     import sys
+    import orkpy.calibrate as cal
     src = shared / "models/stories260K/stories260K-F16.gguf"
     alloc = shared / "models/stories260K/stories260K-Q4_0.gguf"
     quiet = dict(progress=False, log=lambda s: None)
-    orkpy.quantize_model(src, alloc, output=tmp_path / "screen", **quiet)
-    orkpy.quantize_model(src, alloc, clip_search="full", output=tmp_path / "full", **quiet)
-    settings = [json.loads((tmp_path / d / "manifest.json").read_text())["settings"] for d in ("screen", "full")]
-    assert "clip_search" not in settings[0] and settings[1]["clip_search"] == "full"
-    subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(src), "--alloc", str(alloc), "--clip-search",
-                    "full", "-o", str(tmp_path / "cli"), "--no-progress"], check=True, capture_output=True)
-    assert (tmp_path / "cli" / "manifest.json").read_bytes() == (tmp_path / "full" / "manifest.json").read_bytes()
+    im = orkpy.collect_imatrix(orkpy.load_model(src), np.arange(1, 300, dtype=np.int32), n_ctx=64, progress=False)
+    seen = []
+    real = cal.quantize
+
+    def spy(*a, **kw):
+        seen.append(kw.get("search"))
+        return real(*a, **kw)
+    monkeypatch.setattr(cal, "quantize", spy)
+    orkpy.quantize_model(src, alloc, output=tmp_path / "plain", **quiet)
+    orkpy.quantize_model(src, alloc, imatrix=im, output=tmp_path / "screen", **quiet)
+    n = len(seen)
+    orkpy.quantize_model(src, alloc, imatrix=im, clip_search="full", output=tmp_path / "full", **quiet)
+    assert set(seen[:n]) == {"screen"} and set(seen[n:]) == {"full"} and len(seen) == 3 * n // 2
+    settings = {d: json.loads((tmp_path / d / "manifest.json").read_text())["settings"]
+                for d in ("plain", "screen", "full")}
+    assert "clip_search" not in settings["plain"]
+    assert settings["screen"]["clip_search"] == "screen" and settings["full"]["clip_search"] == "full"
+    im.save(tmp_path / "im.dat")
+    subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(src), "--alloc", str(alloc), "--imatrix",
+                    str(tmp_path / "im.dat"), "--clip-search", "full", "-o", str(tmp_path / "cli"), "--no-progress"],
+                   check=True, capture_output=True)
+    assert (json.loads((tmp_path / "cli" / "manifest.json").read_text())["settings"]
+            == json.loads((tmp_path / "full" / "manifest.json").read_text())["settings"])
+    with pytest.raises(ValueError, match="clip_search='full' applies to the plain rounding"):
+        orkpy.quantize_model(src, alloc, method="gptq", calib="Once upon a time", clip_search="full", **quiet)

@@ -239,6 +239,10 @@ def test_dequantize_into_out():
         C.dequantize_raw(raw, 8, 64 * 32, out=np.empty(64 * 32, np.float64))
     with pytest.raises(TypeError, match="C-contiguous"):
         C.dequantize_raw(raw, 8, 64 * 32, out=np.empty((64, 64), np.float32)[:, ::2])
+    with pytest.raises(TypeError, match="native float32"):
+        C.dequantize_raw(raw, 8, 64 * 32, out=np.empty(64 * 32, ">f4"))
+    with pytest.raises(TypeError, match="aligned"):
+        C.dequantize_raw(raw, 8, 64 * 32, out=np.frombuffer(bytearray(64 * 32 * 4 + 1), np.float32, 64 * 32, 1))
     with pytest.raises(ValueError, match="out has 2047 elements, n = 2048"):
         C.dequantize_raw(raw, 8, 64 * 32, out=np.empty(2047, np.float32))
     buf = np.zeros(raw.size + 64 * 32 * 4, np.uint8)

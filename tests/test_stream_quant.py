@@ -150,14 +150,14 @@ def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(sha
     error there is raised in the caller (by the next add_later, or at the end), and the temporary
     folder is removed only after the write in flight has stopped."""
     from orkpy.modeldir import ModelDirWriter
-    real_add, calls = ModelDirWriter.add, []
+    real_add, calls = ModelDirWriter._add, []
 
     def add(self, name, pw, tier):
         calls.append(name)
         if len(calls) == 3:
             raise OSError(28, "No space left on device (simulated)")
         return real_add(self, name, pw, tier)
-    monkeypatch.setattr(ModelDirWriter, "add", add)
+    monkeypatch.setattr(ModelDirWriter, "_add", add)
     with pytest.raises(OSError, match="simulated"):
         orkpy.quantize_model(shared / STORIES, shared / Q4_0, output=tmp_path / "m", **QUIET)
     assert len(calls) == 3 and os.listdir(tmp_path) == []
@@ -169,7 +169,7 @@ def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(sha
         if len(calls) == n_linears:
             raise OSError(5, "I/O error (simulated)")
         return real_add(self, name, pw, tier)
-    monkeypatch.setattr(ModelDirWriter, "add", add_last)
+    monkeypatch.setattr(ModelDirWriter, "_add", add_last)
     with pytest.raises(OSError, match="I/O error"):
         orkpy.quantize_model(shared / STORIES, shared / Q4_0, output=tmp_path / "m", **QUIET)
     assert len(calls) == n_linears and os.listdir(tmp_path) == []
@@ -185,5 +185,9 @@ def test_linear_into_a_scratch_buffer(shared):
     buf = np.full(want.size, np.nan, np.float32)
     got = src.linear(name, scratch=buf.reshape(want.shape))
     assert np.shares_memory(got, buf) and np.array_equal(got, want)
-    emb = src.linear("token_embd.weight", scratch=np.empty(src.shapes()["token_embd.weight"], np.float32))
-    assert np.array_equal(emb, src.tensor("token_embd.weight"))
+    scratch = np.empty(src.shapes()["token_embd.weight"], np.float32)
+    emb = src.linear("token_embd.weight", scratch=scratch)
+    assert not np.shares_memory(emb, scratch) and np.array_equal(emb, src.tensor("token_embd.weight"))
+    f32 = open_source(shared / STORIES.replace("F16", "F32"))
+    got = f32.linear(name, scratch=buf.reshape(want.shape))
+    assert not np.shares_memory(got, buf) and np.array_equal(got, f32.tensor(name))  # F32: used in place

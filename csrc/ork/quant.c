@@ -235,13 +235,6 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
     *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
 }
 
-/* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
- * the imatrix clip search (first best in grid order, 1.0 first; no search without importance),
- * through seg_scale. s = 0 for a zero segment. Used by quant_segment and, for GPTQ's segments,
- * by ork_quant_segment_scale, so both pick the same scale from the same values.
- * The candidates go to the kernels ORK_WERR_BATCH at a time (each error is the single-candidate
- * value bit for bit); a grid ratio equal to 1.0 is skipped: its error equals the first one's,
- * which a strict "<" never replaces. */
 /* The screen's prefix sums (quant.h): the bins below i, sum im into p[0] and sum im * x into p[1].
  * Bins come in blocks of ORK_SCREEN_BLOCK: run[] (pairs) holds each block's running sums, off[] (pairs)
  * the sums of every block before it. */
@@ -271,7 +264,7 @@ static double screen4_err(const ork_q4_grid *g, const double *run, const double 
         if (c + 1 < g->nlev) {
             const double v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
             /* ascending thresholds, k > 0 and monotone rounding: the boundaries ascend */
-            bnd = v <= 0.0 ? 0 : v >= (double)B ? B : (size_t)v;
+            bnd = !(v > 0.0) ? 0 : v >= (double)B ? B : (size_t)v; /* NaN (a NaN grid ratio): 0 */
         }
         double q[2];
         screen_prefix(run, off, bnd, q);
@@ -348,6 +341,13 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
     return nb;
 }
 
+/* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
+ * the imatrix clip search (first best in grid order, 1.0 first; no search without importance),
+ * through seg_scale. s = 0 for a zero segment. Used by quant_segment and, for GPTQ's segments,
+ * by ork_quant_segment_scale, so both pick the same scale from the same values.
+ * The candidates go to the kernels ORK_WERR_BATCH at a time (each error is the single-candidate
+ * value bit for bit); a grid ratio equal to 1.0 is skipped: its error equals the first one's,
+ * which a strict "<" never replaces. */
 static void seg_choose(const quant_job *j, const float *x, const float *im, size_t n, float a, float *s,
                        float *inv) {
     float r = 1.0f;

@@ -81,7 +81,7 @@
  *   among the picks (measured: all but 9 of 155,520 rows of SmolLM2-135M and
  *   12 of 124,416 of Gemma-3-270M; the model's weighted error +2e-7 for both;
  *   docs/quantization.md). With 1.0 the picks are ORK_WERR_BATCH candidates:
- *   one pass of werr4n. 8-bit kinds, shorter segments (groups of <= 256)
+ *   one pass of werr4n. 8-bit kinds, segments of fewer than 512 values
  *   and ork_quant_params.full_search = 1 search the grid in full. The screen
  *   is plain C shared by every ISA, so the choice is the same on all.
  *

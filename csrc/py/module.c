@@ -336,8 +336,8 @@ static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw)
     if (out_obj == Py_None) {
         if (!(out = (PyArrayObject *)PyArray_SimpleNew(1, &odim, NPY_FLOAT32))) goto done;
     } else if (!PyArray_Check(out_obj) || PyArray_TYPE((PyArrayObject *)out_obj) != NPY_FLOAT32 ||
-               !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)out_obj) || !PyArray_ISWRITEABLE((PyArrayObject *)out_obj)) {
-        PyErr_SetString(PyExc_TypeError, "out must be a writeable C-contiguous float32 ndarray");
+               !PyArray_ISCARRAY((PyArrayObject *)out_obj) || !PyArray_ISNOTSWAPPED((PyArrayObject *)out_obj)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a writeable, aligned, C-contiguous native float32 ndarray");
         goto done;
     } else if (PyArray_SIZE((PyArrayObject *)out_obj) != odim) {
         PyErr_Format(PyExc_ValueError, "out has %zd elements, n = %zd", (Py_ssize_t)PyArray_SIZE((PyArrayObject *)out_obj), n);
