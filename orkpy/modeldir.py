@@ -56,6 +56,14 @@ def _tier_ok(tier: object) -> bool:
 
 # ------------------------------------------------------------------- write --
 
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class ModelDirWriter:
     """A model directory written as it goes (what :func:`write_model_dir` and the streaming
     ``quantize_model(..., output=)`` use): :meth:`add` saves one packed linear into the
@@ -132,7 +140,8 @@ class ModelDirWriter:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
         fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
         fp = os.path.join(self.tmp, fn)
-        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder's files at once
+        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder once
+        _fsync_path(fp)  # on this thread: the data reach the disk while the caller computes (finish's sync is then cheap)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
         pw = load_packed(fp)

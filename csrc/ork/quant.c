@@ -235,45 +235,69 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
     *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
 }
 
-/* The screen's prefix sums (quant.h): the bins below i, sum im into p[0] and sum im * x into p[1].
- * Bins come in blocks of ORK_SCREEN_BLOCK: run[] (pairs) holds each block's running sums, off[] (pairs)
- * the sums of every block before it. */
-static inline void screen_prefix(const double *run, const double *off, size_t i, double p[2]) {
-    if (i == 0) {
-        p[0] = p[1] = 0.0;
-        return;
-    }
-    const size_t q = (i - 1) / ORK_SCREEN_BLOCK;
-    p[0] = off[2 * q] + run[2 * (i - 1)];
-    p[1] = off[2 * q + 1] + run[2 * (i - 1) + 1];
+/* Two doubles as one value (GNU C vector extension): each operation is the IEEE operation of each
+ * lane, so a two-lane loop computes what two scalar loops do, bit for bit (-ffp-contract=off: no
+ * fused multiply-add). The screen keeps its (sum im, sum im * x) pairs and two grid ratios in them. */
+typedef double v2d __attribute__((vector_size(16)));
+
+static inline v2d v2_load(const double *p) {
+    v2d v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-/* The screen's estimate of a 4-bit candidate's error, less the candidate-independent sum of
- * im * x^2 (quant.h "screened clip search"): level c owns the bins between the boundaries of
- * thresholds c-1 and c (the bin edge nearest thr[c] / inv), L = lev[c] * s, and adds
- * L*L*S0 - 2*L*S1 of those bins. inv = 0 (a float16 scale that rounds to 0: every value decodes
- * to 0) estimates 0. */
-static double screen4_err(const ork_q4_grid *g, const double *run, const double *off, float s, float inv,
-                          double ra, size_t B) {
+static inline void v2_store(double *p, v2d v) { memcpy(p, &v, sizeof v); }
+
+/* The screen's prefix sums (quant.h): the bins below i, (sum im, sum im * x) as a pair.
+ * Bins come in blocks of ORK_SCREEN_BLOCK: run[] (pairs) holds each block's running sums, off[] (pairs)
+ * the sums of every block before it; both have a zero pair before their first (run[-2..-1],
+ * off[-2..-1]), which is the sum below bin 0: 0 + 0, with no branch. */
+static inline v2d screen_prefix(const double *run, const double *off, ptrdiff_t i) {
+    const ptrdiff_t q = (i + ORK_SCREEN_BLOCK - 1) / ORK_SCREEN_BLOCK - 1; /* (i - 1) / BLOCK; -1 for i = 0 */
+    return v2_load(off + 2 * q) + v2_load(run + 2 * (i - 1));
+}
+
+/* The boundary of threshold value v (quant.h): trunc(v) clamped to [0, B], NaN (a NaN grid
+ * ratio) to 0; the clamps come first, so the truncation always fits. */
+static inline ptrdiff_t screen_bound(double v, double B) {
+    v = v > 0.0 ? v : 0.0;
+    v = v < B ? v : B;
+    return (ptrdiff_t)(int32_t)v;
+}
+
+/* The screen's estimates of two 4-bit candidates (lane 0: s[0], inv[0]; lane 1: s[1], inv[1]), less
+ * the candidate-independent sum of im * x^2 (quant.h "screened clip search"): level c owns the bins
+ * between the boundaries of thresholds c-1 and c (the bin edge nearest thr[c] / inv),
+ * L = lev[c] * s, and adds L*L*S0 - 2*L*S1 of those bins. inv = 0 (a float16 scale that rounds to
+ * 0: every value decodes to 0) estimates 0. Each lane is the one-candidate computation. */
+static void screen4_err2(const ork_q4_grid *g, const double *run, const double *off, const float s[2],
+                         const float inv[2], double ra, size_t B, double e_out[2]) {
     const double h = (double)(B / 2);
-    if (inv == 0.0f) return 0.0;
-    const double k = ra / (double)inv; /* x / a where y = x * inv = 1 */
-    double e = 0.0, p[2] = {0.0, 0.0};
+    /* inv = 0: a placeholder k (its lane's estimate is replaced by 0 below) */
+    const v2d k = {inv[0] != 0.0f ? ra / (double)inv[0] : 1.0, inv[1] != 0.0f ? ra / (double)inv[1] : 1.0};
+    const v2d sv = {(double)s[0], (double)s[1]};
+    v2d e = {0.0, 0.0}, p0 = {0.0, 0.0}, p1 = {0.0, 0.0}; /* p0: sum im below, p1: sum im * x below */
     for (int c = 0; c < g->nlev; c++) {
-        size_t bnd = B;
+        v2d q0 = {0.0, 0.0}, q1 = {0.0, 0.0};
         if (c + 1 < g->nlev) {
-            const double v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
             /* ascending thresholds, k > 0 and monotone rounding: the boundaries ascend */
-            bnd = !(v > 0.0) ? 0 : v >= (double)B ? B : (size_t)v; /* NaN (a NaN grid ratio): 0 */
+            const v2d v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
+            const v2d qa = screen_prefix(run, off, screen_bound(v[0], (double)B));
+            const v2d qb = screen_prefix(run, off, screen_bound(v[1], (double)B));
+            q0 = (v2d){qa[0], qb[0]};
+            q1 = (v2d){qa[1], qb[1]};
+        } else {
+            const v2d qt = screen_prefix(run, off, (ptrdiff_t)B);
+            q0 = (v2d){qt[0], qt[0]};
+            q1 = (v2d){qt[1], qt[1]};
         }
-        double q[2];
-        screen_prefix(run, off, bnd, q);
-        const double L = (double)g->lev[c] * (double)s;
-        e += L * L * (q[0] - p[0]) - 2.0 * L * (q[1] - p[1]);
-        p[0] = q[0];
-        p[1] = q[1];
+        const v2d L = (double)g->lev[c] * sv;
+        e += L * L * (q0 - p0) - 2.0 * L * (q1 - p1);
+        p0 = q0;
+        p1 = q1;
     }
-    return e;
+    e_out[0] = inv[0] == 0.0f ? 0.0 : e[0];
+    e_out[1] = inv[1] == 0.0f ? 0.0 : e[1];
 }
 
 /* The screened clip search of a 4-bit segment (quant.h): every grid ratio but 1.0 estimated from a
@@ -284,9 +308,12 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
     enum { W = ORK_SCREEN_BLOCK, BMAX = ORK_SCREEN_BINS_MAX };
     const int32_t B = (int32_t)ork_screen_bins(n);
     const size_t NB = (size_t)B / W;
-    double H[2 * BMAX], O[2 * BMAX / W]; /* (sum im, sum im * x) per bin, then per block */
+    /* (sum im, sum im * x) per bin, then per block, each after a zero pair (screen_prefix) */
+    double Hs[2 + 2 * BMAX], Os[2 + 2 * BMAX / W];
+    double *const H = Hs + 2, *const O = Os + 2;
     const double ra = 1.0 / (double)a, h = (double)(B / 2);
-    memset(H, 0, 2 * (size_t)B * sizeof(double));
+    memset(Hs, 0, (2 + 2 * (size_t)B) * sizeof(double));
+    Os[0] = Os[1] = 0.0;
     for (size_t k0 = 0; k0 < n; k0 += 256) { /* bins of 256 values at a time, then their sums */
         const size_t m = n - k0 < 256 ? n - k0 : 256;
         int32_t bi[256];
@@ -295,37 +322,53 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
             b = b < B - 1 ? b : B - 1;
             bi[t] = b > 0 ? b : 0;
         }
-        for (size_t t = 0; t < m; t++) {
+        for (size_t t = 0; t < m; t++) { /* (im, im * x): exact in double (24-bit by 24-bit) */
             double *hb = H + 2 * bi[t];
             const double w = (double)im[k0 + t];
             hb[0] += w;
             hb[1] += w * (double)x[k0 + t];
         }
     }
-    for (size_t b0 = 0; b0 < (size_t)B; b0 += W) /* running sums inside each block (independent chains) */
+    for (size_t b0 = 0; b0 < (size_t)B; b0 += W) { /* running sums inside each block (independent chains) */
+        v2d acc = v2_load(H + 2 * b0);
         for (size_t t = 1; t < W; t++) {
-            H[2 * (b0 + t)] += H[2 * (b0 + t - 1)];
-            H[2 * (b0 + t) + 1] += H[2 * (b0 + t - 1) + 1];
+            acc = v2_load(H + 2 * (b0 + t)) + acc;
+            v2_store(H + 2 * (b0 + t), acc);
         }
-    O[0] = O[1] = 0.0;
+    }
+    v2d o = {0.0, 0.0};
+    v2_store(O, o);
     for (size_t q = 1; q < NB; q++) {
-        O[2 * q] = O[2 * (q - 1)] + H[2 * (q * W - 1)];
-        O[2 * q + 1] = O[2 * (q - 1) + 1] + H[2 * (q * W - 1) + 1];
+        o = o + v2_load(H + 2 * (q * W - 1));
+        v2_store(O + 2 * q, o);
+    }
+    /* the estimates of every ratio but 1.0, two at a time, then the best kept in grid order */
+    double est[ORK_QUANT_MAX_GRID];
+    size_t idx[ORK_QUANT_MAX_GRID], ne = 0;
+    for (size_t i = 0; i < j->ngrid; i++)
+        if (j->grid[i] != 1.0f) idx[ne++] = i;
+    for (size_t t = 0; t < ne; t += 2) {
+        float sc[2], ic[2];
+        double e2[2];
+        seg_scale(j, a * j->grid[idx[t]], &sc[0], &ic[0]);
+        if (t + 1 < ne) seg_scale(j, a * j->grid[idx[t + 1]], &sc[1], &ic[1]);
+        else sc[1] = sc[0], ic[1] = ic[0];
+        screen4_err2(j->g, H, O, sc, ic, ra, (size_t)B, e2);
+        est[t] = e2[0];
+        if (t + 1 < ne) est[t + 1] = e2[1];
     }
     double eb[ORK_SCREEN_TOP];
     size_t ib[ORK_SCREEN_TOP];
     int nb = 0;
-    for (size_t i = 0; i < j->ngrid; i++) {
-        if (j->grid[i] == 1.0f) continue;
-        float sc, ic;
-        seg_scale(j, a * j->grid[i], &sc, &ic);
-        const double e = screen4_err(j->g, H, O, sc, ic, ra, (size_t)B);
+    for (size_t t = 0; t < ne; t++) {
+        const double e = est[t];
+        const size_t i = idx[t];
         int at = nb; /* insertion point: after every kept estimate <= e */
         while (at > 0 && e < eb[at - 1]) at--;
         if (at >= ORK_SCREEN_TOP) continue;
-        for (int t = (nb < ORK_SCREEN_TOP ? nb : ORK_SCREEN_TOP - 1); t > at; t--) {
-            eb[t] = eb[t - 1];
-            ib[t] = ib[t - 1];
+        for (int u = (nb < ORK_SCREEN_TOP ? nb : ORK_SCREEN_TOP - 1); u > at; u--) {
+            eb[u] = eb[u - 1];
+            ib[u] = ib[u - 1];
         }
         eb[at] = e;
         ib[at] = i;
@@ -339,6 +382,78 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
         }
     for (int t = 0; t < nb; t++) rb[t] = j->grid[ib[t]];
     return nb;
+}
+
+/* The 8-bit kinds' full clip search, pruned by the tail's lower bound (quant.h "pruned full search").
+ * Returns the ratio the unpruned search (seg_choose's loop) picks, bit for bit. */
+static float search8_pruned(const quant_job *j, const float *x, const float *im, size_t n, float a) {
+    enum { BT = ORK_WERR_BATCH, NMAX = 1 + ORK_QUANT_MAX_GRID };
+    const double keep = 1.0 - 0x1p-20; /* E(r) >= LB(r) * keep */
+    float xt[ORK_PRUNE_TAIL], wt[ORK_PRUNE_TAIL];
+    size_t nt = 0;
+    const float tau = ORK_PRUNE_TAU * a;
+    for (size_t k = 0; k < n && nt < ORK_PRUNE_TAIL; k++)
+        if (fabsf(x[k]) >= tau) {
+            xt[nt] = x[k];
+            wt[nt] = im[k];
+            nt++;
+        }
+    /* the candidates in the full search's order: 1.0, then the grid without 1.0 */
+    float r[NMAX], sc[NMAX], ic[NMAX];
+    double lb[NMAX];
+    size_t nc = 0;
+    r[nc++] = 1.0f;
+    for (size_t i = 0; i < j->ngrid; i++)
+        if (j->grid[i] != 1.0f) r[nc++] = j->grid[i];
+    for (size_t c = 0; c < nc; c++) seg_scale(j, a * r[c], &sc[c], &ic[c]);
+    for (size_t c = 0; c < nc; c += BT) {
+        const int m = nc - c < BT ? (int)(nc - c) : BT;
+        if (nt) j->kern->werr8n(xt, wt, nt, ic + c, sc + c, m, j->lim, lb + c);
+        else
+            for (int t = 0; t < m; t++) lb[c + t] = 0.0;
+    }
+    /* first batch: 1.0 and the BT - 1 smallest bounds (earliest on ties) */
+    size_t pick[BT];
+    int np = 0;
+    pick[np++] = 0;
+    while (np < BT && (size_t)np < nc) {
+        size_t m = 0;
+        for (size_t c = 1; c < nc; c++) {
+            int used = 0;
+            for (int t = 1; t < np; t++) used |= pick[t] == c;
+            if (!used && (m == 0 || lb[c] < lb[m])) m = c;
+        }
+        pick[np++] = m;
+    }
+    const int nfirst = np;
+    size_t first[BT];
+    memcpy(first, pick, sizeof first);
+    double best = INFINITY;
+    size_t bi = 0;
+    size_t next = 1; /* the next candidate of the rest, in order */
+    for (;;) {
+        float sb[BT], ib[BT];
+        double eb[BT];
+        for (int t = 0; t < np; t++) {
+            sb[t] = sc[pick[t]];
+            ib[t] = ic[pick[t]];
+        }
+        j->kern->werr8n(x, im, n, ib, sb, np, j->lim, eb);
+        for (int t = 0; t < np; t++)
+            if (eb[t] < best || (eb[t] == best && pick[t] < bi)) {
+                best = eb[t];
+                bi = pick[t];
+            }
+        np = 0;
+        for (; next < nc && np < BT; next++) {
+            int done = 0;
+            for (int t = 1; t < nfirst; t++) done |= first[t] == next;
+            if (done || lb[next] * keep > best) continue;
+            pick[np++] = next;
+        }
+        if (np == 0) break;
+    }
+    return r[bi];
 }
 
 /* The scale of one segment and the inverse its codes are chosen with: a * r for the ratio r of
@@ -368,6 +483,8 @@ static void seg_choose(const quant_job *j, const float *x, const float *im, size
                 best = eb[c];
                 r = rb[c];
             }
+    } else if (im && !j->g && n >= ORK_PRUNE_MIN_N) {
+        r = search8_pruned(j, x, im, n, a);
     } else if (im) {
         double best = INFINITY; /* replaced by 1.0's error, the first candidate */
         size_t i = 0;           /* the next grid entry */

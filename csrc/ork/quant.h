@@ -85,6 +85,23 @@
  *   and ork_quant_params.full_search = 1 search the grid in full. The screen
  *   is plain C shared by every ISA, so the choice is the same on all.
  *
+ * Pruned full search (8-bit kinds: int8, int6, int5; segments of at least
+ *   ORK_PRUNE_MIN_N values; full_search = 0 or 1 alike): the chosen ratio is
+ *   bit for bit the full search's, with fewer candidates evaluated exactly.
+ *   The tail T is the first ORK_PRUNE_TAIL values (in increasing k) with
+ *   |x| >= ORK_PRUNE_TAU * a. Every term of E is >= 0, so the same error
+ *   kernel run over T alone (LB(r), the tail's values and importances packed
+ *   in order) is a lower bound of E(r) up to rounding: both are sums of fewer
+ *   than 2^32 non-negative terms that are identical term by term, so
+ *   computed E(r) >= LB(r) * (1 - 2^-20). Candidates are evaluated exactly
+ *   ORK_WERR_BATCH at a time: first 1.0 and the ORK_WERR_BATCH - 1 smallest
+ *   bounds (first in the full search's order on ties), then the rest in that
+ *   order, skipping every r with LB(r) * (1 - 2^-20) > the best exact E so far
+ *   (its E exceeds the best, so the full search could not take it). The
+ *   choice is the smallest exact E, the earliest in the full search's order
+ *   (1.0, then the grid without 1.0) on ties: the full search's choice. Only
+ *   the number of candidates evaluated depends on T (and so on the data).
+ *
  * Stochastic rounding (sr != 0): after the scale is chosen, y is rounded to
  *   one of its two bracketing levels lo <= y < hi with P(hi) = (y-lo)/(hi-lo),
  *   so E[dequant] = w inside the level range (values beyond the end levels
@@ -186,6 +203,9 @@ void ork_kind_seal(void);
 #define ORK_SCREEN_MIN_N 512 /* ... for segments of at least this many values */
 #define ORK_SCREEN_TOP 3     /* ... estimates evaluated exactly (with 1.0: one werr4n call) */
 #define ORK_SCREEN_BLOCK 8   /* ... bins per block of the two-level prefix sums */
+#define ORK_PRUNE_MIN_N 128  /* pruned full search (8-bit kinds): segments of at least this many values */
+#define ORK_PRUNE_TAIL 512   /* ... the lower bound's tail holds at most this many values */
+#define ORK_PRUNE_TAU 0.7f   /* ... of those with |x| >= ORK_PRUNE_TAU * absmax */
 /* The screen's bins for a segment of n values (1024 bins lost the full search's best on one row of
  * SmolLM2's 1536-wide ffn_down by 2e-4 of the whole model's weighted error: 2048 for every n) */
 static inline size_t ork_screen_bins(size_t n) { (void)n; return ORK_SCREEN_BINS_MAX; }
