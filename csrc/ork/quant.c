@@ -13,6 +13,7 @@
 #include "cpu.h"
 #include "half.h"
 #include "pool.h"
+#include "quant_scalar.h"
 
 /* ------------------------------------------------------ kind registry -- */
 /* One row per kind: name, bits, levels. The LUT, the zero code and the
@@ -235,71 +236,6 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
     *inv = *s > 0.0f ? 1.0f / *s : 0.0f;
 }
 
-/* Two doubles as one value (GNU C vector extension): each operation is the IEEE operation of each
- * lane, so a two-lane loop computes what two scalar loops do, bit for bit (-ffp-contract=off: no
- * fused multiply-add). The screen keeps its (sum im, sum im * x) pairs and two grid ratios in them. */
-typedef double v2d __attribute__((vector_size(16)));
-
-static inline v2d v2_load(const double *p) {
-    v2d v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void v2_store(double *p, v2d v) { memcpy(p, &v, sizeof v); }
-
-/* The screen's prefix sums (quant.h): the bins below i, (sum im, sum im * x) as a pair.
- * Bins come in blocks of ORK_SCREEN_BLOCK: run[] (pairs) holds each block's running sums, off[] (pairs)
- * the sums of every block before it; both have a zero pair before their first (run[-2..-1],
- * off[-2..-1]), which is the sum below bin 0: 0 + 0, with no branch. */
-static inline v2d screen_prefix(const double *run, const double *off, ptrdiff_t i) {
-    const ptrdiff_t q = (i + ORK_SCREEN_BLOCK - 1) / ORK_SCREEN_BLOCK - 1; /* (i - 1) / BLOCK; -1 for i = 0 */
-    return v2_load(off + 2 * q) + v2_load(run + 2 * (i - 1));
-}
-
-/* The boundary of threshold value v (quant.h): trunc(v) clamped to [0, B], NaN (a NaN grid
- * ratio) to 0; the clamps come first, so the truncation always fits. */
-static inline ptrdiff_t screen_bound(double v, double B) {
-    v = v > 0.0 ? v : 0.0;
-    v = v < B ? v : B;
-    return (ptrdiff_t)(int32_t)v;
-}
-
-/* The screen's estimates of two 4-bit candidates (lane 0: s[0], inv[0]; lane 1: s[1], inv[1]), less
- * the candidate-independent sum of im * x^2 (quant.h "screened clip search"): level c owns the bins
- * between the boundaries of thresholds c-1 and c (the bin edge nearest thr[c] / inv),
- * L = lev[c] * s, and adds L*L*S0 - 2*L*S1 of those bins. inv = 0 (a float16 scale that rounds to
- * 0: every value decodes to 0) estimates 0. Each lane is the one-candidate computation. */
-static void screen4_err2(const ork_q4_grid *g, const double *run, const double *off, const float s[2],
-                         const float inv[2], double ra, size_t B, double e_out[2]) {
-    const double h = (double)(B / 2);
-    /* inv = 0: a placeholder k (its lane's estimate is replaced by 0 below) */
-    const v2d k = {inv[0] != 0.0f ? ra / (double)inv[0] : 1.0, inv[1] != 0.0f ? ra / (double)inv[1] : 1.0};
-    const v2d sv = {(double)s[0], (double)s[1]};
-    v2d e = {0.0, 0.0}, p0 = {0.0, 0.0}, p1 = {0.0, 0.0}; /* p0: sum im below, p1: sum im * x below */
-    for (int c = 0; c < g->nlev; c++) {
-        v2d q0 = {0.0, 0.0}, q1 = {0.0, 0.0};
-        if (c + 1 < g->nlev) {
-            /* ascending thresholds, k > 0 and monotone rounding: the boundaries ascend */
-            const v2d v = ((double)g->thr[c] * k + 1.0) * h + 0.5;
-            const v2d qa = screen_prefix(run, off, screen_bound(v[0], (double)B));
-            const v2d qb = screen_prefix(run, off, screen_bound(v[1], (double)B));
-            q0 = (v2d){qa[0], qb[0]};
-            q1 = (v2d){qa[1], qb[1]};
-        } else {
-            const v2d qt = screen_prefix(run, off, (ptrdiff_t)B);
-            q0 = (v2d){qt[0], qt[0]};
-            q1 = (v2d){qt[1], qt[1]};
-        }
-        const v2d L = (double)g->lev[c] * sv;
-        e += L * L * (q0 - p0) - 2.0 * L * (q1 - p1);
-        p0 = q0;
-        p1 = q1;
-    }
-    e_out[0] = inv[0] == 0.0f ? 0.0 : e[0];
-    e_out[1] = inv[1] == 0.0f ? 0.0 : e[1];
-}
-
 /* The screened clip search of a 4-bit segment (quant.h): every grid ratio but 1.0 estimated from a
  * histogram of the segment (ork_screen_bins(n) bins of x / a over [-1, 1], each holding sum im and
  * sum im * x in double, in increasing k), the ORK_SCREEN_TOP best estimates (first in grid order on
@@ -308,7 +244,7 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
     enum { W = ORK_SCREEN_BLOCK, BMAX = ORK_SCREEN_BINS_MAX };
     const int32_t B = (int32_t)ork_screen_bins(n);
     const size_t NB = (size_t)B / W;
-    /* (sum im, sum im * x) per bin, then per block, each after a zero pair (screen_prefix) */
+    /* (sum im, sum im * x) per bin, then per block, each after a zero pair (ork_screen_prefix) */
     double Hs[2 + 2 * BMAX], Os[2 + 2 * BMAX / W];
     double *const H = Hs + 2, *const O = Os + 2;
     const double ra = 1.0 / (double)a, h = (double)(B / 2);
@@ -330,33 +266,27 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
         }
     }
     for (size_t b0 = 0; b0 < (size_t)B; b0 += W) { /* running sums inside each block (independent chains) */
-        v2d acc = v2_load(H + 2 * b0);
+        ork_v2d acc = ork_v2_load(H + 2 * b0);
         for (size_t t = 1; t < W; t++) {
-            acc = v2_load(H + 2 * (b0 + t)) + acc;
-            v2_store(H + 2 * (b0 + t), acc);
+            acc = ork_v2_load(H + 2 * (b0 + t)) + acc;
+            ork_v2_store(H + 2 * (b0 + t), acc);
         }
     }
-    v2d o = {0.0, 0.0};
-    v2_store(O, o);
+    ork_v2d o = {0.0, 0.0};
+    ork_v2_store(O, o);
     for (size_t q = 1; q < NB; q++) {
-        o = o + v2_load(H + 2 * (q * W - 1));
-        v2_store(O + 2 * q, o);
+        o = o + ork_v2_load(H + 2 * (q * W - 1));
+        ork_v2_store(O + 2 * q, o);
     }
-    /* the estimates of every ratio but 1.0, two at a time, then the best kept in grid order */
+    /* the estimates of every ratio but 1.0 (the ISA's kernel), then the best kept in grid order */
     double est[ORK_QUANT_MAX_GRID];
     size_t idx[ORK_QUANT_MAX_GRID], ne = 0;
     for (size_t i = 0; i < j->ngrid; i++)
         if (j->grid[i] != 1.0f) idx[ne++] = i;
-    for (size_t t = 0; t < ne; t += 2) {
-        float sc[2], ic[2];
-        double e2[2];
-        seg_scale(j, a * j->grid[idx[t]], &sc[0], &ic[0]);
-        if (t + 1 < ne) seg_scale(j, a * j->grid[idx[t + 1]], &sc[1], &ic[1]);
-        else sc[1] = sc[0], ic[1] = ic[0];
-        screen4_err2(j->g, H, O, sc, ic, ra, (size_t)B, e2);
-        est[t] = e2[0];
-        if (t + 1 < ne) est[t + 1] = e2[1];
-    }
+    if (ne == 0) return 0; /* a grid of 1.0 alone */
+    float sc[ORK_QUANT_MAX_GRID], ic[ORK_QUANT_MAX_GRID];
+    for (size_t t = 0; t < ne; t++) seg_scale(j, a * j->grid[idx[t]], &sc[t], &ic[t]);
+    j->kern->screen_est(j->g, H, O, sc, ic, ne, ra, (size_t)B, est);
     double eb[ORK_SCREEN_TOP];
     size_t ib[ORK_SCREEN_TOP];
     int nb = 0;

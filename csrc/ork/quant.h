@@ -241,6 +241,12 @@ typedef struct ork_quant_kernels {
     /* out[k] = (float)lut[nibble k] * s, nibbles packed low-first */
     void (*dequant4)(const uint8_t *packed, size_t n, const int8_t lut[16], float s, float *out);
     void (*dequant8)(const int8_t *codes, size_t n, float s, float *out);
+    /* The screened search's estimates (contract above) of nc candidates (s[c], inv[c]) from the
+     * prefix pairs: bins below i = off[2q..2q+1] + run[2(i-1)..2(i-1)+1], q = (i-1) / ORK_SCREEN_BLOCK,
+     * both arrays with a zero pair before their first (index -2 and -1) for i = 0; B bins.
+     * est[c] is quant_scalar.h ork_screen_est1's value bit for bit. */
+    void (*screen_est)(const ork_q4_grid *g, const double *run, const double *off, const float *s,
+                       const float *inv, size_t nc, double ra, size_t B, double *est);
 } ork_quant_kernels;
 
 extern const ork_quant_kernels ork_quant_kernels_ref;

@@ -67,8 +67,13 @@ static void dequant8_ref(const int8_t *codes, size_t n, float s, float *out) {
     for (size_t k = 0; k < n; k++) out[k] = (float)codes[k] * s;
 }
 
+static void screen_est_ref(const ork_q4_grid *g, const double *run, const double *off, const float *s,
+                           const float *inv, size_t nc, double ra, size_t B, double *est) {
+    for (size_t c = 0; c < nc; c++) est[c] = ork_screen_est1(g, run, off, s[c], inv[c], ra, B);
+}
+
 const ork_quant_kernels ork_quant_kernels_ref = {
     "scalar",       absmax_ref,    codes4_rtn_ref, codes4_sr_ref, werr4_ref,
     codes8_rtn_ref, codes8_sr_ref, werr8_ref,      werr4n_ref,    werr8n_ref,
-    dequant4_ref,   dequant8_ref,
+    dequant4_ref,   dequant8_ref,   screen_est_ref,
 };

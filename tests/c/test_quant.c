@@ -145,6 +145,41 @@ static void odd_grids(ork_q4_grid out[2]) {
     }
 }
 
+/* screen_est against the _ref: random prefix pairs (a zero pair before each array), every count of
+ * candidates up to 41 (odd ones leave a lane alone), inv = 0 (estimates 0), tiny inv (k huge: every
+ * boundary clamps to B) and inv large (boundaries near the middle), the kinds' grids and the odd ones */
+static void check_screen_est(const ork_quant_kernels *ref, const ork_quant_kernels *kv, const ork_q4_grid odd[2]) {
+    enum { B = ORK_SCREEN_BINS_MAX, NB = B / ORK_SCREEN_BLOCK, NC = 41 };
+    static double Hs[2 + 2 * B], Os[2 + 2 * NB];
+    double *H = Hs + 2, *O = Os + 2;
+    Hs[0] = Hs[1] = Os[0] = Os[1] = 0.0;
+    for (size_t i = 0; i < 2 * (size_t)B; i++) H[i] = (double)rnd_normal();
+    for (size_t i = 0; i < 2 * (size_t)NB; i++) O[i] = (double)rnd_normal() * 10.0;
+    float s[NC], inv[NC];
+    double e1[NC], e2[NC];
+    for (int trial = 0; trial < 6; trial++) {
+        for (int c = 0; c < NC; c++) {
+            inv[c] = (float)(127.0 / (0.6 + 0.4 * rnd_unit()));
+            if (trial == 1 && c % 5 == 0) inv[c] = 0.0f;
+            if (trial == 2 && c % 3 == 0) inv[c] = 1e-30f;
+            if (trial == 3) inv[c] = 1e6f * (1.0f + rnd_unit());
+            s[c] = inv[c] > 0.0f ? 1.0f / inv[c] : 0.0f;
+        }
+        const double ra = 1.0 + 3.0 * rnd_unit();
+        for (int gi = 0; gi < 4; gi++) {
+            const ork_q4_grid *g = gi < 2 ? &ork_kind_get((ork_kind)gi)->grid : &odd[gi - 2];
+            for (size_t nc = 1; nc <= NC; nc += (nc < 5 ? 1 : 12)) {
+                ref->screen_est(g, H, O, s, inv, nc, ra, B, e1);
+                kv->screen_est(g, H, O, s, inv, nc, ra, B, e2);
+                CHECK(memcmp(e1, e2, nc * sizeof(double)) == 0, "%s screen_est trial=%d grid=%d nc=%zu", kv->isa,
+                      trial, gi, nc);
+                for (size_t c = 0; c < nc; c++)
+                    CHECK(inv[c] != 0.0f || e1[c] == 0.0, "screen_est of inv = 0 is 0");
+            }
+        }
+    }
+}
+
 static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernels *kv) {
     ork_q4_grid odd[2];
     odd_grids(odd);
@@ -213,6 +248,7 @@ static void compare_kernels(const ork_quant_kernels *ref, const ork_quant_kernel
             }
         }
     }
+    check_screen_est(ref, kv, odd);
     /* non-finite detection, anywhere in the row (vector body and tail) */
     for (size_t pos = 0; pos < 37; pos += 5) {
         for (size_t k = 0; k < 37; k++) x[k] = rnd_normal();
