@@ -253,11 +253,7 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
     for (size_t k0 = 0; k0 < n; k0 += 256) { /* bins of 256 values at a time, then their sums */
         const size_t m = n - k0 < 256 ? n - k0 : 256;
         int32_t bi[256];
-        for (size_t t = 0; t < m; t++) { /* |x| <= a: v in (-1, B + 1), truncated then clamped */
-            int32_t b = (int32_t)(((double)x[k0 + t] * ra + 1.0) * h);
-            b = b < B - 1 ? b : B - 1;
-            bi[t] = b > 0 ? b : 0;
-        }
+        j->kern->screen_bins(x + k0, m, ra, h, B, bi);
         for (size_t t = 0; t < m; t++) { /* (im, im * x): exact in double (24-bit by 24-bit) */
             double *hb = H + 2 * bi[t];
             const double w = (double)im[k0 + t];

@@ -247,6 +247,9 @@ typedef struct ork_quant_kernels {
      * est[c] is quant_scalar.h ork_screen_est1's value bit for bit. */
     void (*screen_est)(const ork_q4_grid *g, const double *run, const double *off, const float *s,
                        const float *inv, size_t nc, double ra, size_t B, double *est);
+    /* The screen's bin of each value (contract above): bi[k] = clamp(trunc(((double)x[k] * ra + 1) * h),
+     * 0, B - 1), every operation in double, for |x[k] * ra| <= 1 + 2^-20 (x within the segment's absmax) */
+    void (*screen_bins)(const float *x, size_t n, double ra, double h, int32_t B, int32_t *bi);
 } ork_quant_kernels;
 
 extern const ork_quant_kernels ork_quant_kernels_ref;

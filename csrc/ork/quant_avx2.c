@@ -366,6 +366,20 @@ static ORK_AVX512 void werr8n_avx512(const float *x, const float *im, size_t n, 
     }
 }
 
+/* screen_bins (quant.h), eight values per vector: the same double operations (no fused
+ * multiply-add), truncation toward zero, then the integer clamps */
+static ORK_AVX512 void screen_bins_avx512(const float *x, size_t n, double ra, double h, int32_t B, int32_t *bi) {
+    const __m512d vra = _mm512_set1_pd(ra), one = _mm512_set1_pd(1.0), vh = _mm512_set1_pd(h);
+    const __m256i hi = _mm256_set1_epi32(B - 1), lo = _mm256_setzero_si256();
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        const __m512d v = _mm512_mul_pd(_mm512_add_pd(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), vra), one), vh);
+        const __m256i b = _mm256_max_epi32(_mm256_min_epi32(_mm512_cvttpd_epi32(v), hi), lo);
+        _mm256_storeu_si256((__m256i *)(bi + k), b);
+    }
+    ork_screen_bins_range(x, k, n, ra, h, B, bi);
+}
+
 static inline void store8_scaled(float *out, __m128i b8, __m256 vs) {
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8)), vs));
 }
@@ -400,7 +414,7 @@ static void dequant8_avx2(const int8_t *codes, size_t n, float s, float *out) {
 const ork_quant_kernels ork_quant_kernels_avx2 = {
     "avx2",          absmax_avx2,    codes4_rtn_avx2, codes4_sr_avx2, werr4_avx2,
     codes8_rtn_avx2, codes8_sr_avx2, werr8_avx2,      werr4n_avx2,    werr8n_avx2,
-    dequant4_avx2,   dequant8_avx2,  ork_screen_est_pairs,
+    dequant4_avx2,   dequant8_avx2,  ork_screen_est_pairs, ork_screen_bins_c,
 };
 
 /* screen_est: the two-lane C form here too. An eight-lane AVX-512 form (the prefix pairs gathered per
@@ -408,7 +422,7 @@ const ork_quant_kernels ork_quant_kernels_avx2 = {
 const ork_quant_kernels ork_quant_kernels_avx512 = {
     "avx512",        absmax_avx2,    codes4_rtn_avx512, codes4_sr_avx2, werr4_avx2,
     codes8_rtn_avx2, codes8_sr_avx2, werr8_avx2,      werr4n_avx512,  werr8n_avx512,
-    dequant4_avx2,   dequant8_avx2,  ork_screen_est_pairs,
+    dequant4_avx2,   dequant8_avx2,  ork_screen_est_pairs, screen_bins_avx512,
 };
 #endif
 

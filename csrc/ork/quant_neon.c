@@ -236,7 +236,7 @@ static void werr8n_neon(const float *x, const float *im, size_t n, const float *
 const ork_quant_kernels ork_quant_kernels_neon = {
     "neon",          absmax_neon,    codes4_rtn_neon, codes4_sr_neon, werr4_neon,
     codes8_rtn_neon, codes8_sr_neon, werr8_neon,      werr4n_neon,    werr8n_neon,
-    dequant4_neon,   dequant8_neon,   ork_screen_est_pairs,
+    dequant4_neon,   dequant8_neon,   ork_screen_est_pairs, ork_screen_bins_c,
 };
 #endif
 

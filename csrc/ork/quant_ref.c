@@ -75,5 +75,5 @@ static void screen_est_ref(const ork_q4_grid *g, const double *run, const double
 const ork_quant_kernels ork_quant_kernels_ref = {
     "scalar",       absmax_ref,    codes4_rtn_ref, codes4_sr_ref, werr4_ref,
     codes8_rtn_ref, codes8_sr_ref, werr8_ref,      werr4n_ref,    werr8n_ref,
-    dequant4_ref,   dequant8_ref,   screen_est_ref,
+    dequant4_ref,   dequant8_ref,   screen_est_ref, ork_screen_bins_c,
 };

@@ -177,6 +177,20 @@ static inline double ork_screen_est1(const ork_q4_grid *g, const double *run, co
     return e;
 }
 
+/* screen_bins (quant.h), one value at a time: the oracle and every table's scalar tail */
+static inline void ork_screen_bins_range(const float *x, size_t k, size_t n, double ra, double h, int32_t B,
+                                         int32_t *bi) {
+    for (; k < n; k++) { /* |x| <= a: v in (-1, B + 1), truncated then clamped */
+        int32_t b = (int32_t)(((double)x[k] * ra + 1.0) * h);
+        b = b < B - 1 ? b : B - 1;
+        bi[k] = b > 0 ? b : 0;
+    }
+}
+
+static inline void ork_screen_bins_c(const float *x, size_t n, double ra, double h, int32_t B, int32_t *bi) {
+    ork_screen_bins_range(x, 0, n, ra, h, B, bi);
+}
+
 /* screen_est by ork_screen_est2, two candidates per pass (an odd last one paired with itself) */
 static inline void ork_screen_est_pairs(const ork_q4_grid *g, const double *run, const double *off, const float *s,
                                         const float *inv, size_t nc, double ra, size_t B, double *est) {

@@ -155,6 +155,20 @@ static void check_screen_est(const ork_quant_kernels *ref, const ork_quant_kerne
     Hs[0] = Hs[1] = Os[0] = Os[1] = 0.0;
     for (size_t i = 0; i < 2 * (size_t)B; i++) H[i] = (double)rnd_normal();
     for (size_t i = 0; i < 2 * (size_t)NB; i++) O[i] = (double)rnd_normal() * 10.0;
+    { /* screen_bins: values over [-a, a] (both ends included), every length up to 40 and a long one */
+        float x[1000];
+        int32_t b1[1000], b2[1000];
+        const float a = 0.37f;
+        for (int k = 0; k < 1000; k++) x[k] = a * (2.0f * rnd_unit() - 1.0f);
+        x[0] = a, x[1] = -a, x[2] = 0.0f, x[3] = -0.0f, x[9] = a, x[10] = -a;
+        const double ra = 1.0 / (double)a, h = (double)(B / 2);
+        for (size_t n = 1; n <= 1000; n += (n < 40 ? 1 : 480)) {
+            ref->screen_bins(x, n, ra, h, B, b1);
+            kv->screen_bins(x, n, ra, h, B, b2);
+            CHECK(memcmp(b1, b2, n * sizeof(int32_t)) == 0, "%s screen_bins n=%zu", kv->isa, n);
+        }
+        CHECK(b1[0] == B - 1 && b1[1] == 0, "screen_bins ends: %d %d", (int)b1[0], (int)b1[1]);
+    }
     float s[NC], inv[NC];
     double e1[NC], e2[NC];
     for (int trial = 0; trial < 6; trial++) {
