@@ -108,7 +108,9 @@ def make_model(work, shape):
 
 
 def run(cmd):
-    """(seconds, peak RSS bytes) of ``cmd`` run alone in a fresh process (wait4's rusage)."""
+    """(seconds, peak RSS bytes) of ``cmd`` run alone in a fresh process (wait4's rusage); the files the
+    job before wrote are flushed first (sync), so no job pays for another's writeback."""
+    os.sync()
     t0 = time.perf_counter()
     p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = b"", b""

@@ -121,12 +121,9 @@ def _werr(w, im, a, r, kind, f16=False):
     return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 
 
-#: the screened clip search of 4-bit segments of at least SCREEN_MIN_N values (csrc/ork/quant.h)
-def screen_bins(n):
-    """The screen's histogram bins for a segment of n values (quant.h ork_screen_bins)."""
-    return 2048
-
-
+#: the screened clip search of 4-bit segments of at least SCREEN_MIN_N values (csrc/ork/quant.h):
+#: SCREEN_BINS histogram bins for every segment
+SCREEN_BINS = 2048
 SCREEN_MIN_N = 512
 SCREEN_TOP = 3
 SCREEN_BLOCK = 8
@@ -150,7 +147,7 @@ def _screen_picks(w, im, a, grid, kind, f16):
     """Indices into ``grid`` (N, <= SCREEN_TOP), in grid order, of the screened search's picks per row:
     the best histogram estimates of every ratio but 1.0 (quant.h, "screened clip search")."""
     N, n = w.shape
-    B = screen_bins(n)
+    B = SCREEN_BINS
     h = float(B // 2)
     ra = 1.0 / a.astype(np.float64)
     v = (w.astype(np.float64) * ra[:, None] + 1.0) * h

@@ -237,12 +237,11 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
 }
 
 /* The screened clip search of a 4-bit segment (quant.h): every grid ratio but 1.0 estimated from a
- * histogram of the segment (ork_screen_bins(n) bins of x / a over [-1, 1], each holding sum im and
+ * histogram of the segment (ORK_SCREEN_BINS bins of x / a over [-1, 1], each holding sum im and
  * sum im * x in double, in increasing k), the ORK_SCREEN_TOP best estimates (first in grid order on
  * ties) kept. Writes them to rb in grid order; returns how many (0 .. ORK_SCREEN_TOP). */
 static int screen4(const quant_job *j, const float *x, const float *im, size_t n, float a, float *rb) {
-    enum { W = ORK_SCREEN_BLOCK, BMAX = ORK_SCREEN_BINS_MAX };
-    const int32_t B = (int32_t)ork_screen_bins(n);
+    enum { W = ORK_SCREEN_BLOCK, B = ORK_SCREEN_BINS, BMAX = ORK_SCREEN_BINS };
     const size_t NB = (size_t)B / W;
     /* (sum im, sum im * x) per bin, then per block, each after a zero pair (ork_screen_prefix) */
     double Hs[2 + 2 * BMAX], Os[2 + 2 * BMAX / W];

@@ -63,7 +63,7 @@
  *
  * Screened clip search (4-bit kinds, segments of n >= ORK_SCREEN_MIN_N values):
  *   the grid is not evaluated in full. A histogram of the segment, bin
- *   b = clamp(trunc((x * (1/a) + 1) * B/2), 0, B-1) with B = ork_screen_bins(n)
+ *   b = clamp(trunc((x * (1/a) + 1) * B/2), 0, B-1) with B = ORK_SCREEN_BINS
  *   (2048) and every operation in double, holds S0 = sum im and S1 = sum im * x (in
  *   increasing k). The sum of the bins below i (i >= 1) is off[j] + run[i-1],
  *   j = (i-1) / ORK_SCREEN_BLOCK: run the running sum inside each block of
@@ -82,8 +82,9 @@
  *   12 of 124,416 of Gemma-3-270M; the model's weighted error +2e-7 for both;
  *   docs/quantization.md). With 1.0 the picks are ORK_WERR_BATCH candidates:
  *   one pass of werr4n. 8-bit kinds, segments of fewer than 512 values
- *   and ork_quant_params.full_search = 1 search the grid in full. The screen
- *   is plain C shared by every ISA, so the choice is the same on all.
+ *   and ork_quant_params.full_search = 1 search the grid in full. The screen's
+ *   bins and the estimates are the kernels screen_bins / screen_est, each bit
+ *   for bit its scalar _ref, so the choice is the same on every ISA.
  *
  * Pruned full search (8-bit kinds: int8, int6, int5; segments of at least
  *   ORK_PRUNE_MIN_N values; full_search = 0 or 1 alike): the chosen ratio is
@@ -199,16 +200,15 @@ void ork_kind_seal(void);
 /* Each ISA file (quant_ref.c, quant_avx2.c, quant_neon.c) fills one table.
  * The _ref table is the oracle; every other table must be bit-identical. */
 #define ORK_WERR_BATCH 4 /* candidates per werr4n / werr8n call */
-#define ORK_SCREEN_BINS_MAX 2048 /* screened clip search: histogram bins over [-a, a], at most */
+/* screened clip search: histogram bins over [-a, a] for every segment (1024 bins lost the full search's
+ * best on one row of SmolLM2's 1536-wide ffn_down by 2e-4 of the whole model's weighted error) */
+#define ORK_SCREEN_BINS 2048
 #define ORK_SCREEN_MIN_N 512 /* ... for segments of at least this many values */
 #define ORK_SCREEN_TOP 3     /* ... estimates evaluated exactly (with 1.0: one werr4n call) */
 #define ORK_SCREEN_BLOCK 8   /* ... bins per block of the two-level prefix sums */
 #define ORK_PRUNE_MIN_N 128  /* pruned full search (8-bit kinds): segments of at least this many values */
 #define ORK_PRUNE_TAIL 512   /* ... the lower bound's tail holds at most this many values */
 #define ORK_PRUNE_TAU 0.7f   /* ... of those with |x| >= ORK_PRUNE_TAU * absmax */
-/* The screen's bins for a segment of n values (1024 bins lost the full search's best on one row of
- * SmolLM2's 1536-wide ffn_down by 2e-4 of the whole model's weighted error: 2048 for every n) */
-static inline size_t ork_screen_bins(size_t n) { (void)n; return ORK_SCREEN_BINS_MAX; }
 #if ORK_SCREEN_TOP + 1 > ORK_WERR_BATCH
 #error "the screened search's exact candidates must fit one werr4n batch"
 #endif

@@ -149,7 +149,7 @@ static void odd_grids(ork_q4_grid out[2]) {
  * candidates up to 41 (odd ones leave a lane alone), inv = 0 (estimates 0), tiny inv (k huge: every
  * boundary clamps to B) and inv large (boundaries near the middle), the kinds' grids and the odd ones */
 static void check_screen_est(const ork_quant_kernels *ref, const ork_quant_kernels *kv, const ork_q4_grid odd[2]) {
-    enum { B = ORK_SCREEN_BINS_MAX, NB = B / ORK_SCREEN_BLOCK, NC = 41 };
+    enum { B = ORK_SCREEN_BINS, NB = B / ORK_SCREEN_BLOCK, NC = 41 };
     static double Hs[2 + 2 * B], Os[2 + 2 * NB];
     double *H = Hs + 2, *O = Os + 2;
     Hs[0] = Hs[1] = Os[0] = Os[1] = 0.0;
