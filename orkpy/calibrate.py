@@ -343,6 +343,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                               threads=threads, progress=progress, group_size=gsizes, sequential=bool(gptq_sequential))
         bar = progress_bar(len(names), "quantize", progress, "tensor")
         scratch = np.empty(0, np.float32)
+        shapes = src.shapes()  # (a copy per call: read once)
         for name in names:
             tier = tm.linear_tier(name)
             qkind = tier_path(tier, kind)
@@ -361,7 +362,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 if bar is not None:
                     bar.update(1)
                 continue
-            shape = src.shapes()[src.tensor_name(name)]
+            shape = shapes[src.tensor_name(name)]
             if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
                 scratch = np.empty(shape[0] * shape[1], np.float32)
             w = src.linear(name, scratch=scratch[:shape[0] * shape[1]].reshape(shape))

@@ -170,7 +170,8 @@ def _screen_picks(w, im, a, grid, kind, f16):
                 with np.errstate(divide="ignore", invalid="ignore"):
                     vb = (np.float64(thr[c]) * (ra / inv.astype(np.float64)) + 1.0) * h + 0.5
                 bnd = np.clip(np.trunc(np.nan_to_num(vb, nan=0.0, posinf=B, neginf=0.0)), 0, B).astype(np.int64)
-                assert np.all(bnd >= prev)  # ascending thresholds: ascending boundaries
+                if np.any(bnd < prev):  # ascending thresholds and k > 0 give ascending boundaries
+                    raise RuntimeError(f"{kind}: the screen's boundaries do not ascend (thresholds {thr})")
             else:
                 bnd = np.full(N, B, np.int64)
             L = np.float64(lev[c]) * s.astype(np.float64)

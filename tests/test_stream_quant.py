@@ -175,6 +175,33 @@ def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(sha
     assert len(calls) == n_linears and os.listdir(tmp_path) == []
 
 
+def test_abort_waits_for_the_write_in_flight(tmp_path, monkeypatch):
+    """ModelDirWriter.abort (what an error or Ctrl-C in quantize_model reaches) removes the temporary
+    folder only after the background write has stopped: a write held in flight keeps abort waiting,
+    and once it is let go the folder is gone and the write's file with it."""
+    import threading
+    from orkpy.modeldir import ModelDirWriter
+    real_add, entered, release = ModelDirWriter._add, threading.Event(), threading.Event()
+
+    def held_add(self, name, pw, tier):
+        entered.set()
+        release.wait(30)
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    w = ModelDirWriter(tmp_path / "m")
+    pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
+    got = []
+    w.add_later("blk.0.ffn_up.weight", pw, "int8", got.append)
+    assert entered.wait(30)
+    t = threading.Thread(target=w.abort)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and os.path.isdir(w.tmp)  # still waiting: the folder is there for the write
+    release.set()
+    t.join(30)
+    assert not t.is_alive() and got and os.listdir(tmp_path) == []
+
+
 def test_linear_into_a_scratch_buffer(shared):
     """Source.linear(scratch=): an F16 tensor is converted into the buffer (the result views it) with
     the same values; the embedding table and an F32 file's tensors ignore it."""
