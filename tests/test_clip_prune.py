@@ -39,8 +39,9 @@ def test_pruned_search_is_the_full_search(rng, kind, df, K, group):
 
 @pytest.mark.parametrize("kind", EIGHT)
 def test_ties_between_ratios_keep_the_earliest(rng, kind):
-    """Rows on a coarse lattice: many ratios give exactly the same error, so the choice is decided
-    by the tie rule (1.0 first, then grid order), which pruning must not disturb."""
+    """The tie rule (1.0 first, then grid order), which pruning must not disturb: rows on a coarse
+    lattice (where some ratios may tie), and rows where every ratio's error is exactly 0 (all tie,
+    1.0 must win)."""
     K = 512
     w = rng.integers(-3, 4, (30, K)).astype(f32) * f32(0.25)
     w[:, 0] = 0.75  # absmax 0.75 on every row
@@ -88,3 +89,18 @@ def test_float16_scales_that_round_to_zero(rng):
     w[:, 512:768] *= f32(3e-5)
     im = rng.random(K).astype(f32)
     check(w, "int8", im, group_size=256)
+
+
+@pytest.mark.parametrize("kind", EIGHT)
+def test_a_nan_error_at_ratio_one_keeps_ratio_one(rng, kind):
+    """absmax = FLT_MAX: 127 * (a / 127) rounds up to inf, so at ratio 1.0 the absmax value's error is
+    inf and, with zero importance there, 0 * inf = NaN. The full search takes 1.0's error first as it is
+    and nothing compares below NaN, so 1.0 stays; the pruned search must keep it too (found in review:
+    it took the first finite candidate)."""
+    K = 256
+    w = (rng.standard_normal((3, K)) * 1e37).astype(f32)
+    w[:, 0] = np.finfo(f32).max
+    im = np.ones(K, f32)
+    im[0] = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        check(w, kind, im)

@@ -364,8 +364,8 @@ static float search8_pruned(const quant_job *j, const float *x, const float *im,
             ib[t] = ic[pick[t]];
         }
         j->kern->werr8n(x, im, n, ib, sb, np, j->lim, eb);
-        for (int t = 0; t < np; t++)
-            if (eb[t] < best || (eb[t] == best && pick[t] < bi)) {
+        for (int t = 0; t < np; t++) /* 1.0 (pick 0, first of all) is taken as it is, NaN too, as the full search does */
+            if (pick[t] == 0 || eb[t] < best || (eb[t] == best && pick[t] < bi)) {
                 best = eb[t];
                 bi = pick[t];
             }
@@ -642,6 +642,8 @@ ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t r
         j.ngrid = ork_quant_default_grid(defgrid, ORK_QUANT_DEFAULT_GRID_N);
         j.grid = defgrid;
     }
+    if (p->imatrix && (j.ngrid == 0 || j.ngrid > ORK_QUANT_MAX_GRID)) /* the searches' arrays hold this many */
+        return ork_err_set(err, ORK_EINVAL, "clip grid must have 1..%d ratios, got %zu", ORK_QUANT_MAX_GRID, j.ngrid);
     j.kern = ork_quant_kernels_active();
     j.g = info->bits == 4 ? &info->grid : NULL;
     j.zero = info->zero_code;
