@@ -104,17 +104,22 @@ def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
     return result
 
 
+def fsync_file(path: str) -> None:
+    """fsync the file at ``path`` (its data, not its folder entry)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_files(folder: str) -> None:
     """fsync every regular file directly in ``folder``, then the folder: what files written with
     ``durable=False`` need before the folder is renamed into place."""
     for fn in sorted(os.listdir(folder)):
         fp = os.path.join(folder, fn)
         if os.path.isfile(fp):
-            fd = os.open(fp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(fp)
     fsync_dir(folder)
 
 

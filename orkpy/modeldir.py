@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ._core import FormatError
-from ._io import atomic_write, fsync_dir, fsync_files, sha256_file, temp_sibling
+from ._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, temp_sibling
 from ._mapped import check as check_maps
 from ._mapped import maps_of
 from ._typing import StrPath
@@ -55,14 +55,6 @@ def _tier_ok(tier: object) -> bool:
 
 
 # ------------------------------------------------------------------- write --
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 class ModelDirWriter:
     """A model directory written as it goes (what :func:`write_model_dir` and the streaming
@@ -107,12 +99,16 @@ class ModelDirWriter:
         written. An error of that write is raised by the next :meth:`add_later`, :meth:`wait` or
         :meth:`finish`."""
         self.wait()
-        if self.tmp is None:
+        tmp = self.tmp
+        if tmp is None:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
 
         def run() -> None:
             try:
-                done(self._add(name, pw, tier))
+                mapped = self._add(name, pw, tier)
+                # on this thread, the data reach the disk while the caller computes (finish's sync is then cheap)
+                fsync_file(os.path.join(tmp, self.entries[name]["file"]))
+                done(mapped)
             except BaseException as e:  # handed to the caller's thread by wait()
                 self._err = e
 
@@ -140,8 +136,7 @@ class ModelDirWriter:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
         fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
         fp = os.path.join(self.tmp, fn)
-        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder once
-        _fsync_path(fp)  # on this thread: the data reach the disk while the caller computes (finish's sync is then cheap)
+        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder's files at once
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
         pw = load_packed(fp)

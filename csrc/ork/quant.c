@@ -242,6 +242,10 @@ static void seg_scale(const quant_job *j, float m, float *s, float *inv) {
  * ties) kept. Writes them to rb in grid order; returns how many (0 .. ORK_SCREEN_TOP). */
 static int screen4(const quant_job *j, const float *x, const float *im, size_t n, float a, float *rb) {
     enum { W = ORK_SCREEN_BLOCK, B = ORK_SCREEN_BINS, BMAX = ORK_SCREEN_BINS };
+    size_t idx[ORK_QUANT_MAX_GRID], ne = 0; /* the ratios to estimate: every one but 1.0 */
+    for (size_t i = 0; i < j->ngrid; i++)
+        if (j->grid[i] != 1.0f) idx[ne++] = i;
+    if (ne == 0) return 0; /* a grid of 1.0 alone */
     const size_t NB = (size_t)B / W;
     /* (sum im, sum im * x) per bin, then per block, each after a zero pair (ork_screen_prefix) */
     double Hs[2 + 2 * BMAX], Os[2 + 2 * BMAX / W];
@@ -275,10 +279,6 @@ static int screen4(const quant_job *j, const float *x, const float *im, size_t n
     }
     /* the estimates of every ratio but 1.0 (the ISA's kernel), then the best kept in grid order */
     double est[ORK_QUANT_MAX_GRID];
-    size_t idx[ORK_QUANT_MAX_GRID], ne = 0;
-    for (size_t i = 0; i < j->ngrid; i++)
-        if (j->grid[i] != 1.0f) idx[ne++] = i;
-    if (ne == 0) return 0; /* a grid of 1.0 alone */
     float sc[ORK_QUANT_MAX_GRID], ic[ORK_QUANT_MAX_GRID];
     for (size_t t = 0; t < ne; t++) seg_scale(j, a * j->grid[idx[t]], &sc[t], &ic[t]);
     j->kern->screen_est(j->g, H, O, sc, ic, ne, ra, (size_t)B, est);
@@ -436,6 +436,13 @@ static void seg_choose(const quant_job *j, const float *x, const float *im, size
     seg_scale(j, a * r, s, inv);
 }
 
+/* ORK_EINVAL unless the clip grid holds 1..ORK_QUANT_MAX_GRID ratios (the searches' arrays hold that many) */
+static ork_status grid_len_check(size_t ngrid, ork_err *err) {
+    if (ngrid == 0 || ngrid > ORK_QUANT_MAX_GRID)
+        return ork_err_set(err, ORK_EINVAL, "clip grid must hold 1..%d ratios, got %zu", ORK_QUANT_MAX_GRID, ngrid);
+    return ORK_OK;
+}
+
 /* ORK_EINVAL naming the segment when its float16 scale would overflow (group-wise scales only). */
 static ork_status seg_f16_check(const quant_job *j, float a, size_t row, size_t c0, size_t len, ork_err *err) {
     if (!f16_scales(j) || (ork_f16_from_f32(a / j->lim) & 0x7c00u) != 0x7c00u) return ORK_OK;
@@ -540,9 +547,8 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
             ngrid = ork_quant_default_grid(defgrid, ORK_QUANT_DEFAULT_GRID_N);
             grid = defgrid;
         }
-        if (ngrid == 0 || ngrid > ORK_QUANT_MAX_GRID)
-            return ork_err_set(err, ORK_EINVAL, "clip grid must hold 1..%d ratios, got %zu",
-                               ORK_QUANT_MAX_GRID, ngrid);
+        ork_status gst = grid_len_check(ngrid, err);
+        if (gst) return gst;
         for (size_t i = 0; i < ngrid; i++)
             if (!(grid[i] >= 1e-3f && grid[i] <= 4.0f))
                 return ork_err_set(err, ORK_EINVAL,
@@ -642,8 +648,10 @@ ork_status ork_quant_segment_scale(const ork_quant_params *p, size_t K, size_t r
         j.ngrid = ork_quant_default_grid(defgrid, ORK_QUANT_DEFAULT_GRID_N);
         j.grid = defgrid;
     }
-    if (p->imatrix && (j.ngrid == 0 || j.ngrid > ORK_QUANT_MAX_GRID)) /* the searches' arrays hold this many */
-        return ork_err_set(err, ORK_EINVAL, "clip grid must have 1..%d ratios, got %zu", ORK_QUANT_MAX_GRID, j.ngrid);
+    if (p->imatrix) {
+        ork_status gst = grid_len_check(j.ngrid, err);
+        if (gst) return gst;
+    }
     j.kern = ork_quant_kernels_active();
     j.g = info->bits == 4 ? &info->grid : NULL;
     j.zero = info->zero_code;
