@@ -7,6 +7,7 @@ bar on a terminal, sparse plain lines otherwise)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import math
 import os
@@ -41,22 +42,103 @@ def fsync_dir(d: str) -> None:
         pass
 
 
+DIRECT_ALIGN = 4096      #: O_DIRECT: buffer address, file offset and length are multiples of this
+DIRECT_STAGE = 4 << 20   #: the page-aligned staging buffer of a direct write
+DIRECT_MIN = 1 << 20     #: a file shorter than this is written through the page cache
+
+
+_STAGE = threading.local()  # each writing thread's staging buffer, kept: its pages stay resident
+
+
+def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]], head: int = 0) -> None:
+    """Write ``chunks`` to ``fd`` (opened with O_DIRECT) past the page cache: the bytes pass through
+    a page-aligned staging buffer of DIRECT_STAGE bytes (one per thread, reused), each full one
+    written at once; the last is padded with zeros to DIRECT_ALIGN and the file cut back to its
+    length. The first ``head`` bytes (rounded up to DIRECT_ALIGN: a file's header, which a reader
+    parses right away) go through the page cache, and so does all of a file shorter than
+    DIRECT_MIN, or every byte when the file system refuses the first direct write (EINVAL: tmpfs,
+    some network and overlay file systems)."""
+    import fcntl
+    import mmap
+
+    view = getattr(_STAGE, "view", None)
+    if view is None:
+        view = _STAGE.view = memoryview(mmap.mmap(-1, DIRECT_STAGE))  # anonymous: page-aligned
+    hb = -(-head // DIRECT_ALIGN) * DIRECT_ALIGN
+    st = {"ok": True, "total": 0}
+
+    def set_direct(on: bool) -> None:
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        want = fl | os.O_DIRECT if on else fl & ~os.O_DIRECT
+        if want != fl:
+            fcntl.fcntl(fd, fcntl.F_SETFL, want)
+
+    def flush(n: int, last: bool) -> None:
+        first = st["total"] == 0
+        direct = st["ok"] and st["total"] >= hb and not (first and last and n < DIRECT_MIN)
+        while True:
+            set_direct(direct)
+            m = n
+            if direct and n % DIRECT_ALIGN:
+                m = n + DIRECT_ALIGN - n % DIRECT_ALIGN
+                view[n:m] = bytes(m - n)
+            off = 0
+            try:
+                while off < m:
+                    off += os.write(fd, view[off:m])
+            except OSError as e:
+                if not (direct and e.errno == errno.EINVAL and off == 0 and st["total"] == hb):
+                    raise
+                st["ok"] = direct = False  # refused: this and every later byte through the page cache
+                continue
+            break
+        st["total"] += n
+        if m != n:  # the padded tail: the file ends at the last byte written
+            os.ftruncate(fd, st["total"])
+
+    def next_limit() -> int:  # the head ends a flush of its own
+        return min(hb - st["total"], DIRECT_STAGE) if st["total"] < hb else DIRECT_STAGE
+
+    fill, limit = 0, next_limit()
+    for c in chunks:
+        mv = memoryview(c).cast("B")
+        i = 0
+        while i < len(mv):
+            k = min(len(mv) - i, limit - fill)
+            view[fill:fill + k] = mv[i:i + k]
+            fill += k
+            i += k
+            if fill == limit:
+                flush(fill, False)
+                fill, limit = 0, next_limit()
+        mv.release()
+    if fill or st["total"] == 0:
+        flush(fill, True)
+
+
 @contextlib.contextmanager
-def atomic_open(path: StrPath, durable: bool = True) -> Iterator[BinaryIO]:
+def atomic_open(path: StrPath, durable: bool = True, direct: bool = False) -> Iterator[BinaryIO]:
     """``with atomic_open(path) as f:`` a binary file that appears under ``path``
     only when the block completes (temp file in the same folder, fsync, rename);
     on an exception the temp file is removed and ``path`` is untouched. Writers
     racing on one path each write their own temp file; the last rename wins.
     ``durable=False`` skips the two fsyncs: for files inside a temporary folder whose
-    writer syncs them all before the folder is renamed into place (:func:`fsync_files`)."""
+    writer syncs them all before the folder is renamed into place (:func:`fsync_files`).
+    ``direct``: the file is opened with O_DIRECT (for :func:`_write_direct`, which writes its fd)."""
     path = os.path.abspath(os.fsdecode(path))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
     while True:
         tmp = temp_sibling(path)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            fd = os.open(tmp, flags, 0o666)
             break
         except FileExistsError:
             continue
+        except OSError as e:  # a file system that refuses O_DIRECT at open: a plain file
+            if not (direct and e.errno == errno.EINVAL):
+                raise
+            direct = False
+            flags &= ~os.O_DIRECT
     try:
         with open(fd, "wb") as f:
             yield f
@@ -74,11 +156,21 @@ def atomic_open(path: StrPath, durable: bool = True) -> Iterator[BinaryIO]:
         raise
 
 
-def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]], durable: bool = True) -> None:
-    """Write an iterable of bytes-like chunks to path atomically (``durable``: :func:`atomic_open`)."""
-    with atomic_open(path, durable) as f:
-        for c in chunks:
-            f.write(c)
+def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]], durable: bool = True,
+                 direct: bool = False, head: int = 0) -> None:
+    """Write an iterable of bytes-like chunks to path atomically (``durable``: :func:`atomic_open`).
+    ``direct``: the data bypass the page cache where the OS and file system allow (O_DIRECT, see
+    :func:`_write_direct`): for large outputs nothing reads back soon (a model directory's weights),
+    whose copy into the page cache costs more CPU than computing them on some hosts (measured on
+    this project's 2-core VM: 2.1 s of kernel time to write 0.8 GB, against 0.06 s direct); the first
+    ``head`` bytes still go through it."""
+    if not (direct and hasattr(os, "O_DIRECT")):
+        with atomic_open(path, durable) as f:
+            for c in chunks:
+                f.write(c)
+        return
+    with atomic_open(path, durable, direct=True) as f:
+        _write_direct(f.fileno(), chunks, head)
 
 
 def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:

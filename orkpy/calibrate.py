@@ -362,10 +362,12 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 if bar is not None:
                     bar.update(1)
                 continue
-            shape = shapes[src.tensor_name(name)]
-            if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
-                scratch = np.empty(shape[0] * shape[1], np.float32)
-            w = src.linear(name, scratch=scratch[:shape[0] * shape[1]].reshape(shape))
+            w = src.linear_stored(name)  # float16 as stored: quantize converts each row on its threads
+            if w is None:
+                shape = shapes[src.tensor_name(name)]
+                if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
+                    scratch = np.empty(shape[0] * shape[1], np.float32)
+                w = src.linear(name, scratch=scratch[:shape[0] * shape[1]].reshape(shape))
             im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
             if im is not None and name in awq_cols and im.shape == awq_cols[name].shape:
                 im = (np.asarray(im, np.float64) / awq_cols[name] ** 2).astype(np.float32)  # the scaled inputs' importance

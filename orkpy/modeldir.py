@@ -13,6 +13,7 @@ This module knows files, not models: it imports nothing that runs a forward pass
 """
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import json
@@ -21,7 +22,7 @@ import shutil
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -82,7 +83,14 @@ class ModelDirWriter:
         self.path, self.overwrite = path, bool(overwrite)
         self.tmp: Optional[str] = tmp
         self.entries: Dict[str, Dict[str, Any]] = {}
-        self._job: Optional[threading.Thread] = None  # the add_later in flight (at most one)
+        # add_later's queue: jobs written in order by one thread of the writer's, at most
+        # IN_FLIGHT bytes of packed weights held (or a single job of any size)
+        self._cv = threading.Condition()
+        self._queue: Deque[Tuple[str, PackedWeight, str, Callable[[PackedWeight], None], int]] = collections.deque()
+        self._pending = 0         # jobs queued or being written
+        self._pending_bytes = 0
+        self._running = False     # the writer's thread is alive
+        self._cancel = False      # abort: queued jobs are dropped
         self._err: Optional[BaseException] = None
 
     def __enter__(self) -> "ModelDirWriter":
@@ -92,38 +100,70 @@ class ModelDirWriter:
         if kind is not None:
             self.abort()
 
+    IN_FLIGHT = 32 << 20  #: bytes of packed weights add_later may hold waiting for the disk
+
     def add_later(self, name: str, pw: PackedWeight, tier: str, done: Callable[[PackedWeight], None]) -> None:
-        """:meth:`add` on a thread of the writer's, so the caller quantizes the next linear while this
-        one is written and hashed: waits for the one before (at most one in flight, so memory holds
-        one more packed linear), then returns; ``done(mapped)`` runs on that thread when the file is
-        written. An error of that write is raised by the next :meth:`add_later`, :meth:`wait` or
+        """:meth:`add` on a thread of the writer's, so the caller quantizes the next linears while
+        this one is written and hashed. Jobs are written one at a time, in order; this returns at
+        once unless the jobs waiting hold more than IN_FLIGHT bytes (then it waits until the new
+        one fits, or until nothing waits), so memory holds a bounded number of packed linears.
+        ``done(mapped)`` runs on that thread when the file is written. The first error of a job
+        (the jobs after it are dropped) is raised by the next :meth:`add_later`, :meth:`wait` or
         :meth:`finish`."""
-        self.wait()
-        tmp = self.tmp
-        if tmp is None:
-            raise ValueError(f"{self.path}: the model directory is already finished or aborted")
+        nbytes = int(pw.store.nbytes) + int(np.asarray(pw.bscale).nbytes)
+        with self._cv:
+            while self._err is None and self._pending and self._pending_bytes + nbytes > self.IN_FLIGHT:
+                self._cv.wait()
+            self._raise_error()
+            if self.tmp is None:
+                raise ValueError(f"{self.path}: the model directory is already finished or aborted")
+            self._queue.append((name, pw, tier, done, nbytes))
+            self._pending += 1
+            self._pending_bytes += nbytes
+            if not self._running:
+                t = threading.Thread(target=self._drain, name="orkpy-model-dir-writer", daemon=True)
+                t.start()  # only then is a job counted as taken
+                self._running = True
 
-        def run() -> None:
+    def _drain(self) -> None:
+        """The writer's thread: writes the queued jobs in order, then ends."""
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._running = False
+                    self._cv.notify_all()
+                    return
+                name, pw, tier, done, nbytes = self._queue.popleft()
+                skip = self._cancel or self._err is not None
+                tmp = self.tmp
             try:
-                mapped = self._add(name, pw, tier)
-                # on this thread, the data reach the disk while the caller computes (finish's sync is then cheap)
-                fsync_file(os.path.join(tmp, self.entries[name]["file"]))
-                done(mapped)
+                if not skip and tmp is not None:
+                    mapped = self._add(name, pw, tier)
+                    # on this thread, the data reach the disk while the caller computes (finish's sync is then cheap)
+                    fsync_file(os.path.join(tmp, self.entries[name]["file"]))
+                    done(mapped)
             except BaseException as e:  # handed to the caller's thread by wait()
-                self._err = e
+                with self._cv:
+                    if self._err is None:
+                        self._err = e
+            finally:
+                del pw
+                with self._cv:
+                    self._pending -= 1
+                    self._pending_bytes -= nbytes
+                    self._cv.notify_all()
 
-        t = threading.Thread(target=run, name="orkpy-model-dir-writer", daemon=True)
-        t.start()  # only a started thread is waited for
-        self._job = t
-
-    def wait(self) -> None:
-        """Wait for the :meth:`add_later` in flight; raise its error, if it had one."""
-        if self._job is not None:
-            self._job.join()
-            self._job = None
+    def _raise_error(self) -> None:
         if self._err is not None:
             e, self._err = self._err, None
             raise e
+
+    def wait(self) -> None:
+        """Wait for every :meth:`add_later` job; raise the first error of one, if any."""
+        with self._cv:
+            while self._pending or self._running:
+                self._cv.wait()
+            self._raise_error()
 
     def add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
         """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file
@@ -136,7 +176,8 @@ class ModelDirWriter:
             raise ValueError(f"{self.path}: the model directory is already finished or aborted")
         fn = name + (".o8n1" if KIND_INFO[pw.kind].bits == 8 else ".o4n1")
         fp = os.path.join(self.tmp, fn)
-        digest = save_packed_sha256(pw, fp, durable=False)  # finish syncs the folder's files at once
+        # finish syncs the folder's files at once; the weights bypass the page cache (nothing reads them back now)
+        digest = save_packed_sha256(pw, fp, durable=False, direct=True)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
         pw = load_packed(fp)
@@ -203,10 +244,14 @@ class ModelDirWriter:
     def abort(self) -> None:
         """Remove the temporary folder (and what was saved in it) once no write is in flight; safe
         to call twice."""
-        while self._job is not None:  # a second Ctrl-C during the join still waits for the write
+        with self._cv:
+            self._cancel = True  # jobs not begun are dropped
+        while True:  # a second Ctrl-C during the wait still waits for the write in flight
             try:
-                self._job.join()
-                self._job = None
+                with self._cv:
+                    while self._pending or self._running:
+                        self._cv.wait()
+                break
             except KeyboardInterrupt:
                 continue
         self._err = None

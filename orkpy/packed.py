@@ -260,8 +260,9 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
     _save_packed(pw, path)
 
 
-def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True) -> list:
-    """save_packed; returns the byte chunks written, in order (``durable``: orkpy._io.atomic_open)."""
+def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False) -> list:
+    """save_packed; returns the byte chunks written, in order (``durable``, ``direct``:
+    orkpy._io.atomic_write)."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
@@ -272,18 +273,22 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True) -> list:
             scales = _f16_scales(pw.bscale, path)
         else:
             scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
-        store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
+        if not maps and layout["file_store_bytes"] == layout["store_bytes"] and pw.store.flags.c_contiguous:
+            store = memoryview(pw.store).cast("B")  # in memory and stored as is: written from the array, no copy
+        else:
+            store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
     pad = layout["store_offset"] - len(header) - len(scales)
     chunks = [header, scales, bytes(pad), store]
-    atomic_write(path, chunks, durable)
+    atomic_write(path, chunks, durable, direct, head=layout["store_offset"])  # the header read back at load
     return chunks
 
 
-def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True) -> str:
+def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False) -> str:
     """:func:`save_packed`, returning the hex SHA-256 of the bytes it wrote (hashed from memory, so a
-    model directory's manifest needs no read-back of the file)."""
+    model directory's manifest needs no read-back of the file); ``direct``: past the page cache
+    (orkpy._io.atomic_write)."""
     h = hashlib.sha256()
-    for c in _save_packed(pw, path, durable):
+    for c in _save_packed(pw, path, durable, direct):
         h.update(c)
     return h.hexdigest()
 

@@ -136,6 +136,13 @@ class Source:
         in place, or converts it otherwise, ignores it."""
         return self.tensor(self.tensor_name(name))
 
+    def linear_stored(self, name: str) -> Optional[NDArray[np.float16]]:
+        """The weight of linear ``name`` as the file stores it, when that is float16: a read-only
+        (N, K) view of the mapped file, which :func:`orkpy.quantize` takes as is (each row converted
+        on its threads; byte for byte the float32 weight's result, without the float32 copy). None
+        when the weight is stored otherwise or this source computes it (then use :meth:`linear`)."""
+        return None
+
     def release(self, caches: bool = True) -> None:
         """Drop what reading tensors left in memory -- the resident pages of mapped files and, with
         ``caches``, cached conversions -- so that a tensor-by-tensor reader holds about one tensor
@@ -191,6 +198,15 @@ class GGUFSource(Source):
             self._emb = None
             self._last = ("", None)
         self.g.release()
+
+    def linear_stored(self, name: str) -> Optional[NDArray[np.float16]]:
+        tn = self.tensor_name(name)
+        if tn in self._splits or tn not in self._shapes or len(self._shapes[tn]) != 2:
+            return None
+        t = self.g.tensor_info(tn)
+        if t.type != "F16":
+            return None
+        return self.g.raw(tn).view(np.float16).reshape(t.shape)
 
     def linear(self, name: str, scratch: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
         tn = self.tensor_name(name)

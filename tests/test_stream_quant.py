@@ -218,3 +218,102 @@ def test_linear_into_a_scratch_buffer(shared):
     f32 = open_source(shared / STORIES.replace("F16", "F32"))
     got = f32.linear(name, scratch=buf.reshape(want.shape))
     assert not np.shares_memory(got, buf) and np.array_equal(got, f32.tensor(name))  # F32: used in place
+
+
+def test_float16_weights_quantize_as_their_float32_values():
+    """quantize() takes a float16 weight as stored (ork_quantize_typed converts each row on the worker
+    threads): byte for byte the result of its float32 values for every kind, with an imatrix, groups,
+    stochastic rounding, 1 and 2 threads, a strided view; a NaN is reported at its position."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((41, 1030)) * rng.uniform(1e-3, 2.0, (41, 1))).astype(np.float16)
+    w[1, :4] = np.float16(6e-8)  # float16 subnormals
+    w[2] = 0
+    im = rng.uniform(0.0, 2.0, 1030).astype(np.float32)
+    for kind in ("nf4", "int4", "int8", "int6", "int5"):
+        for kw in ({}, {"imatrix": im}, {"imatrix": im[:515], "group_size": 64}, {"sr": True, "seed": 3}):
+            x = w if "group_size" not in kw else w[:, ::2]  # a strided view: copied, still float16
+            for t in (1, 2):
+                a = orkpy.quantize(x, kind, threads=t, **kw)
+                b = orkpy.quantize(x.astype(np.float32), kind, threads=t, **kw)
+                assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales), (kind, kw, t)
+    bad = w.copy()
+    bad[17, 513] = np.nan
+    with pytest.raises(ValueError, match=r"non-finite value \(NaN\) at \[17, 513\]"):
+        orkpy.quantize(bad, "nf4", threads=2)
+
+
+def test_linear_stored_views_float16_weights_only(shared, tmp_path):
+    """Source.linear_stored: an F16 file's linear is a read-only float16 view of the mapped file with
+    the values linear() converts; F32 and quantized files' linears are None (they go through linear())."""
+    from orkpy.source import open_source
+    src = open_source(shared / STORIES)
+    name = "blk.0.ffn_up.weight"
+    v = src.linear_stored(name)
+    assert v.dtype == np.float16 and not v.flags.writeable and maps_of(v)
+    assert np.array_equal(v.astype(np.float32), src.linear(name))
+    assert open_source(shared / STORIES.replace("F16", "F32")).linear_stored(name) is None
+    assert open_source(shared / Q4_0).linear_stored(name) is None
+
+
+def test_writer_queue_keeps_order_and_bounds_memory(tmp_path, monkeypatch):
+    """add_later queues its jobs for one writer thread, written in order; it returns at once until the
+    jobs waiting hold more than IN_FLIGHT bytes, then waits for room (a job larger than the bound
+    alone still goes)."""
+    import threading
+    from orkpy.modeldir import ModelDirWriter
+    real_add, order, release = ModelDirWriter._add, [], threading.Event()
+
+    def held_add(self, name, pw, tier):
+        release.wait(30)
+        order.append(name)
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
+    size = pw.store.nbytes + pw.bscale.nbytes
+    monkeypatch.setattr(ModelDirWriter, "IN_FLIGHT", 2 * size)
+    w = ModelDirWriter(tmp_path / "m")
+    got = []
+    names = [f"blk.{i}.ffn_up.weight" for i in range(4)]
+    w.add_later(names[0], pw, "int8", got.append)
+    w.add_later(names[1], pw, "int8", got.append)  # two fit: both return at once
+    t = threading.Thread(target=w.add_later, args=(names[2], pw, "int8", got.append))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and not got  # the third waits for room
+    release.set()
+    t.join(30)
+    assert not t.is_alive()
+    monkeypatch.setattr(ModelDirWriter, "IN_FLIGHT", 1)
+    w.add_later(names[3], pw, "int8", got.append)  # larger than the bound: goes alone
+    w.wait()
+    assert order == names and len(got) == 4
+    assert sorted(os.listdir(w.tmp)) == sorted(n + ".o8n1" for n in names)
+    w.abort()
+
+
+def test_abort_drops_the_queued_writes(tmp_path, monkeypatch):
+    """abort waits for the write in flight and drops the jobs queued behind it."""
+    import threading
+    from orkpy.modeldir import ModelDirWriter
+    real_add, calls, entered, release = ModelDirWriter._add, [], threading.Event(), threading.Event()
+
+    def held_add(self, name, pw, tier):
+        calls.append(name)
+        entered.set()
+        release.wait(30)
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    w = ModelDirWriter(tmp_path / "m")
+    pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "nf4"))
+    for i in range(3):
+        w.add_later(f"blk.{i}.ffn_up.weight", pw, "int4", lambda m: None)
+    assert entered.wait(30)
+    t = threading.Thread(target=w.abort)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()
+    release.set()
+    t.join(30)
+    assert not t.is_alive() and calls == ["blk.0.ffn_up.weight"] and os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="finished or aborted"):
+        w.add_later("blk.9.ffn_up.weight", pw, "int4", lambda m: None)

@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "dequant.h"
+#include "ggml_types.h"
 #include "half.h"
 #include "pool.h"
 #include "quant_scalar.h"
@@ -194,7 +196,9 @@ size_t ork_quant_default_grid(float *out, size_t cap) {
 
 /* ------------------------------------------------------------ quantize -- */
 typedef struct {
-    const float *w;
+    const uint8_t *w;     /* row n at w + n * w_row: w_type values (ork_quantize_typed) */
+    uint32_t w_type;      /* ORK_GGML_F32, _F16 or _BF16 */
+    size_t w_row;         /* bytes per source row */
     size_t K;
     const ork_quant_params *p;
     const float *grid;
@@ -484,17 +488,36 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
     const quant_job *j = (const quant_job *)ctx;
     const size_t K = j->K, gs = j->group, G = (K + gs - 1) / gs;
     uint8_t *tmp = NULL;
+    float *row = NULL; /* a converted source row (float16 / bfloat16 sources) */
     if (j->g) {
         tmp = (uint8_t *)malloc(gs);
         if (!tmp) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", gs);
     }
+    if (j->w_type != ORK_GGML_F32) {
+        row = (float *)malloc(K * sizeof(float));
+        if (!row) {
+            free(tmp);
+            return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", K * sizeof(float));
+        }
+    }
     for (size_t n = begin; n < end; n++) {
-        const float *x = j->w + n * K;
+        const float *x = (const float *)(j->w + n * j->w_row);
+        if (row) {
+            ork_status cst = ork_dequant_row(j->w_type, j->w + n * j->w_row, K, row, err);
+            if (cst != ORK_OK) { /* not reached: the type was checked */
+                free(tmp);
+                free(row);
+                return cst;
+            }
+            x = row;
+        }
         uint8_t *out = j->codes + n * j->row_bytes;
         float a;
         if (j->kern->absmax(x, K, &a)) {
+            ork_status nst = report_nonfinite_w(x, K, n, err);
             free(tmp);
-            return report_nonfinite_w(x, K, n, err);
+            free(row);
+            return nst;
         }
         for (size_t g = 0; g < G; g++) {
             const size_t c0 = g * gs, len = K - c0 < gs ? K - c0 : gs;
@@ -502,6 +525,7 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
             ork_status st = seg_f16_check(j, a, n, c0, len, err);
             if (st != ORK_OK) {
                 free(tmp);
+                free(row);
                 return st;
             }
             quant_segment(j, x + c0, j->p->imatrix ? j->p->imatrix + c0 : NULL, len, c0, n, a,
@@ -509,6 +533,7 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
         }
     }
     free(tmp);
+    free(row);
     return ORK_OK;
 }
 
@@ -523,7 +548,15 @@ static ork_status check_dims(size_t N, size_t K, ork_err *err) {
 
 ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_params *p,
                         void *codes, float *scales, ork_err *err) {
+    return ork_quantize_typed(w, ORK_GGML_F32, N, K, p, codes, scales, err);
+}
+
+ork_status ork_quantize_typed(const void *w, uint32_t w_type, size_t N, size_t K, const ork_quant_params *p,
+                              void *codes, float *scales, ork_err *err) {
     if (!p || !w || !codes || !scales) return ork_err_set(err, ORK_EINVAL, "quantize: NULL argument");
+    if (w_type != ORK_GGML_F32 && w_type != ORK_GGML_F16 && w_type != ORK_GGML_BF16)
+        return ork_err_set(err, ORK_EINVAL, "quantize: the weight's type must be F32, F16 or BF16 (ggml type %u)",
+                           (unsigned)w_type);
     const ork_kind_info *info = ork_kind_get(p->kind);
     if (!info) return ork_kind_check(p->kind, err);
     ork_status st = check_dims(N, K, err);
@@ -557,7 +590,9 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
     }
 
     quant_job j;
-    j.w = w;
+    j.w = (const uint8_t *)w;
+    j.w_type = w_type;
+    j.w_row = K * (w_type == ORK_GGML_F32 ? 4 : 2);
     j.K = K;
     j.p = p;
     j.grid = grid;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../ork/cpu.h"
+#include "../ork/ggml_types.h"
 #include "../ork/pool.h"
 #include "../ork/quant.h"
 #include "bindings.h"
@@ -49,7 +50,14 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
 
     PyArrayObject *w = NULL, *im = NULL, *grid = NULL, *codes = NULL, *scales = NULL;
     PyObject *result = NULL;
-    if (!(w = orkpy_as_float32(w_obj, 2, "w"))) goto done;
+    /* a float16 weight is quantized as stored (ork_quantize_typed converts each row on the workers) */
+    uint32_t w_type = ORK_GGML_F32;
+    if (PyArray_Check(w_obj) && PyArray_TYPE((PyArrayObject *)w_obj) == NPY_HALF) {
+        if (!(w = orkpy_as_exact(w_obj, NPY_HALF, 2, "w"))) goto done;
+        w_type = ORK_GGML_F16;
+    } else if (!(w = orkpy_as_float32(w_obj, 2, "w"))) {
+        goto done;
+    }
     npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
     if (im_obj != Py_None) {
         if (!(im = orkpy_as_float32(im_obj, 1, "imatrix"))) goto done;
@@ -85,8 +93,8 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_quantize((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, &p, PyArray_DATA(codes),
-                      (float *)PyArray_DATA(scales), &err);
+    st = ork_quantize_typed(PyArray_DATA(w), w_type, (size_t)N, (size_t)K, &p, PyArray_DATA(codes),
+                            (float *)PyArray_DATA(scales), &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);

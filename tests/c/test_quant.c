@@ -10,6 +10,7 @@
 
 #include "../../csrc/ork/cpu.h"
 #include "check.h"
+#include "../../csrc/ork/ggml_types.h"
 #include "../../csrc/ork/half.h"
 #include "../../csrc/ork/quant.h"
 #include "../../csrc/ork/quant_scalar.h"
@@ -326,8 +327,65 @@ static void compare_drivers(ork_isa isa) {
     free(w); free(im); free(c_ref); free(c_v); free(d_ref); free(d_v);
 }
 
+/* ork_quantize_typed: a float16 / bfloat16 weight gives byte for byte what ork_quantize gives for its float32
+ * values (every kind, with and without an imatrix, groups, 1 and 3 threads); another type is ORK_EINVAL; a
+ * non-finite value is reported at its position. */
+static void check_typed(void) {
+    const size_t N = 29, K = 544;
+    uint16_t *h = malloc(N * K * 2), *b = malloc(N * K * 2);
+    float *wh = malloc(N * K * sizeof(float)), *wb = malloc(N * K * sizeof(float)), *im = malloc(K * sizeof(float));
+    uint8_t *c1 = malloc(N * K), *c2 = malloc(N * K);
+    float *s1 = malloc(N * 17 * sizeof(float)), *s2 = malloc(N * 17 * sizeof(float));
+    for (size_t i = 0; i < N * K; i++) {
+        const float v = rnd_normal() * (i % 97 == 0 ? 3.0f : 0.05f);
+        h[i] = ork_f16_from_f32(v);
+        wh[i] = ork_f16_to_f32(h[i]);
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        b[i] = (uint16_t)(u >> 16); /* a bfloat16: the top half of a float32 */
+        u = (uint32_t)b[i] << 16;
+        memcpy(&wb[i], &u, 4);
+    }
+    h[3] = 0x0001; /* the smallest float16 subnormal */
+    wh[3] = ork_f16_to_f32(h[3]);
+    for (size_t k = 0; k < K; k++) im[k] = rnd_unit() + 0.01f;
+    for (int kind = 0; kind < (int)ork_kind_count(); kind++)
+        for (int variant = 0; variant < 8; variant++) {
+            ork_quant_params p;
+            memset(&p, 0, sizeof p);
+            p.kind = (ork_kind)kind;
+            p.imatrix = (variant & 1) ? im : NULL;
+            p.group = (variant & 2) ? 64 : 0;
+            p.nthreads = (variant & 4) ? 3 : 1;
+            const size_t nb = N * ork_quant_row_bytes(p.kind, K), ns = N * ork_group_count(K, p.group);
+            for (int bf = 0; bf < 2; bf++) {
+                ork_err err;
+                err.msg[0] = 0;
+                ork_status st1 = ork_quantize(bf ? wb : wh, N, K, &p, c1, s1, &err);
+                ork_status st2 = ork_quantize_typed(bf ? (const void *)b : (const void *)h, bf ? ORK_GGML_BF16 : ORK_GGML_F16,
+                                                    N, K, &p, c2, s2, &err);
+                CHECK(st1 == ORK_OK && st2 == ORK_OK, "typed status %d %d '%s'", st1, st2, err.msg);
+                CHECK(memcmp(c1, c2, nb) == 0 && memcmp(s1, s2, ns * sizeof(float)) == 0,
+                      "typed %s kind=%d variant=%d differs from float32", bf ? "BF16" : "F16", kind, variant);
+            }
+        }
+    ork_quant_params p;
+    memset(&p, 0, sizeof p);
+    ork_err err;
+    err.msg[0] = 0;
+    CHECK(ork_quantize_typed(h, ORK_GGML_Q8_0, N, K, &p, c2, s2, &err) == ORK_EINVAL && strstr(err.msg, "F16"),
+          "typed: a Q8_0 weight must be refused: '%s'", err.msg);
+    h[5 * K + 9] = 0x7e00; /* a float16 NaN */
+    err.msg[0] = 0;
+    p.nthreads = 2;
+    ork_status st = ork_quantize_typed(h, ORK_GGML_F16, N, K, &p, c2, s2, &err);
+    CHECK(st == ORK_ENONFINITE && strstr(err.msg, "[5, 9]") != NULL, "typed NaN report: %d '%s'", st, err.msg);
+    free(h); free(b); free(wh); free(wb); free(im); free(c1); free(c2); free(s1); free(s2);
+}
+
 int main(void) {
     int tested = 0;
+    check_typed();
     check_cells();
 #if defined(__x86_64__) || defined(__i386__)
     /* both x86 tables, whichever of them cpu.c picks */
