@@ -25,10 +25,11 @@ triples (file order), so a writer can copy a source model's metadata.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -218,9 +219,11 @@ def _check_tensor(i: int, item: Any) -> Tuple[str, bytes, Any, int]:
 
 
 def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors: Iterable[Tuple[str, Any]],
-               alignment: int = GGUF_DEFAULT_ALIGNMENT) -> None:
+               alignment: int = GGUF_DEFAULT_ALIGNMENT, direct: bool = False, digest: bool = False) -> Optional[str]:
     """Write a GGUF v3 file atomically (see the module docstring); ``tensors``: (name, array or
-    :class:`LazyTensor`) pairs. Returns None."""
+    :class:`LazyTensor`) pairs; ``direct``: the tensor data past the page cache where the file system
+    allows (:func:`orkpy._io.atomic_write`; the header goes through it). Returns None, or with
+    ``digest`` the hex SHA-256 of the bytes written (hashed from memory: no read-back)."""
     if not _is_int(alignment) or alignment < 8 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 8, got {alignment!r}")
     alignment = int(alignment)
@@ -284,7 +287,15 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
     header += infos
     header += bytes(_pad(len(header), alignment))
 
+    h = hashlib.sha256() if digest else None
+
     def chunks() -> Iterator[Union[bytes, memoryview]]:
+        for c in _chunks():
+            if h is not None:
+                h.update(c)
+            yield c
+
+    def _chunks() -> Iterator[Union[bytes, memoryview]]:
         yield bytes(header)
         for name, arr in checked:
             a = _le(arr.array(name) if isinstance(arr, LazyTensor) else arr)
@@ -293,7 +304,8 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
             if p:
                 yield bytes(p)
 
-    atomic_write(path, chunks())
+    atomic_write(path, chunks(), direct=direct, head=len(header))
+    return None if h is None else h.hexdigest()
 
 
 def metadata_triples(gguf_file: Union[GGUFFile, StrPath]) -> List[Tuple[str, str, Any]]:

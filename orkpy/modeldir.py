@@ -222,11 +222,11 @@ class ModelDirWriter:
                                                 functools.partial(make, name, f16))))
             for name, tensor in float_linears.items():
                 entries[name] = {"tier": "float", "kind": "float", "tensor": tensor, "shape": list(shapes[tensor])}
-            write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats)
+            float_sha = write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats, direct=True, digest=True)
             src.release()
             check_maps(maps)  # no float.gguf from a source that changed while it was read
             manifest = {"format": FORMAT, "version": VERSION, **record,
-                        "float_file": {"file": FLOAT_FILE, "sha256": sha256_file(os.path.join(tmp, FLOAT_FILE))},
+                        "float_file": {"file": FLOAT_FILE, "sha256": float_sha},
                         "tensors": entries}
             if act_scales is not None:
                 atomic_write(os.path.join(tmp, ACT_FILE), [act_scales], durable=False)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.gguf_write import metadata_triples, write_gguf
+from orkpy.gguf_write import LazyTensor, metadata_triples, write_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -244,3 +244,19 @@ def test_bad_alignment(tmp_path, alignment):
 def test_metadata_must_be_a_list(tmp_path):
     with pytest.raises(TypeError, match="list of"):
         write_gguf(tmp_path / "bad.gguf", {"k": 1}, [])
+
+
+def test_direct_write_and_digest(tmp_path):
+    """write_gguf(direct=True, digest=True): the same bytes as a plain write (tensor data past the
+    page cache, header through it), and the returned SHA-256 is the file's."""
+    import hashlib
+    rng = np.random.default_rng(3)
+    meta = [("general.architecture", "STRING", "llama"), ("general.name", "STRING", "direct")]
+    tensors = [("a", rng.standard_normal((700, 1001)).astype(np.float32)),
+               ("b", rng.standard_normal(5).astype(np.float16)),
+               ("c", LazyTensor((300, 64), np.float16, lambda: np.full((300, 64), 1.5, np.float16)))]
+    assert write_gguf(tmp_path / "plain.gguf", meta, tensors) is None
+    got = write_gguf(tmp_path / "direct.gguf", meta, tensors, direct=True, digest=True)
+    data = (tmp_path / "direct.gguf").read_bytes()
+    assert data == (tmp_path / "plain.gguf").read_bytes() and len(data) > (1 << 20)
+    assert got == hashlib.sha256(data).hexdigest()
