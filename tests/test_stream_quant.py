@@ -175,19 +175,29 @@ def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(sha
     assert len(calls) == n_linears and os.listdir(tmp_path) == []
 
 
+def _held_writes(monkeypatch):
+    """ModelDirWriter._add made to log the linear's name in ``calls``, set ``entered`` and wait for
+    ``release`` before it writes: (calls, entered, release)."""
+    import threading
+    from orkpy.modeldir import ModelDirWriter
+    real_add, calls, entered, release = ModelDirWriter._add, [], threading.Event(), threading.Event()
+
+    def held_add(self, name, pw, tier):
+        calls.append(name)
+        entered.set()
+        release.wait(30)
+        return real_add(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    return calls, entered, release
+
+
 def test_abort_waits_for_the_write_in_flight(tmp_path, monkeypatch):
     """ModelDirWriter.abort (what an error or Ctrl-C in quantize_model reaches) removes the temporary
     folder only after the background write has stopped: a write held in flight keeps abort waiting,
     and once it is let go the folder is gone and the write's file with it."""
     import threading
     from orkpy.modeldir import ModelDirWriter
-    real_add, entered, release = ModelDirWriter._add, threading.Event(), threading.Event()
-
-    def held_add(self, name, pw, tier):
-        entered.set()
-        release.wait(30)
-        return real_add(self, name, pw, tier)
-    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    _, entered, release = _held_writes(monkeypatch)
     w = ModelDirWriter(tmp_path / "m")
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
     got = []
@@ -261,13 +271,7 @@ def test_writer_queue_keeps_order_and_bounds_memory(tmp_path, monkeypatch):
     alone still goes)."""
     import threading
     from orkpy.modeldir import ModelDirWriter
-    real_add, order, release = ModelDirWriter._add, [], threading.Event()
-
-    def held_add(self, name, pw, tier):
-        release.wait(30)
-        order.append(name)
-        return real_add(self, name, pw, tier)
-    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    order, _, release = _held_writes(monkeypatch)
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
     size = pw.store.nbytes + pw.bscale.nbytes
     monkeypatch.setattr(ModelDirWriter, "IN_FLIGHT", 2 * size)
@@ -295,14 +299,7 @@ def test_abort_drops_the_queued_writes(tmp_path, monkeypatch):
     """abort waits for the write in flight and drops the jobs queued behind it."""
     import threading
     from orkpy.modeldir import ModelDirWriter
-    real_add, calls, entered, release = ModelDirWriter._add, [], threading.Event(), threading.Event()
-
-    def held_add(self, name, pw, tier):
-        calls.append(name)
-        entered.set()
-        release.wait(30)
-        return real_add(self, name, pw, tier)
-    monkeypatch.setattr(ModelDirWriter, "_add", held_add)
+    calls, entered, release = _held_writes(monkeypatch)
     w = ModelDirWriter(tmp_path / "m")
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "nf4"))
     for i in range(3):
