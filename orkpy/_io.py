@@ -51,13 +51,14 @@ _STAGE = threading.local()  # each writing thread's staging buffer, kept: its pa
 
 
 def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]], head: int = 0) -> None:
-    """Write ``chunks`` to ``fd`` (opened with O_DIRECT) past the page cache: the bytes pass through
+    """Write ``chunks`` to the new file ``fd`` past the page cache (O_DIRECT, set and cleared with
+    fcntl as each write needs): the bytes pass through
     a page-aligned staging buffer of DIRECT_STAGE bytes (one per thread, reused), each full one
     written at once; the last is padded with zeros to DIRECT_ALIGN and the file cut back to its
     length. The first ``head`` bytes (rounded up to DIRECT_ALIGN: a file's header, which a reader
     parses right away) go through the page cache, and so does all of a file shorter than
-    DIRECT_MIN, or every byte when the file system refuses the first direct write (EINVAL: tmpfs,
-    some network and overlay file systems)."""
+    DIRECT_MIN, or every byte when the file system refuses O_DIRECT or the first direct write
+    (EINVAL: tmpfs before Linux 6.6, some network and overlay file systems)."""
     import fcntl
     import mmap
 
@@ -74,16 +75,15 @@ def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]]
             fcntl.fcntl(fd, fcntl.F_SETFL, want)
 
     def flush(n: int, last: bool) -> None:
-        first = st["total"] == 0
-        direct = st["ok"] and st["total"] >= hb and not (first and last and n < DIRECT_MIN)
+        direct = bool(st["ok"]) and st["total"] >= hb and not (last and st["total"] + n < DIRECT_MIN)
         while True:
-            set_direct(direct)
             m = n
             if direct and n % DIRECT_ALIGN:
                 m = n + DIRECT_ALIGN - n % DIRECT_ALIGN
                 view[n:m] = bytes(m - n)
             off = 0
             try:
+                set_direct(direct)  # F_SETFL refuses O_DIRECT (EINVAL) where the file system has no direct I/O
                 while off < m:
                     off += os.write(fd, view[off:m])
             except OSError as e:
@@ -117,28 +117,21 @@ def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]]
 
 
 @contextlib.contextmanager
-def atomic_open(path: StrPath, durable: bool = True, direct: bool = False) -> Iterator[BinaryIO]:
+def atomic_open(path: StrPath, durable: bool = True) -> Iterator[BinaryIO]:
     """``with atomic_open(path) as f:`` a binary file that appears under ``path``
     only when the block completes (temp file in the same folder, fsync, rename);
     on an exception the temp file is removed and ``path`` is untouched. Writers
     racing on one path each write their own temp file; the last rename wins.
     ``durable=False`` skips the two fsyncs: for files inside a temporary folder whose
-    writer syncs them all before the folder is renamed into place (:func:`fsync_files`).
-    ``direct``: the file is opened with O_DIRECT (for :func:`_write_direct`, which writes its fd)."""
+    writer syncs them all before the folder is renamed into place (:func:`fsync_files`)."""
     path = os.path.abspath(os.fsdecode(path))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | (os.O_DIRECT if direct else 0)
     while True:
         tmp = temp_sibling(path)
         try:
-            fd = os.open(tmp, flags, 0o666)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
             break
         except FileExistsError:
             continue
-        except OSError as e:  # a file system that refuses O_DIRECT at open: a plain file
-            if not (direct and e.errno == errno.EINVAL):
-                raise
-            direct = False
-            flags &= ~os.O_DIRECT
     try:
         with open(fd, "wb") as f:
             yield f
@@ -169,7 +162,7 @@ def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryv
             for c in chunks:
                 f.write(c)
         return
-    with atomic_open(path, durable, direct=True) as f:
+    with atomic_open(path, durable) as f:
         _write_direct(f.fileno(), chunks, head)
 
 

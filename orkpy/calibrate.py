@@ -362,8 +362,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None], imatri
                 if bar is not None:
                     bar.update(1)
                 continue
-            w = src.linear_stored(name)  # float16 as stored: quantize converts each row on its threads
-            if w is None:
+            w16 = src.linear_stored(name)  # float16 as stored: quantize converts each row on its threads
+            w: NDArray[Any]
+            if w16 is not None:
+                w = w16
+            else:
                 shape = shapes[src.tensor_name(name)]
                 if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
                     scratch = np.empty(shape[0] * shape[1], np.float32)

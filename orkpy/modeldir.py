@@ -31,7 +31,7 @@ from ._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, 
 from ._mapped import check as check_maps
 from ._mapped import maps_of
 from ._typing import StrPath
-from .packed import PackedWeight, load_packed, save_packed_sha256
+from .packed import PackedWeight, _map_saved, load_packed, save_packed_sha256
 from .arch import PACKED_LOOKUP_KEY
 from .source import Source
 from .quant import KIND_INFO
@@ -87,11 +87,11 @@ class ModelDirWriter:
         # IN_FLIGHT bytes of packed weights held (or a single job of any size)
         self._cv = threading.Condition()
         self._queue: Deque[Tuple[str, PackedWeight, str, Callable[[PackedWeight], None], int]] = collections.deque()
-        self._pending = 0         # jobs queued or being written
-        self._pending_bytes = 0
+        self._writing = 0         # bytes of the job being written (0: none)
         self._running = False     # the writer's thread is alive
         self._cancel = False      # abort: queued jobs are dropped
-        self._err: Optional[BaseException] = None
+        self._failed = False      # a job failed: later jobs are dropped, nothing more is written
+        self._err: Optional[BaseException] = None  # that failure, until raised in the caller
 
     def __enter__(self) -> "ModelDirWriter":
         return self
@@ -107,23 +107,34 @@ class ModelDirWriter:
         this one is written and hashed. Jobs are written one at a time, in order; this returns at
         once unless the jobs waiting hold more than IN_FLIGHT bytes (then it waits until the new
         one fits, or until nothing waits), so memory holds a bounded number of packed linears.
-        ``done(mapped)`` runs on that thread when the file is written. The first error of a job
-        (the jobs after it are dropped) is raised by the next :meth:`add_later`, :meth:`wait` or
-        :meth:`finish`."""
-        nbytes = int(pw.store.nbytes) + int(np.asarray(pw.bscale).nbytes)
+        ``done(mapped)`` runs on that thread when the file is written. The first error of a job is
+        raised by the next :meth:`add_later`, :meth:`wait` or :meth:`finish`; the jobs after it are
+        dropped and every later call refuses (the directory can only be aborted)."""
+        nbytes = max(1, int(pw.store.nbytes) + int(np.asarray(pw.bscale).nbytes))
         with self._cv:
-            while self._err is None and self._pending and self._pending_bytes + nbytes > self.IN_FLIGHT:
+            while not self._failed and self._busy() and self._held() + nbytes > self.IN_FLIGHT:
                 self._cv.wait()
-            self._raise_error()
+            self._raise_failure()
             if self.tmp is None:
                 raise ValueError(f"{self.path}: the model directory is already finished or aborted")
             self._queue.append((name, pw, tier, done, nbytes))
-            self._pending += 1
-            self._pending_bytes += nbytes
-            if not self._running:
-                t = threading.Thread(target=self._drain, name="orkpy-model-dir-writer", daemon=True)
-                t.start()  # only then is a job counted as taken
-                self._running = True
+            try:
+                self._kick()
+            except BaseException:  # no thread to write it: the job was not taken
+                self._queue.pop()
+                raise
+
+    def _busy(self) -> bool:
+        return bool(self._queue) or self._writing > 0 or self._running
+
+    def _held(self) -> int:
+        return sum(j[4] for j in self._queue) + self._writing
+
+    def _kick(self) -> None:
+        """Start the writer's thread if jobs wait and none runs (under ``_cv``)."""
+        if self._queue and not self._running:
+            threading.Thread(target=self._drain, name="orkpy-model-dir-writer", daemon=True).start()
+            self._running = True
 
     def _drain(self) -> None:
         """The writer's thread: writes the queued jobs in order, then ends."""
@@ -134,7 +145,8 @@ class ModelDirWriter:
                     self._cv.notify_all()
                     return
                 name, pw, tier, done, nbytes = self._queue.popleft()
-                skip = self._cancel or self._err is not None
+                self._writing = nbytes
+                skip = self._cancel or self._failed
                 tmp = self.tmp
             try:
                 if not skip and tmp is not None:
@@ -144,26 +156,30 @@ class ModelDirWriter:
                     done(mapped)
             except BaseException as e:  # handed to the caller's thread by wait()
                 with self._cv:
-                    if self._err is None:
-                        self._err = e
+                    if not self._failed:
+                        self._failed, self._err = True, e
             finally:
                 del pw
                 with self._cv:
-                    self._pending -= 1
-                    self._pending_bytes -= nbytes
+                    self._writing = 0
                     self._cv.notify_all()
 
-    def _raise_error(self) -> None:
+    def _raise_failure(self) -> None:
+        """Raise a job's error (once), then a ValueError on every later call."""
         if self._err is not None:
             e, self._err = self._err, None
             raise e
+        if self._failed:
+            raise ValueError(f"{self.path}: an earlier write of this model directory failed (raised then); "
+                             "it can only be aborted")
 
     def wait(self) -> None:
         """Wait for every :meth:`add_later` job; raise the first error of one, if any."""
         with self._cv:
-            while self._pending or self._running:
+            while self._busy():
+                self._kick()  # jobs queued with no thread (one could not start): start it again
                 self._cv.wait()
-            self._raise_error()
+            self._raise_failure()
 
     def add(self, name: str, pw: PackedWeight, tier: str) -> PackedWeight:
         """Save the packed linear ``name`` (tier ``tier``); returns it mapped from the saved file
@@ -180,8 +196,8 @@ class ModelDirWriter:
         digest = save_packed_sha256(pw, fp, durable=False, direct=True)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
-        pw = load_packed(fp)
-        for m in maps_of(pw.store, pw.bscale):  # the load's checks read the store: its pages go back to the file
+        pw = _map_saved(pw, fp)  # (int6 / int5: loaded, unpacked in memory)
+        for m in maps_of(pw.store, pw.bscale):  # pages a load's checks read go back to the file
             m.release()
         return pw
 
@@ -246,10 +262,11 @@ class ModelDirWriter:
         to call twice."""
         with self._cv:
             self._cancel = True  # jobs not begun are dropped
+            self._queue.clear()
         while True:  # a second Ctrl-C during the wait still waits for the write in flight
             try:
                 with self._cv:
-                    while self._pending or self._running:
+                    while self._writing or self._running:
                         self._cv.wait()
                 break
             except KeyboardInterrupt:

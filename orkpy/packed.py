@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -260,9 +260,10 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
     _save_packed(pw, path)
 
 
-def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False) -> list:
+def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False,
+                 hasher: Any = None) -> list:
     """save_packed; returns the byte chunks written, in order (``durable``, ``direct``:
-    orkpy._io.atomic_write)."""
+    orkpy._io.atomic_write); ``hasher.update`` sees each chunk as it is written."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
@@ -273,13 +274,20 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: 
             scales = _f16_scales(pw.bscale, path)
         else:
             scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
+        store: Union[bytes, memoryview]
         if not maps and layout["file_store_bytes"] == layout["store_bytes"] and pw.store.flags.c_contiguous:
-            store = memoryview(pw.store).cast("B")  # in memory and stored as is: written from the array, no copy
+            store = pw.store.data.cast("B")  # in memory and stored as is: written from the array, no copy
         else:
             store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
     pad = layout["store_offset"] - len(header) - len(scales)
-    chunks = [header, scales, bytes(pad), store]
-    atomic_write(path, chunks, durable, direct, head=layout["store_offset"])  # the header read back at load
+    chunks: List[Union[bytes, memoryview]] = [header, scales, bytes(pad), store]
+
+    def hashed() -> Iterator[Union[bytes, memoryview]]:
+        for c in chunks:
+            if hasher is not None:
+                hasher.update(c)
+            yield c
+    atomic_write(path, hashed(), durable, direct, head=layout["store_offset"])  # the header read back at load
     return chunks
 
 
@@ -288,9 +296,32 @@ def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True, di
     model directory's manifest needs no read-back of the file); ``direct``: past the page cache
     (orkpy._io.atomic_write)."""
     h = hashlib.sha256()
-    for c in _save_packed(pw, path, durable, direct):
-        h.update(c)
+    _save_packed(pw, path, durable, direct, hasher=h)  # hashed as written: the bytes in the file
     return h.hexdigest()
+
+
+def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
+    """``pw`` as a read-only mapping of the file :func:`save_packed` has just written from it: the store
+    (and per-row scales) view the file, without :func:`load_packed`'s checks, which would read the whole
+    int8 store back (after a direct write, from the disk); the bytes are ``pw``'s, which pack() checked.
+    Group scales (float16 in the file) are ``pw``'s float32 values, as load_packed widens them. A weight
+    that is itself mapped, or whose file store differs from its memory store (int6 / int5), is loaded."""
+    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
+    if pw._mapped() or layout["file_store_bytes"] != layout["store_bytes"]:
+        return load_packed(path)
+    m = MappedFile(os.fspath(path))
+    size = len(m)
+    if size != layout["file_bytes"]:  # not what was just written
+        m.close()
+        raise FormatError(f"{os.fspath(path)}: {size} bytes, {layout['file_bytes']} were written")
+    buf = memoryview(m)
+    store = np.frombuffer(buf, dtype=layout["store_dtype"], count=layout["store_bytes"], offset=layout["store_offset"])
+    if pw.group:
+        scales = np.array(pw.bscale, dtype=np.float32).reshape(pw.N, layout["G"])
+    else:
+        scales = np.frombuffer(buf, dtype="<f4", count=pw.N, offset=layout["scales_offset"])
+    return PackedWeight._trusted(pw.kind, (pw.N, pw.K), store.reshape(layout["store_shape"]),
+                                 scales.astype(np.float32, copy=False), source=os.fspath(path), group=pw.group)
 
 
 def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:

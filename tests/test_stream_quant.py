@@ -235,7 +235,7 @@ def test_float16_weights_quantize_as_their_float32_values():
     threads): byte for byte the result of its float32 values for every kind, with an imatrix, groups,
     stochastic rounding, 1 and 2 threads, a strided view; a NaN is reported at its position."""
     rng = np.random.default_rng(7)
-    w = (rng.standard_normal((41, 1030)) * rng.uniform(1e-3, 2.0, (41, 1))).astype(np.float16)
+    w = (rng.standard_normal((200, 1030)) * rng.uniform(1e-3, 2.0, (200, 1))).astype(np.float16)  # 4 chunks of rows
     w[1, :4] = np.float16(6e-8)  # float16 subnormals
     w[2] = 0
     im = rng.uniform(0.0, 2.0, 1030).astype(np.float32)
@@ -247,8 +247,9 @@ def test_float16_weights_quantize_as_their_float32_values():
                 b = orkpy.quantize(x.astype(np.float32), kind, threads=t, **kw)
                 assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales), (kind, kw, t)
     bad = w.copy()
-    bad[17, 513] = np.nan
-    with pytest.raises(ValueError, match=r"non-finite value \(NaN\) at \[17, 513\]"):
+    bad[170, 513] = np.nan  # in the last chunk of rows
+    bad[171, 2] = np.inf
+    with pytest.raises(ValueError, match=r"non-finite value \(NaN\) at \[170, 513\]"):
         orkpy.quantize(bad, "nf4", threads=2)
 
 
@@ -314,3 +315,59 @@ def test_abort_drops_the_queued_writes(tmp_path, monkeypatch):
     assert not t.is_alive() and calls == ["blk.0.ffn_up.weight"] and os.listdir(tmp_path) == []
     with pytest.raises(ValueError, match="finished or aborted"):
         w.add_later("blk.9.ffn_up.weight", pw, "int4", lambda m: None)
+
+
+def test_a_failed_write_drops_the_queued_jobs_and_stays_failed(tmp_path, monkeypatch):
+    """A job's error is raised once by the next call; the jobs queued behind it are never written, and
+    every later add_later / wait refuses (the directory can only be aborted)."""
+    from orkpy.modeldir import ModelDirWriter
+    calls, _, release = _held_writes(monkeypatch)
+    real_held = ModelDirWriter._add
+
+    def add(self, name, pw, tier):
+        if name.startswith("blk.1."):
+            calls.append(name)
+            release.wait(30)
+            raise OSError(28, "No space left on device (simulated)")
+        return real_held(self, name, pw, tier)
+    monkeypatch.setattr(ModelDirWriter, "_add", add)
+    w = ModelDirWriter(tmp_path / "m")
+    pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
+    names = [f"blk.{i}.ffn_up.weight" for i in range(3)]
+    for n in names:
+        w.add_later(n, pw, "int8", lambda m: None)
+    release.set()
+    with pytest.raises(OSError, match="simulated"):
+        w.wait()
+    assert calls == names[:2]  # blk.2 was dropped
+    with pytest.raises(ValueError, match="earlier write"):
+        w.add_later("blk.3.ffn_up.weight", pw, "int8", lambda m: None)
+    with pytest.raises(ValueError, match="earlier write"):
+        w.wait()
+    assert calls == names[:2]
+    w.abort()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind,group", [("nf4", 0), ("int4", 32), ("int8", 0), ("int8", 64), ("int6", 0), ("int5", 32)])
+def test_a_saved_weight_mapped_without_a_reload(tmp_path, kind, group):
+    """The writer maps each file it has just written from the packed weight (packed._map_saved) instead
+    of loading it: the same store, scales, kind and group as load_packed gives, the store a view of the
+    file (int6 / int5, unpacked in memory, are loaded); a file that is not what was written is refused."""
+    from orkpy.packed import _map_saved, load_packed, save_packed_sha256
+    w = np.random.default_rng(5).standard_normal((70, 200)).astype(np.float32)
+    pw = orkpy.pack(orkpy.quantize(w, kind, group_size=group or None))
+    fp = tmp_path / f"w.{kind}"
+    save_packed_sha256(pw, fp, durable=False, direct=True)
+    got, want = _map_saved(pw, fp), load_packed(fp)
+    assert (got.kind, got.shape, got.group) == (want.kind, want.shape, want.group)
+    assert np.array_equal(got.store, want.store) and np.array_equal(got.bscale, want.bscale)
+    assert got.bscale.dtype == np.float32 and not got.store.flags.writeable
+    assert bool(maps_of(got.store)) == (kind not in ("int6", "int5"))
+    x = np.random.default_rng(6).standard_normal((3, 200)).astype(np.float32)
+    assert np.array_equal(got.matmul(x), pw.matmul(x))
+    if kind in ("nf4", "int8"):
+        with open(fp, "ab") as f:
+            f.write(b"x")
+        with pytest.raises(orkpy.FormatError, match="were written"):
+            _map_saved(pw, fp)

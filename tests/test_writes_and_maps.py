@@ -101,7 +101,8 @@ def test_atomic_open_failure_leaves_nothing(tmp_path):
 
 def _direct_cases():
     from orkpy._io import DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE
-    return [(0, 0), (5, 0), (DIRECT_MIN - 1, 0), (DIRECT_MIN, 0), (DIRECT_MIN + 1, 100),
+    return [(0, 0), (5, 0), (5000, 300), (DIRECT_MIN - 1, 0), (DIRECT_MIN - 1, DIRECT_ALIGN), (DIRECT_MIN, 0),
+            (DIRECT_MIN + 1, 100),
             (DIRECT_STAGE, 0), (DIRECT_STAGE + 1, DIRECT_ALIGN), (3 * DIRECT_STAGE - 7, 5000),
             (2 * DIRECT_STAGE + 3, DIRECT_STAGE + 9)]
 
@@ -131,17 +132,38 @@ def test_direct_write_writes_the_bytes(tmp_path, n, head, monkeypatch):
         assert not d or (off % _io.DIRECT_ALIGN == 0 and ln % _io.DIRECT_ALIGN == 0), (d, off, ln)
         if d:
             assert off >= head  # the head goes through the page cache
-    if n < _io.DIRECT_MIN:
+    if n < _io.DIRECT_MIN:  # a short file (with a head too) goes through the page cache
         assert not any(d for d, _, _ in writes)
+    elif n >= -(-head // _io.DIRECT_ALIGN) * _io.DIRECT_ALIGN + _io.DIRECT_STAGE and _direct_io(tmp_path):
+        assert any(d for d, _, _ in writes)  # where the file system takes O_DIRECT, the body went direct
+
+
+def _direct_io(folder):
+    """Whether files in ``folder`` take an aligned O_DIRECT write."""
+    import mmap
+    p = os.path.join(folder, ".direct-probe")
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        buf = mmap.mmap(-1, 4096)
+        os.write(fd, buf)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(p)
 
 
 def test_direct_write_falls_back_when_refused(tmp_path, monkeypatch):
-    """A file system that refuses O_DIRECT (EINVAL at open, or at the first direct write) gets the
-    same bytes through the page cache; another error is raised and leaves nothing."""
+    """A file system that refuses O_DIRECT (EINVAL when fcntl sets it, or at the first direct write)
+    gets the same bytes through the page cache; another error is raised and leaves nothing."""
     import errno
     from orkpy import _io
     data = np.random.default_rng(1).integers(0, 256, 3 * _io.DIRECT_STAGE + 11, dtype=np.uint8).tobytes()
-    real_write, real_open = os.write, os.open
+    real_write = os.write
 
     def refuse_direct(fd, b):
         import fcntl
@@ -152,15 +174,17 @@ def test_direct_write_falls_back_when_refused(tmp_path, monkeypatch):
     _io.atomic_write(tmp_path / "a.bin", [data], direct=True, head=100)
     assert (tmp_path / "a.bin").read_bytes() == data
     monkeypatch.setattr(_io.os, "write", real_write)
+    import fcntl
+    real_fcntl = fcntl.fcntl
 
-    def refuse_open(path, flags, *a):
-        if flags & os.O_DIRECT:
+    def refuse_setfl(fd, cmd, *a):  # F_SETFL refuses O_DIRECT, as Linux does for a file system without it
+        if cmd == fcntl.F_SETFL and a and a[0] & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *a)
-    monkeypatch.setattr(_io.os, "open", refuse_open)
+        return real_fcntl(fd, cmd, *a)
+    monkeypatch.setattr(fcntl, "fcntl", refuse_setfl)
     _io.atomic_write(tmp_path / "b.bin", [data], direct=True)
     assert (tmp_path / "b.bin").read_bytes() == data
-    monkeypatch.setattr(_io.os, "open", real_open)
+    monkeypatch.setattr(fcntl, "fcntl", real_fcntl)
 
     def full(fd, b):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -331,7 +331,7 @@ static void compare_drivers(ork_isa isa) {
  * values (every kind, with and without an imatrix, groups, 1 and 3 threads); another type is ORK_EINVAL; a
  * non-finite value is reported at its position. */
 static void check_typed(void) {
-    const size_t N = 29, K = 544;
+    const size_t N = 300, K = 544; /* 121 rows per work item (quant.c): 3 items, so 3 threads share them */
     uint16_t *h = malloc(N * K * 2), *b = malloc(N * K * 2);
     float *wh = malloc(N * K * sizeof(float)), *wb = malloc(N * K * sizeof(float)), *im = malloc(K * sizeof(float));
     uint8_t *c1 = malloc(N * K), *c2 = malloc(N * K);
@@ -375,11 +375,11 @@ static void check_typed(void) {
     err.msg[0] = 0;
     CHECK(ork_quantize_typed(h, ORK_GGML_Q8_0, N, K, &p, c2, s2, &err) == ORK_EINVAL && strstr(err.msg, "F16"),
           "typed: a Q8_0 weight must be refused: '%s'", err.msg);
-    h[5 * K + 9] = 0x7e00; /* a float16 NaN */
+    h[250 * K + 9] = 0x7e00; /* a float16 NaN, in the last work item */
     err.msg[0] = 0;
     p.nthreads = 2;
     ork_status st = ork_quantize_typed(h, ORK_GGML_F16, N, K, &p, c2, s2, &err);
-    CHECK(st == ORK_ENONFINITE && strstr(err.msg, "[5, 9]") != NULL, "typed NaN report: %d '%s'", st, err.msg);
+    CHECK(st == ORK_ENONFINITE && strstr(err.msg, "[250, 9]") != NULL, "typed NaN report: %d '%s'", st, err.msg);
     free(h); free(b); free(wh); free(wb); free(im); free(c1); free(c2); free(s1); free(s2);
 }
 
