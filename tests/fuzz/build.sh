@@ -37,7 +37,7 @@ CC="${CC:-clang}"
 # in setup.py, so the SIMD kernels are compiled as in the extension.
 objs="$out/o4n1-objs"
 mkdir -p "$objs"
-srcs=(o4n1.c pack.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c attn_ref.c)
+srcs=(o4n1.c pack.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c attn_ref.c ggml_types.c dequant.c)
 case "$(uname -m)" in
   x86_64|amd64) srcs+=(quant_avx2.c matmul_avx2.c gemm_f32_avx2.c attn_avx2.c) ;;
   aarch64|arm64) srcs+=(quant_neon.c matmul_neon.c matmul_neondot.c gemm_f32_neon.c attn_neon.c) ;;
@@ -56,11 +56,11 @@ for s in "${srcs[@]}" ../../tests/fuzz/fuzz_o4n1.c; do
   o4n1_objs+=("$o")
 done
 "$CC" -fsanitize=fuzzer,address,undefined "${o4n1_objs[@]}" -pthread -lm -o "$out/fuzz_o4n1"
-# the GGUF parser + dequantizers: gguf.c the parser, ggml_types.c the type table, dequant.c the block
-# dequantizers (ork_dequant_tensor runs on pool.c's threads, hence -pthread; its F16 rows take cpu.c's
-# ISA, so the core objects above link in too, all but the O4N1 target's main)
+# the GGUF parser + dequantizers: gguf.c the parser, with the core objects above (ggml_types.c the type
+# table, dequant.c the block dequantizers, which quant.c's float16 rows use too; ork_dequant_tensor runs on
+# pool.c's threads, hence -pthread; its F16 rows take cpu.c's ISA), all but the O4N1 target's main
 gguf_objs=()
-for s in gguf.c ggml_types.c dequant.c; do
+for s in gguf.c; do
   o="$objs/$(basename "$s" .c).o"
   "$CC" -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -g -O1 -std=c11 -D_GNU_SOURCE \
     -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers \
