@@ -373,11 +373,19 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     return ORK_OK;
 }
 
+/* Strips over threads. A decoded token's GEMVs (M = 1) are small (SmolLM2's k/v: 576 x 192) and
+ * memory-bound, so a thread is worth its hand-off from 64K multiply-adds on (measured on
+ * SmolLM2 decode, bench/decode.py: 1<<20 left every block linear on one thread). Each thread
+ * takes contiguous runs of about a quarter of its share: a strip per grab sent alternate strips
+ * to alternate threads, which breaks each thread's sequential stream through the store (int8
+ * decode at 2 threads: 130 tok/s with a strip per grab, 178 with runs). A strip's result does
+ * not depend on which thread computes it or with which neighbours. */
 static ork_status run_strips(mm_job *j, const ork_matmul_kernels *mk, int nthreads, ork_err *err) {
     j->mk = mk ? mk : ork_matmul_kernels_active();
     size_t NB = ork_pack_round32(j->N) / 32;
-    int nt = ork_pool_threads_for(nthreads, (double)j->M * (double)j->N * (double)j->KB * 32.0, 1 << 20);
-    return ork_parallel_for(nt, NB, 1, j->gt ? mm_strips_grouped : mm_strips, j, err);
+    int nt = ork_pool_threads_for(nthreads, (double)j->M * (double)j->N * (double)j->KB * 32.0, 65536.0);
+    size_t run = (NB + 4 * (size_t)nt - 1) / (4 * (size_t)nt);
+    return ork_parallel_for(nt, NB, run, j->gt ? mm_strips_grouped : mm_strips, j, err);
 }
 
 static ork_status matmul_int_g(ork_kind kind, const void *store, const int8_t lut[16], size_t group, size_t N, size_t K,
