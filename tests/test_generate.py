@@ -4,7 +4,8 @@
   prefilled as a batch (and in smaller steps) then one token at a time; on stories260K (F32,
   int8 and nf4 weights with per-token activations, int8 with static ranges and a prefix), on a
   saved quantized model directory, and on synthetic models of every architecture (sliding
-  windows shorter than the sequence, soft-caps, q/k norms, biases); for 1 and 2 threads.
+  windows shorter than the sequence, soft-caps, q/k norms, biases); for 1 and 2 threads; SmolLM2
+  int8 / nf4 on 1, 2 and 3 threads (slow), where every decode GEMV is split over the threads.
 - Greedy generation equals llama.cpp's greedy decode (tests/oracle.py oracle_greedy: KV-cached,
   float32 cache), token for token: stories260K (32 tokens) and SmolLM2-135M's float reference
   (slow), the chat template included.
@@ -283,6 +284,20 @@ def test_greedy_equals_llama_cpp_stories260k(shared, stories):
             lg = s.eval(got[-1:])
         assert len(ref) == 32 and got == ref.tolist()
         assert stories.generate(ids, 32, temperature=0) == stories.tokenizer.decode(ref, continuation=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["int8", "nf4"])
+def test_decode_split_over_threads_smollm2(weights):
+    """SmolLM2's decode GEMVs (k/v 576 x 192 up to the 49152-row head) are split over the threads
+    (pack.c run_strips): a token's logits are the same bits on 1, 2 and 3 threads and equal the
+    forward pass's."""
+    from realmodels import f32_reference
+    m = orkpy.load_model(f32_reference("smollm2"), weights=weights)
+    ids = m.tokens(PROMPT)[:12]
+    full = m.forward(ids, threads=1)
+    for t in (1, 2, 3):
+        assert np.array_equal(decode_rows(m, ids, 4, threads=t), full), t
 
 
 @pytest.mark.slow

@@ -112,6 +112,29 @@ def test_all_isas_and_thread_counts_identical(kind, isa):
                 assert np.array_equal(pw.matmul(x, threads=t), ref_f), (t, M)
 
 
+@pytest.mark.parametrize("kind", ["int8", "nf4", "int4"])
+@pytest.mark.parametrize("group", [None, 64])
+def test_decode_sized_matmul_split_over_threads_is_identical(kind, group, isa):
+    """M = 1 and 2 over a weight whose strips are split over the threads in runs of several strips
+    (38 strips, the last one short; 1189 x 200 is ~266K multiply-adds, so up to 4 threads take part):
+    every thread count gives the scalar one-thread result bit for bit."""
+    rng = np.random.default_rng(11)
+    N, K = 32 * 37 + 5, 200
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    pw = orkpy.pack(orkpy.quantize(w, kind, group_size=group))
+    for M in (1, 2):
+        xq = rng.integers(-127, 128, (M, K)).astype(np.int8)
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        with orkpy.use_isa("scalar"):
+            ref_f = pw.matmul(x, threads=1)
+            ref_i = pw.matmul_int(xq, threads=1) if group is None else None
+        with orkpy.use_isa(isa):
+            for t in (1, 2, 3, 5):
+                assert np.array_equal(pw.matmul(x, threads=t), ref_f), (t, M)
+                if ref_i is not None:
+                    assert np.array_equal(pw.matmul_int(xq, threads=t), ref_i), (t, M)
+
+
 def test_bad_inputs():
     _, q, pw = make("nf4", 40, 64)
     with pytest.raises(ValueError, match=r"K = 64"):
