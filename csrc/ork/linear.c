@@ -8,6 +8,7 @@
 #include "cpu.h"
 #include "pack.h"
 #include "pool.h"
+#include "scratch.h"
 
 typedef struct {
     const ork_gemm_f32_kernels *kern;
@@ -149,8 +150,9 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     if (st) return st;
     if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
     const size_t Kp = ork_pack_round32(l->K), K = l->K, N = l->N;
-    int8_t *xq = (int8_t *)malloc(M * Kp);
-    float *as = (float *)malloc(M * sizeof(float));
+    _Alignas(64) unsigned char xq_s[8192], as_s[64]; /* decode sizes: no heap (scratch.h) */
+    int8_t *xq = (int8_t *)ork_scratch(xq_s, sizeof xq_s, M * Kp);
+    float *as = (float *)ork_scratch(as_s, sizeof as_s, M * sizeof(float));
     float *xm = l->n_outliers ? (float *)malloc(M * K * sizeof(float)) : NULL;
     int32_t *acc = l->int_mm ? (int32_t *)malloc(M * N * sizeof(int32_t)) : NULL;
     if (!xq || !as || (l->n_outliers && !xm) || (l->int_mm && !acc)) {
@@ -175,8 +177,8 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     }
     if (l->n_outliers) st = add_outliers(l, x, M, y, err);
 done:
-    free(xq);
-    free(as);
+    ork_scratch_free(xq, xq_s);
+    ork_scratch_free(as, as_s);
     free(xm);
     free(acc);
     return st;

@@ -11,6 +11,7 @@
 #include "cpu.h"
 #include "ffn_chain.h"
 #include "pool.h"
+#include "scratch.h"
 
 /* -------------------------------------------------------- linear order -- */
 const char *const ork_layer_linear_names[ORK_LAYER_LINEARS] = {"attn_q",   "attn_k", "attn_v", "attn_output",
@@ -411,7 +412,8 @@ static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
         const float mscale = m->rope_attn_factor > 0.0f ? m->rope_attn_factor : 1.0f;
         const float base = L->rope_base > 0.0f ? L->rope_base : m->rope_base;
         const float fscale = L->rope_freq_scale > 0.0f ? L->rope_freq_scale : m->rope_freq_scale;
-        float *cs = malloc((m->n_rot + 1) * sizeof(float));
+        _Alignas(64) float cs_s[520]; /* a position's RoPE table (scratch.h) */
+        float *cs = ork_scratch(cs_s, sizeof cs_s, (m->n_rot + 1) * sizeof(float));
         if (!cs) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu floats of RoPE table)", m->n_rot);
         for (size_t t = begin; t < end; t++) {
             rope_table(m->n_rot, (float)(j->pos0 + t), base, fscale, m->rope_freqs, mscale, cs);
@@ -426,7 +428,7 @@ static ork_status rows_run(void *ctx, size_t begin, size_t end, ork_err *err) {
                 rope(kh, m->n_rot, m->rope_type, cs);
             }
         }
-        free(cs);
+        ork_scratch_free(cs, cs_s);
         break;
     }
     case ROWS_ATTN_OUT:

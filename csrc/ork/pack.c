@@ -8,6 +8,7 @@
 
 #include "cpu.h"
 #include "pool.h"
+#include "scratch.h"
 
 static int is4(ork_kind k) {
     const ork_kind_info *info = ork_kind_get(k);
@@ -302,15 +303,16 @@ static void strip_part(const mm_job *j, size_t nb, const int8_t *buf, size_t kb0
 static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err *err) {
     const mm_job *j = (const mm_job *)ctx;
     const size_t KB = j->KB, G = (KB + j->gt - 1) / j->gt, M = j->M, N = j->N;
-    int32_t *acc = (int32_t *)malloc(M * 32 * sizeof(int32_t));
+    _Alignas(64) unsigned char acc_s[1024], y_s[1024], sb_s[8192]; /* decode sizes: no heap (scratch.h) */
+    int32_t *acc = (int32_t *)ork_scratch(acc_s, sizeof acc_s, M * 32 * sizeof(int32_t));
     int8_t *buf = (j->four && M > 1) ? (int8_t *)malloc(KB * 32 * 32) : NULL;
-    float *y = j->out_f ? (float *)malloc(M * 32 * sizeof(float)) : NULL;
-    float *sb = j->out_f ? (float *)malloc(G * 32 * sizeof(float)) : NULL;
+    float *y = j->out_f ? (float *)ork_scratch(y_s, sizeof y_s, M * 32 * sizeof(float)) : NULL;
+    float *sb = j->out_f ? (float *)ork_scratch(sb_s, sizeof sb_s, G * 32 * sizeof(float)) : NULL;
     if (!acc || (j->four && M > 1 && !buf) || (j->out_f && (!y || !sb))) {
-        free(acc);
+        ork_scratch_free(acc, acc_s);
         free(buf);
-        free(y);
-        free(sb);
+        ork_scratch_free(y, y_s);
+        ork_scratch_free(sb, sb_s);
         return ork_err_set(err, ORK_ENOMEM, "out of memory for a matmul strip (M = %zu, K = %zu)", M, KB * 32);
     }
     for (size_t nb = begin; nb < end; nb++) {
@@ -329,20 +331,21 @@ static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err
         if (y)
             for (size_t m = 0; m < M; m++) memcpy(j->out_f + m * N + n0, y + m * 32, nn * sizeof(float));
     }
-    free(acc);
+    ork_scratch_free(acc, acc_s);
     free(buf);
-    free(y);
-    free(sb);
+    ork_scratch_free(y, y_s);
+    ork_scratch_free(sb, sb_s);
     return ORK_OK;
 }
 
 static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     const mm_job *j = (const mm_job *)ctx;
     const size_t KB = j->KB, strip_tiles = KB * 32;
-    int32_t *acc = (int32_t *)malloc(j->M * 32 * sizeof(int32_t));
+    _Alignas(64) unsigned char acc_s[1024]; /* decode sizes: no heap (scratch.h) */
+    int32_t *acc = (int32_t *)ork_scratch(acc_s, sizeof acc_s, j->M * 32 * sizeof(int32_t));
     int8_t *buf = (j->four && j->M > 1) ? (int8_t *)malloc(strip_tiles * 32) : NULL;
     if (!acc || (j->four && j->M > 1 && !buf)) {
-        free(acc);
+        ork_scratch_free(acc, acc_s);
         free(buf);
         return ork_err_set(err, ORK_ENOMEM, "out of memory for a matmul strip (M = %zu, K = %zu)", j->M, KB * 32);
     }
@@ -368,7 +371,7 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
             }
         }
     }
-    free(acc);
+    ork_scratch_free(acc, acc_s);
     free(buf);
     return ORK_OK;
 }
