@@ -50,32 +50,41 @@ DIRECT_MIN = 1 << 20     #: a file shorter than this is written through the page
 _STAGE = threading.local()  # each writing thread's staging buffer, kept: its pages stay resident
 
 
-def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]], head: int = 0) -> None:
-    """Write ``chunks`` to the new file ``fd`` past the page cache (O_DIRECT, set and cleared with
-    fcntl as each write needs): the bytes pass through
-    a page-aligned staging buffer of DIRECT_STAGE bytes (one per thread, reused), each full one
-    written at once; the last is padded with zeros to DIRECT_ALIGN and the file cut back to its
-    length. The first ``head`` bytes (rounded up to DIRECT_ALIGN: a file's header, which a reader
-    parses right away) go through the page cache, and so does all of a file shorter than
-    DIRECT_MIN, or every byte when the file system refuses O_DIRECT or the first direct write
-    (EINVAL: tmpfs before Linux 6.6, some network and overlay file systems)."""
-    import fcntl
-    import mmap
+class _DirectWriter:
+    """Write chunks to the new file ``fd`` past the page cache (O_DIRECT, set and cleared with
+    fcntl as each write needs): the bytes pass through a page-aligned staging buffer of
+    DIRECT_STAGE bytes (one per thread, reused), each full one written at once; the last is padded
+    with zeros to DIRECT_ALIGN and the file cut back to its length. The first ``head`` bytes
+    (rounded up to DIRECT_ALIGN: a file's header, which a reader parses right away) go through the
+    page cache, and so does all of a file shorter than DIRECT_MIN, or every byte when the file
+    system refuses O_DIRECT or the first direct write (EINVAL: tmpfs before Linux 6.6, some network
+    and overlay file systems)."""
 
-    view = getattr(_STAGE, "view", None)
-    if view is None:
-        view = _STAGE.view = memoryview(mmap.mmap(-1, DIRECT_STAGE))  # anonymous: page-aligned
-    hb = -(-head // DIRECT_ALIGN) * DIRECT_ALIGN
-    st = {"ok": True, "total": 0}
+    def __init__(self, fd: int, head: int) -> None:
+        import mmap
+        view = getattr(_STAGE, "view", None)
+        if view is None:
+            view = _STAGE.view = memoryview(mmap.mmap(-1, DIRECT_STAGE))  # anonymous: page-aligned
+        self.fd, self.view = fd, view
+        self.head = -(-head // DIRECT_ALIGN) * DIRECT_ALIGN
+        self.direct_ok = True  # False once the file system refused O_DIRECT
+        self.total = 0         # bytes written (padding excluded)
 
-    def set_direct(on: bool) -> None:
-        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+    def set_direct(self, on: bool) -> None:
+        import fcntl
+        fl = fcntl.fcntl(self.fd, fcntl.F_GETFL)
         want = fl | os.O_DIRECT if on else fl & ~os.O_DIRECT
         if want != fl:
-            fcntl.fcntl(fd, fcntl.F_SETFL, want)
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, want)
 
-    def flush(n: int, last: bool) -> None:
-        direct = bool(st["ok"]) and st["total"] >= hb and not (last and st["total"] + n < DIRECT_MIN)
+    def limit(self) -> int:
+        """bytes the stage may hold before the next flush: the head ends a flush of its own"""
+        return min(self.head - self.total, DIRECT_STAGE) if self.total < self.head else DIRECT_STAGE
+
+    def flush(self, n: int, last: bool) -> None:
+        """write the stage's first n bytes (``last``: the file's end)"""
+        view = self.view
+        direct = self.direct_ok and self.total >= self.head and not (last and self.total + n < DIRECT_MIN)
         while True:
             m = n
             if direct and n % DIRECT_ALIGN:
@@ -83,37 +92,41 @@ def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]]
                 view[n:m] = bytes(m - n)
             off = 0
             try:
-                set_direct(direct)  # F_SETFL refuses O_DIRECT (EINVAL) where the file system has no direct I/O
+                self.set_direct(direct)  # F_SETFL refuses O_DIRECT (EINVAL) where the file system has no direct I/O
                 while off < m:
-                    off += os.write(fd, view[off:m])
+                    off += os.write(self.fd, view[off:m])
             except OSError as e:
-                if not (direct and e.errno == errno.EINVAL and off == 0 and st["total"] == hb):
+                if not (direct and e.errno == errno.EINVAL and off == 0 and self.total == self.head):
                     raise
-                st["ok"] = direct = False  # refused: this and every later byte through the page cache
+                self.direct_ok = direct = False  # refused: this and every later byte through the page cache
                 continue
             break
-        st["total"] += n
+        self.total += n
         if m != n:  # the padded tail: the file ends at the last byte written
-            os.ftruncate(fd, st["total"])
+            os.ftruncate(self.fd, self.total)
 
-    def next_limit() -> int:  # the head ends a flush of its own
-        return min(hb - st["total"], DIRECT_STAGE) if st["total"] < hb else DIRECT_STAGE
+    def write_all(self, chunks: Iterable[Union[bytes, bytearray, memoryview]]) -> None:
+        view = self.view
+        fill, limit = 0, self.limit()
+        for c in chunks:
+            mv = memoryview(c).cast("B")
+            i = 0
+            while i < len(mv):
+                k = min(len(mv) - i, limit - fill)
+                view[fill:fill + k] = mv[i:i + k]
+                fill += k
+                i += k
+                if fill == limit:
+                    self.flush(fill, False)
+                    fill, limit = 0, self.limit()
+            mv.release()
+        if fill or self.total == 0:
+            self.flush(fill, True)
 
-    fill, limit = 0, next_limit()
-    for c in chunks:
-        mv = memoryview(c).cast("B")
-        i = 0
-        while i < len(mv):
-            k = min(len(mv) - i, limit - fill)
-            view[fill:fill + k] = mv[i:i + k]
-            fill += k
-            i += k
-            if fill == limit:
-                flush(fill, False)
-                fill, limit = 0, next_limit()
-        mv.release()
-    if fill or st["total"] == 0:
-        flush(fill, True)
+
+def _write_direct(fd: int, chunks: Iterable[Union[bytes, bytearray, memoryview]], head: int = 0) -> None:
+    """Write ``chunks`` to the new file ``fd`` past the page cache (:class:`_DirectWriter`)."""
+    _DirectWriter(fd, head).write_all(chunks)
 
 
 @contextlib.contextmanager
@@ -150,13 +163,16 @@ def atomic_open(path: StrPath, durable: bool = True) -> Iterator[BinaryIO]:
 
 
 def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryview]], durable: bool = True,
-                 direct: bool = False, head: int = 0) -> None:
+                 direct: bool = False, head: int = 0, hasher: Any = None) -> None:
     """Write an iterable of bytes-like chunks to path atomically (``durable``: :func:`atomic_open`).
     ``direct``: the data bypass the page cache where the OS and file system allow (O_DIRECT, see
-    :func:`_write_direct`): for large outputs nothing reads back soon (a model directory's weights),
+    :class:`_DirectWriter`): for large outputs nothing reads back soon (a model directory's weights),
     whose copy into the page cache costs more CPU than computing them on some hosts (measured on
     this project's 2-core VM: 2.1 s of kernel time to write 0.8 GB, against 0.06 s direct); the first
-    ``head`` bytes still go through it."""
+    ``head`` bytes still go through it. ``hasher`` (e.g. ``hashlib.sha256()``): its ``update`` sees
+    each chunk, in order, as it is written, so the file's digest needs no read-back."""
+    if hasher is not None:
+        chunks = _hashed(chunks, hasher)
     if not (direct and hasattr(os, "O_DIRECT")):
         with atomic_open(path, durable) as f:
             for c in chunks:
@@ -164,6 +180,13 @@ def atomic_write(path: StrPath, chunks: Iterable[Union[bytes, bytearray, memoryv
         return
     with atomic_open(path, durable) as f:
         _write_direct(f.fileno(), chunks, head)
+
+
+def _hashed(chunks: Iterable[Union[bytes, bytearray, memoryview]], hasher: Any
+            ) -> Iterator[Union[bytes, bytearray, memoryview]]:
+    for c in chunks:
+        hasher.update(c)
+        yield c
 
 
 def in_background(fn: Callable[[], Any]) -> Callable[[], Any]:

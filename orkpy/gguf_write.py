@@ -290,12 +290,6 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
     h = hashlib.sha256() if digest else None
 
     def chunks() -> Iterator[Union[bytes, memoryview]]:
-        for c in _chunks():
-            if h is not None:
-                h.update(c)
-            yield c
-
-    def _chunks() -> Iterator[Union[bytes, memoryview]]:
         yield bytes(header)
         for name, arr in checked:
             a = _le(arr.array(name) if isinstance(arr, LazyTensor) else arr)
@@ -304,7 +298,7 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
             if p:
                 yield bytes(p)
 
-    atomic_write(path, chunks(), direct=direct, head=len(header))
+    atomic_write(path, chunks(), direct=direct, head=len(header), hasher=h)
     return None if h is None else h.hexdigest()
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Iterator, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -261,9 +261,8 @@ def save_packed(pw: PackedWeight, path: StrPath) -> None:
 
 
 def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False,
-                 hasher: Any = None) -> list:
-    """save_packed; returns the byte chunks written, in order (``durable``, ``direct``:
-    orkpy._io.atomic_write); ``hasher.update`` sees each chunk as it is written."""
+                 hasher: Any = None) -> None:
+    """save_packed (``durable``, ``direct``, ``hasher``: orkpy._io.atomic_write)."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
     header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
@@ -280,15 +279,8 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: 
         else:
             store = _core.store_to_file(pw.store, pw.kind, pw.N, pw.K)  # int6 / int5: 6 / 5 bits per code
     pad = layout["store_offset"] - len(header) - len(scales)
-    chunks: List[Union[bytes, memoryview]] = [header, scales, bytes(pad), store]
-
-    def hashed() -> Iterator[Union[bytes, memoryview]]:
-        for c in chunks:
-            if hasher is not None:
-                hasher.update(c)
-            yield c
-    atomic_write(path, hashed(), durable, direct, head=layout["store_offset"])  # the header read back at load
-    return chunks
+    atomic_write(path, [header, scales, bytes(pad), store], durable, direct,
+                 head=layout["store_offset"], hasher=hasher)  # the header is read back at load
 
 
 def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True, direct: bool = False) -> str:

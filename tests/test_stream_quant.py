@@ -251,6 +251,10 @@ def test_float16_weights_quantize_as_their_float32_values():
     bad[171, 2] = np.inf
     with pytest.raises(ValueError, match=r"non-finite value \(NaN\) at \[170, 513\]"):
         orkpy.quantize(bad, "nf4", threads=2)
+    wide = rng.standard_normal((6, 8200)).astype(np.float16)  # rows past the stack scratch: heap buffers
+    for kind in ("nf4", "int8"):
+        a, b = orkpy.quantize(wide, kind, threads=2), orkpy.quantize(wide.astype(np.float32), kind, threads=2)
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.scales, b.scales), kind
 
 
 def test_linear_stored_views_float16_weights_only(shared, tmp_path):

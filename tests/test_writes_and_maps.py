@@ -1,6 +1,7 @@
 """Issue 13, items 3-6: concurrent writers to one path, tier-map names that
 round-trip, the model-directory manifest inside the FormatError contract, and
 strict tier-map parsing (a map that does not fit the model is an error)."""
+import hashlib
 import json
 import os
 import threading
@@ -126,8 +127,14 @@ def test_direct_write_writes_the_bytes(tmp_path, n, head, monkeypatch):
         writes.append((bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT), os.lseek(fd, 0, os.SEEK_CUR) - k, len(b)))
         return k
     monkeypatch.setattr(_io.os, "write", write)
-    _io.atomic_write(tmp_path / "f.bin", iter(chunks), durable=bool(n % 2), direct=True, head=head)
+    h = hashlib.sha256()
+    _io.atomic_write(tmp_path / "f.bin", iter(chunks), durable=bool(n % 2), direct=True, head=head, hasher=h)
     assert (tmp_path / "f.bin").read_bytes() == data and os.listdir(tmp_path) == ["f.bin"]
+    assert h.hexdigest() == hashlib.sha256(data).hexdigest()  # hashed as written, chunks in order
+    h2 = hashlib.sha256()
+    _io.atomic_write(tmp_path / "g.bin", iter(chunks), direct=False, hasher=h2)
+    assert (tmp_path / "g.bin").read_bytes() == data and h2.hexdigest() == h.hexdigest()
+    os.unlink(tmp_path / "g.bin")
     for d, off, ln in writes:
         assert not d or (off % _io.DIRECT_ALIGN == 0 and ln % _io.DIRECT_ALIGN == 0), (d, off, ln)
         if d:

@@ -16,6 +16,7 @@
 #include "half.h"
 #include "pool.h"
 #include "quant_scalar.h"
+#include "scratch.h"
 
 /* ------------------------------------------------------ kind registry -- */
 /* One row per kind: name, bits, levels. The LUT, the zero code and the
@@ -487,54 +488,42 @@ static void quant_segment(const quant_job *j, const float *x, const float *im, s
 static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) {
     const quant_job *j = (const quant_job *)ctx;
     const size_t K = j->K, gs = j->group, G = (K + gs - 1) / gs;
-    uint8_t *tmp = NULL;
-    float *row = NULL; /* a converted source row (float16 / bfloat16 sources) */
-    if (j->g) {
-        tmp = (uint8_t *)malloc(gs);
-        if (!tmp) return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", gs);
-    }
-    if (j->w_type != ORK_GGML_F32) {
-        row = (float *)malloc(K * sizeof(float));
-        if (!row) {
-            free(tmp);
-            return ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", K * sizeof(float));
-        }
+    /* the segment's codes before packing (4-bit kinds) and a converted source row (float16 /
+     * bfloat16 sources): on the worker's stack up to K = 8192 (scratch.h) */
+    _Alignas(64) unsigned char tmp_s[8192];
+    _Alignas(64) float row_s[8192];
+    uint8_t *tmp = j->g ? (uint8_t *)ork_scratch(tmp_s, sizeof tmp_s, gs) : NULL;
+    float *row = j->w_type != ORK_GGML_F32 ? (float *)ork_scratch(row_s, sizeof row_s, K * sizeof(float)) : NULL;
+    ork_status st = ORK_OK;
+    if ((j->g && !tmp) || (j->w_type != ORK_GGML_F32 && !row)) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", gs + K * sizeof(float));
+        goto done;
     }
     for (size_t n = begin; n < end; n++) {
         const float *x = (const float *)(j->w + n * j->w_row);
         if (row) {
-            ork_status cst = ork_dequant_row(j->w_type, j->w + n * j->w_row, K, row, err);
-            if (cst != ORK_OK) { /* not reached: the type was checked */
-                free(tmp);
-                free(row);
-                return cst;
-            }
+            /* cannot fail: the type was checked */
+            if ((st = ork_dequant_row(j->w_type, j->w + n * j->w_row, K, row, err))) goto done;
             x = row;
         }
         uint8_t *out = j->codes + n * j->row_bytes;
         float a;
         if (j->kern->absmax(x, K, &a)) {
-            ork_status nst = report_nonfinite_w(x, K, n, err);
-            free(tmp);
-            free(row);
-            return nst;
+            st = report_nonfinite_w(x, K, n, err);
+            goto done;
         }
         for (size_t g = 0; g < G; g++) {
             const size_t c0 = g * gs, len = K - c0 < gs ? K - c0 : gs;
             if (G > 1) j->kern->absmax(x + c0, len, &a);
-            ork_status st = seg_f16_check(j, a, n, c0, len, err);
-            if (st != ORK_OK) {
-                free(tmp);
-                free(row);
-                return st;
-            }
+            if ((st = seg_f16_check(j, a, n, c0, len, err))) goto done;
             quant_segment(j, x + c0, j->p->imatrix ? j->p->imatrix + c0 : NULL, len, c0, n, a,
                           out + (j->g ? c0 / 2 : c0), j->scales + n * G + g, tmp);
         }
     }
-    free(tmp);
-    free(row);
-    return ORK_OK;
+done:
+    ork_scratch_free(tmp, tmp_s);
+    ork_scratch_free(row, row_s);
+    return st;
 }
 
 static ork_status check_dims(size_t N, size_t K, ork_err *err) {

@@ -350,7 +350,7 @@ ork_status ork_quantize(const float *w, size_t N, size_t K, const ork_quant_para
 /* ork_quantize of a weight stored as ggml type w_type: ORK_GGML_F32 (that is ork_quantize), ORK_GGML_F16
  * or ORK_GGML_BF16, row n at w + n * K * (element size). Each row is converted to float32 by
  * ork_dequant_row (exact: every float16 / bfloat16 value is a float32 value) into a buffer of the worker
- * that quantizes it, so the codes and scales are byte for byte ork_quantize's of the converted weight,
+ * that quantizes it (on its stack up to K = 8192), so the codes and scales are byte for byte ork_quantize's of the converted weight,
  * with no float32 copy of the whole weight and the conversion spread over the threads. A non-finite
  * value is ORK_ENONFINITE naming it as ork_quantize does; another w_type is ORK_EINVAL. */
 ork_status ork_quantize_typed(const void *w, uint32_t w_type, size_t N, size_t K, const ork_quant_params *p,
