@@ -4,6 +4,7 @@
  * rounding, as fmaf). */
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #include "gemm_f32_blocked.h"
@@ -59,8 +60,67 @@ static void tile_neon(size_t mr, const float *x, size_t ldx, const float *bp, si
     }
 }
 
+/* ---- M = 1 (a decoded token): no packing (as gemm_f32_avx2.c). Four rows at a time; for each 4 terms,
+ * a 4 x 4 transpose of the rows' next 4 weights (TRN1/TRN2 on 32- then 64-bit lanes) and 4 fused
+ * multiply-adds continuing the 4 rows' chains in k order. Up to four groups (16 rows) keep four
+ * chains in flight. */
+static inline __attribute__((always_inline)) float32x4_t rows4_step(const float *r, size_t ldw, const float *xk,
+                                                                     float32x4_t acc) {
+    const float32x4_t r0 = vld1q_f32(r), r1 = vld1q_f32(r + ldw), r2 = vld1q_f32(r + 2 * ldw),
+                      r3 = vld1q_f32(r + 3 * ldw);
+    /* t0 = [r0k0 r1k0 r0k2 r1k2], t1 = [r0k1 r1k1 r0k3 r1k3]; t2, t3 the same for rows 2, 3 */
+    const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(r0, r1)), t1 = vreinterpretq_f64_f32(vtrn2q_f32(r0, r1));
+    const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(r2, r3)), t3 = vreinterpretq_f64_f32(vtrn2q_f32(r2, r3));
+    acc = vfmaq_f32(acc, vreinterpretq_f32_f64(vtrn1q_f64(t0, t2)), vdupq_n_f32(xk[0]));
+    acc = vfmaq_f32(acc, vreinterpretq_f32_f64(vtrn1q_f64(t1, t3)), vdupq_n_f32(xk[1]));
+    acc = vfmaq_f32(acc, vreinterpretq_f32_f64(vtrn2q_f64(t0, t2)), vdupq_n_f32(xk[2]));
+    acc = vfmaq_f32(acc, vreinterpretq_f32_f64(vtrn2q_f64(t1, t3)), vdupq_n_f32(xk[3]));
+    return acc;
+}
+
+/* the chains of rows n .. n + nr - 1 continued from c (NULL: +0.0f) over terms k0 .. K - 1, one fmaf each */
+static void rows_tail(const float *x, size_t k0, size_t K, const float *w, size_t ldw, size_t n, size_t nr,
+                      const float *c, float *y) {
+    for (size_t j = 0; j < nr; j++) {
+        float v = c ? c[j] : 0.0f;
+        const float *r = w + (n + j) * ldw;
+        for (size_t k = k0; k < K; k++) v = fmaf(x[k], r[k], v);
+        y[n + j] = v;
+    }
+}
+
+/* rows n .. n + 4g - 1, g = 1 .. 4 groups of 4 */
+static inline __attribute__((always_inline)) void rows_groups(const int g, const float *x, size_t K, const float *w,
+                                                              size_t ldw, size_t n, float *y) {
+    const size_t K4 = K & ~(size_t)3;
+    const float *r = w + n * ldw;
+    float32x4_t a[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < g; i++) a[i] = vdupq_n_f32(0.0f);
+    for (size_t k = 0; k < K4; k += 4) {
+#pragma GCC unroll 4
+        for (int i = 0; i < g; i++) a[i] = rows4_step(r + (size_t)(4 * i) * ldw + k, ldw, x + k, a[i]);
+    }
+    float c[16];
+#pragma GCC unroll 4
+    for (int i = 0; i < g; i++) vst1q_f32(c + 4 * i, a[i]);
+    rows_tail(x, K4, K, w, ldw, n, 4 * (size_t)g, c, y);
+}
+
+static void gemv_neon(const float *x, size_t K, const float *w, size_t ldw, size_t n0, size_t n1, float *y) {
+    size_t n = n0;
+    for (; n + 16 <= n1; n += 16) rows_groups(4, x, K, w, ldw, n, y);
+    if (n + 8 <= n1) rows_groups(2, x, K, w, ldw, n, y), n += 8;
+    if (n + 4 <= n1) rows_groups(1, x, K, w, ldw, n, y), n += 4;
+    if (n < n1) rows_tail(x, 0, K, w, ldw, n, n1 - n, NULL, y);
+}
+
 static void cols_neon(const float *x, size_t ldx, size_t M, size_t K, const float *w, size_t ldw, size_t n0,
                       size_t n1, float *y, size_t ldy, float *scratch) {
+    if (M == 1) {
+        gemv_neon(x, K, w, ldw, n0, n1, y);
+        return;
+    }
     ork_gemm_f32_blocked(tile_neon, ork_gemm_pack_panel, MR, x, ldx, M, K, w, ldw, n0, n1, y, ldy, scratch);
 }
 

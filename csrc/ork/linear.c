@@ -229,7 +229,8 @@ static ork_status linear_product(const ork_linear *l, const float *x, size_t M, 
     if (l->path == ORK_LIN_F32) {
         if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix) return ork_linear_check_act(l, err);
         gemm_job j = {ork_gemm_f32_kernels_active(), x, l->w, M, l->N, l->K, y};
-        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 1 << 20);
+        /* 64K multiply-adds a thread: a decoded token's small GEMVs split too (as pack.c run_strips) */
+        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 65536.0);
         return ork_parallel_for(nt, l->N, gemm_chunk(l->N, nt), gemm_cols, &j, err);
     }
     return linear_packed(l, x, M, y, nthreads, err);

@@ -65,6 +65,11 @@ static void compare_tables(const ork_gemm_f32_kernels *kv) {
     compare_shape(kv, 7, 40, 33, 3, 37);
     compare_shape(kv, 6, 70, 1100, 17, 50);
     compare_shape(kv, 1, 40, 9, 39, 40);
+    /* M = 1 (the decode path, no packing): row groups of 16 / 8 / 4 and leftovers, K tails of 1 .. 3,
+     * strided rows, ranges starting mid-group */
+    compare_shape(kv, 1, 45, 579, 0, 45);
+    compare_shape(kv, 1, 77, 1027, 5, 74);
+    compare_shape(kv, 1, 3, 2, 0, 3);
     /* K = 0: the empty chain is +0.0f */
     float x = 1, w = 1, y[2] = {SENTINEL, SENTINEL};
     kv->cols(&x, 1, 1, 0, &w, 1, 0, 1, y, 2, scratch);
