@@ -5,7 +5,7 @@
   int8 and nf4 weights with per-token activations, int8 with static ranges and a prefix), on a
   saved quantized model directory, and on synthetic models of every architecture (sliding
   windows shorter than the sequence, soft-caps, q/k norms, biases); for 1 and 2 threads; SmolLM2
-  int8 / nf4 on 1, 2 and 3 threads (slow), where every decode GEMV is split over the threads.
+  F32 / int8 / nf4 on 1, 2 and 3 threads (slow), where the decode GEMVs are split over the threads.
 - Greedy generation equals llama.cpp's greedy decode (tests/oracle.py oracle_greedy: KV-cached,
   float32 cache), token for token: stories260K (32 tokens) and SmolLM2-135M's float reference
   (slow), the chat template included.
@@ -287,11 +287,11 @@ def test_greedy_equals_llama_cpp_stories260k(shared, stories):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["int8", "nf4"])
+@pytest.mark.parametrize("weights", ["gguf", "int8", "nf4"])
 def test_decode_split_over_threads_smollm2(weights):
-    """SmolLM2's decode GEMVs (k/v 576 x 192 up to the 49152-row head) are split over the threads
-    (pack.c run_strips): a token's logits are the same bits on 1, 2 and 3 threads and equal the
-    forward pass's."""
+    """SmolLM2's decode GEMVs (q / o 576 x 576 up to the 49152-row head; k / v stay on one thread) are
+    split over the threads (pack.c run_strips; the F32 GEMV, gemm_f32.h M = 1): a token's logits are
+    the same bits on 1, 2 and 3 threads and equal the forward pass's."""
     from realmodels import f32_reference
     m = orkpy.load_model(f32_reference("smollm2"), weights=weights)
     ids = m.tokens(PROMPT)[:12]

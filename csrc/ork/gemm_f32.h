@@ -23,7 +23,8 @@ typedef struct ork_gemm_f32_kernels {
     const char *isa;
     /* y[m*ldy + n] for m < M, n0 <= n < n1, by the contract above; x rows
      * have stride ldx >= K, W rows stride ldw >= K; other outputs untouched.
-     * scratch: ORK_GEMM_F32_SCRATCH floats of the caller's (packed weights). */
+     * scratch: ORK_GEMM_F32_SCRATCH floats of the caller's (packed weights); unused, and may be
+     * NULL, when M = 1 (the weight rows are read in place). */
     void (*cols)(const float *x, size_t ldx, size_t M, size_t K, const float *w, size_t ldw, size_t n0, size_t n1,
                  float *y, size_t ldy, float *scratch);
 } ork_gemm_f32_kernels;

@@ -19,8 +19,9 @@ typedef struct {
 
 static ork_status gemm_cols(void *ctx, size_t begin, size_t end, ork_err *err) {
     const gemm_job *j = (const gemm_job *)ctx;
-    float *scratch = (float *)aligned_alloc(64, ORK_GEMM_F32_SCRATCH * sizeof(float));
-    if (!scratch) return ork_err_set(err, ORK_ENOMEM, "out of memory for the float32 GEMM's scratch");
+    /* M = 1 reads the weight rows in place (gemm_f32.h): no scratch */
+    float *scratch = j->M > 1 ? (float *)aligned_alloc(64, ORK_GEMM_F32_SCRATCH * sizeof(float)) : NULL;
+    if (j->M > 1 && !scratch) return ork_err_set(err, ORK_ENOMEM, "out of memory for the float32 GEMM's scratch");
     j->kern->cols(j->x, j->K, j->M, j->K, j->w, j->K, begin, end, j->y, j->N, scratch);
     free(scratch);
     return ORK_OK;
@@ -150,7 +151,8 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     if (st) return st;
     if (M == 0) return ork_err_set(err, ORK_EINVAL, "activations must have at least one row");
     const size_t Kp = ork_pack_round32(l->K), K = l->K, N = l->N;
-    _Alignas(64) unsigned char xq_s[8192], as_s[64]; /* decode sizes: no heap (scratch.h) */
+    _Alignas(64) int8_t xq_s[8192]; /* decode sizes: no heap (scratch.h) */
+    float as_s[16];
     int8_t *xq = (int8_t *)ork_scratch(xq_s, sizeof xq_s, M * Kp);
     float *as = (float *)ork_scratch(as_s, sizeof as_s, M * sizeof(float));
     float *xm = l->n_outliers ? (float *)malloc(M * K * sizeof(float)) : NULL;

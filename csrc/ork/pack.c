@@ -303,7 +303,8 @@ static void strip_part(const mm_job *j, size_t nb, const int8_t *buf, size_t kb0
 static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err *err) {
     const mm_job *j = (const mm_job *)ctx;
     const size_t KB = j->KB, G = (KB + j->gt - 1) / j->gt, M = j->M, N = j->N;
-    _Alignas(64) unsigned char acc_s[1024], y_s[1024], sb_s[8192]; /* decode sizes: no heap (scratch.h) */
+    _Alignas(64) int32_t acc_s[256]; /* decode sizes: no heap (scratch.h) */
+    _Alignas(64) float y_s[256], sb_s[2048];
     int32_t *acc = (int32_t *)ork_scratch(acc_s, sizeof acc_s, M * 32 * sizeof(int32_t));
     int8_t *buf = (j->four && M > 1) ? (int8_t *)malloc(KB * 32 * 32) : NULL;
     float *y = j->out_f ? (float *)ork_scratch(y_s, sizeof y_s, M * 32 * sizeof(float)) : NULL;
@@ -341,7 +342,7 @@ static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err
 static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     const mm_job *j = (const mm_job *)ctx;
     const size_t KB = j->KB, strip_tiles = KB * 32;
-    _Alignas(64) unsigned char acc_s[1024]; /* decode sizes: no heap (scratch.h) */
+    _Alignas(64) int32_t acc_s[256]; /* decode sizes: no heap (scratch.h) */
     int32_t *acc = (int32_t *)ork_scratch(acc_s, sizeof acc_s, j->M * 32 * sizeof(int32_t));
     int8_t *buf = (j->four && j->M > 1) ? (int8_t *)malloc(strip_tiles * 32) : NULL;
     if (!acc || (j->four && j->M > 1 && !buf)) {
@@ -376,7 +377,7 @@ static ork_status mm_strips(void *ctx, size_t begin, size_t end, ork_err *err) {
     return ORK_OK;
 }
 
-/* Strips over threads. A decoded token's GEMVs (M = 1) are small (SmolLM2's k/v: 576 x 192) and
+/* Strips over threads. A decoded token's GEMVs (M = 1) are small (SmolLM2's q: 576 x 576) and
  * memory-bound, so a thread is worth its hand-off from 64K multiply-adds on (measured on
  * SmolLM2 decode, bench/decode.py: 1<<20 left every block linear on one thread). Each thread
  * takes contiguous runs of about a quarter of its share: a strip per grab sent alternate strips

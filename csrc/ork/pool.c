@@ -129,6 +129,15 @@ static void pool_after_fork_child(void) {
 
 static void pool_register_fork(void) { pthread_atfork(NULL, NULL, pool_after_fork_child); }
 
+/* Worker threads get at least 1 MB of stack: kernels keep their decode-sized scratch on the stack
+ * (scratch.h, tens of KB), and some C libraries default to 128 KB. */
+#define POOL_MIN_STACK ((size_t)1 << 20)
+
+static void stack_at_least(pthread_attr_t *at) {
+    size_t sz = 0;
+    if (pthread_attr_getstacksize(at, &sz) == 0 && sz < POOL_MIN_STACK) pthread_attr_setstacksize(at, POOL_MIN_STACK);
+}
+
 /* run job on the caller and `helpers` resident workers; 0 if the pool was busy (nothing run) */
 static int pool_resident(pool_job *job, int helpers) {
     if (pthread_mutex_trylock(&pool_use) != 0) return 0;
@@ -138,6 +147,7 @@ static int pool_resident(pool_job *job, int helpers) {
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        stack_at_least(&at);
         start_gen[P.nworkers] = P.gen; /* stable: P.gen only moves under pool_use, which this call holds */
         int ok = pthread_create(&t, &at, resident_worker, (void *)(intptr_t)P.nworkers) == 0;
         pthread_attr_destroy(&at);
@@ -196,10 +206,14 @@ ork_status ork_parallel_for(int nthreads, size_t n, size_t chunk, ork_range_fn f
     } else if (!pool_resident(&job, nthreads - 1)) {
         pthread_t tids[ORK_POOL_MAX_THREADS];
         int started = 0;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        stack_at_least(&at);
         for (int t = 1; t < nthreads; t++) {
-            if (pthread_create(&tids[started], NULL, pool_worker, &job) != 0) break;
+            if (pthread_create(&tids[started], &at, pool_worker, &job) != 0) break;
             started++;
         }
+        pthread_attr_destroy(&at);
         /* The caller works too; if no thread could be started it does all the
          * work alone, which is slower but gives the same result. */
         pool_worker(&job);

@@ -490,13 +490,14 @@ static ork_status quant_rows(void *ctx, size_t begin, size_t end, ork_err *err) 
     const size_t K = j->K, gs = j->group, G = (K + gs - 1) / gs;
     /* the segment's codes before packing (4-bit kinds) and a converted source row (float16 /
      * bfloat16 sources): on the worker's stack up to K = 8192 (scratch.h) */
-    _Alignas(64) unsigned char tmp_s[8192];
+    _Alignas(64) uint8_t tmp_s[8192];
     _Alignas(64) float row_s[8192];
     uint8_t *tmp = j->g ? (uint8_t *)ork_scratch(tmp_s, sizeof tmp_s, gs) : NULL;
     float *row = j->w_type != ORK_GGML_F32 ? (float *)ork_scratch(row_s, sizeof row_s, K * sizeof(float)) : NULL;
     ork_status st = ORK_OK;
     if ((j->g && !tmp) || (j->w_type != ORK_GGML_F32 && !row)) {
-        st = ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)", gs + K * sizeof(float));
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory (%zu bytes of row workspace)",
+                         (j->g && !tmp) ? gs : K * sizeof(float));
         goto done;
     }
     for (size_t n = begin; n < end; n++) {

@@ -87,15 +87,26 @@ static void fused_chain(const ork_gemm_f32_kernels *kv) {
     int ok = 1;
     for (size_t i = 0; i < 8 * 20; i++) ok &= y[i] == ldexpf(1.0f, -24);
     CHECK(ok, "%s: not one fused multiply-add per term (got %g)", kv->isa, (double)y[0]);
+    /* the same at M = 1 (the unpacked path) over 20 rows: two of its row groups and a leftover */
+    kv->cols(x, 2, 1, 2, w, 2, 0, 20, y, 20, scratch);
+    ok = 1;
+    for (size_t i = 0; i < 20; i++) ok &= y[i] == ldexpf(1.0f, -24);
+    CHECK(ok, "%s M=1: not one fused multiply-add per term (got %g)", kv->isa, (double)y[0]);
     /* terms in k order: (1e8 - 1e8) + 1 = 1, whereas 1e8 + (1 - 1e8) would be 0 */
     float x3[3] = {1e8f, -1e8f, 1.0f}, w3[3] = {1.0f, 1.0f, 1.0f}, y3 = 0;
     kv->cols(x3, 3, 1, 3, w3, 3, 0, 1, &y3, 1, scratch);
     CHECK(y3 == 1.0f, "%s: terms not in k order (got %g)", kv->isa, (double)y3);
+    /* and through the vector steps of M = 1: 16 rows, 8 terms, the cancellation at terms 4 and 5 */
+    float x8[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 1e8f, -1e8f, 1.0f, 2.0f}, w8[16 * 8], y8[16];
+    for (size_t i = 0; i < 16 * 8; i++) w8[i] = 1.0f;
+    kv->cols(x8, 8, 1, 8, w8, 8, 0, 16, y8, 16, scratch);
+    ok = 1;
+    for (size_t i = 0; i < 16; i++) ok &= y8[i] == 3.0f; /* ((0.9375 + 1e8) - 1e8) = 0 in float: 0 + 1 + 2 */
+    CHECK(ok, "%s M=1: terms not in k order (got %g)", kv->isa, (double)y8[0]);
 }
 
 /* the F32 linear on the active ISA, 1..3 threads, against the _ref */
-static void linear_threads(void) {
-    const size_t M = 11, N = 300, K = 270;
+static void linear_threads_m(size_t M, size_t N, size_t K) {
     float *x = malloc(M * K * sizeof(float)), *w = malloc(N * K * sizeof(float));
     float *ref = malloc(M * N * sizeof(float)), *y = malloc(M * N * sizeof(float));
     for (size_t i = 0; i < M * K; i++) x[i] = rnd_f();
@@ -115,6 +126,12 @@ static void linear_threads(void) {
               ork_gemm_f32_kernels_active()->isa, nt);
     }
     free(x); free(w); free(ref); free(y);
+}
+
+/* M = 11, and M = 1 with enough work (600 x 600 = 360K multiply-adds) for 2 and 3 threads */
+static void linear_threads(void) {
+    linear_threads_m(11, 300, 270);
+    linear_threads_m(1, 600, 600);
 }
 
 int main(void) {
