@@ -6,7 +6,6 @@
 #error "gemm_f32_avx2.c must be compiled with -mavx2 -mfma"
 #endif
 #include <immintrin.h>
-#include <math.h>
 #include <string.h>
 
 #include "gemm_f32_blocked.h"
@@ -125,17 +124,6 @@ static inline __attribute__((always_inline)) __m256 rows8_step(const float *r, s
     return acc;
 }
 
-/* the chains of rows n .. n + nr - 1 continued from c (NULL: +0.0f) over terms k0 .. K - 1, one fmaf each */
-static void rows_tail(const float *x, size_t k0, size_t K, const float *w, size_t ldw, size_t n, size_t nr,
-                      const float *c, float *y) {
-    for (size_t j = 0; j < nr; j++) {
-        float v = c ? c[j] : 0.0f;
-        const float *r = w + (n + j) * ldw;
-        for (size_t k = k0; k < K; k++) v = fmaf(x[k], r[k], v);
-        y[n + j] = v;
-    }
-}
-
 /* rows n .. n + 8g - 1 (g = 1, 2): two groups keep two chains in flight (a step's 4 fused multiply-adds
  * are one dependent chain); measured: more groups (more short row streams at once) were slower */
 static inline __attribute__((always_inline)) void rows_groups(const int g, const float *x, size_t K, const float *w,
@@ -150,14 +138,14 @@ static inline __attribute__((always_inline)) void rows_groups(const int g, const
     _Alignas(32) float c[16];
     _mm256_store_ps(c, a0);
     _mm256_store_ps(c + 8, a1);
-    rows_tail(x, K4, K, w, ldw, n, 8 * (size_t)g, c, y);
+    ork_gemm_rows_tail(x, K4, K, w, ldw, n, 8 * (size_t)g, c, y);
 }
 
 static void gemv_avx2(const float *x, size_t K, const float *w, size_t ldw, size_t n0, size_t n1, float *y) {
     size_t n = n0;
     for (; n + 16 <= n1; n += 16) rows_groups(2, x, K, w, ldw, n, y);
     if (n + 8 <= n1) rows_groups(1, x, K, w, ldw, n, y), n += 8;
-    if (n < n1) rows_tail(x, 0, K, w, ldw, n, n1 - n, NULL, y);
+    if (n < n1) ork_gemm_rows_tail(x, 0, K, w, ldw, n, n1 - n, NULL, y);
 }
 
 static void cols_avx2(const float *x, size_t ldx, size_t M, size_t K, const float *w, size_t ldw, size_t n0,

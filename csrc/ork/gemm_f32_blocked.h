@@ -1,5 +1,5 @@
 /* gemm_f32_blocked.h - the cache blocking shared by the SIMD float32 GEMMs
- * (gemm_f32.h). Included by gemm_f32_avx2.c and gemm_f32_neon.c only.
+ * (gemm_f32.h) and their M = 1 row tails. Included by gemm_f32_avx2.c and gemm_f32_neon.c only.
  *
  * For each panel of ORK_GEMM_NR weight rows (output columns) and each K block
  * (K split into equal blocks of at most ORK_GEMM_KC terms), the panel's block
@@ -15,6 +15,7 @@
 #ifndef ORK_GEMM_F32_BLOCKED_H
 #define ORK_GEMM_F32_BLOCKED_H
 
+#include <math.h>
 #include <stddef.h>
 
 #include "gemm_f32.h"
@@ -41,6 +42,18 @@ static inline void ork_gemm_pack_panel(const float *w, size_t ldw, size_t nr, si
 }
 
 _Static_assert(ORK_GEMM_KC * ORK_GEMM_NR <= ORK_GEMM_F32_SCRATCH, "a packed panel block must fit the scratch");
+
+/* M = 1 (the SIMD paths read the weight rows in place): the chains of rows n .. n + nr - 1 continued
+ * from c (NULL: +0.0f) over terms k0 .. K - 1, one fmaf each, into y[n + j] */
+static inline void ork_gemm_rows_tail(const float *x, size_t k0, size_t K, const float *w, size_t ldw, size_t n,
+                                      size_t nr, const float *c, float *y) {
+    for (size_t j = 0; j < nr; j++) {
+        float v = c ? c[j] : 0.0f;
+        const float *r = w + (n + j) * ldw;
+        for (size_t k = k0; k < K; k++) v = fmaf(x[k], r[k], v);
+        y[n + j] = v;
+    }
+}
 
 static inline void ork_gemm_f32_blocked(ork_gemm_tile_fn tile, ork_gemm_pack_fn pack, size_t MR, const float *x,
                                         size_t ldx, size_t M, size_t K, const float *w, size_t ldw, size_t n0,

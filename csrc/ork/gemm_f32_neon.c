@@ -4,7 +4,6 @@
  * rounding, as fmaf). */
 #if defined(__aarch64__)
 #include <arm_neon.h>
-#include <math.h>
 #include <string.h>
 
 #include "gemm_f32_blocked.h"
@@ -78,17 +77,6 @@ static inline __attribute__((always_inline)) float32x4_t rows4_step(const float 
     return acc;
 }
 
-/* the chains of rows n .. n + nr - 1 continued from c (NULL: +0.0f) over terms k0 .. K - 1, one fmaf each */
-static void rows_tail(const float *x, size_t k0, size_t K, const float *w, size_t ldw, size_t n, size_t nr,
-                      const float *c, float *y) {
-    for (size_t j = 0; j < nr; j++) {
-        float v = c ? c[j] : 0.0f;
-        const float *r = w + (n + j) * ldw;
-        for (size_t k = k0; k < K; k++) v = fmaf(x[k], r[k], v);
-        y[n + j] = v;
-    }
-}
-
 /* rows n .. n + 4g - 1, g = 1 .. 4 groups of 4 */
 static inline __attribute__((always_inline)) void rows_groups(const int g, const float *x, size_t K, const float *w,
                                                               size_t ldw, size_t n, float *y) {
@@ -104,7 +92,7 @@ static inline __attribute__((always_inline)) void rows_groups(const int g, const
     float c[16];
 #pragma GCC unroll 4
     for (int i = 0; i < g; i++) vst1q_f32(c + 4 * i, a[i]);
-    rows_tail(x, K4, K, w, ldw, n, 4 * (size_t)g, c, y);
+    ork_gemm_rows_tail(x, K4, K, w, ldw, n, 4 * (size_t)g, c, y);
 }
 
 static void gemv_neon(const float *x, size_t K, const float *w, size_t ldw, size_t n0, size_t n1, float *y) {
@@ -112,7 +100,7 @@ static void gemv_neon(const float *x, size_t K, const float *w, size_t ldw, size
     for (; n + 16 <= n1; n += 16) rows_groups(4, x, K, w, ldw, n, y);
     if (n + 8 <= n1) rows_groups(2, x, K, w, ldw, n, y), n += 8;
     if (n + 4 <= n1) rows_groups(1, x, K, w, ldw, n, y), n += 4;
-    if (n < n1) rows_tail(x, 0, K, w, ldw, n, n1 - n, NULL, y);
+    if (n < n1) ork_gemm_rows_tail(x, 0, K, w, ldw, n, n1 - n, NULL, y);
 }
 
 static void cols_neon(const float *x, size_t ldx, size_t M, size_t K, const float *w, size_t ldw, size_t n0,
