@@ -60,22 +60,26 @@ static void pool_run(pool_job *job) {
  * microseconds and a cold stack each time, and a forward pass runs hundreds of
  * them (a decoded token too), so workers are started once, on first need, and
  * wait for jobs: each new job bumps a generation number; worker i takes part
- * when i < want. A worker spins briefly on the generation before it sleeps on
- * the condition variable (the next job of a forward pass follows within
- * microseconds); the caller spins briefly on the count of active workers before
- * it sleeps. One job uses the workers at a time (pool_use); a call that finds
+ * when i < want. A worker that has just run a job spins briefly on the
+ * generation before it sleeps (the next job of a forward pass follows within
+ * microseconds); a job that does not want it sends it straight to sleep. Each
+ * worker sleeps on a condition variable of its own and a job signals only the
+ * workers it wants, so workers left over from a call with more threads stay
+ * asleep (they neither wake nor spin for later, smaller jobs). The caller spins
+ * briefly on the count of active workers before it sleeps. One job uses the workers at a time (pool_use); a call that finds
  * them busy (another thread's job, or a nested call) starts threads of its own
  * as before. A forked child starts with no workers (pthread_atfork). */
 typedef struct {
     pthread_mutex_t mu;
-    pthread_cond_t wake, done;
+    pthread_cond_t done;
+    pthread_cond_t wake[ORK_POOL_MAX_THREADS]; /* worker i sleeps on wake[i]; initialized when it starts */
     int nworkers;            /* started (under pool_use) */
     unsigned long gen;       /* under mu; also published in pub_gen */
     pool_job *job;
     int want;
 } pool_state;
 
-static pool_state P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, NULL, 0};
+static pool_state P = {.mu = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 static pthread_mutex_t pool_use = PTHREAD_MUTEX_INITIALIZER;
 static atomic_ulong pub_gen;
 static atomic_int active;      /* workers still in the current job */
@@ -96,13 +100,21 @@ static void *resident_worker(void *arg) {
     const int idx = (int)(intptr_t)arg;
     unsigned long seen = start_gen[idx]; /* the job being published next is new to it */
     for (;;) {
+        /* hot: it has just run a job (or just started for one) */
         for (int s = 0; s < POOL_SPIN && atomic_load_explicit(&pub_gen, memory_order_acquire) == seen; s++) cpu_relax();
         pthread_mutex_lock(&P.mu);
-        while (P.gen == seen) pthread_cond_wait(&P.wake, &P.mu);
-        seen = P.gen;
-        pool_job *job = idx < P.want ? P.job : NULL;
+        pool_job *job;
+        for (;;) {
+            if (P.gen != seen) {
+                seen = P.gen;
+                if (idx < P.want) {
+                    job = P.job;
+                    break;
+                }
+            }
+            pthread_cond_wait(&P.wake[idx], &P.mu); /* a job that wants it signals wake[idx] */
+        }
         pthread_mutex_unlock(&P.mu);
-        if (!job) continue;
         pool_run(job);
         if (atomic_fetch_sub_explicit(&active, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&P.mu);
@@ -116,8 +128,7 @@ static void *resident_worker(void *arg) {
 static void pool_after_fork_child(void) {
     /* the workers did not survive the fork: a fresh, empty pool */
     pthread_mutex_init(&P.mu, NULL);
-    pthread_cond_init(&P.wake, NULL);
-    pthread_cond_init(&P.done, NULL);
+    pthread_cond_init(&P.done, NULL); /* wake[i] is initialized again when worker i is started */
     P.nworkers = 0;
     P.gen = 0;
     P.job = NULL;
@@ -149,6 +160,7 @@ static int pool_resident(pool_job *job, int helpers) {
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         stack_at_least(&at);
         start_gen[P.nworkers] = P.gen; /* stable: P.gen only moves under pool_use, which this call holds */
+        pthread_cond_init(&P.wake[P.nworkers], NULL); /* no thread waits on it yet */
         int ok = pthread_create(&t, &at, resident_worker, (void *)(intptr_t)P.nworkers) == 0;
         pthread_attr_destroy(&at);
         if (!ok) break;
@@ -161,7 +173,7 @@ static int pool_resident(pool_job *job, int helpers) {
     P.want = helpers;
     P.gen++;
     atomic_store_explicit(&pub_gen, P.gen, memory_order_release);
-    if (helpers) pthread_cond_broadcast(&P.wake);
+    for (int i = 0; i < helpers; i++) pthread_cond_signal(&P.wake[i]); /* only the workers it wants */
     pthread_mutex_unlock(&P.mu);
     pool_run(job);
     for (int s = 0; s < POOL_SPIN && atomic_load_explicit(&active, memory_order_acquire) > 0; s++) cpu_relax();
