@@ -23,7 +23,8 @@ def capabilities() -> Dict[str, Any]:
     ``arch``, ``cpu_features`` (avx2, fma, neon, dotprod, avx512vnni, avx512: F/VL/BW/DQ), ``default_threads``,
     ``quant_kernels`` (the quantizer kernel table in use: under "avx2" it is "avx512" where the CPU has
     avx512 (the imatrix scale search's error kernels), unless ``ORKPY_NO_AVX512=1``), ``gemm_f32_kernels``
-    (the float32 GEMM of the F32 linears in use) and ``matmul_kernels`` (the int8 /
+    (the float32 GEMM of the F32 linears in use: under "avx2" it is "avx512" where the CPU has
+    avx512, unless ``ORKPY_NO_AVX512=1``) and ``matmul_kernels`` (the int8 /
     4-bit matmul table: under "avx2" it is "avx2vnni" where the CPU has avx512vl +
     avx512vnni, unless ``ORKPY_NO_VNNI=1``; under "neon" "neondot" with the dot-product
     extension). Every table gives bit-identical results.

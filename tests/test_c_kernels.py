@@ -64,6 +64,8 @@ def test_c_native(src, tmp_path, objdir):
     assert "comparing" in out
     if src.stem == "test_quant" and _cpu_flags() >= {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}:
         assert "comparing avx2 (plain) against scalar" in out and "comparing avx512 against scalar" in out, out
+    if src.stem == "test_gemm_f32" and _cpu_flags() >= {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}:
+        assert "comparing avx2 against scalar" in out and "comparing avx512 against scalar" in out, out
 
 
 def _cpu_flags():

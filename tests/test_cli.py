@@ -15,14 +15,15 @@ def test_info_json(capsys):
     # the ISA's quant table; under AVX2, its AVX-512 variant where the CPU has AVX-512 (cpu.c)
     want = "avx512" if caps["isa"] == "avx2" and caps["cpu_features"]["avx512"] else caps["isa"]
     assert caps["quant_kernels"] == want
+    assert caps["gemm_f32_kernels"] == want  # the float32 GEMM picks its AVX-512 tile the same way
 
 
 def test_no_avx512_env_keeps_the_plain_avx2_quant_table():
-    code = "import orkpy; c = orkpy.capabilities(); print(c['isa'], c['quant_kernels'])"
+    code = "import orkpy; c = orkpy.capabilities(); print(c['isa'], c['quant_kernels'], c['gemm_f32_kernels'])"
     env = dict(os.environ, ORKPY_NO_AVX512="1")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    isa, quant = p.stdout.split()
-    assert quant == isa
+    isa, quant, gemm = p.stdout.split()
+    assert quant == isa and gemm == isa
 
 
 def test_info_text_via_module():

@@ -71,7 +71,8 @@ def test_forward_logits_are_the_fused_chain_on_every_isa_and_thread_count(tmp_pa
         unfused = unfused + h[:, k, None] * T["output.weight"][None, :, k]
     assert not np.array_equal(want, unfused)  # the model tells a fused chain from an unfused one
     with orkpy.use_isa(isa):
-        assert orkpy.capabilities()["gemm_f32_kernels"] == isa
+        caps = orkpy.capabilities()  # under AVX2, its AVX-512 tile where the CPU has AVX-512 (cpu.c)
+        assert caps["gemm_f32_kernels"] == ("avx512" if isa == "avx2" and caps["cpu_features"]["avx512"] else isa)
         for threads in (1, 2, 3):
             got = m.forward(tokens, first=5, threads=threads)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (isa, threads)
@@ -86,3 +87,21 @@ def test_stories_f32_forward_identical_across_isas_and_threads(shared, simd_isa)
     with orkpy.use_isa(simd_isa):
         for threads in (1, 2, 3):
             assert np.array_equal(m.forward(tokens, first=128, threads=threads), ref), threads
+
+
+def test_avx512_tile_equals_the_avx2_tile(shared, monkeypatch):
+    """The AVX-512 GEMM (16 outputs per zmm, 8-row tiles) against the AVX2 one (ORKPY_NO_AVX512=1,
+    read on every call): the same bits through a whole F32 forward pass, M = 1 and batched."""
+    caps = orkpy.capabilities()
+    if "avx2" not in caps["available"] or not caps["cpu_features"]["avx512"]:
+        pytest.skip("this CPU has no AVX-512F/VL/BW/DQ: the avx512 GEMM table is not used here")
+    m = orkpy.load_model(shared / "models" / "stories260K" / "stories260K-F32.gguf")
+    tokens = np.random.default_rng(3).integers(3, 512, 203).astype(np.int32)
+    with orkpy.use_isa("avx2"):
+        assert orkpy.capabilities()["gemm_f32_kernels"] == "avx512"
+        got = [m.forward(tokens, threads=t) for t in (1, 2)] + [m.forward(tokens[:1], threads=1)]
+        monkeypatch.setenv("ORKPY_NO_AVX512", "1")
+        assert orkpy.capabilities()["gemm_f32_kernels"] == "avx2"
+        want = m.forward(tokens, threads=1)
+        assert np.array_equal(got[0], want) and np.array_equal(got[1], want)
+        assert np.array_equal(got[2], m.forward(tokens[:1], threads=1))

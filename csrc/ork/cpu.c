@@ -164,7 +164,12 @@ const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa) {
     switch (isa) {
     case ORK_ISA_SCALAR: return &ork_gemm_f32_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: return &ork_gemm_f32_kernels_avx2;
+    case ORK_ISA_AVX2: {
+        const char *no = getenv("ORKPY_NO_AVX512");
+        return ((ork_cpu_features() & ORK_CPU_AVX512) && !(no && *no && strcmp(no, "0") != 0))
+                   ? &ork_gemm_f32_kernels_avx512
+                   : &ork_gemm_f32_kernels_avx2;
+    }
 #endif
 #if defined(__aarch64__)
     case ORK_ISA_NEON: return &ork_gemm_f32_kernels_neon;

@@ -32,6 +32,7 @@ typedef struct ork_gemm_f32_kernels {
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_avx2;
+extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_avx512; /* AVX-512F/VL/BW/DQ CPUs only (cpu.c picks it) */
 #endif
 #if defined(__aarch64__)
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_neon;

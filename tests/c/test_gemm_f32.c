@@ -55,7 +55,7 @@ static void compare_shape(const ork_gemm_f32_kernels *kv, size_t M, size_t N, si
 
 static void compare_tables(const ork_gemm_f32_kernels *kv) {
     printf("comparing %s against scalar\n", kv->isa);
-    const size_t Ms[] = {1, 2, 5, 6, 7, 13};
+    const size_t Ms[] = {1, 2, 5, 6, 7, 8, 13, 16, 17}; /* AVX2 tiles of 6 rows, AVX-512 of 8 */
     const size_t Ks[] = {1, 3, 8, 17, 256, 257, 600, 1025, 2100}; /* 1025, 2100: two and three K blocks */
     const size_t Ns[] = {1, 15, 16, 17, 40};
     for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
@@ -139,6 +139,12 @@ int main(void) {
     scratch = aligned_alloc(64, (ORK_GEMM_F32_SCRATCH + 16) * sizeof(float));
 #if defined(__x86_64__)
     if (ork_isa_available(ORK_ISA_AVX2)) { compare_tables(&ork_gemm_f32_kernels_avx2); tested++; }
+    if (ork_isa_available(ORK_ISA_AVX2) && (ork_cpu_features() & ORK_CPU_AVX512)) {
+        compare_tables(&ork_gemm_f32_kernels_avx512);
+        fused_chain(&ork_gemm_f32_kernels_avx512);
+    } else {
+        printf("avx512 table not run: this CPU lacks avx512f/vl/bw/dq\n");
+    }
 #endif
 #if defined(__aarch64__)
     compare_tables(&ork_gemm_f32_kernels_neon);
