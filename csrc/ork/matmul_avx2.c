@@ -31,12 +31,6 @@ static void inflate_strip_avx2(const uint8_t *nib, size_t KB, const int8_t lut[1
         _mm256_storeu_si256((__m256i *)(strip + r * 32), inflate32(nib + r * 16, tbl));
 }
 
-/* 8 int32 partial sums of x . w over 32 int8, |x| given (w, x in [-127, 127]) */
-static inline __m256i dot32(__m256i xabs, __m256i xs, __m256i w) {
-    __m256i p16 = _mm256_maddubs_epi16(xabs, _mm256_sign_epi8(w, xs));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
 /* the same with |w| given: any int8 w, x in [-127, 127] */
 static inline __m256i dot32w(__m256i wabs, __m256i w, __m256i xs) {
     __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xs, w));
@@ -63,6 +57,63 @@ static inline __m256i hsum8x8(const __m256i a[8]) {
     return _mm256_add_epi32(lo, hi);
 }
 
+/* a += the 32 products of an unsigned byte u and a signed byte s, four per int32 lane
+ * (maddubs's int16 pair sums cannot saturate for u <= 128, |s| <= 127) */
+static inline __m256i add_dot_avx2(__m256i a, __m256i u, __m256i s) {
+    return _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/* The single-row passes, written once for the AVX2 and VNNI tables; STEP is add_dot_avx2 or
+ * add_dot_vnni (the same int32 sums). One sequential pass over the strip, 32 accumulators, the
+ * next tiles prefetched: the weights come from memory once (passes of 8 rows at a 1 KB stride
+ * stalled on every load). int8: u = |w|, s = x * sign(w), exact for any int8 w (-128 included)
+ * and x in [-127, 127]. */
+#define ORK_ROW_I8_PASS(STEP, strip, KB, x0, acc)                                                        \
+    do {                                                                                                 \
+        __m256i a_[32];                                                                                  \
+        for (int r = 0; r < 32; r++) a_[r] = _mm256_setzero_si256();                                     \
+        for (size_t kb = 0; kb < (KB); kb++) {                                                           \
+            const __m256i xs0 = _mm256_loadu_si256((const __m256i *)((x0) + kb * 32));                   \
+            const int8_t *w = (strip) + kb * 1024;                                                       \
+            for (int p = 0; p < 1024; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);  \
+            for (int r = 0; r < 32; r++) {                                                               \
+                const __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));                    \
+                a_[r] = STEP(a_[r], _mm256_abs_epi8(wr), _mm256_sign_epi8(xs0, wr));                     \
+            }                                                                                            \
+        }                                                                                                \
+        for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)((acc) + i0), hsum8x8(a_ + i0)); \
+    } while (0)
+
+/* GEMV straight from nibbles. Inflation works on whole 256-bit registers: a
+ * tile row's 16 bytes are broadcast to both lanes, lane 0 looks up the low
+ * nibbles (even k) and lane 1 the high nibbles (odd k) with one vpshufb. The
+ * activations are permuted to the same (even | odd) order once per tile, so
+ * every product is the same as in k order and the int32 sums are identical.
+ * u = |x| (hoisted per tile), s = the LUT value * sign(x): both within [-127, 127]. */
+#define ORK_GEMV_I4_PASS(STEP, nib, KB, lut, x, acc)                                                     \
+    do {                                                                                                 \
+        const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(lut)));       \
+        const __m256i lo4 = _mm256_set1_epi8(0x0F);                                                      \
+        const __m256i evod = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,      \
+                                              0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);     \
+        __m256i a_[32];                                                                                  \
+        for (int r = 0; r < 32; r++) a_[r] = _mm256_setzero_si256();                                     \
+        for (size_t kb = 0; kb < (KB); kb++) {                                                           \
+            __m256i xs = _mm256_loadu_si256((const __m256i *)((x) + kb * 32));                           \
+            xs = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(xs, evod), 0xD8); /* evens | odds */       \
+            const __m256i xa = _mm256_abs_epi8(xs);                                                      \
+            const uint8_t *w = (nib) + kb * 32 * 16;                                                     \
+            for (int p = 0; p < 512; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);   \
+            for (int r = 0; r < 32; r++) {                                                               \
+                __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + r * 16))); \
+                __m256i idx = _mm256_and_si256(_mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0), lo4); \
+                a_[r] = STEP(a_[r], xa, _mm256_sign_epi8(_mm256_shuffle_epi8(tbl, idx), xs));            \
+            }                                                                                            \
+        }                                                                                                \
+        for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)((acc) + i0), hsum8x8(a_ + i0)); \
+    } while (0)
+
+
 static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
                                int32_t *acc) {
     size_t m = 0;
@@ -87,52 +138,13 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
             _mm256_storeu_si256((__m256i *)(acc + (m + 1) * 32 + i0), hsum8x8(a1));
         }
     }
-    /* a single row (decode's M = 1, or an odd M's last row): one sequential pass over the
-     * strip, 32 accumulators, the next tiles prefetched; the weights come from memory once
-     * (passes of 8 rows at a 1 KB stride stalled on every load) */
-    for (; m < M; m++) {
-        const int8_t *x0 = x + m * ldx;
-        __m256i a[32];
-        for (int r = 0; r < 32; r++) a[r] = _mm256_setzero_si256();
-        for (size_t kb = 0; kb < KB; kb++) {
-            __m256i xs0 = _mm256_loadu_si256((const __m256i *)(x0 + kb * 32));
-            const int8_t *w = strip + kb * 1024;
-            for (int p = 0; p < 1024; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);
-            for (int r = 0; r < 32; r++) {
-                __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
-                a[r] = _mm256_add_epi32(a[r], dot32w(_mm256_abs_epi8(wr), wr, xs0));
-            }
-        }
-        for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a + i0));
-    }
+    /* a single row (decode's M = 1, or an odd M's last row) */
+    if (m < M) ORK_ROW_I8_PASS(add_dot_avx2, strip, KB, x + m * ldx, acc + m * 32);
 }
 
-/* GEMV straight from nibbles. Inflation works on whole 256-bit registers: a
- * tile row's 16 bytes are broadcast to both lanes, lane 0 looks up the low
- * nibbles (even k) and lane 1 the high nibbles (odd k) with one vpshufb. The
- * activations are permuted to the same (even | odd) order once per tile, so
- * every product is the same as in k order and the int32 sums are identical. */
 static void gemv_strip_i4_avx2(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
                                int32_t *acc) {
-    const __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut));
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    const __m256i evod = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-                                          0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m256i a[32];
-    for (int r = 0; r < 32; r++) a[r] = _mm256_setzero_si256();
-    for (size_t kb = 0; kb < KB; kb++) {
-        __m256i xs = _mm256_loadu_si256((const __m256i *)(x + kb * 32));
-        xs = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(xs, evod), 0xD8); /* evens | odds */
-        __m256i xa = _mm256_abs_epi8(xs);
-        const uint8_t *w = nib + kb * 32 * 16;
-        for (int p = 0; p < 512; p += 64) _mm_prefetch((const char *)(w + 2048 + p), _MM_HINT_T0);
-        for (int r = 0; r < 32; r++) {
-            __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(w + r * 16)));
-            __m256i idx = _mm256_and_si256(_mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xF0), lo4);
-            a[r] = _mm256_add_epi32(a[r], dot32(xa, xs, _mm256_shuffle_epi8(tbl, idx)));
-        }
-    }
-    for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)(acc + i0), hsum8x8(a + i0));
+    ORK_GEMV_I4_PASS(add_dot_avx2, nib, KB, lut, x, acc);
 }
 
 static void acc_group_avx2(const int32_t *acc, size_t M, const float *ascale, const float s[32], int first,
@@ -155,8 +167,8 @@ static void acc_group_avx2(const int32_t *acc, size_t M, const float *ascale, co
  * as is; each row's 128 * sum(w) (the same instruction with 0x80 bytes) is subtracted at the
  * end. Every step is int32 arithmetic modulo 2^32 and the true sum fits in an int32, so the
  * result equals the _ref's exactly, for any int8 x and w. Blocks of 4 activation rows x 4
- * weight rows (16 accumulators); the remaining M % 4 rows (decode's M = 1 among them) take
- * the AVX2 path above, which gives the same sums. */
+ * weight rows (16 accumulators); a single row (decode's M = 1, or the last of M % 4) takes
+ * gemv_row_i8_vnni, two or three remaining rows the AVX2 path above: the same sums. */
 #define ORK_VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 
 /* four 8-lane accumulators -> their four int32 sums (modular) */
@@ -165,8 +177,24 @@ static inline ORK_VNNI __m128i hsum4(__m256i a0, __m256i a1, __m256i a2, __m256i
     return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
+static inline ORK_VNNI __m256i add_dot_vnni(__m256i a, __m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(a, u, s);
+}
+
+/* one activation row (decode's M = 1): the AVX2 single-row pass with vpdpbusd, which adds the
+ * four u * s products of each int32 lane without saturation, so the sums are exactly the AVX2 /
+ * _ref ones, -128 weights included. Three instructions per 32 products where maddubs / madd /
+ * add take five. */
+static ORK_VNNI void gemv_row_i8_vnni(const int8_t *strip, size_t KB, const int8_t *x0, int32_t *acc) {
+    ORK_ROW_I8_PASS(add_dot_vnni, strip, KB, x0, acc);
+}
+
 static ORK_VNNI void gemm_strip_i8_vnni(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
                                         int32_t *acc) {
+    if (M == 1) {
+        gemv_row_i8_vnni(strip, KB, x, acc);
+        return;
+    }
     if (M < 4) {
         gemm_strip_i8_avx2(strip, KB, x, ldx, M, acc);
         return;
@@ -212,11 +240,19 @@ static ORK_VNNI void gemm_strip_i8_vnni(const int8_t *strip, size_t KB, const in
                                  _mm_sub_epi32(hsum4(a[i][0], a[i][1], a[i][2], a[i][3]), ws));
         }
     }
-    if (m < M) gemm_strip_i8_avx2(strip, KB, x + m * ldx, ldx, M - m, acc + m * 32);
+    if (m + 1 == M) gemv_row_i8_vnni(strip, KB, x + m * ldx, acc + m * 32);
+    else if (m < M) gemm_strip_i8_avx2(strip, KB, x + m * ldx, ldx, M - m, acc + m * 32);
+}
+
+/* the 4-bit GEMV of the AVX2 table with vpdpbusd: the same products and int32 sums, two
+ * instructions fewer per tile row */
+static ORK_VNNI void gemv_strip_i4_vnni(const uint8_t *nib, size_t KB, const int8_t lut[16], const int8_t *x,
+                                        int32_t *acc) {
+    ORK_GEMV_I4_PASS(add_dot_vnni, nib, KB, lut, x, acc);
 }
 
 const ork_matmul_kernels ork_matmul_kernels_avx2vnni = {"avx2vnni", inflate_strip_avx2, gemm_strip_i8_vnni,
-                                                        gemv_strip_i4_avx2, acc_group_avx2};
+                                                        gemv_strip_i4_vnni, acc_group_avx2};
 
 const ork_matmul_kernels ork_matmul_kernels_avx2 = {"avx2", inflate_strip_avx2, gemm_strip_i8_avx2,
                                                     gemv_strip_i4_avx2, acc_group_avx2};
