@@ -31,12 +31,6 @@ static void inflate_strip_avx2(const uint8_t *nib, size_t KB, const int8_t lut[1
         _mm256_storeu_si256((__m256i *)(strip + r * 32), inflate32(nib + r * 16, tbl));
 }
 
-/* the same with |w| given: any int8 w, x in [-127, 127] */
-static inline __m256i dot32w(__m256i wabs, __m256i w, __m256i xs) {
-    __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xs, w));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
 static inline __attribute__((unused)) int32_t hsum8(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -113,7 +107,6 @@ static inline __m256i add_dot_avx2(__m256i a, __m256i u, __m256i s) {
         for (int i0 = 0; i0 < 32; i0 += 8) _mm256_storeu_si256((__m256i *)((acc) + i0), hsum8x8(a_ + i0)); \
     } while (0)
 
-
 static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, size_t ldx, size_t M,
                                int32_t *acc) {
     size_t m = 0;
@@ -130,8 +123,8 @@ static void gemm_strip_i8_avx2(const int8_t *strip, size_t KB, const int8_t *x, 
                 for (int r = 0; r < 8; r++) {
                     __m256i wr = _mm256_loadu_si256((const __m256i *)(w + r * 32));
                     __m256i wa = _mm256_abs_epi8(wr);
-                    a0[r] = _mm256_add_epi32(a0[r], dot32w(wa, wr, xs0));
-                    a1[r] = _mm256_add_epi32(a1[r], dot32w(wa, wr, xs1));
+                    a0[r] = add_dot_avx2(a0[r], wa, _mm256_sign_epi8(xs0, wr));
+                    a1[r] = add_dot_avx2(a1[r], wa, _mm256_sign_epi8(xs1, wr));
                 }
             }
             _mm256_storeu_si256((__m256i *)(acc + m * 32 + i0), hsum8x8(a0));
