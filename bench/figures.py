@@ -36,7 +36,7 @@ def _digest(a):
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:24]
 
 
-def figures():
+def figures(extended=False):
     st = SHARED / "models" / "stories260K"
     text = _text("tinystories-val-B.txt", 0, 200_000)
     calib = _text("tinystories-val-B.txt", 200_000, 400_000)
@@ -79,15 +79,94 @@ def figures():
         record("npu-emu-int8", mq, kld_base=base)
         q3 = SHARED / "models" / "qwen3-skeleton"
         record("qwen3-skel-gguf", orkpy.load_model(q3 / "qwen3-skel-tied-Q4_K_M.gguf"))
+        if extended:
+            _extended(out, work, st, text, calib, record)
     return out
+
+
+def _logits(model, ids):
+    return _digest(model.forward(ids, first=len(ids) // 2))
+
+
+def _extended(out, work, st, text, calib, record):
+    """Every activation mode on every packed weight path, every architecture of the table, the
+    quantization methods' model directories (weights and logits; the manifest is left out), the
+    packed matmul per mode, and the real models where the cache has them."""
+    f16 = st / "stories260K-F16.gguf"
+    ids = orkpy.load_model(f16).tokenizer.encode(text[:4000])[:CTX]
+    modes = [("per_tensor", {}), ("per_tensor-prefix1", dict(act="per_tensor", act_prefix=1)),
+             ("static-mse", dict(act="static", act_method="mse")), ("static-max", dict(act="static", act_method="max")),
+             ("static-prefix0", dict(act="static", act_prefix=0)),
+             ("outliers8", dict(act="per_token_outliers", act_outliers=8)),
+             ("outliers2", dict(act="per_token_outliers", act_outliers=2))]
+    for w in ("int8", "nf4", "int4", "int6", "int5"):
+        for tag, kw in modes:
+            kw = dict(kw) or dict(act=tag)
+            m = orkpy.load_model(f16, weights=w, calib=calib, calib_ctx=CTX, calib_chunks=2, **kw)
+            out[f"act/{w}/{tag}/logits"] = _logits(m, ids)
+    # quantize_model's methods: the model directory's weight files and the model's logits
+    alloc = st / "stories260K-Q4_0.gguf"
+    runs = {"rtn-g32": dict(group_size=32), "gptq": dict(method="gptq", calib=calib, calib_ctx=CTX, calib_chunks=2),
+            "awq": dict(awq=True, calib=calib, calib_ctx=CTX, calib_chunks=2),
+            "rotate": dict(rotate="hadamard", calib=calib, calib_ctx=CTX, calib_chunks=2),
+            "rotate-smooth": dict(rotate="hadamard", smooth=0.5, calib=calib, calib_ctx=CTX,
+                                         calib_chunks=2),
+            "int4-sr": dict(kind="int4", sr=True, seed=5)}
+    for tag, kw in runs.items():
+        d = os.path.join(work, "qm-" + tag)
+        qm = orkpy.quantize_model(f16, alloc, progress=False, log=lambda m: None, output=d, **kw)
+        for name in sorted(os.listdir(d)):
+            if name != "manifest.json":
+                with open(os.path.join(d, name), "rb") as fh:
+                    out[f"qm/{tag}/{name}"] = hashlib.sha256(fh.read()).hexdigest()[:24]
+        out[f"qm/{tag}/logits"] = _logits(orkpy.load_model(d), ids)
+        if "calib" in kw:
+            out[f"qm/{tag}/static-logits"] = _logits(orkpy.load_model(d, act="static"), ids)
+    qm = orkpy.quantize_model(f16, None, target_bpw=5.0, calib=calib, calib_ctx=CTX, calib_chunks=2, target_chunks=1,
+                              target_ctx=64, progress=False, log=lambda m: None)
+    out["qm/target5/tiers"] = _digest(np.frombuffer(repr(sorted(qm.tiers.items())).encode(), np.uint8))
+    out["qm/target5/logits"] = _logits(qm.to_model(), ids)
+    # the packed matmul per mode
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    x[:, 7] *= 30
+    for kind in ("int8", "nf4"):
+        pw = orkpy.pack(orkpy.quantize(rng.standard_normal((64, 256)).astype(np.float32), kind))
+        out[f"matmul/{kind}/per_token"] = _digest(pw.matmul(x))
+        out[f"matmul/{kind}/per_tensor"] = _digest(pw.matmul(x, act="per_tensor"))
+        out[f"matmul/{kind}/static"] = _digest(pw.matmul(x, act="static", clip=3.0))
+        out[f"matmul/{kind}/outliers"] = _digest(pw.matmul(x, act="per_token_outliers", outliers=np.array([7], np.int32)))
+    # every architecture of the table (tests/archgen.py's synthetic models), float and packed paths
+    sys.path.insert(0, str(ROOT / "tests"))
+    import archgen
+    from test_arch import CASES
+    aids = np.arange(1, 40, dtype=np.int32)
+    for case, kw in sorted(CASES.items()):
+        kw = dict(kw)
+        p = os.path.join(work, case + ".gguf")
+        archgen.make(kw.pop("arch"), p, **kw)
+        for w in ("fp32", "int8", "nf4"):
+            out[f"arch/{case}/{w}"] = _logits(orkpy.load_model(p, weights=w), aids)
+        out[f"arch/{case}/static"] = _logits(orkpy.load_model(p, weights="int8", act="static", calib=aids,
+                                                               calib_ctx=20, calib_chunks=1), aids)
+    # the real models, when .ci/fetch-models has put them in the cache
+    cache = pathlib.Path(os.environ.get("ORKPY_CACHE", pathlib.Path.home() / ".cache" / "orkpy")) / "models"
+    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"):
+        if (cache / name).exists():
+            m = orkpy.load_model(cache / name)
+            rids = m.tokenizer.encode(text[:4000])[:128]
+            out[f"real/{name}/gguf"] = _logits(m, rids)
+            out[f"real/{name}/int8"] = _logits(orkpy.load_model(cache / name, weights="int8"), rids)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-o", "--output", help="write the figures as JSON")
+    p.add_argument("--extended", action="store_true",
+                   help="also every activation mode, architecture, quantization method and the real models (minutes)")
     p.add_argument("--compare", help="compare with a JSON written earlier; exit 1 if any figure differs")
     a = p.parse_args(argv)
-    figs = figures()
+    figs = figures(a.extended)
     if a.output:
         pathlib.Path(a.output).write_text(json.dumps(figs, indent=1, sort_keys=True) + "\n")
     if a.compare:
