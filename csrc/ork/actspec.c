@@ -38,11 +38,22 @@ static ork_act_mode_info g_modes[ORK_ACT_MODE_MAX] = {
     {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static},
     {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row},
 };
-static atomic_size_t g_nmodes = 4; /* rows published (a row is complete before the count covers it) */
+static atomic_size_t g_nmodes = 0; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
+static pthread_once_t g_modes_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_modes_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_act_mode_register */
 
-size_t ork_act_mode_count(void) { return atomic_load(&g_nmodes); }
+/* the built-in rows: those written above (a row has a kernel), checked to sit at their ids */
+static void modes_init(void) {
+    size_t n = 0;
+    while (n < ORK_ACT_MODE_MAX && g_modes[n].range && g_modes[n].id == (int)n) n++;
+    atomic_store(&g_nmodes, n);
+}
+
+size_t ork_act_mode_count(void) {
+    pthread_once(&g_modes_once, modes_init);
+    return atomic_load(&g_nmodes);
+}
 
 const ork_act_mode_info *ork_act_mode_get(int mode) {
     return mode >= 0 && (size_t)mode < ork_act_mode_count() ? &g_modes[mode] : NULL;
@@ -71,7 +82,7 @@ ork_status ork_act_mode_register(const char *name, unsigned flags, ork_act_range
         return ork_err_set(err, ORK_EINVAL, "activation mode '%s': a range is static or dynamic, not both", name);
     pthread_mutex_lock(&g_modes_mu);
     ork_status st = ORK_OK;
-    size_t n = atomic_load(&g_nmodes);
+    size_t n = ork_act_mode_count();
     if (atomic_load(&g_sealed))
         st = ork_err_set(err, ORK_EINVAL, "the activation mode registry is sealed: modes were already exported");
     else if (ork_act_mode_find(name))

@@ -43,14 +43,17 @@
  * ORK_ACT_MODE_* constants.
  *
  * ----------------------------------------------------- adding a mode -----
- * Product files (at most 4; tests aside):
- *   1. csrc/ork/actspec.c   its kernel (an ork_act_range_fn) and its row in
- *                           g_modes (ORK_ACT_MODE_MAX counts the rows)
- *   2. orkpy/actcal.py      its calibration, only when it needs one that does
- *                           not exist yet (a static range and outlier channels
- *                           exist: ORK_ACTF_STATIC / ORK_ACTF_OUTLIERS take
- *                           them from an ActCalibration)
- *   3. docs/quantization.md a line on what it does (optional)
+ * Product files (at most 3; tests aside):
+ *   1. csrc/ork/actspec.c   its kernel (an ork_act_range_fn) and its row at the
+ *                           end of g_modes (id = its index; files and the API
+ *                           use names; ORK_ACT_MODE_MAX bounds the table)
+ *   2. orkpy/actcal.py      a line in the module doc (the modes' user
+ *                           documentation); its calibration only when it needs
+ *                           one that does not exist yet (a static range and
+ *                           outlier channels exist: ORK_ACTF_STATIC /
+ *                           ORK_ACTF_OUTLIERS take them from an ActCalibration)
+ *   3. csrc/ork/actspec.h   an ORK_ACT_MODE_* constant, only if C code must name
+ *                           the mode
  * Everything else reads the row: _core.act_modes(), orkpy.ACT_MODES, ActSpec's
  * checks and its resolution from a calibration, load_model / QuantizedModel,
  * PackedWeight.matmul, the CLI's --act choices, the forward pass, the decode
