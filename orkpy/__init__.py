@@ -7,6 +7,7 @@ Python policy: argument checks, dataclasses, reports and the CLI.
 from ._core import (FormatError, GGUFError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError,
                     UnavailableError)
 from .actcal import ActCalibration
+from .actspec import ACT_MODES, ActSpec
 from .calibrate import QuantizedModel, calibrate_act_scales, calibrate_activations, collect_imatrix, quantize_model
 from .convert import dequantize_gguf
 from .cpu import capabilities, set_isa, use_isa
@@ -34,7 +35,9 @@ from . import npu  # noqa: F401 -- orkpy.npu works after a plain `import orkpy` 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ACT_MODES",
     "ActCalibration",
+    "ActSpec",
     "DEFAULT_CLIP_GRID",
     "FormatError",
     "GGML_TYPES",

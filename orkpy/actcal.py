@@ -45,7 +45,8 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+from dataclasses import replace
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -54,16 +55,11 @@ from . import _core
 from ._core import FormatError
 from ._io import atomic_write, progress_bar
 from ._typing import StrPath
+# the activation modes (the C registry), the range methods and the defaults live with the spec
+from .actspec import ACT_METHODS, ACT_MODES, DEFAULT_OUTLIERS, DEFAULT_PREFIX, ActSpec, mode_info
 
-#: the activation modes of ``load_model(act=...)``
-ACT_MODES = ("per_token", "per_tensor", "static", "per_token_outliers")
-#: how a static range is calibrated
-ACT_METHODS = ("mse", "max")
-#: outlier channels per linear in a saved calibration, and the default ``k``
+#: outlier channels per linear in a saved calibration (``DEFAULT_OUTLIERS``: the default ``k``)
 SAVED_OUTLIERS = 64
-DEFAULT_OUTLIERS = 8
-#: leading positions the calibration leaves out and the static mode quantizes per token
-DEFAULT_PREFIX = 1
 FILE = "act_scales.json"
 FORMAT = "orkpy-act-scales"
 VERSION = 1
@@ -266,9 +262,7 @@ def _no_constant(name: str) -> Any:
 
 
 def check_mode(act: str) -> str:
-    if act not in ACT_MODES:
-        raise ValueError(f"act must be one of {', '.join(repr(m) for m in ACT_MODES)}, got {act!r}")
-    return act
+    return mode_info(act).name
 
 
 def check_method(method: str) -> str:
@@ -334,35 +328,51 @@ def calibrate_activations(model: Any, text_or_tokens: Union[str, ArrayLike], n_c
     return from_stats(stats, info, n_outliers)
 
 
+def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, where: str) -> ActSpec:
+    """The activation spec of one packed linear (``K`` inputs) from the model's: what its mode's
+    registry row asks of the calibration (a static mode: the range by ``spec.method``; a mode
+    with outlier channels: the ``spec.n_outliers`` of largest calibration |x|, increasing) and
+    its prefix (rows sharing a range: ``spec.prefix``, default the calibration's for a static
+    mode and 0 for a dynamic one; 0 otherwise, and on the head, which runs on other rows).
+    ValueError naming ``where`` and the linear when the calibration cannot provide them."""
+    info = spec.info
+    if spec.clip is not None or spec.channels is not None:
+        raise ValueError(f"{where}: a model's ActSpec leaves clip and channels to the calibration (they are one "
+                         "linear's settings)")
+    clip: Optional[float] = None
+    channels: Optional[Tuple[int, ...]] = None
+    if info.calibrated:
+        if calib is None:
+            raise ValueError(f"act={spec.mode!r} needs calibrated activations and {where} has none: quantize with "
+                             "calib=..., or pass calib= (a calibration text) or act_calib= (an ActCalibration / "
+                             "act_scales.json)")
+        if name not in calib:
+            raise ValueError(f"{where}: the activation calibration has no entry for {name!r} (made for another model?)")
+        ch = calib.channels[name]
+        if len(ch) and int(ch.max()) >= K:
+            raise ValueError(f"{where}: the activation calibration's channels for {name!r} exceed its K = {K} (made "
+                             "for another model?)")
+        if info.static:
+            clip = calib.ranges[name][spec.method]
+            if not clip > 0:
+                raise ValueError(f"{where}: {name!r} saw only zeros during calibration: no static range")
+        if info.outliers:
+            k = spec.n_outliers
+            if k > len(ch):
+                raise ValueError(f"{where}: act_outliers = {k} but the calibration kept {len(ch)} channels for {name!r}")
+            channels = tuple(int(c) for c in np.sort(ch[:k]))
+    prefix = 0
+    if info.shares_rows and name != "output.weight":
+        default = calib.prefix if (info.static and calib is not None) else 0
+        prefix = default if spec.prefix is None else spec.prefix
+    return replace(spec, clip=clip, channels=channels, prefix=prefix)
+
+
 def linear_act(act: str, name: str, calib: Optional[ActCalibration], method: str, k: int, where: str,
                K: int, prefix: Optional[int] = None) -> Dict[str, Any]:
-    """The activation settings of one packed linear (``K`` inputs) for ``LinearSpec.from_packed``;
-    ``prefix``: the per-token positions of the per-tensor and static modes (default: 0 for
-    per_tensor, the calibration's for static; never on the head, which runs on other rows).
-    ValueError naming ``where`` and the linear when the calibration cannot provide them."""
-    head = name == "output.weight"
-    if act == "per_token":
-        return {}
-    if act == "per_tensor":
-        return {"per_tensor_act": True, "act_prefix": 0 if (head or prefix is None) else check_prefix(prefix)}
-    if calib is None:
-        raise ValueError(f"act={act!r} needs calibrated activations and {where} has none: quantize with calib=..., "
-                         "or pass calib= (a calibration text) or act_calib= (an ActCalibration / act_scales.json)")
-    if name not in calib:
-        raise ValueError(f"{where}: the activation calibration has no entry for {name!r} (made for another model?)")
-    ch = calib.channels[name]
-    if len(ch) and int(ch.max()) >= K:
-        raise ValueError(f"{where}: the activation calibration's channels for {name!r} exceed its K = {K} (made for "
-                         "another model?)")
-    if act == "static":
-        c = calib.ranges[name][method]
-        if not c > 0:
-            raise ValueError(f"{where}: {name!r} saw only zeros during calibration: no static range")
-        p = calib.prefix if prefix is None else check_prefix(prefix)
-        return {"act_clip": c, "act_prefix": 0 if head else p}
-    if k > len(ch):
-        raise ValueError(f"{where}: act_outliers = {k} but the calibration kept {len(ch)} channels for {name!r}")
-    return {"outliers": np.sort(ch[:k]).astype(np.int32)}
+    """``LinearSpec.from_packed``'s keywords for one packed linear: ``{"act": resolve(...)}`` of the
+    spec ``ActSpec.parse(act, method, k, prefix)`` (the legacy form of :func:`resolve`)."""
+    return {"act": resolve(ActSpec.parse(act, method, k, prefix), name, calib, K, where)}
 
 
 def as_calibration(obj: Union[ActCalibration, StrPath, None]) -> Optional[ActCalibration]:
@@ -374,5 +384,5 @@ def as_calibration(obj: Union[ActCalibration, StrPath, None]) -> Optional[ActCal
     raise TypeError(f"act_calib must be an ActCalibration or the path of an act_scales.json, got {type(obj).__name__}")
 
 
-__all__ = ["ACT_METHODS", "ACT_MODES", "ActCalibration", "DEFAULT_OUTLIERS", "DEFAULT_PREFIX", "SAVED_OUTLIERS", "calibrate_activations",
-           "clipped_share", "from_stats", "hist_edges", "mse_clip", "range_mse"]
+__all__ = ["ACT_METHODS", "ACT_MODES", "ActCalibration", "ActSpec", "DEFAULT_OUTLIERS", "DEFAULT_PREFIX", "SAVED_OUTLIERS",
+           "calibrate_activations", "clipped_share", "from_stats", "hist_edges", "mse_clip", "range_mse", "resolve"]

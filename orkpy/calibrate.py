@@ -41,7 +41,8 @@ from numpy.typing import ArrayLike, NDArray
 from ._io import in_background, progress_bar, sha256_file
 from ._typing import StrPath
 from . import actcal
-from .actcal import DEFAULT_OUTLIERS, ActCalibration
+from .actcal import ActCalibration
+from .actspec import ActSpec
 from .model import (LinearSpec, Model, as_model, calibrate_source_acts, linear_names, load_quantized, tier_path,
                     transformed_source)
 from .modeldir import MANIFEST, write_model_dir
@@ -134,15 +135,12 @@ class QuantizedModel:
         t = sum(b.values())
         return b["int8"] / t if t else 0.0
 
-    def to_model(self, act: str = "per_token", act_method: str = "mse", act_outliers: int = DEFAULT_OUTLIERS,
-                 act_prefix: Optional[int] = None) -> Model:
-        """A Model running the packed weights in an activation mode (``load_model``'s ``act``,
-        ``act_method``, ``act_outliers``; the calibrated modes use :attr:`act_calib`), cached per
-        setting."""
-        actcal.check_mode(act)
-        actcal.check_method(act_method)
-        k = actcal.check_outliers(act_outliers)
-        key = (act, act_method if act == "static" else None, k if act == "per_token_outliers" else None, act_prefix)
+    def to_model(self, act: Union[str, ActSpec] = "per_token", act_method: Optional[str] = None,
+                 act_outliers: Optional[int] = None, act_prefix: Optional[int] = None) -> Model:
+        """A Model running the packed weights in an activation spec (``load_model``'s ``act``, an
+        :class:`orkpy.ActSpec` or a mode name with ``act_method``, ``act_outliers``, ``act_prefix``;
+        the calibrated modes use :attr:`act_calib`), cached per spec."""
+        key = ActSpec.parse(act, act_method, act_outliers, act_prefix)
         if key not in self._models:
             src = self._src
             hp = dict(src.hp, packed_lookup=True) if self.settings.get("tied_lookup") == "packed" else src.hp
@@ -151,9 +149,8 @@ class QuantizedModel:
             for n in linear_names(src.hp):
                 if n in self.tensors:
                     pw = self.tensors[n]
-                    how = actcal.linear_act(act, n, self.act_calib, act_method, k, os.path.basename(self.source), pw.K,
-                                            act_prefix)
-                    linears[n], paths[n] = LinearSpec.from_packed(n, pw, **how), pw.kind
+                    spec = actcal.resolve(key, n, self.act_calib, pw.K, os.path.basename(self.source))
+                    linears[n], paths[n] = LinearSpec.from_packed(n, pw, spec), pw.kind
                 else:
                     linears[n], paths[n] = LinearSpec.f32(n, src.linear(n)), "gguf"
             self._models[key] = Model(self.source, hp, linears, src.tensor, src.meta, src.tied, paths)

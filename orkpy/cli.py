@@ -117,7 +117,7 @@ def _add_transform_args(s, *, calib=True):
 
 
 def _add_act_args(s):
-    from .actcal import ACT_MODES
+    from .actspec import ACT_MODES
     s.add_argument("--act", choices=ACT_MODES, default="per_token",
                    help="activation mode of the packed linears: one int8 scale per token (dynamic), per forward "
                         "call, static calibrated ranges (the NPU can chain them), or per token with outlier "
@@ -372,6 +372,7 @@ def _kl_files(args):
 
 
 def _cmd_ppl(args):
+    from .actspec import ACT_MODE_INFO
     from .model import load_model
     from .ppl import perplexity
 
@@ -387,7 +388,7 @@ def _cmd_ppl(args):
     weights = _weights_arg(args.weights)
     text = read_text_like_llama_cpp(args.text)
     calib = read_text_like_llama_cpp(args.calib) if args.calib else None
-    if args.act in ("static", "per_token_outliers") and calib is None and args.act_calib is None \
+    if ACT_MODE_INFO[args.act].calibrated and calib is None and args.act_calib is None \
             and not os.path.isdir(args.model):
         raise UsageError(f"--act {args.act} needs calibrated activations: --calib TEXT (a text that is not scored) "
                          "or --act-calib act_scales.json")

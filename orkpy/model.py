@@ -58,7 +58,7 @@ import os
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import (TYPE_CHECKING, Any, Callable, Collection, Dict, Iterable, Iterator, List, Literal, Mapping,
-                    Optional, Protocol, Sequence, Tuple, Union, overload)
+                    Optional, Protocol, Sequence, Tuple, Union, cast, overload)
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -67,8 +67,8 @@ from . import _core
 from . import arch as _arch
 from ._core import FormatError
 from ._typing import StrPath
-from .actcal import ACT_MODES, DEFAULT_OUTLIERS, DEFAULT_PREFIX, ActCalibration, as_calibration, calibrate_activations, linear_act
-from .actcal import check_method, check_mode, check_outliers
+from .actcal import DEFAULT_PREFIX, ActCalibration, as_calibration, calibrate_activations, resolve
+from .actspec import ActSpec
 from .gguf import GGUFFile
 from .modeldir import read_model_dir
 from .packed import PackedWeight, pack
@@ -134,12 +134,12 @@ def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4"
 class LinearSpec:
     """How one linear layer runs in the forward pass: ``path`` ``"f32"`` (``weight``, float32
     ``(N, K)``) or ``"packed"`` (``kind``, the tile ``store``, ``bscale`` float32 ``(N,)``; pack.h's
-    layout) and the packed linear's activation mode (:mod:`orkpy.actcal`, csrc/ork/linear.h):
-    ``per_tensor_act`` (one dynamic scale per input instead of per token), ``act_clip`` (a
-    static range, float32 > 0) or ``outliers`` (int32 input channels, increasing, computed in
-    float), and ``act_prefix`` (the first rows of every call -- the sequence's first positions --
-    quantized per token, with per-tensor or static scales); ``group``: group-wise scales
-    (``bscale`` ``(N, G)``, csrc/ork/pack.h), 0 for per-channel ones."""
+    layout) and the packed linear's activation spec ``act`` (a resolved :class:`orkpy.ActSpec`:
+    its mode, static range ``clip``, outlier ``channels`` and ``prefix``, the first rows of every
+    call -- the sequence's first positions -- quantized per token; csrc/ork/actspec.h; None for
+    a float linear); ``group``: group-wise scales (``bscale`` ``(N, G)``, csrc/ork/pack.h), 0 for
+    per-channel ones. ``act_mode``, ``per_tensor_act``, ``act_clip``, ``outliers`` and
+    ``act_prefix`` read the spec."""
 
     name: str
     path: str
@@ -149,22 +149,51 @@ class LinearSpec:
     kind: Optional[str] = None
     store: Optional[NDArray[Any]] = None
     bscale: Optional[NDArray[np.float32]] = None
-    per_tensor_act: bool = False
-    act_clip: Optional[float] = None
-    outliers: Optional[NDArray[np.int32]] = None
-    act_prefix: int = 0
+    act: Optional[ActSpec] = None
     group: int = 0
 
-    @property
-    def act(self) -> str:
-        """The activation mode (:data:`orkpy.actcal.ACT_MODES`; ``"float"`` for a float linear)."""
+    def __post_init__(self) -> None:
         if self.path != "packed":
-            return "float"
-        if self.act_clip is not None:
-            return "static"
-        if self.outliers is not None:
-            return "per_token_outliers"
-        return "per_tensor" if self.per_tensor_act else "per_token"
+            return
+        act = ActSpec() if self.act is None else self.act
+        if not isinstance(act, ActSpec):
+            raise TypeError(f"{self.name}: act must be an ActSpec, got {type(act).__name__}")
+        if not act.resolved:
+            raise ValueError(f"{self.name}: the activation spec of mode {act.mode!r} is not resolved for one linear "
+                             "(orkpy.actcal.resolve gives its range / channels)")
+        try:
+            act.check_width(self.K)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
+        if act.channels is not None and self.group:
+            raise ValueError(f"{self.name}: outlier channels are not supported with group-wise scales (group size "
+                             f"{self.group}); use another activation mode")
+        object.__setattr__(self, "act", act)
+
+    @property
+    def act_mode(self) -> str:
+        """The activation mode (:data:`orkpy.ACT_MODES`; ``"float"`` for a float linear)."""
+        return "float" if self.act is None or self.path != "packed" else self.act.mode
+
+    @property
+    def per_tensor_act(self) -> bool:
+        """Whether one dynamic range spans a call's rows (the mode's registry row)."""
+        return self.act is not None and self.act.info.per_tensor
+
+    @property
+    def act_clip(self) -> Optional[float]:
+        """The static range (None for a dynamic mode or a float linear)."""
+        return None if self.act is None else self.act.clip
+
+    @property
+    def outliers(self) -> Optional[NDArray[np.int32]]:
+        """The outlier channels as int32 (None without)."""
+        return None if self.act is None else self.act.outlier_array()
+
+    @property
+    def act_prefix(self) -> int:
+        """The rows quantized per token (0 for a float linear)."""
+        return 0 if self.act is None else self.act.prefix or 0
 
     @classmethod
     def f32(cls, name: str, w: ArrayLike) -> LinearSpec:
@@ -173,42 +202,38 @@ class LinearSpec:
         return cls(name, "f32", int(a.shape[0]), int(a.shape[1]), weight=a)
 
     @classmethod
-    def from_packed(cls, name: str, pw: PackedWeight, per_tensor_act: bool = False, act_clip: Optional[float] = None,
-                    outliers: Optional[ArrayLike] = None, act_prefix: int = 0) -> LinearSpec:
-        """A packed linear running ``pw`` (``act_clip`` rounded to float32; ``outliers`` as int32);
-        ValueError naming the linear for a range that is not a finite float32 >= 1e-30 or
-        channels that are not strictly increasing in ``[0, K)``."""
-        clip = None if act_clip is None else float(np.float32(act_clip))
-        if clip is not None and not (np.isfinite(clip) and clip >= 1e-30):
-            raise ValueError(f"{name}: static activation range {act_clip!r} is not a finite float32 >= 1e-30")
-        outl = None
-        if outliers is not None:
-            o = np.asarray(outliers)
-            if o.ndim != 1 or not np.issubdtype(o.dtype, np.integer):
-                raise ValueError(f"{name}: outlier channels must be a 1-D integer array")
-            if o.size and (o.min() < 0 or o.max() >= pw.K or np.any(np.diff(o) <= 0)):
-                raise ValueError(f"{name}: outlier channels must be strictly increasing in [0, {pw.K}), got "
-                                 f"{o.tolist()[:10]}")
-            outl = np.ascontiguousarray(o, dtype=np.int32)
-        if not isinstance(act_prefix, (int, np.integer)) or isinstance(act_prefix, bool) or act_prefix < 0:
-            raise ValueError(f"{name}: act_prefix must be an int >= 0, got {act_prefix!r}")
-        if outl is not None and pw.group:
-            raise ValueError(f"{name}: outlier channels are not supported with group-wise scales (group size "
-                             f"{pw.group}); use another activation mode")
-        return cls(name, "packed", pw.N, pw.K, kind=pw.kind, store=pw.store, bscale=pw.bscale,
-                   per_tensor_act=bool(per_tensor_act), act_clip=clip, outliers=outl, act_prefix=int(act_prefix),
+    def from_packed(cls, name: str, pw: PackedWeight, act: Optional[ActSpec] = None, *, per_tensor_act: bool = False,
+                    act_clip: Optional[float] = None, outliers: Optional[ArrayLike] = None,
+                    act_prefix: int = 0) -> LinearSpec:
+        """A packed linear running ``pw`` in the resolved activation spec ``act`` (default per token),
+        or in the one the legacy keywords describe (``act_clip``: static; ``outliers``:
+        per_token_outliers; ``per_tensor_act``: per_tensor); ValueError naming the linear for a
+        range that is not a finite float32 >= 1e-30 or channels that are not strictly increasing
+        in ``[0, K)``."""
+        legacy = per_tensor_act or act_clip is not None or outliers is not None or act_prefix != 0
+        if act is not None and legacy:
+            raise ValueError(f"{name}: pass the activation settings in act= (an ActSpec) or as keywords, not both")
+        if act is None:
+            mode = ("static" if act_clip is not None else "per_tensor" if per_tensor_act
+                    else "per_token_outliers" if outliers is not None else "per_token")
+            try:
+                act = ActSpec(mode, clip=act_clip, prefix=act_prefix,
+                              channels=None if outliers is None else cast(Any, np.asarray(outliers)))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        return cls(name, "packed", pw.N, pw.K, kind=pw.kind, store=pw.store, bscale=pw.bscale, act=act,
                    group=pw.group)
 
-    def to_core(self) -> Tuple[Any, ...]:
-        """The argument ``_core.ForwardModel`` takes for this linear (the only place that knows it)."""
+    def to_core(self) -> Tuple[str, Any]:
+        """The argument ``_core.ForwardModel`` takes for this linear (the only place that knows it):
+        ``("f32", weight)`` or ``("packed", {kind, store, bscale, N, K, group, act})``, ``act`` the
+        activation spec's :meth:`ActSpec.to_core`."""
         if self.path == "f32":
             return ("f32", self.weight)
         if self.path == "packed":
-            core = ("packed", self.kind, self.store, self.bscale, self.N, self.K, self.per_tensor_act)
-            if self.act_clip is None and self.outliers is None and not self.act_prefix and not self.group:
-                return core
-            act = core + (0.0 if self.act_clip is None else self.act_clip, self.outliers, self.act_prefix)
-            return act + (self.group,) if self.group else act
+            act = self.act if self.act is not None else ActSpec()
+            return ("packed", {"kind": self.kind, "store": self.store, "bscale": self.bscale, "N": self.N, "K": self.K,
+                               "group": self.group, "act": act.to_core()})
         raise ValueError(f"{self.name}: unknown linear path {self.path!r} (expected 'f32' or 'packed')")
 
     def packed_weight(self) -> PackedWeight:
@@ -219,10 +244,10 @@ class LinearSpec:
 
 
 def _linear_spec(name: str, w: NDArray[Any], path: str, threads: Optional[int],
-                 act: Optional[Mapping[str, Any]] = None) -> LinearSpec:
+                 act: Optional[ActSpec] = None) -> LinearSpec:
     if path in ("fp32", "gguf"):
         return LinearSpec.f32(name, w)
-    return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)), **(act or {}))
+    return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)), act)
 
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
@@ -472,7 +497,7 @@ class Model:
                 raise ValueError(f"{os.path.basename(self.path)}: ffn_down's input is rotated online "
                                  "(rotate_online), which the fused FFN chain does not model")
             outl = [t for t in ("ffn_gate", "ffn_up", "ffn_down")
-                    if self._linears[f"blk.{int(layer)}.{t}.weight"].outliers is not None]
+                    if self._linears[f"blk.{int(layer)}.{t}.weight"].outliers is not None]  # the spec's channels
             if outl:
                 raise ValueError(f"{os.path.basename(self.path)}: the FFN linears {', '.join(outl)} keep outlier "
                                  "channels in float (act='per_token_outliers'), which the fused FFN chain does not model")
@@ -566,13 +591,13 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
                          placement=rotate_placement)
 
 
-def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: str = "per_token",
+def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: Union[str, ActSpec] = "per_token",
                threads: Optional[int] = None, meta: Union[GGUFFile, StrPath, None] = None,
                rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
                calib_chunks: Optional[int] = 8, rotate_online: bool = False,
-               act_calib: Union[ActCalibration, StrPath, None] = None, act_method: str = "mse",
-               act_outliers: int = DEFAULT_OUTLIERS, act_prefix: Optional[int] = None,
+               act_calib: Union[ActCalibration, StrPath, None] = None, act_method: Optional[str] = None,
+               act_outliers: Optional[int] = None, act_prefix: Optional[int] = None,
                rotate_placement: Optional[str] = None) -> Model:
     """Load a GGUF model, or a safetensors checkpoint (``meta``: a GGUF of the same model
     for the hyper-parameters and the tokenizer), with a weight path per linear tensor (see
@@ -580,23 +605,21 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     ``rotate`` (placed by ``rotate_placement``) / ``rotate_online`` / ``smooth``: run the
     source rotated and/or smoothed
     (:func:`transformed_source`, :mod:`orkpy.rotate`; a model directory is saved already
-    transformed). ``act``: the packed linears' activation mode (:mod:`orkpy.actcal`);
-    ``"static"`` (range ``act_method``, ``"mse"`` or ``"max"``) and ``"per_token_outliers"``
-    (``act_outliers`` channels) use ``act_calib`` (an ActCalibration or an act_scales.json),
-    else a model directory's saved calibration, else one run now on ``calib``
-    (:func:`calibrate_source_acts`, leaving out ``act_prefix`` positions, default
-    :data:`orkpy.actcal.DEFAULT_PREFIX`). ``act_prefix``: the sequence positions the per-tensor
-    and static modes quantize per token (default: 0 for per_tensor, the calibration's for
-    static)."""
-    check_mode(act)
-    check_method(act_method)
-    k_outliers = check_outliers(act_outliers)
+    transformed). ``act``: the packed linears' activation spec, an :class:`orkpy.ActSpec` or a
+    mode name (:data:`orkpy.ACT_MODES`) with the legacy ``act_method`` / ``act_outliers`` /
+    ``act_prefix`` (:meth:`orkpy.ActSpec.parse`; :mod:`orkpy.actcal`). A static mode (range
+    ``method``, ``"mse"`` or ``"max"``) and a mode with outlier channels (``n_outliers`` of them)
+    use ``act_calib`` (an ActCalibration or an act_scales.json), else a model directory's saved
+    calibration, else one run now on ``calib`` (:func:`calibrate_source_acts`, leaving out
+    ``prefix`` positions, default :data:`orkpy.actcal.DEFAULT_PREFIX`). ``prefix``: the sequence
+    positions the per-tensor and static modes quantize per token (default: 0 for per_tensor,
+    the calibration's for static)."""
+    spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
     if os.path.isdir(path) and not is_safetensors(path):
         if rotate is not None or smooth is not None or rotate_online or rotate_placement is not None:
             raise ValueError(f"{os.fspath(path)}: a quantized model directory holds its tensors as they were "
                              "quantized (rotated or not, as its manifest records); rotate= / smooth= apply to a source")
-        return load_quantized(path, act=act, act_calib=act_calib, act_method=act_method, act_outliers=k_outliers,
-                              act_prefix=act_prefix)
+        return load_quantized(path, act=spec, act_calib=act_calib)
     src = transformed_source(open_source(path, meta), rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks,
                              threads, rotate_online, rotate_placement)
     names = linear_names(src.hp)
@@ -606,15 +629,14 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     paths = resolve_paths(weights, names, int4_kind)
     nthreads = None if threads is None else int(threads)
     cal = as_calibration(act_calib)
-    if cal is None and act in ("static", "per_token_outliers") and calib is not None:
+    if cal is None and spec.info.calibrated and calib is not None:
         cal = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads,
-                                    DEFAULT_PREFIX if act_prefix is None else act_prefix)
+                                    DEFAULT_PREFIX if spec.prefix is None else spec.prefix)
     where = os.fspath(path)
     linears = {}
     for n in names:
         w = src.linear(n)
-        how = None if paths[n] in ("fp32", "gguf") else linear_act(act, n, cal, act_method, k_outliers, where,
-                                                                    w.shape[1], act_prefix)
+        how = None if paths[n] in ("fp32", "gguf") else resolve(spec, n, cal, w.shape[1], where)
         linears[n] = _linear_spec(n, w, paths[n], nthreads, how)
         if how is not None:  # packed: the float pages it was read from go back (the values stay the file's)
             del w
@@ -640,15 +662,14 @@ def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: 
     return calibrate_activations(m, calib, calib_ctx, calib_chunks, threads, progress=False, prefix=prefix)
 
 
-def load_quantized(path: StrPath, act: str = "per_token", act_calib: Union[ActCalibration, StrPath, None] = None,
-                   act_method: str = "mse", act_outliers: int = DEFAULT_OUTLIERS,
-                   act_prefix: Optional[int] = None) -> Model:
+def load_quantized(path: StrPath, act: Union[str, ActSpec] = "per_token",
+                   act_calib: Union[ActCalibration, StrPath, None] = None, act_method: Optional[str] = None,
+                   act_outliers: Optional[int] = None, act_prefix: Optional[int] = None) -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified
-    (:func:`orkpy.modeldir.read_model_dir`). ``act`` as in :func:`load_model`; the calibrated
-    modes use ``act_calib`` or the directory's saved ``act_scales.json``."""
-    check_mode(act)
-    check_method(act_method)
-    k_outliers = check_outliers(act_outliers)
+    (:func:`orkpy.modeldir.read_model_dir`). ``act`` (and the legacy ``act_method`` /
+    ``act_outliers`` / ``act_prefix``) as in :func:`load_model`; the calibrated modes use
+    ``act_calib`` or the directory's saved ``act_scales.json``."""
+    spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
     d = read_model_dir(path)
     cal = as_calibration(act_calib)
     if cal is None and d.act_scales_file is not None:
@@ -678,8 +699,7 @@ def load_quantized(path: StrPath, act: str = "per_token", act_calib: Union[ActCa
             linears[n], paths[n] = LinearSpec.f32(n, src.tensor(tensor)), "gguf"
         else:
             pw = d.packed(n)
-            how = linear_act(act, n, cal, act_method, k_outliers, where, pw.K, act_prefix)
-            linears[n] = LinearSpec.from_packed(n, pw, **how)
+            linears[n] = LinearSpec.from_packed(n, pw, resolve(spec, n, cal, pw.K, where))
             paths[n] = pw.kind
     m = Model(os.fspath(path), hp, linears, src.tensor, src.meta, src.tied, paths)
     m.manifest = d.manifest

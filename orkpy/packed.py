@@ -25,9 +25,10 @@ from ._io import atomic_write
 from ._mapped import MappedFile, guarded, maps_of
 from ._mapped import check as _check_maps
 from ._typing import StrPath
+from .actspec import ACT_MODES, ActSpec
 from .quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, check_group, lut as _lut
 
-ACTIVATION_MODES = ("per_token", "per_tensor", "static", "per_token_outliers")  # orkpy.actcal.ACT_MODES
+ACTIVATION_MODES = ACT_MODES  # the activation mode registry (csrc/ork/actspec.h), as orkpy.ACT_MODES
 
 
 class PackedWeight:
@@ -128,39 +129,31 @@ class PackedWeight:
         _check_maps(maps)
         return acc
 
-    def matmul(self, x: ArrayLike, act: str = "per_token", threads: Optional[int] = None,
+    def matmul(self, x: ArrayLike, act: Union[str, ActSpec] = "per_token", threads: Optional[int] = None,
                clip: Optional[float] = None, outliers: Optional[ArrayLike] = None,
-               prefix: int = 0) -> NDArray[np.float32]:
+               prefix: Optional[int] = None) -> NDArray[np.float32]:
         """float32 ``x`` ``(M, K)`` (or ``(K,)``) -> float32 ``(M, N)``.
 
-        Activations are quantized to int8 symmetric with one scale per row
-        (``act="per_token"``), one for the whole input (``"per_tensor"``) or the fixed
-        range ``clip`` (``"static"``: scale ``clip / 127``, values beyond ``+-clip``
+        Activations are quantized to int8 symmetric in an activation mode (:data:`orkpy.ACT_MODES`):
+        one scale per row (``act="per_token"``), one for the whole input (``"per_tensor"``) or the
+        fixed range ``clip`` (``"static"``: scale ``clip / 127``, values beyond ``+-clip``
         saturate), multiplied with int32 accumulation, and scaled by ``ascale * bscale[n]``.
         ``outliers`` (increasing input channels; required by ``"per_token_outliers"``,
         allowed with any mode): those channels are left out of the int8 product and added
         in float with the same weight values (:mod:`orkpy.actcal`, csrc/ork/linear.h).
         ``prefix``: the first rows quantized per row whatever the mode (and left out of the
-        per-tensor absmax). Group-wise scales: the int32 sums per group, each scaled by
-        its group's scale, added in group order (csrc/ork/pack.h); not with ``outliers``.
+        per-tensor absmax). ``act`` may be a resolved :class:`orkpy.ActSpec` instead (``clip``,
+        ``outliers``, ``prefix`` then in it). Group-wise scales: the int32 sums per group, each
+        scaled by its group's scale, added in group order (csrc/ork/pack.h); not with ``outliers``.
         """
-        if act not in ACTIVATION_MODES:
-            raise ValueError(f"act must be one of {ACTIVATION_MODES}, got {act!r}")
-        if (act == "static") != (clip is not None):
-            raise ValueError("act='static' needs clip= (its range), and clip= needs act='static'")
-        if act == "per_token_outliers" and outliers is None:
-            raise ValueError("act='per_token_outliers' needs outliers= (the input channels computed in float)")
-        if clip is not None and not (np.isfinite(clip) and clip > 0):
-            raise ValueError(f"clip must be a finite positive number, got {clip!r}")
-        outl = None if outliers is None else np.ascontiguousarray(outliers, dtype=np.int32)
+        spec = ActSpec.for_matmul(act, clip, outliers, prefix)
         x = np.asarray(x)
         vec = x.ndim == 1
         if vec:
             x = x[None, :]
         maps = self._mapped()
         _check_maps(maps)
-        y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, act == "per_tensor",
-                         _check_threads(threads), 0.0 if clip is None else float(clip), outl, int(prefix),
+        y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, spec.to_core(), _check_threads(threads),
                          self.group)
         _check_maps(maps)
         return y[0] if vec else y

@@ -130,7 +130,7 @@ def test_bad_activation_settings_are_clear_errors(rng):
         pw.matmul(x, outliers=[3, 100])
     with pytest.raises(ValueError, match="strictly increasing"):
         pw.matmul(x, outliers=[7, 3])
-    with pytest.raises(ValueError, match="prefix must be >= 0"):
+    with pytest.raises(ValueError, match="prefix must be an int >= 0"):   # ActSpec's one message
         pw.matmul(x, act="per_tensor", prefix=-1)
     x[1, 3] = np.nan
     with pytest.raises(ValueError, match=r"NaN.*\[1, 3\]"):
@@ -233,7 +233,7 @@ def test_load_model_activation_modes(stories, cal):
     for act in actcal.ACT_MODES:
         m = orkpy.load_model(stories["f32"], weights="nf4", act=act, act_calib=cal)
         spec = m.linears["blk.2.ffn_down.weight"]
-        assert spec.act == act
+        assert spec.act_mode == act and spec.act.mode == act  # spec.act: the linear's resolved ActSpec
         if act == "static":
             assert spec.act_clip == cal.ranges["blk.2.ffn_down.weight"]["mse"] and spec.act_prefix == cal.prefix
             assert m.linears["output.weight"].act_prefix == 0      # the head runs on other rows
@@ -252,7 +252,8 @@ def test_load_model_activation_modes(stories, cal):
     # a float linear keeps no activation setting
     m = orkpy.load_model(stories["f32"], weights={"default": "int8", "output.weight": "fp32"}, act="static",
                          act_calib=cal)
-    assert m.linears["output.weight"].act == "float" and m.linears["output.weight"].act_clip is None
+    assert m.linears["output.weight"].act_mode == "float" and m.linears["output.weight"].act_clip is None
+    assert m.linears["output.weight"].act is None
 
 
 def test_load_model_calibrates_on_calib_text(stories, cal):
@@ -293,10 +294,17 @@ def test_the_c_door_checks_activation_settings(stories):
     src = open_source(stories["f32"])
     m = orkpy.load_model(stories["f32"], weights="int8")
     good = m.linears["output.weight"]
-    for bad, msg in ((LinearSpec("output.weight", "packed", good.N, good.K, kind="int8", store=good.store,
-                                 bscale=good.bscale, act_clip=float("nan")), "static activation range nan"),
-                     (LinearSpec("output.weight", "packed", good.N, good.K, kind="int8", store=good.store,
-                                 bscale=good.bscale, outliers=np.array([9, 2], np.int32)), "strictly increasing")):
+
+    def unchecked(mode, **fields):                        # an ActSpec with its Python checks bypassed
+        spec = orkpy.ActSpec(mode)
+        for k, v in fields.items():
+            object.__setattr__(spec, k, v)
+        return LinearSpec("output.weight", "packed", good.N, good.K, kind="int8", store=good.store,
+                          bscale=good.bscale, act=spec)
+    for bad, msg in ((unchecked("static", clip=float("nan")), "static activation range nan"),
+                     (unchecked("per_token_outliers", channels=(9, 2)), "strictly increasing"),
+                     (unchecked("per_token", bits=4), "bits must be 8, got 4"),
+                     (unchecked("per_tensor", clip=2.0), "takes no static range")):
         with pytest.raises(ValueError, match=f"output: .*{msg}"):
             orkpy.model.Model(m.path, m.hparams, {**m.linears, "output.weight": bad}, src.tensor, src.meta, src.tied,
                               m.paths)
@@ -337,7 +345,7 @@ def test_quantize_model_saves_the_calibration(stories, tmp_path):
     for act, kw in (("static", {}), ("static", {"act_method": "max"}), ("per_token_outliers", {"act_outliers": 5})):
         m = orkpy.load_model(d, act=act, **kw)
         assert np.array_equal(m.forward(ids), qm.to_model(act=act, **kw).forward(ids)), (act, kw)
-        assert m.linears["blk.0.ffn_up.weight"].act == act
+        assert m.linears["blk.0.ffn_up.weight"].act_mode == act
     # the file is covered by the manifest's checksum
     with open(os.path.join(d, "act_scales.json"), "r+b") as f:
         f.seek(40)
@@ -368,7 +376,7 @@ def test_model_dir_without_calibration(stories, cal, tmp_path):
     cal.save(p)                                           # a calibration of the same model, passed in
     m = orkpy.load_model(d, act="static", act_calib=p)
     assert m.linears["blk.3.attn_k.weight"].act_clip == cal.ranges["blk.3.attn_k.weight"]["mse"]
-    assert orkpy.load_model(d).linears["blk.3.attn_k.weight"].act == "per_token"
+    assert orkpy.load_model(d).linears["blk.3.attn_k.weight"].act_mode == "per_token"
 
 
 def test_saved_calibration_is_checked(cal, tmp_path):

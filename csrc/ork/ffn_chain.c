@@ -77,10 +77,11 @@ ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_l
         return ork_err_set(err, ORK_EINVAL, "unknown FFN activation %d", (int)p->act);
     if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed gate, up and down weights");
-    if (lg->n_outliers || lu->n_outliers)
+    if (lg->act.n_outliers || lu->act.n_outliers)
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain keeps no outlier channels apart (an int8-only path); "
                            "use act='per_token', 'per_tensor' or 'static' with it");
-    if (lg->per_tensor_act != lu->per_tensor_act || lg->act_clip != lu->act_clip || lg->act_prefix != lu->act_prefix)
+    if (lg->act.mode != lu->act.mode || lg->act.bits != lu->act.bits || lg->act.clip != lu->act.clip ||
+        lg->act.prefix != lu->act.prefix)
         return ork_err_set(err, ORK_EINVAL, "gate and up share the chain input, so their activation modes must agree");
     if ((st0 = ork_linear_check_act(lg, err))) return st0;
     const int per_ch = p->mode == ORK_FFN_PER_CHANNEL_OUT;
@@ -106,9 +107,9 @@ ork_status ork_ffn_chain(const ork_linear *lg, const ork_linear *lu, const ork_l
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the FFN chain (T = %zu)", T);
         goto done;
     }
-    /* the chain input is quantized in the gate's activation mode (per token, per tensor, static,
-     * with a per-token prefix); gate and up share it, so their modes must agree (ork_ffn_check) */
-    if ((st = ork_quantize_acts(h, T, D, Dp, lg->per_tensor_act, lg->act_clip, lg->act_prefix, hq, a, err))) goto done;
+    /* the chain input is quantized in the gate's activation spec (actspec.h: its mode, range and
+     * prefix); gate and up share it, so their specs must agree (ork_ffn_check) */
+    if ((st = ork_quantize_acts(h, T, D, Dp, &lg->act, hq, a, err))) goto done;
     /* compact the padded rows for ork_matmul_int (it pads itself) */
     for (size_t t = 1; t < T; t++) memmove(hq + t * D, hq + t * Dp, D);
     if ((st = ork_linear_int(lg, hq, T, G, nthreads, err))) goto done;

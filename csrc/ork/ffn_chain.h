@@ -13,8 +13,8 @@
  *
  * Notation per token t and FFN channel n (D = n_embd, F = n_ff):
  *   hq[t], a[t]   int8 activations of the normed input h and their scale, in the gate
- *                 linear's activation mode (linear.h: per token a = absmax/127 by default,
- *                 per tensor, static act_clip/127, per-token prefix; round half away)
+ *                 linear's activation spec (actspec.h, linear.h: per token a = absmax/127 by
+ *                 default, per tensor, static act.clip/127, per-token prefix; round half away)
  *   G[t][n]       = hq . Wg[n] (int32, ork_linear_int), g = ork_dequant_acc(G, a[t], bs_g[n])
  *   U[t][n]       = hq . Wu[n] (int32),                 u = ork_dequant_acc(U, a[t], bs_u[n])
  *   (g and u are bit-identical to the float outputs of the per-op path.)
@@ -115,7 +115,7 @@ double ork_ffn_hist_edge(int bin);
 /* Whether settings can run on these linears: a known mode and activation; gate, up, down
  * packed; lut_step, u_scale, p_scale (and s_scale, or s_scale_ch for
  * per_channel_out) positive and finite; zp in int8 for asym_zero_point; gate and up in
- * the same activation mode (they share hq) and without outlier channels (int8 only).
+ * the same activation spec (they share hq) and without outlier channels (int8 only).
  * ORK_EINVAL naming the problem. */
 ork_status ork_ffn_check(const ork_linear *gate, const ork_linear *up, const ork_linear *down, const ork_ffn_params *p,
                          ork_err *err);

@@ -57,7 +57,7 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
     size_t j = 0;
     for (size_t m = 0; m < M; m++) {
         const float *xr = x + m * K;
-        const int clips = l->act_clip > 0.0f && m >= l->act_prefix;
+        const int clips = l->act.clip > 0.0f && m >= l->act.prefix;
         if (m < s->skip_rows) { /* the channel maxima only */
             if (s->ch_absmax)
                 for (size_t k = 0; k < K; k++)
@@ -67,7 +67,7 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
         j = 0;
         for (size_t k = 0; k < K; k++) {
             float v = xr[k], a = fabsf(v);
-            int outlier = j < l->n_outliers && (size_t)l->outliers[j] == k;
+            int outlier = j < l->act.n_outliers && (size_t)l->act.outliers[j] == k;
             j += (size_t)outlier;
             if (!isfinite(v)) continue;
             int bin = ork_act_stats_bin(v);
@@ -76,7 +76,7 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
             s->sum2[bin] += (double)a * (double)a;
             if (a > s->absmax) s->absmax = a;
             if (s->ch_absmax && a > s->ch_absmax[k]) s->ch_absmax[k] = a;
-            if (!outlier && clips && a > l->act_clip) s->n_clipped++;
+            if (!outlier && clips && a > l->act.clip) s->n_clipped++;
         }
     }
     if (M > s->skip_rows) s->rows += M - s->skip_rows;
@@ -84,7 +84,7 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
 
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) {
-        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix || l->group)
+        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->group)
             return ork_err_set(err, ORK_EINVAL, "activation settings and group sizes apply to packed linears, not float ones");
         return ORK_OK;
     }
@@ -94,46 +94,34 @@ ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
         if (l->int_mm)
             return ork_err_set(err, ORK_EINVAL, "a grouped weight (group size %zu) cannot run through an external int8 "
                                "matmul: it returns one accumulator per output, not one per group", l->group);
-        if (l->n_outliers)
+        if (l->act.n_outliers)
             return ork_err_set(err, ORK_EINVAL, "outlier channels are not supported with a grouped weight (group size %zu)",
                                l->group);
     }
-    if (l->act_clip != 0.0f) {
-        ork_status st = ork_act_clip_check(l->act_clip, err);
-        if (st) return st;
-    }
-    if (l->n_outliers && !l->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
-    for (size_t j = 0; j < l->n_outliers; j++) {
-        int32_t o = l->outliers[j];
-        if (o < 0 || (size_t)o >= l->K)
-            return ork_err_set(err, ORK_EINVAL, "outlier channel %ld (entry %zu) outside [0, %zu)", (long)o, j, l->K);
-        if (j && o <= l->outliers[j - 1])
-            return ork_err_set(err, ORK_EINVAL, "outlier channels must be strictly increasing (entry %zu: %ld after %ld)",
-                               j, (long)o, (long)l->outliers[j - 1]);
-    }
-    return ORK_OK;
+    return ork_act_spec_check(&l->act, l->K, err);
 }
 
 /* y[m][n] += (sum_j x[m][o_j] * w[n][o_j]) * bscale[n]: the outlier channels in float (linear.h) */
 static ork_status add_outliers(const ork_linear *l, const float *x, size_t M, float *y, ork_err *err) {
-    const size_t no = l->n_outliers, N = l->N, K = l->K;
+    const size_t no = l->act.n_outliers, N = l->N, K = l->K;
+    const int32_t *outl = l->act.outliers;
     for (size_t m = 0; m < M; m++)
         for (size_t j = 0; j < no; j++) {
-            float v = x[m * K + (size_t)l->outliers[j]];
+            float v = x[m * K + (size_t)outl[j]];
             if (!isfinite(v))
                 return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
-                                   isnan(v) ? "NaN" : "Inf", m, (size_t)l->outliers[j]);
+                                   isnan(v) ? "NaN" : "Inf", m, (size_t)outl[j]);
         }
     float *w = (float *)malloc(N * no * sizeof(float));
     if (!w) return ork_err_set(err, ORK_ENOMEM, "out of memory for the outlier channels' weights");
     for (size_t n = 0; n < N; n++)
-        for (size_t j = 0; j < no; j++) w[n * no + j] = (float)ork_pack_value(l->kind, l->store, K, n, (size_t)l->outliers[j]);
+        for (size_t j = 0; j < no; j++) w[n * no + j] = (float)ork_pack_value(l->kind, l->store, K, n, (size_t)outl[j]);
     for (size_t m = 0; m < M; m++) {
         const float *xr = x + m * K;
         for (size_t n = 0; n < N; n++) {
             float s = 0.0f;
             for (size_t j = 0; j < no; j++) {
-                float p = xr[l->outliers[j]] * w[n * no + j];
+                float p = xr[outl[j]] * w[n * no + j];
                 s += p;
             }
             float t = s * l->bscale[n];
@@ -144,7 +132,7 @@ static ork_status add_outliers(const ork_linear *l, const float *x, size_t M, fl
     return ORK_OK;
 }
 
-/* a packed linear: activations quantized in its mode, the int8 matmul on the CPU kernels or
+/* a packed linear: activations quantized in its spec (actspec.h), the int8 matmul on the CPU kernels or
  * outside (int_mm), the same float scaling on both, then the outlier channels */
 static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
     ork_status st = ork_linear_check_act(l, err);
@@ -155,9 +143,10 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     float as_s[16];
     int8_t *xq = (int8_t *)ork_scratch(xq_s, sizeof xq_s, M * Kp);
     float *as = (float *)ork_scratch(as_s, sizeof as_s, M * sizeof(float));
-    float *xm = l->n_outliers ? (float *)malloc(M * K * sizeof(float)) : NULL;
+    const size_t no = l->act.n_outliers;
+    float *xm = no ? (float *)malloc(M * K * sizeof(float)) : NULL;
     int32_t *acc = l->int_mm ? (int32_t *)malloc(M * N * sizeof(int32_t)) : NULL;
-    if (!xq || !as || (l->n_outliers && !xm) || (l->int_mm && !acc)) {
+    if (!xq || !as || (no && !xm) || (l->int_mm && !acc)) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the activations of a packed linear");
         goto done;
     }
@@ -165,10 +154,10 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     if (xm) {
         memcpy(xm, x, M * K * sizeof(float));
         for (size_t m = 0; m < M; m++)
-            for (size_t j = 0; j < l->n_outliers; j++) xm[m * K + (size_t)l->outliers[j]] = 0.0f;
+            for (size_t j = 0; j < no; j++) xm[m * K + (size_t)l->act.outliers[j]] = 0.0f;
         xin = xm;
     }
-    if ((st = ork_quantize_acts(xin, M, K, Kp, l->per_tensor_act, l->act_clip, l->act_prefix, xq, as, err))) goto done;
+    if ((st = ork_quantize_acts(xin, M, K, Kp, &l->act, xq, as, err))) goto done;
     if (l->int_mm) {
         if ((st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err))) goto done;
         for (size_t m = 0; m < M; m++)
@@ -177,7 +166,7 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
                                            as, M, y, nthreads, err))) {
         goto done;
     }
-    if (l->n_outliers) st = add_outliers(l, x, M, y, err);
+    if (no) st = add_outliers(l, x, M, y, err);
 done:
     ork_scratch_free(xq, xq_s);
     ork_scratch_free(as, as_s);
@@ -229,7 +218,7 @@ static ork_status linear_product(const ork_linear *l, const float *x, size_t M, 
     }
     if (l->act_stats) act_stats_add(l, x, M);
     if (l->path == ORK_LIN_F32) {
-        if (l->act_clip != 0.0f || l->n_outliers || l->act_prefix) return ork_linear_check_act(l, err);
+        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix) return ork_linear_check_act(l, err);
         gemm_job j = {ork_gemm_f32_kernels_active(), x, l->w, M, l->N, l->K, y};
         /* 64K multiply-adds a thread: a decoded token's small GEMVs split too (as pack.c run_strips) */
         int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->N * (double)l->K, 65536.0);

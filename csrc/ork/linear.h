@@ -9,8 +9,9 @@
  *                   fmaf, AVX2, NEON), the blocking nor the thread count
  *                   changes a bit; the pool splits over output columns.
  *   ORK_LIN_PACKED  W a packed store of a registered kind (pack.h, quant.h);
- *                   activations quantized to int8 (per token, or per tensor
- *                   when per_tensor_act), int32 accumulation on the CPU
+ *                   activations quantized to int8 in the linear's activation
+ *                   spec `act` (actspec.h: a registered mode, its static range,
+ *                   prefix and outlier channels), int32 accumulation on the CPU
  *                   kernels or on an external backend (int_mm, e.g. an NPU),
  *                   y[m][n] = ork_dequant_acc(acc[m][n], a[m], bscale[n])
  *                   on both, so the output is bit-identical whenever the
@@ -26,14 +27,15 @@
  * Hessian of GPTQ's rounding (orkpy.gptq).
  *
  * Activation modes of a packed linear (on the CPU kernels and through int_mm
- * alike, so an external backend stays bit-identical):
+ * alike, so an external backend stays bit-identical): the built-in rows of the
+ * mode registry (actspec.h) and the spec's fields, l->act.*:
  *   per token      the default: one dynamic scale per row;
- *   per tensor     per_tensor_act: one dynamic scale for the M rows of a call;
- *   static         act_clip > 0: one fixed range for every call (pack.h:
- *                  a = act_clip/127, |x| beyond act_clip saturates at +-127),
+ *   per tensor     one dynamic scale for the M rows of a call;
+ *   static         act.clip > 0: one fixed range for every call (pack.h:
+ *                  a = act.clip/127, |x| beyond act.clip saturates at +-127),
  *                  calibrated once -- what lets the NPU chain matmuls without
  *                  a host round trip to measure the input;
- *   prefix         act_prefix = p > 0 (with per tensor or static): the first p
+ *   prefix         act.prefix = p > 0 (with per tensor or static): the first p
  *                  rows of every call are quantized per token (and left out
  *                  of a per-tensor absmax). The forward pass calls each block
  *                  linear with the sequence's positions 0..T-1 as rows, so these
@@ -41,8 +43,10 @@
  *                  massive activations no range shared with the other tokens
  *                  serves; on a device they are computed once, at prefill
  *                  (PrefixQuant's observation).
- *   outliers       n_outliers > 0 (with any of the above): the input channels
- *                  outliers[0..n) (strictly increasing, < K) are taken out of
+ *   outliers       act.n_outliers > 0 (with any mode; per_token_outliers is the
+ *                  per-token mode whose channels come from the calibration):
+ *                  the input channels act.outliers[0..n) (strictly increasing,
+ *                  < K) are taken out of
  *                  the int8 product (their values set to 0 before the scale is
  *                  measured and the row quantized) and computed in float:
  *                    y[m][n] = int8 part + (sum_j x[m][o_j] * w[n][o_j]) * bscale[n]
@@ -66,6 +70,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "actspec.h"
 #include "quant.h"
 #include "status.h"
 
@@ -86,7 +91,7 @@ typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
 typedef struct ork_act_stats {
     size_t skip_rows;          /* set by the caller: the first skip_rows rows of each call count in ch_absmax only */
     uint64_t rows;             /* rows counted */
-    uint64_t n_clipped;        /* values quantized with act_clip (static linears) and |x| > act_clip */
+    uint64_t n_clipped;        /* values quantized with act.clip (static linears) and |x| > act.clip */
     float absmax;              /* max |x| */
     float *ch_absmax;          /* (K): max |x| per input channel, every row (caller-owned, zeroed) */
     uint64_t count[ORK_ASTATS_BINS];
@@ -109,25 +114,22 @@ typedef struct ork_linear {
     ork_kind kind;         /* ORK_LIN_PACKED: */
     const void *store;
     const float *bscale;
-    int per_tensor_act;
+    ork_act_spec act;      /* ORK_LIN_PACKED: the activation spec (actspec.h; ORK_ACT_SPEC_INIT per token) */
     double *x2_sum;        /* optional importance statistics (see above) */
     uint64_t *x2_count;
     ork_int_mm_fn int_mm;  /* optional (ORK_LIN_PACKED): the int8 matmul runs there */
     void *int_mm_ctx;
     const float *bias;     /* optional (N): ork_linear_apply adds it to every output row, on every path */
-    float act_clip;        /* ORK_LIN_PACKED: > 0 static activation range, 0 dynamic (see above) */
-    const int32_t *outliers; /* ORK_LIN_PACKED: n_outliers input channels computed in float (see above) */
-    size_t n_outliers;
-    size_t act_prefix;     /* ORK_LIN_PACKED: leading rows quantized per token (see above) */
     ork_act_stats *act_stats; /* optional activation statistics (see above) */
     double *xx_sum;        /* optional input Gram matrix, upper triangle (see above) */
     uint64_t *xx_count;
     size_t group;          /* ORK_LIN_PACKED: 0 per-channel bscale (N); else group-wise bscale (N x G), pack.h */
 } ork_linear;
 
-/* The activation settings of a linear: act_clip 0 or a valid range (pack.h
- * ork_act_clip_check), outliers strictly increasing and < K, both only on a
- * packed linear. ORK_EINVAL naming the problem. */
+/* The activation settings of a linear: a packed linear's spec valid for its K
+ * (ork_act_spec_check) and its group size compatible with them; a float
+ * linear's spec left zero (no clip, prefix, outliers) and no group size.
+ * ORK_EINVAL naming the problem. */
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err);
 
 /* row n of the linear's weight as float32 (K values): the F32 row, or the packed row dequantized,

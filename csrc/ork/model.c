@@ -362,12 +362,12 @@ static void embed(const ork_model *m, const int32_t *tokens, size_t T, float *x)
         for (size_t i = 0; i < T * D; i++) x[i] *= m->embd_scale;
 }
 
-/* a block linear on rows at positions pos0..: act_prefix counts positions (model.h) */
+/* a block linear on rows at positions pos0..: act.prefix counts positions (model.h) */
 static ork_status block_linear(const ork_linear *l, const float *x, size_t M, size_t pos0, float *y, int nthreads,
                                ork_err *err) {
-    if (!pos0 || !l->act_prefix) return ork_linear_apply(l, x, M, y, nthreads, err);
+    if (!pos0 || !l->act.prefix) return ork_linear_apply(l, x, M, y, nthreads, err);
     ork_linear at = *l;
-    at.act_prefix = l->act_prefix > pos0 ? l->act_prefix - pos0 : 0;
+    at.act.prefix = l->act.prefix > pos0 ? l->act.prefix - pos0 : 0;
     return ork_linear_apply(&at, x, M, y, nthreads, err);
 }
 

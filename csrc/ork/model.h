@@ -144,8 +144,8 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
  * decoding). So the logits of position p equal row p of
  * ork_model_forward(tokens[0..T), first = 0) bit for bit whenever a linear's
  * output row depends only on its input row -- the F32 path and the packed
- * path with per-token or static activations (act_prefix counting absolute
- * positions: a step at pos quantizes its rows p < act_prefix per token);
+ * path with per-token or static activations (act.prefix counting absolute
+ * positions: a step at pos quantizes its rows p < act.prefix per token);
  * dynamic per-tensor scales span one call's rows (a step here, the whole
  * chunk there), so that mode differs. No thread count changes a bit.
  * The model must outlive the session and keep its dimensions (its linears

@@ -226,50 +226,11 @@ ork_status ork_pack_check_gscales(const float *bscale, size_t N, size_t G, size_
 }
 
 /* ----------------------------------------------------- activations ---- */
-ork_status ork_act_clip_check(float clip, ork_err *err) {
-    if (!isfinite(clip) || !(clip >= ORK_QUANT_TINY))
-        return ork_err_set(err, ORK_EINVAL, "static activation range %g is not a finite number >= %g", (double)clip,
-                           (double)ORK_QUANT_TINY);
-    return ORK_OK;
-}
-
 ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
                                     int8_t *xq, float *ascale, ork_err *err) {
-    return ork_quantize_acts(x, M, K, ldq, per_tensor, 0.0f, 0, xq, ascale, err);
-}
-
-ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, int per_tensor, float clip, size_t prefix,
-                             int8_t *xq, float *ascale, ork_err *err) {
-    if (clip != 0.0f) {
-        ork_status st = ork_act_clip_check(clip, err);
-        if (st) return st;
-    }
-    const ork_quant_kernels *qk = ork_quant_kernels_active();
-    float tmax = 0.0f;
-    for (size_t m = 0; m < M; m++) {
-        float a;
-        if (qk->absmax(x + m * K, K, &a)) {
-            for (size_t k = 0; k < K; k++)
-                if (!isfinite(x[m * K + k]))
-                    return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
-                                       isnan(x[m * K + k]) ? "NaN" : "Inf", m, k);
-        }
-        ascale[m] = a;
-        if (a > tmax && m >= prefix) tmax = a;
-    }
-    for (size_t m = 0; m < M; m++) {
-        float a = m < prefix ? ascale[m] : clip > 0.0f ? clip : per_tensor ? tmax : ascale[m];
-        int8_t *q = xq + m * ldq;
-        memset(q + K, 0, ldq - K);
-        if (!(a >= ORK_QUANT_TINY)) {
-            ascale[m] = 0.0f;
-            memset(q, 0, K);
-            continue;
-        }
-        ascale[m] = a / 127.0f;
-        qk->codes8_rtn(x + m * K, K, 127.0f / a, 127.0f, q);
-    }
-    return ORK_OK;
+    ork_act_spec spec = ORK_ACT_SPEC_INIT;
+    spec.mode = per_tensor ? ORK_ACT_MODE_PER_TENSOR : ORK_ACT_MODE_PER_TOKEN;
+    return ork_quantize_acts(x, M, K, ldq, &spec, xq, ascale, err);
 }
 
 /* ---------------------------------------------------------- drivers --- */

@@ -47,7 +47,8 @@
  * row and call: a = clip/127 (float32), q = clamp(round_half_away(x * (127 /
  * clip)), -127, 127) -- values beyond +-clip saturate at +-127 -- so for
  * clip == the tensor's absmax the result is bit-identical to per_tensor.
- * clip must be finite and >= ORK_QUANT_TINY (ork_act_clip_check).
+ * clip must be finite and >= ORK_QUANT_TINY (ork_act_clip_check). Every mode of
+ * the activation registry and its quantizer: actspec.h.
  *
  * bscale[n] is finite, >= +0 (not -0) and at most ork_pack_max_scale(K) =
  * FLT_MAX / (127 * 127 * K): the largest |acc| times the scale then fits
@@ -60,6 +61,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "actspec.h"
 #include "quant.h"
 #include "status.h"
 
@@ -160,15 +162,7 @@ ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16]
 ork_status ork_quantize_activations(const float *x, size_t M, size_t K, size_t ldq, int per_tensor,
                                     int8_t *xq, float *ascale, ork_err *err);
 
-/* The same with every activation mode: clip > 0 is the static range (see
- * above; per_tensor is then ignored), clip == 0 the dynamic modes; the first
- * `prefix` rows are quantized per row in every mode (and left out of the
- * per-tensor absmax). Any x that is not finite is ORK_ENONFINITE naming it,
- * in every mode. */
-ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, int per_tensor, float clip, size_t prefix,
-                             int8_t *xq, float *ascale, ork_err *err);
-/* A static range: ORK_EINVAL unless finite and >= ORK_QUANT_TINY. */
-ork_status ork_act_clip_check(float clip, ork_err *err);
+/* every activation mode: ork_quantize_acts (actspec.h) */
 
 /* float32 out (M, N) from activations already quantized: xq (M rows, stride
  * round32(K), zero-padded) with row scales ascale (M):

@@ -18,6 +18,15 @@ const ork_kind_info *orkpy_parse_kind(const char *s);
 /* NumPy dtype of a kind's codes and packed store: int8 for 8-bit kinds, uint8 for 4-bit ones */
 int orkpy_code_typenum(const ork_kind_info *k);
 int orkpy_check_threads(int threads);
+/* 0 when every key of dict d is one of keys (NULL-terminated); else -1 with a TypeError (not a dict) or a
+ * ValueError naming `what` and the key */
+int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what);
+/* The one reader of an activation spec (actspec.h) from Python: orkpy.ActSpec.to_core()'s dict
+ * {mode: str, bits: int, clip: float (0 = none), prefix: int, outliers: None or a 1-D int32 array}
+ * (absent keys: ORK_ACT_SPEC_INIT's values), or None for the per-token default. Checked by
+ * ork_act_spec_check for K inputs; exceptions name `name`. *keep receives a new reference to the
+ * outliers array (or NULL), which the caller holds while the spec is used. 0, or -1 with an exception. */
+int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name);
 
 /* py_pack.c */
 PyObject *orkpy_pack(PyObject *self, PyObject *args, PyObject *kw);

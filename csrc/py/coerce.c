@@ -7,9 +7,11 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "bindings.h"
+#include "errors.h"
 
 /* ---------------------------------------------------------- coercion -- */
 
@@ -77,3 +79,94 @@ int orkpy_check_threads(int threads) {
     return 0;
 }
 
+
+/* ------------------------------------------------------------- dicts -- */
+
+/* 0 when every key of dict d is one of keys (NULL-terminated), else -1 with a ValueError naming it */
+int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what) {
+    if (!PyDict_Check(d)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a dict, got %s", what, Py_TYPE(d)->tp_name);
+        return -1;
+    }
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        const char *s = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+        int known = 0;
+        for (size_t i = 0; s && keys[i]; i++) known |= strcmp(s, keys[i]) == 0;
+        if (!known) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: unknown key %R", what, k);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------- activation spec -- */
+
+int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name) {
+    static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", NULL};
+    const ork_act_spec init = ORK_ACT_SPEC_INIT;
+    *spec = init;
+    *keep = NULL;
+    if (obj == Py_None) return 0;
+    char what[96];
+    snprintf(what, sizeof what, "%s: the activation spec", name);
+    if (orkpy_dict_keys_in(obj, keys, what) < 0) return -1;
+    PyObject *v;
+    if ((v = PyDict_GetItemString(obj, "mode"))) {
+        const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+        const ork_act_mode_info *row = s ? ork_act_mode_find(s) : NULL;
+        if (!row) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: unknown activation mode %R", name, v);
+            return -1;
+        }
+        spec->mode = row->id;
+    }
+    if ((v = PyDict_GetItemString(obj, "bits"))) {
+        long b = PyLong_AsLong(v);
+        if (b == -1 && PyErr_Occurred()) return -1;
+        if (b < -1024 || b > 1024) {
+            PyErr_Format(PyExc_ValueError, "%s: activation bits %ld out of range", name, b);
+            return -1;
+        }
+        spec->bits = (int)b;
+    }
+    if ((v = PyDict_GetItemString(obj, "clip")) && v != Py_None) {
+        double c = PyFloat_AsDouble(v);
+        if (c == -1.0 && PyErr_Occurred()) return -1;
+        spec->clip = (float)c; /* rounded to float32; a nonzero value that rounds to 0 is refused here */
+        if (c != 0.0 && spec->clip == 0.0f) {
+            PyErr_Format(PyExc_ValueError, "%s: static activation range %R underflows float32", name, v);
+            return -1;
+        }
+    }
+    if ((v = PyDict_GetItemString(obj, "prefix")) && v != Py_None) {
+        Py_ssize_t p = PyLong_AsSsize_t(v);
+        if (p < 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: act prefix must be >= 0, got %zd", name, p);
+            return -1;
+        }
+        spec->prefix = (size_t)p;
+    }
+    PyArrayObject *o = NULL;
+    if ((v = PyDict_GetItemString(obj, "outliers")) && v != Py_None) {
+        if (!(o = orkpy_as_exact(v, NPY_INT32, 1, "outliers"))) return -1;
+        spec->outliers = (const int32_t *)PyArray_DATA(o);
+        spec->n_outliers = (size_t)PyArray_DIM(o, 0);
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_act_spec_check(spec, K, &err);
+    if (st != ORK_OK) {
+        Py_XDECREF(o);
+        PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
+        if (msg) {
+            orkpy_raise_text(st, msg);
+            Py_DECREF(msg);
+        }
+        return -1;
+    }
+    *keep = (PyObject *)o;
+    return 0;
+}

@@ -17,6 +17,7 @@
 
 #include <string.h>
 
+#include "../ork/actspec.h"
 #include "../ork/cpu.h"
 #include "../ork/ggml_types.h"
 #include "../ork/pool.h"
@@ -226,6 +227,62 @@ static PyObject *py_register_kind_for_tests(PyObject *self, PyObject *args) {
     return PyLong_FromLong((long)id);
 }
 
+/* act_modes() -> [dict(name, id, static, per_tensor, outliers, bits)]: the activation mode
+ * registry (actspec.h), in id order. Exporting it seals the registry. */
+static PyObject *py_act_modes(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    ork_act_mode_seal();
+    size_t n = ork_act_mode_count();
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out && i < n; i++) {
+        const ork_act_mode_info *r = ork_act_mode_get((int)i);
+        if (!r) continue;
+        PyObject *row = Py_BuildValue("{s:s,s:i,s:O,s:O,s:O,s:(i)}", "name", r->name, "id", r->id, "static",
+                                      (r->flags & ORK_ACTF_STATIC) ? Py_True : Py_False, "per_tensor",
+                                      (r->flags & ORK_ACTF_PER_TENSOR) ? Py_True : Py_False, "outliers",
+                                      (r->flags & ORK_ACTF_OUTLIERS) ? Py_True : Py_False, "bits", ORK_ACT_BITS);
+        if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);
+        Py_XDECREF(row);
+    }
+    return out;
+}
+
+/* TESTS ONLY: the dummy mode's kernel: half the range its flags give (a static mode's clip,
+ * a per-tensor mode's largest row absmax, else each row's absmax) */
+static ork_status test_range_half(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r,
+                                  ork_err *err) {
+    (void)x, (void)K, (void)err;
+    const ork_act_mode_info *row = ork_act_mode_get(spec->mode);
+    float t = 0.0f;
+    for (size_t m = 0; m < M; m++)
+        if (r[m] > t) t = r[m];
+    for (size_t m = 0; m < M; m++) {
+        float a = (row->flags & ORK_ACTF_STATIC) ? spec->clip : (row->flags & ORK_ACTF_PER_TENSOR) ? t : r[m];
+        r[m] = 0.5f * a;
+    }
+    return ORK_OK;
+}
+
+/* _register_act_mode_for_tests(name, static=False, per_tensor=False, outliers=False) -> id: TESTS ONLY
+ * (ork_act_mode_register): a mode whose kernel is test_range_half, before anything exported the table. */
+static PyObject *py_register_act_mode_for_tests(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"name", "static", "per_tensor", "outliers", NULL};
+    const char *name;
+    int st_f = 0, pt_f = 0, ou_f = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|ppp:_register_act_mode_for_tests", kwlist, &name, &st_f, &pt_f,
+                                     &ou_f))
+        return NULL;
+    unsigned flags = (st_f ? ORK_ACTF_STATIC : 0u) | (pt_f ? ORK_ACTF_PER_TENSOR : 0u) | (ou_f ? ORK_ACTF_OUTLIERS : 0u);
+    int id = 0;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_act_mode_register(name, flags, test_range_half, &id, &err);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    return PyLong_FromLong((long)id);
+}
+
 static PyObject *py_default_grid(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -406,6 +463,12 @@ static PyMethodDef core_methods[] = {
      "kinds() -> [dict(name, id, bits, nlev, levels, lut, zero_code)]: the quantization kind registry"},
     {"_register_kind_for_tests", py_register_kind_for_tests, METH_VARARGS,
      "_register_kind_for_tests(name, levels) -> id: TESTS ONLY, a 4-bit codebook row before kinds() is called"},
+    {"act_modes", py_act_modes, METH_NOARGS,
+     "act_modes() -> [dict(name, id, static, per_tensor, outliers, bits)]: the activation mode registry"},
+    {"_register_act_mode_for_tests", (PyCFunction)(void (*)(void))py_register_act_mode_for_tests,
+     METH_VARARGS | METH_KEYWORDS,
+     "_register_act_mode_for_tests(name, static=False, per_tensor=False, outliers=False) -> id: TESTS ONLY, a mode "
+     "(kernel: half the range its flags give) before act_modes() is called"},
     {"default_grid", py_default_grid, METH_NOARGS, "default clip-ratio grid"},
     {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
@@ -415,7 +478,8 @@ static PyMethodDef core_methods[] = {
     {"matmul_int", (PyCFunction)(void (*)(void))orkpy_matmul_int, METH_VARARGS | METH_KEYWORDS,
      "matmul_int(store, kind, N, K, xq, threads=0) -> int32 (M, N)"},
     {"matmul", (PyCFunction)(void (*)(void))orkpy_matmul, METH_VARARGS | METH_KEYWORDS,
-     "matmul(store, kind, N, K, bscale, x, per_tensor=False, threads=0) -> float32 (M, N)"},
+     "matmul(store, kind, N, K, bscale, x, act=None, threads=0, group=0) -> float32 (M, N); act: an activation "
+     "spec dict (ActSpec.to_core()), None = per token"},
     {"packed_header", (PyCFunction)(void (*)(void))orkpy_packed_header, METH_VARARGS | METH_KEYWORDS,
      "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},

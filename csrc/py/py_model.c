@@ -197,34 +197,92 @@ static int get_float(PyObject *d, const char *key, float *out) {
     return 0;
 }
 
-/* items 7, 8, 9 of a packed spec: the static range, the outlier channels, the prefix rows; checked by the core */
-static int parse_act(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
-    double clip = PyFloat_AsDouble(PyTuple_GET_ITEM(spec, 7));
-    if (clip == -1.0 && PyErr_Occurred()) return -1;
-    l->act_clip = (float)clip;
-    if (clip != 0.0 && l->act_clip == 0.0f) {
-        PyErr_Format(PyExc_ValueError, "%s: static activation range %R underflows float32", name, PyTuple_GET_ITEM(spec, 7));
+/* item `key` of a packed linear's dict, or NULL with a KeyError */
+static PyObject *packed_item(PyObject *d, const char *key, const char *name) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) PyErr_Format(PyExc_KeyError, "%s: the packed linear has no '%s'", name, key);
+    return v;
+}
+
+/* ("f32", w) or ("packed", {kind, store, bscale, N, K, group, act}): LinearSpec.to_core() (orkpy/model.py).
+ * group 0 or a group size below K with bscale (N, G) (linear.h); act the activation spec's dict, read by
+ * orkpy_act_spec_from_py (coerce.c), or None for per token */
+static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
+    static const char *const keys[] = {"kind", "store", "bscale", "N", "K", "group", "act", NULL};
+    memset(l, 0, sizeof *l);
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s: linear spec must be a tuple (path, value)", name);
         return -1;
     }
-    Py_ssize_t prefix = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 9));
-    if (prefix < 0) {
-        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: act_prefix must be >= 0", name);
+    const char *path = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
+    if (!path) return -1;
+    PyObject *arg = PyTuple_GET_ITEM(spec, 1);
+    if (strcmp(path, "f32") == 0) {
+        npy_intp dims[2];
+        l->path = ORK_LIN_F32;
+        if (!(l->w = keep_f32(self, arg, 2, name, dims))) return -1;
+        l->N = (size_t)dims[0];
+        l->K = (size_t)dims[1];
+        return 0;
+    }
+    if (strcmp(path, "packed") != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: unknown linear spec '%s'", name, path);
         return -1;
     }
-    l->act_prefix = (size_t)prefix;
-    PyObject *o = PyTuple_GET_ITEM(spec, 8);
-    if (o != Py_None) {
-        PyArrayObject *a = orkpy_as_exact(o, NPY_INT32, 1, "outliers");
-        if (!a) return -1;
-        int r = PyList_Append(self->keep, (PyObject *)a);
-        Py_DECREF(a);
+    char what[64];
+    snprintf(what, sizeof what, "%s: packed linear", name);
+    if (orkpy_dict_keys_in(arg, keys, what) < 0) return -1;
+    PyObject *kind_o, *store_o, *bscale_o, *n_o, *k_o;
+    if (!(kind_o = packed_item(arg, "kind", name)) || !(store_o = packed_item(arg, "store", name)) ||
+        !(bscale_o = packed_item(arg, "bscale", name)) || !(n_o = packed_item(arg, "N", name)) ||
+        !(k_o = packed_item(arg, "K", name)))
+        return -1;
+    const char *kind_s = PyUnicode_AsUTF8(kind_o);
+    const ork_kind_info *ki = kind_s ? orkpy_parse_kind(kind_s) : NULL;
+    if (!ki) return -1;
+    l->kind = ki->id;
+    Py_ssize_t N = PyLong_AsSsize_t(n_o), K = PyLong_AsSsize_t(k_o);
+    if (N <= 0 || K <= 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: bad packed shape", name);
+        return -1;
+    }
+    PyArrayObject *store = orkpy_as_store(store_o, ki, N, K, name);
+    if (!store) return -1;
+    int r = PyList_Append(self->keep, (PyObject *)store);
+    Py_DECREF(store);
+    if (r < 0) return -1;
+    l->store = PyArray_DATA(store);
+    Py_ssize_t group = 0;
+    PyObject *g_o = PyDict_GetItemString(arg, "group");
+    if (g_o && g_o != Py_None && (group = PyLong_AsSsize_t(g_o)) < 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: group size must be >= 0", name);
+        return -1;
+    }
+    const size_t G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
+    l->group = G > 1 ? (size_t)group : 0;
+    npy_intp bd[2] = {0, 1};
+    if (!(l->bscale = keep_f32(self, bscale_o, G > 1 ? 2 : 1, name, bd))) return -1;
+    if (bd[0] != N || (size_t)bd[1] != G) {
+        PyErr_Format(PyExc_ValueError, "%s: bscale has shape (%zd, %zd), expected (%zd, %zu)", name,
+                     (Py_ssize_t)bd[0], (Py_ssize_t)bd[1], N, G);
+        return -1;
+    }
+    PyObject *act_o = PyDict_GetItemString(arg, "act"), *act_keep = NULL;
+    if (orkpy_act_spec_from_py(act_o ? act_o : Py_None, (size_t)K, &l->act, &act_keep, name) < 0) return -1;
+    if (act_keep) {
+        r = PyList_Append(self->keep, act_keep);
+        Py_DECREF(act_keep);
         if (r < 0) return -1;
-        l->outliers = (const int32_t *)PyArray_DATA(a);
-        l->n_outliers = (size_t)PyArray_DIM(a, 0);
     }
-    ork_err err;
+    ork_err err; /* the door of a packed linear: codes, scales and its activation settings (pack.h, linear.h) */
     err.msg[0] = '\0';
-    ork_status st = ork_linear_check_act(l, &err);
+    l->path = ORK_LIN_PACKED;
+    l->N = (size_t)N;
+    l->K = (size_t)K;
+    ork_status st = ork_group_check((size_t)group, &err);
+    if (st == ORK_OK) st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
+    if (st == ORK_OK) st = ork_pack_check_gscales(l->bscale, (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
+    if (st == ORK_OK) st = ork_linear_check_act(l, &err);
     if (st != ORK_OK) {
         PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
         if (msg) {
@@ -234,84 +292,6 @@ static int parse_act(FwdObject *self, PyObject *spec, ork_linear *l, const char 
         return -1;
     }
     return 0;
-}
-
-/* ("f32", w) or ("packed", kind, store, bscale, N, K, per_tensor[, act_clip, outliers, act_prefix[, group]])
- * (act_clip a float, 0 = dynamic; outliers None or a 1-D int32 array; act_prefix rows; group 0 or a group size
- * below K with bscale (N, G): linear.h) */
-static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
-    memset(l, 0, sizeof *l);
-    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2) {
-        PyErr_Format(PyExc_TypeError, "%s: linear spec must be a tuple", name);
-        return -1;
-    }
-    const char *path = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0));
-    if (!path) return -1;
-    if (strcmp(path, "f32") == 0) {
-        npy_intp dims[2];
-        l->path = ORK_LIN_F32;
-        if (!(l->w = keep_f32(self, PyTuple_GET_ITEM(spec, 1), 2, name, dims))) return -1;
-        l->N = (size_t)dims[0];
-        l->K = (size_t)dims[1];
-        return 0;
-    }
-    const Py_ssize_t nspec = PyTuple_GET_SIZE(spec);
-    if (strcmp(path, "packed") == 0 && (nspec == 7 || nspec == 10 || nspec == 11)) {
-        const char *kind_s = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 1));
-        const ork_kind_info *ki = kind_s ? orkpy_parse_kind(kind_s) : NULL;
-        if (!ki) return -1;
-        l->kind = ki->id;
-        Py_ssize_t N = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4)), K = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 5));
-        if (N <= 0 || K <= 0) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: bad packed shape", name);
-            return -1;
-        }
-        PyArrayObject *store = orkpy_as_store(PyTuple_GET_ITEM(spec, 2), ki, N, K, name);
-        if (!store) return -1;
-        int r = PyList_Append(self->keep, (PyObject *)store);
-        Py_DECREF(store);
-        if (r < 0) return -1;
-        l->store = PyArray_DATA(store);
-        Py_ssize_t group = 0;
-        if (nspec == 11 && (group = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 10))) < 0) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: group size must be >= 0", name);
-            return -1;
-        }
-        const size_t G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
-        l->group = G > 1 ? (size_t)group : 0;
-        npy_intp bd[2] = {0, 1};
-        if (!(l->bscale = keep_f32(self, PyTuple_GET_ITEM(spec, 3), G > 1 ? 2 : 1, name, bd))) return -1;
-        if (bd[0] != N || (size_t)bd[1] != G) {
-            PyErr_Format(PyExc_ValueError, "%s: bscale has shape (%zd, %zd), expected (%zd, %zu)", name,
-                         (Py_ssize_t)bd[0], (Py_ssize_t)bd[1], N, G);
-            return -1;
-        }
-        ork_err err; /* the door of a packed linear: codes and scales (pack.h) */
-        err.msg[0] = '\0';
-        ork_status st = ork_group_check((size_t)group, &err);
-        if (st == ORK_OK) st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
-        if (st == ORK_OK) st = ork_pack_check_gscales(l->bscale, (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
-        if (st != ORK_OK) {
-            PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
-            if (msg) {
-                orkpy_raise_text(st, msg);
-                Py_DECREF(msg);
-            }
-            return -1;
-        }
-        l->path = ORK_LIN_PACKED;
-        l->N = (size_t)N;
-        l->K = (size_t)K;
-        l->per_tensor_act = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 6));
-        if (nspec >= 10 && parse_act(self, spec, l, name) < 0) return -1;
-        if (nspec == 7 && l->group && ork_linear_check_act(l, &err) != ORK_OK) {
-            PyErr_Format(PyExc_ValueError, "%s: %s", name, err.msg);
-            return -1;
-        }
-        return 0;
-    }
-    PyErr_Format(PyExc_ValueError, "%s: unknown linear spec '%s'", name, path);
-    return -1;
 }
 
 static const float *opt_vec(FwdObject *self, PyObject *d, const char *key) {
@@ -1087,7 +1067,7 @@ static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
 }
 
 /* set_linear(index, spec): replace linear `index` (linear_names order) by another spec of the
- * same shape (parse_linear's tuple); its bias, statistics hooks and NPU route are kept / cleared
+ * same shape (parse_linear's (path, value)); its bias, statistics hooks and NPU route are kept / cleared
  * as they were set up (the NPU route is dropped: it held the old weight's values) */
 static PyObject *fwd_set_linear_unlocked(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;

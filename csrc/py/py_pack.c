@@ -181,27 +181,28 @@ done:
     return result;
 }
 
+/* matmul(store, kind, N, K, bscale, x, act=None, threads=0, group=0): one packed linear in an
+ * activation spec (act: ActSpec.to_core()'s dict, read by orkpy_act_spec_from_py; None = per token) */
 PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "per_tensor", "threads", "clip", "outliers",
-                             "prefix", "group", NULL};
-    PyObject *s_obj, *b_obj, *x_obj, *o_obj = Py_None;
+    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "act", "threads", "group", NULL};
+    PyObject *s_obj, *b_obj, *x_obj, *a_obj = Py_None;
     const char *kind_s;
     Py_ssize_t N, K;
-    int per_tensor = 0, threads = 0;
-    double clip = 0.0;
-    Py_ssize_t prefix = 0, group = 0;
+    int threads = 0;
+    Py_ssize_t group = 0;
     size_t G = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|pidOnn:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
-                                     &per_tensor, &threads, &clip, &o_obj, &prefix, &group))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|Oin:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
+                                     &a_obj, &threads, &group))
         return NULL;
-    if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
     const ork_kind kind = ki->id;
-    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL, *outl = NULL;
-    PyObject *result = NULL;
-    if (o_obj != Py_None && !(outl = orkpy_as_exact(o_obj, NPY_INT32, 1, "outliers"))) goto done;
+    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL;
+    PyObject *result = NULL, *act_keep = NULL;
+    ork_linear l; /* one packed linear in its activation spec (linear.h) */
+    memset(&l, 0, sizeof l);
+    if (orkpy_act_spec_from_py(a_obj, (size_t)K, &l.act, &act_keep, "matmul") < 0) goto done;
     if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(bs = as_bscale(b_obj, N, K, group, &G))) goto done;
     if (!(x = orkpy_as_float32(x_obj, 2, "x"))) goto done;
@@ -216,8 +217,6 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
-    ork_linear l; /* one packed linear in its activation mode (linear.h) */
-    memset(&l, 0, sizeof l);
     l.path = ORK_LIN_PACKED;
     l.N = (size_t)N;
     l.K = (size_t)K;
@@ -225,17 +224,6 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     l.store = PyArray_DATA(store);
     l.bscale = (const float *)PyArray_DATA(bs);
     l.group = G > 1 ? (size_t)group : 0;
-    l.per_tensor_act = per_tensor;
-    l.act_prefix = (size_t)prefix;
-    l.act_clip = (float)clip; /* rounded to float32; a nonzero value that rounds to 0 is refused below */
-    if (clip != 0.0 && (st = ork_act_clip_check(l.act_clip, &err)) != ORK_OK) {
-        orkpy_raise(st, &err);
-        goto done;
-    }
-    if (outl) {
-        l.outliers = (const int32_t *)PyArray_DATA(outl);
-        l.n_outliers = (size_t)PyArray_DIM(outl, 0);
-    }
     Py_BEGIN_ALLOW_THREADS
     st = ork_linear_apply(&l, (const float *)PyArray_DATA(x), (size_t)M, (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
@@ -250,7 +238,7 @@ done:
     Py_XDECREF(bs);
     Py_XDECREF(x);
     Py_XDECREF(out);
-    Py_XDECREF(outl);
+    Py_XDECREF(act_keep);
     return result;
 }
 

@@ -1,9 +1,11 @@
-/* test_actquant.c - the activation modes of a packed linear (linear.h):
- * per token, per tensor, static range (saturating) and outlier channels in
- * float, on every ISA of this build against the scalar kernels and against a
- * naive implementation of the contract, the external int8 matmul path (an
- * NPU backend) bit-identical to the CPU path, the activation statistics'
- * histogram, and the errors. Prints "N passed, N failed". */
+/* test_actquant.c - the activation modes of a packed linear (linear.h,
+ * actspec.h): per token, per tensor, static range (saturating) and outlier
+ * channels in float, on every ISA of this build against the scalar kernels and
+ * against a naive implementation of the contract, the external int8 matmul
+ * path (an NPU backend) bit-identical to the CPU path, the activation
+ * statistics' histogram, the spec's validator, the mode registry (a mode
+ * registered with its own kernel runs through ork_linear_apply), and the
+ * errors. Prints "N passed, N failed". */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,12 +56,22 @@ static ork_linear linear_of(const weight *w, int per_tensor, float clip, size_t 
     l.kind = w->kind;
     l.store = w->store;
     l.bscale = w->bscale;
-    l.per_tensor_act = per_tensor;
-    l.act_clip = clip;
-    l.outliers = n_outl ? OUTL : NULL;
-    l.n_outliers = n_outl;
-    l.act_prefix = prefix;
+    const ork_act_spec init = ORK_ACT_SPEC_INIT;
+    l.act = init;
+    l.act.mode = clip != 0.0f ? ORK_ACT_MODE_STATIC : per_tensor ? ORK_ACT_MODE_PER_TENSOR
+                 : n_outl ? ORK_ACT_MODE_PER_TOKEN_OUTLIERS : ORK_ACT_MODE_PER_TOKEN;
+    l.act.clip = clip;
+    l.act.outliers = n_outl ? OUTL : NULL;
+    l.act.n_outliers = n_outl;
+    l.act.prefix = prefix;
     return l;
+}
+
+static ork_act_spec static_spec(float clip) {
+    ork_act_spec s = ORK_ACT_SPEC_INIT;
+    s.mode = ORK_ACT_MODE_STATIC;
+    s.clip = clip;
+    return s;
 }
 
 /* the contract written out naively (linear.h, pack.h) */
@@ -166,7 +178,8 @@ static void modes(ork_isa isa, int first) {
     /* static: every value beyond the range saturates at +-127 */
     int8_t xq[M * 128];
     float as[M];
-    CHECK(ork_quantize_acts(x, M, K, 128, 0, clip, 0, xq, as, &err) == ORK_OK, "quantize static");
+    ork_act_spec ss = static_spec(clip);
+    CHECK(ork_quantize_acts(x, M, K, 128, &ss, xq, as, &err) == ORK_OK, "quantize static");
     int sat = 1, pad = 1;
     for (size_t m = 0; m < M; m++) {
         sat &= as[m] == clip / 127.0f;
@@ -183,7 +196,8 @@ static void modes(ork_isa isa, int first) {
     for (int i = 0; i < 64; i++) big[i] = (i & 1 ? -1.0f : 1.0f) * (i < 32 ? 3e38f : 1e30f);
     int8_t bq[64];
     float bs;
-    CHECK(ork_quantize_acts(big, 1, 64, 64, 0, 1e-20f, 0, bq, &bs, &err) == ORK_OK, "quantize huge");
+    ss = static_spec(1e-20f);
+    CHECK(ork_quantize_acts(big, 1, 64, 64, &ss, bq, &bs, &err) == ORK_OK, "quantize huge");
     int hs = 1;
     for (int i = 0; i < 64; i++) hs &= bq[i] == (i & 1 ? -127 : 127);
     CHECK(hs, "%s: overflowing products saturate", ork_isa_name(isa));
@@ -208,8 +222,8 @@ static void errors(void) {
     const size_t nos[4] = {2, 2, 1, 1};
     for (int i = 0; i < 4; i++) {
         ork_linear l = linear_of(&w, 0, 0.0f, 0, 0);
-        l.outliers = outs[i];
-        l.n_outliers = nos[i];
+        l.act.outliers = outs[i];
+        l.act.n_outliers = nos[i];
         err.msg[0] = '\0';
         CHECK(ork_linear_apply(&l, x, M, y, 1, &err) == ORK_EINVAL && strstr(err.msg, "outlier channel"),
               "bad outliers %d: %s", i, err.msg);
@@ -221,7 +235,7 @@ static void errors(void) {
     f.K = K;
     float *wf = calloc(N * K, sizeof(float));
     f.w = wf;
-    f.act_clip = 1.0f;
+    f.act.clip = 1.0f;
     CHECK(ork_linear_apply(&f, x, M, y, 1, &err) == ORK_EINVAL, "a range on a float linear");
     /* a non-finite value in an outlier channel (taken out of the int8 input) is still an error */
     ork_linear l = linear_of(&w, 0, 0.0f, 3, 0);
@@ -231,6 +245,77 @@ static void errors(void) {
     l = linear_of(&w, 0, 1.0f, 0, 0);
     CHECK(ork_linear_apply(&l, x, M, y, 1, &err) == ORK_ENONFINITE, "NaN static: %s", err.msg);
     free(wf);
+    free(w.store);
+}
+
+/* the spec's one validator: a registered mode serving the bits, its clip, its channels */
+static void spec_check(void) {
+    ork_err err;
+    ork_act_spec s = ORK_ACT_SPEC_INIT;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_OK, "the default spec: %s", err.msg);
+    s.bits = 4;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "bits must be 8, got 4"), "bits 4: %s",
+          err.msg);
+    s.bits = 0;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL, "bits 0 (a zeroed spec is not a valid one)");
+    s = static_spec(0.0f);
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "static activation range 0"),
+          "static without a range: %s", err.msg);
+    s.mode = ORK_ACT_MODE_PER_TENSOR;
+    s.clip = 2.0f;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "'per_tensor' takes no static range"),
+          "a range on a dynamic mode: %s", err.msg);
+    s = static_spec(1.0f);
+    s.mode = (int)ork_act_mode_count();
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "unknown activation mode"), "unknown mode");
+    s.mode = -1;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL, "mode -1");
+    s = static_spec(1.0f);
+    s.n_outliers = 2;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "missing"), "NULL channels");
+    const ork_act_mode_info *r = ork_act_mode_find("per_token_outliers");
+    CHECK(r && r->id == ORK_ACT_MODE_PER_TOKEN_OUTLIERS && (r->flags & ORK_ACTF_OUTLIERS) && ork_act_bits_ok(r, 8) &&
+              !ork_act_bits_ok(r, 4) && ork_act_mode_get(ORK_ACT_MODE_STATIC)->flags == ORK_ACTF_STATIC,
+          "the built-in rows");
+}
+
+/* a mode whose kernel is its own (a quarter of each row's absmax): registered, it runs through the linear */
+static ork_status range_quarter(const ork_act_spec *spec, const float *x, size_t Mr, size_t Kr, float *r, ork_err *err) {
+    (void)spec, (void)x, (void)Kr, (void)err;
+    for (size_t m = 0; m < Mr; m++) r[m] *= 0.25f;
+    return ORK_OK;
+}
+
+static void registry(void) {
+    ork_err err;
+    int id = -1;
+    CHECK(ork_act_mode_register("Bad-name", 0, range_quarter, &id, &err) == ORK_EINVAL, "bad name");
+    CHECK(ork_act_mode_register("per_token", 0, range_quarter, &id, &err) == ORK_EINVAL &&
+          strstr(err.msg, "already registered"), "a taken name");
+    CHECK(ork_act_mode_register("q4", ORK_ACTF_STATIC | ORK_ACTF_PER_TENSOR, range_quarter, &id, &err) == ORK_EINVAL,
+          "static and per tensor");
+    CHECK(ork_act_mode_register("q4", 0, NULL, &id, &err) == ORK_EINVAL, "no kernel");
+    CHECK(ork_act_mode_register("quarter", 0, range_quarter, &id, &err) == ORK_OK && id == 4 &&
+          ork_act_mode_find("quarter") == ork_act_mode_get(4), "register quarter: %s", err.msg);
+    weight w;
+    make_weight(&w, ORK_KIND_NF4);
+    float x[M * K], y[M * N], y1[N];
+    for (size_t i = 0; i < M * K; i++) x[i] = rnd_f();
+    ork_linear l = linear_of(&w, 0, 0.0f, 0, 1);
+    l.act.mode = id;
+    CHECK(ork_linear_apply(&l, x, M, y, 2, &err) == ORK_OK, "quarter: %s", err.msg);
+    int same = 1;
+    for (size_t m = 0; m < M; m++) { /* row m (m >= prefix 1) is the static mode with a quarter of its absmax */
+        float a = 0.0f;
+        for (size_t k = 0; k < K; k++) a = fmaxf(a, fabsf(x[m * K + k]));
+        ork_linear s = linear_of(&w, 0, m ? 0.25f * a : 0.0f, 0, 0);
+        CHECK(ork_linear_apply(&s, x + m * K, 1, y1, 1, &err) == ORK_OK, "static row %zu", m);
+        same &= memcmp(y1, y + m * N, sizeof y1) == 0;
+    }
+    CHECK(same, "the registered mode's rows are the static mode's with its ranges");
+    ork_act_mode_seal();
+    CHECK(ork_act_mode_register("late", 0, range_quarter, &id, &err) == ORK_EINVAL && strstr(err.msg, "sealed"),
+          "sealed");
     free(w.store);
 }
 
@@ -336,6 +421,8 @@ int main(void) {
     }
     CHECK(tested > 0, "no SIMD ISA to compare");
     errors();
+    spec_check();
+    registry();
     stats();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

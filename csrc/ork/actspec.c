@@ -1,0 +1,172 @@
+/* actspec.c - the activation modes' registry, the spec's validator and the
+ * shared activation quantizer (actspec.h). */
+#include "actspec.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "quant.h"
+
+/* ------------------------------------------------------------ kernels -- */
+static ork_status range_row(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r, ork_err *err) {
+    (void)spec, (void)x, (void)M, (void)K, (void)r, (void)err;
+    return ORK_OK; /* each row its own absmax */
+}
+
+static ork_status range_tensor(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r, ork_err *err) {
+    (void)spec, (void)x, (void)K, (void)err;
+    float t = 0.0f;
+    for (size_t m = 0; m < M; m++)
+        if (r[m] > t) t = r[m];
+    for (size_t m = 0; m < M; m++) r[m] = t;
+    return ORK_OK;
+}
+
+static ork_status range_static(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r, ork_err *err) {
+    (void)x, (void)K, (void)err;
+    for (size_t m = 0; m < M; m++) r[m] = spec->clip;
+    return ORK_OK;
+}
+
+/* ----------------------------------------------------------- registry -- */
+static ork_act_mode_info g_modes[ORK_ACT_MODE_MAX] = {
+    {ORK_ACT_MODE_PER_TOKEN, "per_token", 0, range_row},
+    {ORK_ACT_MODE_PER_TENSOR, "per_tensor", ORK_ACTF_PER_TENSOR, range_tensor},
+    {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static},
+    {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row},
+};
+static atomic_size_t g_nmodes = 0; /* rows published (a row is complete before the count covers it) */
+static atomic_int g_sealed = 0;
+static pthread_once_t g_modes_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_modes_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_act_mode_register */
+
+/* the built-in rows: those written above (a row has a kernel), checked to sit at their ids */
+static void modes_init(void) {
+    size_t n = 0;
+    while (n < ORK_ACT_MODE_MAX && g_modes[n].range && g_modes[n].id == (int)n) n++;
+    atomic_store(&g_nmodes, n);
+}
+
+size_t ork_act_mode_count(void) {
+    pthread_once(&g_modes_once, modes_init);
+    return atomic_load(&g_nmodes);
+}
+
+const ork_act_mode_info *ork_act_mode_get(int mode) {
+    return mode >= 0 && (size_t)mode < ork_act_mode_count() ? &g_modes[mode] : NULL;
+}
+
+const ork_act_mode_info *ork_act_mode_find(const char *name) {
+    size_t n = ork_act_mode_count();
+    for (size_t i = 0; name && i < n; i++)
+        if (strcmp(g_modes[i].name, name) == 0) return &g_modes[i];
+    return NULL;
+}
+
+int ork_act_bits_ok(const ork_act_mode_info *row, int bits) { return row && bits == ORK_ACT_BITS; }
+
+void ork_act_mode_seal(void) { atomic_store(&g_sealed, 1); }
+
+ork_status ork_act_mode_register(const char *name, unsigned flags, ork_act_range_fn range, int *id, ork_err *err) {
+    if (!name || !range || !id) return ork_err_set(err, ORK_EINVAL, "act_mode_register: NULL argument");
+    size_t len = strlen(name);
+    if (len == 0 || len >= ORK_ACT_MODE_NAME_MAX || strspn(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != len)
+        return ork_err_set(err, ORK_EINVAL, "activation mode name '%.32s' must be 1..%d characters of [a-z0-9_]", name,
+                           ORK_ACT_MODE_NAME_MAX - 1);
+    if (flags & ~(ORK_ACTF_STATIC | ORK_ACTF_PER_TENSOR | ORK_ACTF_OUTLIERS))
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s': unknown flags 0x%x", name, flags);
+    if ((flags & ORK_ACTF_STATIC) && (flags & ORK_ACTF_PER_TENSOR))
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s': a range is static or dynamic, not both", name);
+    pthread_mutex_lock(&g_modes_mu);
+    ork_status st = ORK_OK;
+    size_t n = ork_act_mode_count();
+    if (atomic_load(&g_sealed))
+        st = ork_err_set(err, ORK_EINVAL, "the activation mode registry is sealed: modes were already exported");
+    else if (ork_act_mode_find(name))
+        st = ork_err_set(err, ORK_EINVAL, "activation mode '%s' is already registered", name);
+    else if (n >= ORK_ACT_MODE_MAX)
+        st = ork_err_set(err, ORK_EINVAL, "the activation mode registry is full (%d rows)", ORK_ACT_MODE_MAX);
+    if (st == ORK_OK) {
+        ork_act_mode_info *row = &g_modes[n];
+        memset(row, 0, sizeof *row);
+        row->id = (int)n;
+        memcpy(row->name, name, len + 1);
+        row->flags = flags;
+        row->range = range;
+        atomic_store(&g_nmodes, n + 1);
+        *id = row->id;
+    }
+    pthread_mutex_unlock(&g_modes_mu);
+    return st;
+}
+
+/* ---------------------------------------------------------- validator -- */
+ork_status ork_act_clip_check(float clip, ork_err *err) {
+    if (!isfinite(clip) || !(clip >= ORK_QUANT_TINY))
+        return ork_err_set(err, ORK_EINVAL, "static activation range %g is not a finite number >= %g", (double)clip,
+                           (double)ORK_QUANT_TINY);
+    return ORK_OK;
+}
+
+ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
+    const ork_act_mode_info *row = ork_act_mode_get(s->mode);
+    if (!row) return ork_err_set(err, ORK_EINVAL, "unknown activation mode %d", s->mode);
+    if (!ork_act_bits_ok(row, s->bits))
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s': bits must be %d, got %d", row->name, ORK_ACT_BITS,
+                           s->bits);
+    if (row->flags & ORK_ACTF_STATIC) {
+        ork_status st = ork_act_clip_check(s->clip, err);
+        if (st) return st;
+    } else if (s->clip != 0.0f) {
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s' takes no static range (got %g): only a static mode "
+                           "does", row->name, (double)s->clip);
+    }
+    if (s->n_outliers && !s->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
+    for (size_t j = 0; j < s->n_outliers; j++) {
+        int32_t o = s->outliers[j];
+        if (o < 0 || (size_t)o >= K)
+            return ork_err_set(err, ORK_EINVAL, "outlier channel %ld (entry %zu) outside [0, %zu)", (long)o, j, K);
+        if (j && o <= s->outliers[j - 1])
+            return ork_err_set(err, ORK_EINVAL, "outlier channels must be strictly increasing (entry %zu: %ld after %ld)",
+                               j, (long)o, (long)s->outliers[j - 1]);
+    }
+    return ORK_OK;
+}
+
+/* ---------------------------------------------------------- quantizer -- */
+ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
+                             float *ascale, ork_err *err) {
+    ork_status st = ork_act_spec_check(spec, K, err);
+    if (st) return st;
+    const ork_act_mode_info *row = ork_act_mode_get(spec->mode);
+    const ork_quant_kernels *qk = ork_quant_kernels_active();
+    for (size_t m = 0; m < M; m++) {
+        float a;
+        if (qk->absmax(x + m * K, K, &a)) {
+            for (size_t k = 0; k < K; k++)
+                if (!isfinite(x[m * K + k]))
+                    return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
+                                       isnan(x[m * K + k]) ? "NaN" : "Inf", m, k);
+        }
+        ascale[m] = a;
+    }
+    const size_t p = spec->prefix < M ? spec->prefix : M; /* prefix rows keep their absmax */
+    if (M > p && (st = row->range(spec, x + p * K, M - p, K, ascale + p, err))) return st;
+    const float qmax = (float)((1 << (spec->bits - 1)) - 1); /* 127 */
+    for (size_t m = 0; m < M; m++) {
+        float a = ascale[m];
+        int8_t *q = xq + m * ldq;
+        memset(q + K, 0, ldq - K);
+        if (!(a >= ORK_QUANT_TINY)) {
+            ascale[m] = 0.0f;
+            memset(q, 0, K);
+            continue;
+        }
+        ascale[m] = a / qmax;
+        qk->codes8_rtn(x + m * K, K, qmax / a, qmax, q);
+    }
+    return ORK_OK;
+}

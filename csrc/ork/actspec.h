@@ -1,0 +1,140 @@
+/* actspec.h - the activation spec of a packed linear (how its float input
+ * becomes int8) and the registry of activation modes: one value from the API
+ * (orkpy.ActSpec) through the binding (csrc/py/coerce.c
+ * orkpy_act_spec_from_py) to the kernels (linear.c, pack.c, ffn_chain.c).
+ * (act.h is another thing: the FFN's gate activation, SiLU / GELU.)
+ *
+ * ------------------------------------------------------------- the spec --
+ *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers }
+ *   mode        a registry row id (below); 0 is per_token
+ *   bits        activation bits: 8 (the only width today; a row lists the
+ *               widths it serves: ork_act_bits_ok)
+ *   clip        a static mode's range (> 0, float32, calibrated once); 0 for
+ *               every other mode
+ *   prefix      the first `prefix` rows of every call are quantized per row
+ *               whatever the mode (and left out of the rows the mode's range
+ *               sees); the forward pass passes positions, so these are the
+ *               sequence's first positions (linear.h "prefix")
+ *   outliers    n_outliers input channels (strictly increasing, < K) kept out
+ *               of the int8 product and added in float (linear.h "outliers");
+ *               allowed with every mode
+ * ork_act_spec_check is the one validator (ORK_EINVAL naming the problem);
+ * ORK_ACT_SPEC_INIT is the per-token default.
+ *
+ * ------------------------------------------------------------- a mode ----
+ * A mode is one row of the registry (actspec.c, g_modes):
+ *   name        what the API, the CLI (--act) and the files call it
+ *   flags       ORK_ACTF_STATIC     needs a calibrated static range (clip > 0);
+ *                                   the calibration's prefix is its default
+ *               ORK_ACTF_PER_TENSOR one dynamic range spans a call's rows
+ *               ORK_ACTF_OUTLIERS   takes outlier channels from the calibration
+ *               (STATIC or PER_TENSOR: rows share a range, so a prefix applies)
+ *   range       the mode's kernel: the range (the value mapped to +-127) of
+ *               each non-prefix row, from the rows, their absmax and the spec
+ * The quantizer (ork_quantize_acts) is shared: a row with range a >=
+ * ORK_QUANT_TINY has scale a / 127 and codes clamp(round_half_away(x * (127 /
+ * a)), -127, 127) (the kind quantizer's codes8_rtn, so values beyond +-a
+ * saturate); a smaller range is a zero row (scale 0, codes 0). Prefix rows take
+ * their own absmax. Non-finite inputs are ORK_ENONFINITE naming them.
+ *
+ * Built-in rows: per_token (range = the row's absmax), per_tensor (the largest
+ * absmax of the call's non-prefix rows), static (clip), per_token_outliers
+ * (per_token's range; the calibration's outlier channels). Their ids are the
+ * ORK_ACT_MODE_* constants.
+ *
+ * ----------------------------------------------------- adding a mode -----
+ * Product files (at most 3; tests aside):
+ *   1. csrc/ork/actspec.c   its kernel (an ork_act_range_fn) and its row at the
+ *                           end of g_modes (id = its index; files and the API
+ *                           use names; ORK_ACT_MODE_MAX bounds the table)
+ *   2. orkpy/actcal.py      a line in the module doc (the modes' user
+ *                           documentation); its calibration only when it needs
+ *                           one that does not exist yet (a static range and
+ *                           outlier channels exist: ORK_ACTF_STATIC /
+ *                           ORK_ACTF_OUTLIERS take them from an ActCalibration)
+ *   3. csrc/ork/actspec.h   an ORK_ACT_MODE_* constant, only if C code must name
+ *                           the mode
+ * Everything else reads the row: _core.act_modes(), orkpy.ACT_MODES, ActSpec's
+ * checks and its resolution from a calibration, load_model / QuantizedModel,
+ * PackedWeight.matmul, the CLI's --act choices, the forward pass, the decode
+ * session, the NPU path (the int8 matmul is the same) and the FFN chain (its
+ * input is quantized in the gate's spec). tests/test_act_registry.py registers
+ * a dummy mode through _core._register_act_mode_for_tests and runs it there.
+ */
+#ifndef ORK_ACTSPEC_H
+#define ORK_ACTSPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define ORK_ACT_MODE_MAX 8       /* rows, built-in + registered */
+#define ORK_ACT_MODE_NAME_MAX 24 /* name bytes, NUL included */
+#define ORK_ACT_BITS 8           /* the one activation width today */
+
+enum {
+    ORK_ACT_MODE_PER_TOKEN = 0,
+    ORK_ACT_MODE_PER_TENSOR = 1,
+    ORK_ACT_MODE_STATIC = 2,
+    ORK_ACT_MODE_PER_TOKEN_OUTLIERS = 3,
+};
+
+#define ORK_ACTF_STATIC 1u
+#define ORK_ACTF_PER_TENSOR 2u
+#define ORK_ACTF_OUTLIERS 4u
+
+typedef struct ork_act_spec {
+    int mode;                /* registry row id */
+    int bits;                /* 8 */
+    float clip;              /* static range, 0 = dynamic */
+    size_t prefix;           /* leading rows quantized per row */
+    const int32_t *outliers; /* n_outliers channels computed in float, strictly increasing, < K */
+    size_t n_outliers;
+} ork_act_spec;
+
+#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0}
+
+/* A mode's kernel: r[0..M) holds the absmax (finite) of rows x[0..M) (stride K) on
+ * entry and their ranges on return. The prefix rows are not among them. */
+typedef ork_status (*ork_act_range_fn)(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r,
+                                       ork_err *err);
+
+typedef struct ork_act_mode_info {
+    int id;                           /* row index */
+    char name[ORK_ACT_MODE_NAME_MAX]; /* "per_token", ... */
+    unsigned flags;                   /* ORK_ACTF_* */
+    ork_act_range_fn range;
+} ork_act_mode_info;
+
+/* The row of a mode id, or NULL. */
+const ork_act_mode_info *ork_act_mode_get(int mode);
+/* The row named `name`, or NULL. */
+const ork_act_mode_info *ork_act_mode_find(const char *name);
+/* Rows in the registry (ids 0 .. count-1). */
+size_t ork_act_mode_count(void);
+/* Whether a mode serves `bits`-bit activations (8 for every row today). */
+int ork_act_bits_ok(const ork_act_mode_info *row, int bits);
+/* TESTS ONLY: append a row (name [a-z0-9_], flags, kernel); ORK_EINVAL if the
+ * name is taken, the flags are unknown, the kernel is NULL, the table is full
+ * or the registry is sealed. The product never registers modes; tests use it
+ * to prove a new mode needs only a row and its kernel. */
+ork_status ork_act_mode_register(const char *name, unsigned flags, ork_act_range_fn range, int *id, ork_err *err);
+/* Close the registry: called when the table is exported (the binding's act_modes()). */
+void ork_act_mode_seal(void);
+
+/* The one validator of a spec for K inputs: a registered mode that serves
+ * spec->bits; clip a valid range (ork_act_clip_check) for a static mode and 0
+ * for any other; outliers strictly increasing in [0, K) (NULL only when
+ * n_outliers is 0). ORK_EINVAL naming the problem. */
+ork_status ork_act_spec_check(const ork_act_spec *spec, size_t K, ork_err *err);
+/* A static range: ORK_EINVAL unless finite and >= ORK_QUANT_TINY. */
+ork_status ork_act_clip_check(float clip, ork_err *err);
+
+/* Quantize activations in a spec's mode (see above): x (M, K) -> xq (M rows of
+ * ldq >= K int8, zero-padded) and ascale (M). The outlier channels are the
+ * caller's (linear.c zeroes them first). Checks the spec. */
+ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
+                             float *ascale, ork_err *err);
+
+#endif
