@@ -79,7 +79,7 @@ def _cmd_gguf_info(args):
 
 
 def _cmd_tier_map(args):
-    from ..tiermap import tier_map
+    from ..tiermap import INT_TIERS, tier_map
 
     if args.emit_map:
         _check_output_path(args.emit_map, "--emit-map")
@@ -92,8 +92,9 @@ def _cmd_tier_map(args):
         print(f"{gt:<10}{tier:<7}{n:>8}")
     c = tm.counts_by_tier()
     b = tm.result_bytes()
-    mid_c = "".join(f", {t} {c[t]}" for t in ("int6", "int5") if c.get(t))  # only when the map has them
-    mid_b = "".join(f", {t} {b[t]:,}" for t in ("int6", "int5") if b.get(t))
+    mid = [t for t in INT_TIERS if t not in ("int8", "int4")]  # int6, int5: only when the map has them
+    mid_c = "".join(f", {t} {c[t]}" for t in mid if c.get(t))
+    mid_b = "".join(f", {t} {b[t]:,}" for t in mid if b.get(t))
     print(f"tiers: int8 {c['int8']}{mid_c}, int4 {c['int4']}, float {c['float']}")
     print(f"packed linear weight bytes: int8 {b['int8']:,}{mid_b}, int4 {b['int4']:,}")
     print(f"int8 share of weight storage: {tm.int8_share():.1%}")
@@ -184,11 +185,13 @@ def _add_gguf_info(sub):
 
 
 def _add_tier_map(sub):
+    from ..tiermap import OVERRIDES
+
     s = sub.add_parser("tier-map", help="int8/int4 tier per tensor from a mixed GGUF's types")
     s.add_argument("--literal-types", action="store_true",
                    help="tier tensors that llama-quantize stored on a fallback type (rows not a multiple of 256) by "
                         "the stored type, not the type llama.cpp intended (default: intended)")
-    tiers = ["by_type", "int8", "int4", "float"]
+    tiers = list(OVERRIDES)
     s.add_argument("file", help="a (mixed) GGUF: its tensor types decide the tiers")
     s.add_argument("--threshold", type=_threshold, default=5.0, help="bits/weight at or above which a type is int8")
     s.add_argument("--embeddings", choices=tiers, default="by_type", help="tier of the embedding table")

@@ -24,6 +24,7 @@ def _cmd_imatrix(args):
 
 def _cmd_quantize(args):
     from ..calibrate import quantize_model
+    from ..tiermap import INT_TIERS
 
     _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
     out_dir = os.path.abspath(args.output)
@@ -50,7 +51,7 @@ def _cmd_quantize(args):
         qm.alloc_map.save(args.emit_map)
         print(f"wrote the allocation to {args.emit_map}")
     b = qm.result_bytes()
-    mid = "".join(f", {t} {b[t]:,} bytes" for t in ("int6", "int5") if b.get(t))
+    mid = "".join(f", {t} {b[t]:,} bytes" for t in INT_TIERS if t not in ("int8", "int4") and b.get(t))
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes{mid}, int4 {b['int4']:,} bytes; "
           f"int8 share of weight storage {qm.int8_share():.1%})")
     return 0
