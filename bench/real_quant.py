@@ -134,9 +134,9 @@ def main():
             if a.no_ffn:
                 continue
             stats = ffn.prep(i8, ctoks, n_ctx=a.ctx, chunks=a.calib_chunks, threads=a.threads)
-            print(f"{name:<9}FFN prep ({i8.hparams['act']}): gmax per layer "
+            print(f"{name:<9}FFN prep ({i8.hparams['gate_fn']}): gmax per layer "
                   + ", ".join(f"{s['gmax']:.1f}" for s in stats), flush=True)
-            act = i8.hparams["act"]
+            gate_fn = i8.hparams["gate_fn"]
             ppl = {}
             for mode in ("fused", "split_product", "auto") if a.ffn_only else (
                     "fused", "fp32_silu_out", "exact_lut_input", "asym_zero_point", "per_channel_out", "split_product",
@@ -145,7 +145,7 @@ def main():
                 ffn.configure(i8, stats, modes)
                 label = mode if mode != "auto" else ("sprinkle auto, exact layers " + str(
                     [i for i, md in enumerate(modes) if md == "exact_silu"]))
-                ppl[mode] = scored(f"FFN chain ({act}): {label}", i8)
+                ppl[mode] = scored(f"FFN chain ({gate_fn}): {label}", i8)
             gap = ppl["fused"] - per_op
             for base, exact in [(b, e) for b in a.sens_base for e in a.sens_exact]:
                 modes, rep = ffn.sensitivity_sprinkle(i8, stats, ctoks, n_ctx=a.ctx, chunks=a.sens_chunks,
@@ -153,11 +153,11 @@ def main():
                                                       threads=a.threads, base=base)
                 chosen, k = rep["exact_layers"], len(rep["exact_layers"])
                 if base != "fused":  # the chosen layers exact over another chain mode, next to gmax's as many
-                    p_sens = scored(f"FFN chain ({act}): {base} + sprinkle sensitivity ({exact}), layers {chosen}", i8)
+                    p_sens = scored(f"FFN chain ({gate_fn}): {base} + sprinkle sensitivity ({exact}), layers {chosen}", i8)
                     gm = [base if md == "fused" else exact for md in ffn.sprinkle(stats, k)]
                     gm_layers = [i for i, md in enumerate(gm) if md == exact]
                     ffn.configure(i8, stats, gm)
-                    p_gmax = scored(f"FFN chain ({act}): {base} + sprinkle gmax, {k} layers {gm_layers}", i8)
+                    p_gmax = scored(f"FFN chain ({gate_fn}): {base} + sprinkle gmax, {k} layers {gm_layers}", i8)
                     summary.append(dict(model=name, exact=f"{exact}@{base}", per_op=per_op, fused=ppl["fused"],
                                         gmax=p_gmax, gmax_layers=gm_layers, gmax_recovered=(ppl["fused"] - p_gmax) / gap,
                                         sens=p_sens, sens_layers=chosen, sens_recovered=(ppl["fused"] - p_sens) / gap,
@@ -167,7 +167,7 @@ def main():
                 print(f"{name:<9}sensitivity search ({exact}, {rep['method']}, {rep['chunks']} chunks of "
                       f"{pathlib.Path(a.calib).name}): {rep['seconds']:.0f} s, {rep['evaluations']} evaluations; "
                       "KL gain alone " + ", ".join(f"{i}: {g:.4f}" for i, g in enumerate(rep["gain"])), flush=True)
-                p_sens = scored(f"FFN chain ({act}): sprinkle sensitivity ({exact}), layers {chosen}", i8)
+                p_sens = scored(f"FFN chain ({gate_fn}): sprinkle sensitivity ({exact}), layers {chosen}", i8)
                 if exact != "exact_silu":
                     summary.append(dict(model=name, exact=exact, per_op=per_op, fused=ppl["fused"], sens=p_sens,
                                         sens_layers=chosen, sens_recovered=(ppl["fused"] - p_sens) / gap,
@@ -176,7 +176,7 @@ def main():
                 gm = ffn.sprinkle(stats, k)
                 gm_layers = [i for i, md in enumerate(gm) if md == "exact_silu"]
                 ffn.configure(i8, stats, gm)
-                p_gmax = scored(f"FFN chain ({act}): sprinkle gmax, {k} layers {gm_layers}", i8)
+                p_gmax = scored(f"FFN chain ({gate_fn}): sprinkle gmax, {k} layers {gm_layers}", i8)
                 summary.append(dict(model=name, exact=exact, n_layer=len(stats), per_op=per_op, fused=ppl["fused"],
                                     gmax=p_gmax, gmax_layers=gm_layers, sens=p_sens, sens_layers=chosen,
                                     gmax_recovered=(ppl["fused"] - p_gmax) / gap,

@@ -9,7 +9,7 @@ Every fact below was read from llama.cpp (the version vendored in llama-cpp-pyth
 ``tests/test_arch_oracle.py``.
 
 ==========  ==========================  ====  =========  ================  =================================
-arch        models                      RoPE  FFN act    norms             attention / embeddings / logits
+arch        models                      RoPE  FFN gate   norms             attention / embeddings / logits
 ==========  ==========================  ====  =========  ================  =================================
 llama       Llama 2/3/3.2, TinyLlama,   NORM  SiLU       attn, ffn         1/sqrt(hd); optional biases on
             SmolLM2                                                        every linear; llama3 rope_freqs
@@ -64,8 +64,10 @@ import numpy as np
 
 from .tiermap import EMBEDDING, OUTPUT, TierEntry, TierMap
 
-#: FFN gate activations: name -> csrc/ork/act.h ``ork_act``
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+#: The FFN gate function (``Arch.gate_fn``, hparams ``"gate_fn"``): name -> csrc/ork/act.h ``ork_act``. Not to
+#: be confused with ``act=``, the activation quantization mode of the packed linears (orkpy.actcal).
+GATE_FNS = {"silu": 0, "gelu_tanh": 1}
+ACTIVATIONS = GATE_FNS  # the old name
 #: RoPE types: name -> llama.cpp's rope type (model.h ``ork_rope_type``)
 ROPE_TYPES = {"norm": 0, "neox": 2}
 
@@ -100,7 +102,7 @@ class Arch:
     name: str
     models: str
     rope: str = "norm"                      # "norm" | "neox"
-    act: str = "silu"                       # "silu" | "gelu_tanh"
+    gate_fn: str = "silu"                   # the FFN gate function: "silu" | "gelu_tanh" (GATE_FNS)
     qk_norm: bool = False                   # attn_q_norm / attn_k_norm, RMS per head (required)
     post_norms: bool = False                # post_attention_norm / post_ffw_norm (required)
     norm_plus_one: bool = False             # the converter stored 1 + w (informational: used as stored)
@@ -132,10 +134,10 @@ ARCHS: Dict[str, Arch] = {a.name: a for a in (
          biases=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")),
     Arch("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", rope="neox", output_bias=True),
     Arch("qwen3", "Qwen3", rope="neox", qk_norm=True),
-    Arch("gemma2", "Gemma 2", rope="neox", act="gelu_tanh", post_norms=True, norm_plus_one=True,
+    Arch("gemma2", "Gemma 2", rope="neox", gate_fn="gelu_tanh", post_norms=True, norm_plus_one=True,
          embd_scale="sqrt_n_embd", attn_scale="gemma", big_layers=46, attn_softcap=50.0, final_softcap=30.0,
          swa="standard", swa_pattern=2, swa_default=4096, always_tied=True),
-    Arch("gemma3", "Gemma 3 (text)", rope="neox", act="gelu_tanh", qk_norm=True, post_norms=True,
+    Arch("gemma3", "Gemma 3 (text)", rope="neox", gate_fn="gelu_tanh", qk_norm=True, post_norms=True,
          norm_plus_one=True, embd_scale="sqrt_n_embd", attn_scale="gemma", big_layers=62, final_softcap=0.0,
          swa="standard", swa_pattern=6, swa_rope_base=10000.0, swa_rope_scale=1.0),
     Arch("phi3", "Phi-3, Phi-3.5 mini", rope="neox", swa="ignored", fused=(QKV, GATE_UP)),
@@ -227,7 +229,7 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
         "n_vocab": n_vocab, "n_rot": n_rot, "rope_type": ROPE_TYPES[a.rope],
         "rope_base": float(req("rope_base", 10000.0)), "rope_freq_scale": freq_scale,
         "norm_eps": float(req("norm_eps")), "n_ctx_train": n_ctx_train,
-        "act": a.act,
+        "gate_fn": a.gate_fn,
         "embd_scale": 0.0,
         "attn_scale": attention_scale(a, n_layer, n_embd, n_head, head_dim),
         "attn_softcap": 0.0, "final_softcap": 0.0, "rope_attn_factor": 1.0,
@@ -315,7 +317,7 @@ def core_hparams(hp: Mapping[str, Any]) -> Dict[str, Any]:
     a = get(hp["arch"])
     out = {k: hp[k] for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_rot",
                               "rope_type", "rope_base", "rope_freq_scale", "norm_eps")}
-    out["act"] = ACTIVATIONS[hp.get("act", a.act)]
+    out["gate_fn"] = GATE_FNS[hp.get("gate_fn", a.gate_fn)]
     for k in ("embd_scale", "attn_scale", "attn_softcap", "final_softcap", "rope_attn_factor"):
         out[k] = float(hp.get(k, 0.0))
     out["n_ctx_max"] = int(hp.get("n_ctx_max", 0))
@@ -404,7 +406,7 @@ def table_rows() -> List[Dict[str, Any]]:
     """The table as rows of plain values (for docs and reports)."""
     rows = []
     for a in ARCHS.values():
-        rows.append({"arch": a.name, "models": a.models, "rope": a.rope, "act": a.act, "norms": list(a.norms),
+        rows.append({"arch": a.name, "models": a.models, "rope": a.rope, "gate_fn": a.gate_fn, "norms": list(a.norms),
                      "biases": list(a.biases) + (["output"] if a.output_bias else []),
                      "fused": {f: list(p) for f, p in a.fused}, "embd_scale": a.embd_scale,
                      "attn_scale": a.attn_scale, "attn_softcap": a.attn_softcap, "final_softcap": a.final_softcap,
@@ -412,6 +414,6 @@ def table_rows() -> List[Dict[str, Any]]:
     return rows
 
 
-__all__ = ["ACTIVATIONS", "ARCHS", "Arch", "HPARAM_KEYS", "LINEAR_STEMS", "NORM_STEMS", "ROPE_TYPES", "SUPPORTED",
+__all__ = ["ACTIVATIONS", "ARCHS", "Arch", "GATE_FNS", "HPARAM_KEYS", "LINEAR_STEMS", "NORM_STEMS", "ROPE_TYPES", "SUPPORTED",
            "attention_scale", "core_hparams", "get", "hparams", "layer_settings", "part_rows", "split_shapes",
            "split_tier_map", "splits", "swa_layers", "table_rows"]

@@ -50,7 +50,7 @@ from .packed import PackedWeight, pack
 from .quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group, quantize
 from .rotate import TransformedSource
 from .source import FLOAT_TYPES, GGUFSource, Source, open_source, read_allocation
-from .tiermap import OUTPUT, TIER_BITS, TierMap, grouped_tier, split_tier
+from .tiermap import OUTPUT, TIER_BITS, TierMap, grouped_tier, kind_tier, split_tier
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
@@ -124,7 +124,7 @@ class QuantizedModel:
     def result_bytes(self) -> Dict[str, int]:
         out = {t: 0 for t in TIER_BITS}
         for name, pw in self.tensors.items():
-            out[pw.kind if pw.kind in out else "int4"] += pw.nbytes  # a 4-bit codebook counts as int4
+            out[kind_tier(pw.kind)] += pw.nbytes  # a 4-bit codebook counts as int4
         return out
 
     def int8_share(self) -> float:

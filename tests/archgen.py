@@ -21,12 +21,12 @@ N_VOCAB = 512
 
 # the facts per architecture, as llama.cpp's graphs have them (see orkpy/arch.py for the sources)
 FACTS = {
-    "llama": dict(neox=False, act="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
-    "qwen2": dict(neox=True, act="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
-    "qwen3": dict(neox=True, act="silu", qk_norm=True, post=False, embd_scale=False, gemma_scale=False),
-    "gemma2": dict(neox=True, act="gelu", qk_norm=False, post=True, embd_scale=True, gemma_scale=True),
-    "gemma3": dict(neox=True, act="gelu", qk_norm=True, post=True, embd_scale=True, gemma_scale=True),
-    "phi3": dict(neox=True, act="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
+    "llama": dict(neox=False, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
+    "qwen2": dict(neox=True, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
+    "qwen3": dict(neox=True, gate_fn="silu", qk_norm=True, post=False, embd_scale=False, gemma_scale=False),
+    "gemma2": dict(neox=True, gate_fn="gelu", qk_norm=False, post=True, embd_scale=True, gemma_scale=True),
+    "gemma3": dict(neox=True, gate_fn="gelu", qk_norm=True, post=True, embd_scale=True, gemma_scale=True),
+    "phi3": dict(neox=True, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
 }
 
 
@@ -143,7 +143,7 @@ def make(arch, path, *, seed=0, n_layer=3, D=64, H=4, HKV=2, hd=None, F=96, n_ct
     else:
         window = 0
     base_swa = rope_base_swa if rope_base_swa is not None else (10000.0 if arch == "gemma3" else rope_base)
-    cfg = dict(arch=arch, n_layer=n_layer, D=D, H=H, HKV=HKV, hd=hd, F=F, eps=1e-6, neox=f["neox"], act=f["act"],
+    cfg = dict(arch=arch, n_layer=n_layer, D=D, H=H, HKV=HKV, hd=hd, F=F, eps=1e-6, neox=f["neox"], gate_fn=f["gate_fn"],
                qk_norm=f["qk_norm"], post=f["post"], embd_scale=np.sqrt(np.float32(D)) if f["embd_scale"] else 1.0,
                attn_scale=1 / np.sqrt(hd), n_swa=window, swa_layers=swa_layers,
                rope_base=[base_swa if i in swa_layers else rope_base for i in range(n_layer)],
@@ -206,10 +206,10 @@ def ref_forward(T, c, tokens, gelu=None):
             out[..., b] = v[..., a] * sn + v[..., b] * cs
         return out
 
-    def act(z):
-        if c["act"] == "gelu" and gelu is not None:
+    def gate_fn(z):
+        if c["gate_fn"] == "gelu" and gelu is not None:
             return gelu(z)
-        if c["act"] == "gelu":
+        if c["gate_fn"] == "gelu":
             return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
         return z / (1 + np.exp(-z))
 
@@ -249,7 +249,7 @@ def ref_forward(T, c, tokens, gelu=None):
         else:
             gu = h @ W[p + "ffn_up.weight"].T
             g, u = gu[:, :F], gu[:, F:]
-        y = (act(g) * u) @ W[p + "ffn_down.weight"].T + W.get(p + "ffn_down.bias", 0.0)
+        y = (gate_fn(g) * u) @ W[p + "ffn_down.weight"].T + W.get(p + "ffn_down.bias", 0.0)
         if c["post"]:
             y = rms(y, W[p + "post_ffw_norm.weight"])
         x = x + y

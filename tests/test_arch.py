@@ -82,7 +82,7 @@ def test_sliding_window_patterns_rope_bases_and_scales():
     g3 = _hp("gemma3", **{"attention.sliding_window": 512})  # Gemma-3-270M's metadata
     assert g3["swa_layers"] == [i for i in range(18) if i % 6 != 5] and g3["n_swa"] == 512
     assert g3["rope_base_swa"] == 10000.0 and g3["rope_freq_scale_swa"] == 1.0 and g3["rope_base"] == 1e6
-    assert g3["act"] == "gelu_tanh" and g3["final_softcap"] == 0.0 and g3["attn_softcap"] == 0.0
+    assert g3["gate_fn"] == "gelu_tanh" and g3["final_softcap"] == 0.0 and g3["attn_softcap"] == 0.0
     assert g3["embd_scale"] == float(np.sqrt(np.float32(640)))
     assert g3["attn_scale"] == float(np.float32(1) / np.sqrt(np.float32(256)))
     assert _hp("gemma3")["swa_layers"] == []  # no window key: no sliding window
@@ -225,7 +225,7 @@ def test_core_checks_the_new_features(tmp_path):
                                   rope_freqs=over.get("rope_freqs"))
 
     build()
-    for bad in (dict(attn_softcap=-1.0), dict(final_softcap=float("nan")), dict(embd_scale=-2.0), dict(act=7),
+    for bad in (dict(attn_softcap=-1.0), dict(final_softcap=float("nan")), dict(embd_scale=-2.0), dict(gate_fn=7),
                 dict(rope_freqs=np.ones(3, np.float32)), dict(rope_freqs=np.zeros(8, np.float32)),
                 dict(output_bias=np.ones(5, np.float32)), dict(layer={"attn_q.bias": np.ones(3, np.float32)}),
                 dict(layer={"post_attn_norm": np.ones(7, np.float32)}), dict(layer={"rope_base": -1.0})):

@@ -60,7 +60,7 @@ def test_synthetic_architectures_match_llama_cpp(tmp_path, case):
     orc = oracle_logits(p, tok, N_CTX).reshape(len(tok), -1)
     ours = _chunks(orkpy.load_model(p).forward, tok)
     diff, rel, kl = archgen.compare(ours, orc)
-    gelu = c["act"] == "gelu"
+    gelu = c["gate_fn"] == "gelu"
     assert rel < (GELU_REL if gelu else SILU_REL) and kl < (GELU_KL if gelu else SILU_KL), (case, diff, rel, kl)
     if gelu:  # the gap is llama.cpp's fp16 GELU table, not orkpy
         exact = _chunks(lambda t: archgen.ref_forward(T, c, t), tok)
@@ -151,7 +151,7 @@ def test_gemma3_270m_matches_llama_cpp(tmp_path):
     src = orkpy.source.open_source(f32)
     T = {n: src.tensor(n) for n in src.shapes()}  # F32: views of the mapped file
     local = [i for i in range(18) if i % 6 != 5]
-    c = dict(n_layer=18, D=640, H=4, HKV=1, hd=256, F=2048, eps=float(np.float32(1e-6)), neox=True, act="gelu",
+    c = dict(n_layer=18, D=640, H=4, HKV=1, hd=256, F=2048, eps=float(np.float32(1e-6)), neox=True, gate_fn="gelu",
              qk_norm=True, post=True, embd_scale=np.sqrt(np.float32(640)), attn_scale=1 / 16, n_swa=512,
              swa_layers=local, rope_base=[1e4 if i in local else 1e6 for i in range(18)], attn_softcap=0.0,
              final_softcap=0.0, tied=True, rope_attn_factor=1.0)

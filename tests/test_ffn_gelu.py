@@ -8,12 +8,12 @@ import pytest
 import orkpy
 import orkpy._core as C
 from orkpy import ffn
-from orkpy.arch import ACTIVATIONS
+from orkpy.arch import GATE_FNS
 
 import archgen
 from test_ffn import np_chain
 
-GELU = ACTIVATIONS["gelu_tanh"]
+GELU = GATE_FNS["gelu_tanh"]
 
 
 def gelu(x):
@@ -36,7 +36,7 @@ def test_lut_of_each_activation():
     lut, sc = C.ffn_lut(0.02, GELU)
     assert np.abs(lut * sc - gelu(x)).max() <= sc and lut[512] == 0
     silu_lut, silu_sc = C.ffn_lut(0.02)                       # the default is SiLU, as before
-    assert np.array_equal(C.ffn_lut(0.02, ACTIVATIONS["silu"])[0], silu_lut)
+    assert np.array_equal(C.ffn_lut(0.02, GATE_FNS["silu"])[0], silu_lut)
     assert np.abs(silu_lut * silu_sc - x / (1 + np.exp(-x))).max() <= silu_sc
     # GELU's negative lobe is shallower and shorter than SiLU's (ffn_chain.h)
     assert -0.171 < (lut * sc).min() < -0.169 and -0.279 < (silu_lut * silu_sc).min() < -0.277
@@ -47,7 +47,7 @@ def test_lut_of_each_activation():
 
 def test_prep_statistics_are_of_gelu(gemma):
     p, m, toks, stats = gemma
-    assert m.hparams["act"] == "gelu_tanh"
+    assert m.hparams["gate_fn"] == "gelu_tanh"
     for s in stats:
         assert -0.1701 < s["smin"] < 0          # GELU's minimum is -0.1700 (SiLU's -0.2785)
         assert 0 < s["smax"] <= s["gmax"]       # gelu(z) <= z for z > 0

@@ -358,7 +358,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     }
     m->rope_type = (ork_rope_type)rope_type;
     size_t act = 0; /* the optional features (model.h): absent keys leave them off */
-    if (opt_size(hp, "act", &act) || opt_float(hp, "embd_scale", &m->embd_scale) ||
+    if (opt_size(hp, "gate_fn", &act) || opt_float(hp, "embd_scale", &m->embd_scale) ||
         opt_float(hp, "attn_scale", &m->attn_scale) || opt_float(hp, "attn_softcap", &m->attn_softcap) ||
         opt_float(hp, "final_softcap", &m->final_softcap) || opt_float(hp, "rope_attn_factor", &m->rope_attn_factor) ||
         opt_size(hp, "n_ctx_max", &m->n_ctx_max))
