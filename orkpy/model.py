@@ -242,11 +242,19 @@ class LinearSpec:
         return PackedWeight(self.kind, (self.N, self.K), self.store, self.bscale, group=self.group)
 
 
-def _linear_spec(name: str, w: NDArray[Any], path: str, threads: Optional[int],
-                 act: Optional[ActSpec] = None) -> LinearSpec:
-    if path in ("fp32", "gguf"):
-        return LinearSpec.f32(name, w)
-    return LinearSpec.from_packed(name, pack(quantize(w, path, threads=threads)), act)
+def build_model(src: Source, linear: Callable[[str], Tuple[LinearSpec, str]], path: Optional[StrPath] = None,
+                hp: Optional[Mapping[str, Any]] = None) -> Model:
+    """The one "linears -> Model" loop: ``linear(name)`` gives each linear's :class:`LinearSpec`
+    and weight path (``"fp32"``, ``"gguf"`` or a kind), called in the forward pass's order
+    (:func:`linear_names`), so a caller that releases a linear's float pages after packing it
+    holds one float linear at a time. ``path`` (default ``src.path``) names the model; ``hp``
+    (default ``src.hp``) its hyper-parameters; the other tensors are ``src``'s."""
+    linears: Dict[str, LinearSpec] = {}
+    paths: Dict[str, str] = {}
+    for n in linear_names(src.hp):
+        linears[n], paths[n] = linear(n)
+    return Model(src.path if path is None else os.fspath(path), src.hp if hp is None else dict(hp), linears,
+                 src.tensor, src.meta, src.tied, paths)
 
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
@@ -578,9 +586,7 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
         return rotated
     if calib is None:
         raise ValueError("smooth= needs calib= (a calibration text or token ids, not the scored text)")
-    names = linear_names(src.hp)
-    m = Model(src.path, rotated.hp, {n: LinearSpec.f32(n, rotated.linear(n)) for n in names}, rotated.tensor,
-              rotated.meta, rotated.tied, {n: "fp32" for n in names})
+    m = float_model(rotated)
     tokens = m.tokens(calib)
     n_chunk, chunks = m.chunks(tokens, calib_ctx, calib_chunks)
     stats = m.collect_activation_stats(chunks, threads)
@@ -632,23 +638,23 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
         cal = calibrate_source_acts(src, calib, calib_ctx, calib_chunks, threads,
                                     DEFAULT_PREFIX if spec.prefix is None else spec.prefix)
     where = os.fspath(path)
-    linears = {}
-    for n in names:
+
+    def linear(n: str) -> Tuple[LinearSpec, str]:
         w = src.linear(n)
-        how = None if paths[n] in ("fp32", "gguf") else resolve(spec, n, cal, w.shape[1], where)
-        linears[n] = _linear_spec(n, w, paths[n], nthreads, how)
-        if how is not None:  # packed: the float pages it was read from go back (the values stay the file's)
-            del w
-            src.release(caches=False)
-    return Model(os.fspath(path), src.hp, linears, src.tensor, src.meta, src.tied, paths)
+        if paths[n] in ("fp32", "gguf"):
+            return LinearSpec.f32(n, w), paths[n]
+        how = resolve(spec, n, cal, w.shape[1], where)
+        packed = pack(quantize(w, paths[n], threads=nthreads))
+        del w
+        src.release(caches=False)  # packed: the float pages it was read from go back (the values stay the file's)
+        return LinearSpec.from_packed(n, packed, how), paths[n]
+    return build_model(src, linear, path)
 
 
 def float_model(src: Source) -> Model:
     """``src`` as a Model with every linear in float32 (the reference calibration passes run on it:
     activation ranges, Gram matrices)."""
-    names = linear_names(src.hp)
-    return Model(src.path, src.hp, {n: LinearSpec.f32(n, src.linear(n)) for n in names}, src.tensor, src.meta,
-                 src.tied, {n: "fp32" for n in names})
+    return build_model(src, lambda n: (LinearSpec.f32(n, src.linear(n)), "fp32"))
 
 
 def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: int = 512,
@@ -686,20 +692,17 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec] = "per_token",
     missing = [n for n in names if n not in d.entries]
     if missing:
         d.tier(missing[0])  # raises FormatError naming it
-    linears: Dict[str, LinearSpec] = {}
-    paths: Dict[str, str] = {}
     shapes = src.shapes()
     where = os.fspath(path)
-    for n in names:
+
+    def linear(n: str) -> Tuple[LinearSpec, str]:
         if d.tier(n) == "float":
             tensor, shape = d.float_tensor(n)
             if shapes.get(tensor) != shape:
                 raise FormatError(f"{d.float_file}: no tensor {tensor!r} of shape {shape} for the float linear {n!r}")
-            linears[n], paths[n] = LinearSpec.f32(n, src.tensor(tensor)), "gguf"
-        else:
-            pw = d.packed(n)
-            linears[n] = LinearSpec.from_packed(n, pw, resolve(spec, n, cal, pw.K, where))
-            paths[n] = pw.kind
-    m = Model(os.fspath(path), hp, linears, src.tensor, src.meta, src.tied, paths)
+            return LinearSpec.f32(n, src.tensor(tensor)), "gguf"
+        pw = d.packed(n)
+        return LinearSpec.from_packed(n, pw, resolve(spec, n, cal, pw.K, where)), pw.kind
+    m = build_model(src, linear, path, hp)
     m.manifest = d.manifest
     return m
