@@ -41,10 +41,23 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._io import progress_bar
 from .quant import FOUR_BIT_KINDS, quantize
-from .tiermap import EMBEDDING, TierEntry, TierMap, packed_nbytes, split_tier
+from .tiermap import EMBEDDING, INT_TIERS, TierEntry, TierMap, packed_nbytes, split_tier, tier_kind
 
-DEFAULT_OPTIONS = ("int4", "int4-g128", "int4-g64", "int4-g32", "int5-g128", "int5-g64", "int5-g32",
-                   "int6-g128", "int6-g64", "int6-g32", "int8")
+
+
+def _default_options() -> Tuple[str, ...]:
+    """The integer tiers of the kind registry, narrowest first: the 4-bit one per channel and with groups of
+    128 / 64 / 32 inputs, the ones between with those groups, int8 per channel."""
+    out: List[str] = []
+    for t in reversed(INT_TIERS):
+        if t in ("int4", "int8"):
+            out.append(t)
+        if t != "int8":
+            out += [f"{t}-g{g}" for g in (128, 64, 32)]
+    return tuple(out)
+
+
+DEFAULT_OPTIONS = _default_options()  # int4, int4-g128/64/32, int5-g128/64/32, int6-g128/64/32, int8
 
 
 def _log_softmax(logits: NDArray[np.float32]) -> NDArray[np.float64]:
@@ -66,8 +79,8 @@ def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np
 def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
                  threads: Optional[int] = None) -> NDArray[np.float32]:
     """``w`` quantized at ``tier`` (int4 tiers as ``kind``, int8 / int6 / int5 as themselves) and dequantized."""
-    base, g = split_tier(tier)
-    q = quantize(w, kind if base == "int4" else base, imatrix=im, threads=threads, group_size=g or None)
+    g = split_tier(tier)[1]
+    q = quantize(w, tier_kind(tier, kind) or "float", imatrix=im, threads=threads, group_size=g or None)
     return q.dequantize(threads)
 
 
@@ -151,7 +164,7 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
         raise ValueError("options must name at least one tier")
     for t in options:
         if split_tier(t)[0] == "float":
-            raise ValueError(f"option {t!r} is not an integer tier (int4, int5, int6, int8)")
+            raise ValueError(f"option {t!r} is not an integer tier ({', '.join(reversed(INT_TIERS))})")
     m = float_model(src)
     toks = m.tokens(calib)
     n_chunk, it = m.chunks(toks, n_ctx, chunks)

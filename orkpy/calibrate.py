@@ -46,7 +46,7 @@ from .modeldir import MANIFEST, write_model_dir
 from .packed import PackedWeight
 from .recipe import Recipe, keywords_given
 from .source import FLOAT_TYPES, GGUFSource, Source
-from .tiermap import TIER_BITS, TierMap
+from .tiermap import TIER_BITS, TierMap, kind_tier
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
@@ -114,7 +114,7 @@ class QuantizedModel:
     def result_bytes(self) -> Dict[str, int]:
         out = {t: 0 for t in TIER_BITS}
         for name, pw in self.tensors.items():
-            out[pw.kind if pw.kind in out else "int4"] += pw.nbytes  # a 4-bit codebook counts as int4
+            out[kind_tier(pw.kind)] += pw.nbytes  # a 4-bit codebook counts as int4
         return out
 
     def int8_share(self) -> float:

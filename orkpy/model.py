@@ -98,13 +98,12 @@ def linear_names(hp: Mapping[str, Any]) -> List[str]:
 
 
 def tier_path(tier: str, int4_kind: str = "nf4") -> str:
-    """The weight path of a tier: ``int8`` / ``int6`` / ``int5`` -> that kind, ``int4`` -> ``int4_kind``, ``float`` ->
-    ``"gguf"`` (the source's float values); a grouped tier (``"int4-g32"``) has its base tier's
-    path (:func:`orkpy.tiermap.split_tier` gives the group). One meaning for ``load_model`` and
-    ``quantize_model``."""
-    from .tiermap import split_tier
-    base = split_tier(tier)[0]
-    return int4_kind if base == "int4" else "gguf" if base == "float" else base  # int8 / int6 / int5: their kinds
+    """The weight path of a tier: an integer tier -> the kind that runs it (:func:`orkpy.tiermap.tier_kind`:
+    ``int8`` / ``int6`` / ``int5`` their kinds, ``int4`` -> ``int4_kind``), ``float`` -> ``"gguf"`` (the source's
+    float values); a grouped tier (``"int4-g32"``) has its base tier's path (:func:`orkpy.tiermap.split_tier`
+    gives the group). One meaning for ``load_model`` and ``quantize_model``."""
+    from .tiermap import tier_kind
+    return tier_kind(tier, int4_kind) or "gguf"
 
 
 def resolve_paths(weights: Weights, names: Sequence[str], int4_kind: str = "nf4") -> Dict[str, str]:

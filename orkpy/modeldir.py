@@ -35,7 +35,7 @@ from .packed import PackedWeight, _map_saved, load_packed, save_packed_sha256
 from .arch import PACKED_LOOKUP_KEY
 from .source import Source
 from .quant import KIND_INFO
-from .tiermap import EMBEDDING
+from .tiermap import EMBEDDING, TIERS, split_tier
 
 MANIFEST = "manifest.json"
 FORMAT = "orkpy-quantized-model"
@@ -43,14 +43,12 @@ VERSION = 1
 MANIFEST_MAX = 64 << 20
 FLOAT_FILE = "float.gguf"
 ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.actcal)
-_TIERS = ("int8", "int6", "int5", "int4", "float")
 
 
 def _tier_ok(tier: object) -> bool:
-    """A manifest tier: a base tier, or int8/int4 with a group size (orkpy.tiermap.split_tier)."""
-    from .tiermap import split_tier
+    """A manifest tier: a base tier, or an integer tier with a group size (orkpy.tiermap.split_tier)."""
     try:
-        return isinstance(tier, str) and split_tier(tier)[0] in _TIERS
+        return isinstance(tier, str) and split_tier(tier)[0] in TIERS
     except ValueError:
         return False
 
@@ -491,7 +489,7 @@ def read_model_dir(path: StrPath) -> ModelDir:
         field(ent, "kind", str, where)
         if not _tier_ok(ent.get("tier")):
             raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not one of "
-                              f"{', '.join(_TIERS)} (the integer tiers optionally with a group size, 'int4-g32')")
+                              f"{', '.join(TIERS)} (the integer tiers optionally with a group size, 'int4-g32')")
         if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
             field(ent, "tensor", str, where)
             if ent["kind"] != "float":

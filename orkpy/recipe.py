@@ -43,7 +43,7 @@ from . import actcal
 from ._typing import StrPath
 from .quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
 from .rotate import ROTATIONS
-from .tiermap import split_tier
+from .tiermap import INT_TIERS, split_tier
 
 VERSION = 1
 PLACEMENTS = ("fold", "online")
@@ -155,8 +155,8 @@ def _tiers(key: str, v: Any) -> Optional[Tuple[str, ...]]:
             base = split_tier(t)[0]
         except (TypeError, ValueError):
             base = "?"
-        if base not in ("int4", "int5", "int6", "int8"):
-            raise RecipeError(key, f"{key}: option {t!r} is not an integer tier (int4, int5, int6, int8, "
+        if base not in INT_TIERS:
+            raise RecipeError(key, f"{key}: option {t!r} is not an integer tier ({', '.join(INT_TIERS)}, "
                                    "optionally with a group size: 'int4-g32')")
     return tuple(v)
 

@@ -78,12 +78,48 @@ from .quant import KIND_INFO
 
 _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
-TIERS = ("int8", "int6", "int5", "int4", "float")  # the base tiers; the integer ones may carry a group size: "int4-g32"
+
+
+def _integer_tiers() -> Dict[str, Optional[str]]:
+    """{integer tier: the kind that runs it}, widest first, from the kind registry (the one place tiers
+    are made): a kind stored in b bits per code (``store_bits``) runs the tier ``int<b>``; a kind with
+    integer codes (int8, int6, int5) has its tier to itself, and the 4-bit codebooks (nf4, int4, ...)
+    share ``int4``, whose kind each call chooses (None here; ``int4_kind=`` / ``kind=``)."""
+    out: Dict[str, Optional[str]] = {}
+    for k, info in sorted(KIND_INFO.items(), key=lambda kv: -kv[1].store_bits):
+        tier = f"int{info.store_bits}"
+        codebook = info.levels is not None
+        if tier in out and (not codebook or out[tier] is not None):
+            raise RuntimeError(f"kind {k!r} stores {info.store_bits}-bit codes like another kind: the tier {tier} "
+                               "is run by one integer kind or by codebooks only")
+        out[tier] = None if codebook else k
+    return out
+
+
+#: integer tier -> the kind that runs it (None: the 4-bit codebook tier, its kind chosen per call)
+TIER_KINDS: Dict[str, Optional[str]] = _integer_tiers()
+#: The integer tiers, widest first ("int8", "int6", "int5", "int4"), derived from the kind registry.
+INT_TIERS: Tuple[str, ...] = tuple(TIER_KINDS)
+#: The base tiers; the integer ones may carry a group size: "int4-g32".
+TIERS: Tuple[str, ...] = INT_TIERS + ("float",)
 #: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed): the
-#: kind registry's ``store_bits`` of the kind of the same name (int4 tiers hold any 4-bit kind).
-TIER_BITS = {t: KIND_INFO[t].store_bits for t in ("int8", "int6", "int5", "int4")}
-_GROUPED = re.compile(r"(int8|int6|int5|int4)-g([1-9][0-9]{1,3})")
-_CHOICES = ("by_type", "int8", "int4", "float")
+#: kind registry's ``store_bits`` of the kinds that run it.
+TIER_BITS: Dict[str, int] = {t: int(t[3:]) for t in INT_TIERS}
+_GROUPED = re.compile(f"({'|'.join(INT_TIERS)})-g([1-9][0-9]{{1,3}})")
+#: The tiers ``embeddings=`` / ``output=`` (and ``orkpy tier-map --embeddings / --output-tier``) take.
+OVERRIDES = ("by_type", "int8", "int4", "float")
+
+
+def tier_kind(tier: str, int4_kind: str = "nf4") -> Optional[str]:
+    """The kind that runs a tier (grouped or not): its integer kind, ``int4_kind`` for the 4-bit codebook
+    tier, None for ``float``. ValueError for an unknown tier."""
+    base = split_tier(tier)[0]
+    return None if base == "float" else TIER_KINDS[base] or int4_kind
+
+
+def kind_tier(kind: str) -> str:
+    """The integer tier a kind runs (``int<store_bits>``: nf4 -> int4, int6 -> int6)."""
+    return f"int{KIND_INFO[kind].store_bits}"
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -527,8 +563,8 @@ def tier_map(gguf: Union[GGUFFile, StrPath], threshold: float = 5.0, embeddings:
     fallback types). A tensor llama.cpp had to store as F16 (rows not a multiple of 32) keeps the
     int8 tier either way: that file spends 16 bits on it. Each entry records the intended type
     (``TierEntry.intended``)."""
-    if embeddings not in _CHOICES or output not in _CHOICES:
-        raise ValueError(f"embeddings/output must be one of {', '.join(_CHOICES)}")
+    if embeddings not in OVERRIDES or output not in OVERRIDES:
+        raise ValueError(f"embeddings/output must be one of {', '.join(OVERRIDES)}")
     if fallback not in _FALLBACK_MODES:
         raise ValueError(f"fallback must be one of {', '.join(_FALLBACK_MODES)}, got {fallback!r}")
     try:

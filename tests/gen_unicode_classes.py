@@ -1,4 +1,4 @@
-"""Writes orkpy/_unicode_classes.py: the character classes llama.cpp's pre-tokenizers use,
+"""Writes orkpy/tokenizer/_unicode_classes.py: the character classes llama.cpp's pre-tokenizers use,
 from the Unicode Character Database of the running Python (must be Unicode 15.1, the
 version of llama.cpp's src/unicode-data.cpp: run it with Python 3.13).
 
@@ -59,5 +59,5 @@ def main(out):
 
 
 if __name__ == "__main__":
-    default = pathlib.Path(__file__).resolve().parents[1] / "orkpy" / "_unicode_classes.py"
+    default = pathlib.Path(__file__).resolve().parents[1] / "orkpy" / "tokenizer" / "_unicode_classes.py"
     main(sys.argv[1] if len(sys.argv) > 1 else default)

@@ -14,8 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "orkpy")
 
 
-def _target(mod, node, modules):
-    """The orkpy modules an import node of module ``mod`` names (as short names: 'model', '_core')."""
+def _target(mod, node, modules, subpackage=False):
+    """The orkpy modules an import node of module ``mod`` names (as short names: 'model', '_core');
+    ``subpackage``: ``mod`` is a folder (orkpy/cli/), its relative imports one level deeper."""
     out = set()
     if isinstance(node, ast.Import):
         for a in node.names:
@@ -29,8 +30,11 @@ def _target(mod, node, modules):
             return out
         rest = parts[1:]
     else:
-        if node.level > 1:
-            raise AssertionError(f"orkpy/{mod}.py: a relative import above the package")
+        level = node.level - subpackage  # a subpackage's files count as the one module they form
+        if level > 1:
+            raise AssertionError(f"orkpy/{mod}: a relative import above the package")
+        if level == 0:  # from .x import / from . import x in a subpackage: its own files
+            return out
         rest = node.module.split(".") if node.module else []
     if rest:
         out.add(rest[0])
@@ -39,17 +43,35 @@ def _target(mod, node, modules):
     return out
 
 
+def _sources(pkg=PKG):
+    """{module: [its files]}: each orkpy/*.py is a module, and each subpackage (a folder with an __init__.py)
+    is one module made of all its files."""
+    out = {}
+    for f in sorted(os.listdir(pkg)):
+        path = os.path.join(pkg, f)
+        if f.endswith(".py"):
+            out[f[:-3]] = [path]
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            out[f] = sorted(os.path.join(path, g) for g in os.listdir(path) if g.endswith(".py"))
+    return out
+
+
+def _trees(paths):
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            yield ast.parse(f.read(), filename=path)
+
+
 def import_graph(pkg=PKG):
-    """{module: set of the orkpy modules it imports} for every orkpy/*.py and the C extension."""
-    files = sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py"))
-    modules = set(files) | {"_core"}
-    graph = {m: set() for m in files}
-    for m in files:
-        with open(os.path.join(pkg, m + ".py"), encoding="utf-8") as f:
-            tree = ast.parse(f.read(), filename=m + ".py")
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                graph[m] |= _target(m, node, modules) - {m}
+    """{module: set of the orkpy modules it imports} for every orkpy/*.py, subpackage and the C extension."""
+    sources = _sources(pkg)
+    modules = set(sources) | {"_core"}
+    graph = {m: set() for m in sources}
+    for m, paths in sources.items():
+        for tree in _trees(paths):
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    graph[m] |= _target(m, node, modules, subpackage=paths[0] != os.path.join(pkg, m + ".py")) - {m}
     return graph
 
 
@@ -91,15 +113,11 @@ def test_no_import_cycles():
 
 def _private_attributes(pkg=PKG):
     """{module: (private attribute names it defines, [(line, name) of private attributes it reads
-    on objects other than self / cls])} for every orkpy/*.py; private: one leading underscore."""
+    on objects other than self / cls])} for every orkpy/*.py and subpackage; private: one leading underscore."""
     out = {}
-    for f in sorted(os.listdir(pkg)):
-        if not f.endswith(".py"):
-            continue
-        with open(os.path.join(pkg, f), encoding="utf-8") as fh:
-            tree = ast.parse(fh.read(), filename=f)
+    for m, paths in _sources(pkg).items():
         own, used = set(), []
-        for node in ast.walk(tree):
+        for node in (n for tree in _trees(paths) for n in ast.walk(tree)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 own.add(node.name)
             elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
@@ -110,7 +128,7 @@ def _private_attributes(pkg=PKG):
                     used.append((node.lineno, node.attr))
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 own.add(node.target.id)
-        out[f[:-3]] = (own, used)
+        out[m] = (own, used)
     return out
 
 
@@ -122,7 +140,7 @@ def test_no_module_reaches_into_another_modules_objects():
     bad = []
     for m, (own, used) in mods.items():
         others = set().union(*(o for n, (o, _) in mods.items() if n != m)) - own
-        bad += [f"orkpy/{m}.py:{line}: .{attr}" for line, attr in used if attr in others]
+        bad += [f"orkpy/{m}:{line}: .{attr}" for line, attr in used if attr in others]
     assert not bad, f"private attributes of other modules' objects: {bad}"
 
 
@@ -137,6 +155,17 @@ def test_cycle_check_sees_function_level_imports(tmp_path):
     (tmp_path / "b.py").write_text("from . import c\n")
     assert cycles(import_graph(str(tmp_path))) == []
 
+
+
+def test_a_subpackage_is_one_module(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    from .cli import main\n")
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__init__.py").write_text("from . import run\nfrom .run import go\n")
+    (tmp_path / "cli" / "run.py").write_text("from ..a import f\nfrom .. import b\n")
+    (tmp_path / "b.py").write_text("")
+    g = import_graph(str(tmp_path))
+    assert g == {"a": {"cli"}, "b": set(), "cli": {"a", "b"}}
+    assert cycles(g) == [["a", "cli"]]
 
 def main(argv):
     g = import_graph()

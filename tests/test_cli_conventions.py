@@ -162,6 +162,26 @@ def test_json_is_a_switch_and_output_is_a_path_everywhere():
     assert not re.search(r"--output(?!-)", subs["tier-map"].format_help())  # the old spelling is hidden
 
 
+def test_every_option_a_help_names_is_one_its_command_takes():
+    """A command's help names only options that command accepts (generate --help advertised --meta, and
+    quantize --help "--calib-chunks: chunks of --ctx tokens", options they refuse with exit 2)."""
+    _, subs = _subparsers()
+    for name, sp in subs.items():
+        takes = {o for a in sp._actions for o in a.option_strings}
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", sp.format_help()))
+        assert named <= takes, f"orkpy {name} --help names {sorted(named - takes)}, which {name} does not take"
+
+
+def test_generate_refuses_meta_and_says_nothing_of_it(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "m.gguf", "-p", "x", "--meta", "m.gguf"])
+    assert e.value.code == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--meta" not in capsys.readouterr().out
+
+
 def test_tier_map_output_tier_and_the_hidden_old_spelling(files, tmp_path, capsys):
     maps = {}
     for key, argv in (("default", []), ("new", ["--output-tier", "int8"]), ("head", ["--head", "int8"]),

@@ -78,7 +78,7 @@ def test_wheel_built_from_the_sdist_ships_py_typed_and_stubs(sdist, tmp_path):
                        cwd=src, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     shipped = {p.name for p in (tmp_path / "lib" / "orkpy").iterdir()}
-    assert {"py.typed", "cli.py"} | {p.name for p in (ROOT / "orkpy").glob("*.pyi")} <= shipped
+    assert {"py.typed", "cli"} | {p.name for p in (ROOT / "orkpy").glob("*.pyi")} <= shipped
 
 
 def test_readme_setup_commands_are_what_ci_runs():

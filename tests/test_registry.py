@@ -44,6 +44,26 @@ def test_kind_table_is_the_one_source():
         assert _choices(cmd, dest) == four
 
 
+
+def test_tiers_derive_from_the_kind_registry():
+    """One vocabulary: every integer tier, its bits, its kind and its grouped forms come from the kind rows
+    (orkpy/tiermap.py); the model directory, load_model's paths and the allocator's options follow."""
+    from orkpy import alloc, modeldir, tiermap
+    rows = _core.kinds()
+    want = {f"int{r['store_bits']}": (None if r["levels"] is not None else r["name"]) for r in rows}
+    assert tiermap.TIER_KINDS == want == {"int8": "int8", "int6": "int6", "int5": "int5", "int4": None}
+    assert tiermap.TIERS == tuple(sorted(want, key=lambda t: -int(t[3:]))) + ("float",)
+    assert tiermap.TIER_BITS == {t: int(t[3:]) for t in want}
+    for r in rows:
+        assert tiermap.kind_tier(r["name"]) == f"int{r['store_bits']}"
+    for t in tiermap.INT_TIERS:
+        kind = tiermap.tier_kind(t, "int4")
+        assert orkpy.model.tier_path(t, "int4") == kind and kind in orkpy.model.PATHS
+        assert tiermap.split_tier(f"{t}-g64") == (t, 64) and modeldir._tier_ok(f"{t}-g64") and modeldir._tier_ok(t)
+    assert orkpy.model.tier_path("int4-g32", "nf4") == "nf4" and orkpy.model.tier_path("float") == "gguf"
+    assert not modeldir._tier_ok("int3") and not modeldir._tier_ok("float-g32")
+    assert {tiermap.split_tier(t)[0] for t in alloc.DEFAULT_OPTIONS} == set(tiermap.INT_TIERS)
+
 def test_registry_is_sealed_once_exported():
     _core.kinds()
     with pytest.raises(ValueError, match="sealed"):
@@ -126,6 +146,23 @@ _DUMMY = textwrap.dedent('''
     out["model"] = [bool(np.all(np.isfinite(logits))), routed, bool(np.array_equal(m.forward(ids), logits))]
     sub = build_parser()._subparsers._group_actions[0].choices["quantize"]
     out["cli_kind"] = list(next(a for a in sub._actions if a.dest == "kind").choices)
+    # the tiers: a codebook runs the 4-bit tier (a tier map, the CLI, the manifest, load_model(weights=))
+    from orkpy import tiermap
+    from orkpy.cli import main
+    out["tiers"] = [list(tiermap.TIERS), tiermap.kind_tier("test4"), tiermap.tier_kind("int4-g32", "test4")]
+    tm = orkpy.tier_map(sys.argv[3])
+    ents = {n: tiermap.TierEntry("int4-g32" if i % 2 else "int4", e.ggml_type, e.shape) if e.tier == "int8" else e
+            for i, (n, e) in enumerate(tm.entries.items())}
+    tiermap.TierMap(ents, tm.threshold, tm.source, tm.tied).save(sys.argv[2] + "/alloc.map")
+    rc = main(["quantize", sys.argv[3], "--alloc", sys.argv[2] + "/alloc.map", "--kind", "test4",
+               "-o", sys.argv[2] + "/model", "--no-progress"])
+    with open(sys.argv[2] + "/model/manifest.json") as f:
+        man = json.load(f)
+    ents = man["tensors"].values()
+    md = orkpy.load_model(sys.argv[2] + "/model")
+    mm = orkpy.load_model(sys.argv[3], weights=orkpy.TierMap.load(sys.argv[2] + "/alloc.map"), int4_kind="test4")
+    out["model_dir"] = [rc, sorted({(e["tier"], e["kind"]) for e in ents if e["kind"] != "float"}),
+                        bool(np.all(np.isfinite(md.forward(ids)))), bool(np.all(np.isfinite(mm.forward(ids))))]
     try:
         core._register_kind_for_tests("late4", levels)
     except ValueError as e:
@@ -154,6 +191,8 @@ def test_a_dummy_kind_needs_only_a_registry_row(shared, tmp_path):
         assert out[key] is True, key
     assert out["file"] == ["test4", "O4N1", 5]
     assert out["model"] == [True, 5 * 7 + 1, True]  # every linear on the emulated NPU, same logits
+    assert out["tiers"] == [["int8", "int6", "int5", "int4", "float"], "int4", "test4"]  # no tier of its own
+    assert out["model_dir"] == [0, [["int4", "test4"], ["int4-g32", "test4"]], True, True]
     assert "sealed" in out["late"]
 
 

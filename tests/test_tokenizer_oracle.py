@@ -222,7 +222,7 @@ def _classes():
 
 
 def test_unicode_classes_are_llama_cpps():
-    """orkpy/_unicode_classes.py == llama.cpp's src/unicode-data.cpp (categories, whitespace)."""
+    """orkpy/tokenizer/_unicode_classes.py == llama.cpp's src/unicode-data.cpp (categories, whitespace)."""
     src = _llama_unicode_data()
     body = re.search(r"unicode_ranges_flags = \{.*?\n(.*?)\n\};", src, re.S).group(1)
     rows = [(int(a, 16), int(b, 16)) for a, b in re.findall(r"\{0x([0-9A-F]+), 0x([0-9A-F]+)\}", body)]

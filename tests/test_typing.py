@@ -38,7 +38,7 @@ def _own_functions(cls):
                 continue
             for f in fns:
                 src = inspect.getsourcefile(f) or ""
-                if os.path.dirname(os.path.abspath(src)) == PKG:
+                if os.path.abspath(src).startswith(PKG + os.sep):  # orkpy/ or a subpackage of it
                     out.append((f"{cls.__name__}.{name}", f))
     return out
 

@@ -1,0 +1,154 @@
+"""The commands that write weights: imatrix, quantize, dequantize."""
+import os
+
+from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_common_args, _add_transform_args,
+                      _check_output_path, _meta_arg, _positive_int, _threshold, _transform_kwargs, _warn_ctx,
+                      read_text_like_llama_cpp)
+
+def _cmd_imatrix(args):
+    from ..calibrate import collect_imatrix
+    from ..model import load_model
+
+    _check_output_path(args.output, "-o/--output")
+    meta = _meta_arg(args, args.model)
+    text = read_text_like_llama_cpp(args.text)
+    model = load_model(args.model, threads=args.threads, meta=meta)
+    _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
+    im = collect_imatrix(model, text, n_ctx=args.ctx, chunks=args.chunks,
+                         threads=args.threads, progress=not args.no_progress)
+    im.datasets = [os.path.basename(args.text)]
+    im.save(args.output)  # the format follows the extension: .dat legacy, else GGUF
+    print(f"imatrix of {len(im.names())} tensors over {im.chunks} chunks of {args.ctx} -> {args.output}")
+    return 0
+
+
+def _cmd_quantize(args):
+    from ..calibrate import quantize_model
+    from ..tiermap import INT_TIERS
+
+    _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
+    out_dir = os.path.abspath(args.output)
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
+        raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
+                              "(no manifest.json); --overwrite replaces only a model directory")
+    if (args.alloc is None) == (args.target_bpw is None):
+        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map) and --target-bpw (a size)")
+    if args.emit_map:
+        _check_output_path(args.emit_map, "--emit-map")
+    meta = _meta_arg(args, args.source, fallback=args.alloc if (args.alloc or "").endswith(".gguf") else None,
+                     what="SOURCE")
+    calib = read_text_like_llama_cpp(args.calib) if args.calib else None
+    qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
+                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
+                        calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
+                        awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
+                        clip_search=args.clip_search, tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
+                        output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
+                        fallback="literal" if args.literal_types else "infer",
+                        **_transform_kwargs(args, calib))
+    out = qm.path
+    if args.emit_map and qm.alloc_map is not None:
+        qm.alloc_map.save(args.emit_map)
+        print(f"wrote the allocation to {args.emit_map}")
+    b = qm.result_bytes()
+    mid = "".join(f", {t} {b[t]:,} bytes" for t in INT_TIERS if t not in ("int8", "int4") and b.get(t))
+    print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes{mid}, int4 {b['int4']:,} bytes; "
+          f"int8 share of weight storage {qm.int8_share():.1%})")
+    return 0
+
+
+def _cmd_dequantize(args):
+    from ..convert import dequantize_gguf
+
+    _check_output_path(args.output, "-o/--output", overwrite=args.overwrite)
+    if os.path.exists(args.output) and os.path.samefile(args.file, args.output):
+        raise UsageError(f"-o/--output {args.output} is the source file itself: give another name")
+    types = dequantize_gguf(args.file, args.output, threads=args.threads)
+    what = f"dequantized {', '.join(types)} tensors" if types else "no quantized tensors: copied as F32"
+    print(f"wrote {args.output}: every tensor F32 ({what}; the exact dequantization of {args.file})")
+    return 0
+
+
+def _add_imatrix(sub):
+    s = sub.add_parser("imatrix", help="collect an importance matrix in the forward pass")
+    s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
+    s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
+    s.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="FILE.dat: the legacy .dat; any other name: llama.cpp's GGUF imatrix (required)")
+    s.add_argument("--meta", metavar="GGUF", default=None, help=_META_HELP + " (default: none)")
+    _add_common_args(s, ctx=512, even_ctx=False)
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_imatrix)
+
+
+def _add_quantize(sub):
+    from ..quant import CLIP_SEARCHES, FOUR_BIT_KINDS
+
+    s = sub.add_parser("quantize", help="quantize a model: fp16 source + allocation (+ imatrix) -> model directory")
+    s.add_argument("source", help="F32/F16/BF16 GGUF or safetensors checkpoint (a quantized GGUF here means "
+                                  "double-quant, said loudly)")
+    s.add_argument("--alloc", default=None,
+                   help="a llama.cpp mixed GGUF (its types only) or an emit-map file (default: none; required unless "
+                        "--target-bpw)")
+    s.add_argument("--meta", metavar="GGUF", default=None,
+                   help=_META_HELP + " (default: the --alloc GGUF; required for a safetensors SOURCE with an "
+                                     "emit-map --alloc)")
+    s.add_argument("--imatrix", default=None,
+                   help="imatrix file, .dat or GGUF, llama.cpp's or orkpy's (default: none, plain absmax scales)")
+    s.add_argument("--kind", choices=FOUR_BIT_KINDS, default="nf4", help="codebook of the int4 tier")
+    s.add_argument("--sr", action="store_true", help="stochastic rounding")
+    s.add_argument("--seed", type=int, default=0, help="seed of the stochastic rounding")
+    s.add_argument("--clip-search", choices=CLIP_SEARCHES, default="screen",
+                   help="with --imatrix: the 4-bit clip search on rows of >= 512 inputs, screened by a histogram "
+                        "(1.0 and the three best estimates evaluated exactly) or every ratio evaluated "
+                        "(default: screen; see orkpy.quantize)")
+    s.add_argument("--threshold", type=_threshold, default=5.0,
+                   help="bits/weight at or above which an allocation type is int8")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="worker threads; never changes a result (default: all cores)")
+    _add_transform_args(s, ctx_option="--calib-ctx")
+    s.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
+                   help="rounding of every packed tier: round to nearest, or GPTQ error feedback on the input "
+                        "Gram matrices of --calib (default: rtn)")
+    s.add_argument("--literal-types", action="store_true",
+                   help="read a GGUF --alloc's fallback types literally (the stored type, not the type llama.cpp "
+                        "intended; see orkpy tier-map)")
+    s.add_argument("--gptq-sequential", action="store_true",
+                   help="with --method gptq: calibrate layer by layer, each layer's Gram matrices taken on the "
+                        "outputs of the already-quantized layers before it (slower; default: all layers on the "
+                        "float model)")
+    s.add_argument("--awq", action="store_true",
+                   help="AWQ-style per-input-channel scales searched on --calib and folded into the norms and "
+                        "producing linears before rounding (default: off)")
+    s.add_argument("--group-size", type=_positive_int, default=None, metavar="N",
+                   help="group-wise scales, one per N inputs (a multiple of 32) for every packed linear whose tier "
+                        "names none (default: one scale per output channel)")
+    s.add_argument("--target-bpw", type=float, default=None, metavar="X",
+                   help="choose the tiers (int4, int4-g128/64/32, int8) for X bits per linear weight from "
+                        "sensitivities measured on --calib, instead of --alloc (default: off)")
+    s.add_argument("--tied-lookup", choices=("float", "packed"), default="float",
+                   help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
+                        "packed head's rows (stored once) (default: float)")
+    s.add_argument("--emit-map", default=None, metavar="FILE",
+                   help="write the allocation used (with --target-bpw: the one chosen) as an emit-map file "
+                        "(default: not written)")
+    s.add_argument("--calib-ctx", type=_positive_int, default=512, metavar="N",
+                   help="tokens per calibration chunk (default: 512); with --calib the static activation ranges "
+                        "and outlier channels are calibrated and saved with the model (act_scales.json)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="output model folder; missing parent folders are created (required)")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_quantize)
+
+
+def _add_dequantize(sub):
+    s = sub.add_parser("dequantize", help="the float reference of a quantized GGUF: every tensor as F32, exactly "
+                                          "as its type decodes")
+    s.add_argument("file", metavar="MODEL", help="a GGUF (any of the ggml types orkpy reads)")
+    s.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the F32 GGUF to write (the metadata copied, general.file_type 0); required")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    s.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="worker threads; never changes a result (default: all cores)")
+    s.set_defaults(func=_cmd_dequantize)
