@@ -22,13 +22,13 @@ recipes may then carry comments; on 3.10 a ``.toml`` recipe is a clear error. Ke
 their defaults; :meth:`Recipe.to_dict` / :meth:`Recipe.dumps` write every key, so two recipes
 that mean the same are the same text.
 
-The command line maps onto it: every ``orkpy quantize`` option is either a recipe key
-(:data:`CLI_KEYS`) or an input / run option (:data:`CLI_NOT_RECIPE`); :func:`recipe_from_args`
-builds the recipe a command line means (``--recipe FILE`` first, then the flags given on top).
+The command line maps onto it (``orkpy.cli.quantize``): every ``orkpy quantize`` option is either
+a recipe key (``CLI_KEYS``) or an input / run option (``CLI_NOT_RECIPE``); ``--recipe FILE`` runs
+a recipe (the flags given on the command line on top) and ``orkpy recipe [flags]`` prints the
+recipe a command line means.
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
@@ -37,7 +37,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import actcal
 from ._typing import StrPath
@@ -600,50 +600,5 @@ def _toml_value(v: Any) -> str:
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 
-# ------------------------------------------------------------------ the command line --
-
-#: ``orkpy quantize`` option (its argparse dest) -> recipe key path; the value converted by CLI_CONVERT
-CLI_KEYS: Dict[str, str] = {
-    "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
-    "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
-    "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
-    "target_bpw": "allocation.target_bpw", "kind": "allocation.kind", "group_size": "allocation.group_size",
-    "tied_lookup": "allocation.tied_lookup",
-    "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
-    "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
-}
-CLI_CONVERT: Dict[str, Callable[[Any], Any]] = {"literal_types": lambda v: "literal" if v else "infer"}
-#: ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
-CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
-                            "overwrite", "no_progress", "recipe"})
-
-
-def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Set[str]:
-    """The dests of ``parser``'s options that ``argv`` gives (not left at their defaults)."""
-    unset = object()
-    ns = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
-    parser.parse_known_args(list(argv), ns)
-    return {d for d, v in vars(ns).items() if v is not unset}
-
-
-def recipe_from_args(args: argparse.Namespace, given: Optional[Set[str]] = None) -> Recipe:
-    """The recipe an ``orkpy quantize`` (or ``orkpy recipe``) command line means: ``--recipe FILE``
-    (a recipe, or a model directory whose recipe is re-run), with the options in ``given`` (the
-    dests given on the command line; None: every recipe option) set on top."""
-    base = getattr(args, "recipe", None)
-    d = Recipe.load(base).to_dict() if base is not None else Recipe().to_dict()
-    for dest, path in CLI_KEYS.items():
-        if not hasattr(args, dest) or (base is not None and given is not None and dest not in given):
-            continue
-        sec, key = path.split(".")
-        d[sec][key] = CLI_CONVERT.get(dest, lambda v: v)(getattr(args, dest))
-    try:
-        return Recipe.from_dict(d)
-    except RecipeError as e:
-        flag = next((f"--{k.replace('_', '-')}" for k, p in CLI_KEYS.items() if p == e.key), None)
-        raise RecipeError(e.key, f"{e.message} (option {flag})" if flag else e.message) from None
-
-
-__all__ = ["ACT_BITS", "CLI_KEYS", "CLI_NOT_RECIPE", "KEYWORDS", "ActivationSpec", "AllocationSpec",
-           "CalibrationSpec", "Recipe", "RecipeError", "RoundingSpec", "SECTIONS", "TransformSpec", "VERSION",
-           "given_options", "keywords_given", "recipe_from_args"]
+__all__ = ["ACT_BITS", "KEYWORDS", "ActivationSpec", "AllocationSpec", "CalibrationSpec", "Recipe", "RecipeError",
+           "RoundingSpec", "SECTIONS", "TransformSpec", "VERSION", "keywords_given"]

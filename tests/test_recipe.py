@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import orkpy
-from orkpy.recipe import (CLI_KEYS, CLI_NOT_RECIPE, KEYWORDS, SECTIONS, AllocationSpec, Recipe, RecipeError,
+from orkpy.recipe import (KEYWORDS, SECTIONS, AllocationSpec, Recipe, RecipeError,
                           RoundingSpec)
 
 ST = "models/stories260K/"
@@ -279,3 +279,110 @@ def test_no_long_functions_in_the_pipeline():
                 if node.name == "quantize_model":
                     body = node.body[1:] if isinstance(node.body[0], ast.Expr) else node.body
                     assert body[-1].end_lineno - body[0].lineno + 1 <= 60
+
+
+# ------------------------------------------------------------------ the command line --
+
+def _quantize_parser():
+    from orkpy.cli import build_parser
+    sub = build_parser()._subparsers._group_actions[0]
+    return sub.choices["quantize"], sub.choices["recipe"]
+
+
+# every recipe option of `orkpy quantize`: (argv, the key path, the value it sets)
+FLAG_CASES = {
+    "rotate": (["--rotate", "hadamard"], "transform.rotate", "hadamard"),
+    "rotate_online": (["--rotate-online"], "transform.rotate_online", True),
+    "smooth": (["--smooth", "0.5"], "transform.smooth", 0.5),
+    "calib_ctx": (["--calib-ctx", "128"], "calibration.ctx", 128),
+    "calib_chunks": (["--calib-chunks", "3"], "calibration.chunks", 3),
+    "threshold": (["--threshold", "4"], "allocation.threshold", 4.0),
+    "literal_types": (["--literal-types"], "allocation.fallback", "literal"),
+    "target_bpw": (["--target-bpw", "4.5"], "allocation.target_bpw", 4.5),
+    "kind": (["--kind", "int4"], "allocation.kind", "int4"),
+    "group_size": (["--group-size", "64"], "allocation.group_size", 64),
+    "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),
+    "method": (["--method", "gptq"], "rounding.method", "gptq"),
+    "gptq_sequential": (["--method", "gptq", "--gptq-sequential"], "rounding.gptq_sequential", True),
+    "awq": (["--awq"], "rounding.awq", True),
+    "sr": (["--sr"], "rounding.sr", True),
+    "seed": (["--seed", "7"], "rounding.seed", 7),
+    "clip_search": (["--clip-search", "full"], "rounding.clip_search", "full"),
+}
+
+
+def _get(recipe, path):
+    sec, key = path.split(".")
+    return getattr(getattr(recipe, sec), key)
+
+
+def test_every_quantize_option_maps_onto_the_recipe(capsys):
+    from orkpy.cli import main
+    from orkpy.cli.quantize import CLI_KEYS, CLI_NOT_RECIPE
+    quantize, recipe_cmd = _quantize_parser()
+    dests = {a.dest for a in quantize._actions}
+    assert dests == set(CLI_KEYS) | CLI_NOT_RECIPE, "a quantize option is neither a recipe key nor listed as an input"
+    assert not set(CLI_KEYS) & CLI_NOT_RECIPE and set(FLAG_CASES) == set(CLI_KEYS)
+    assert {a.dest for a in recipe_cmd._actions} >= set(CLI_KEYS)
+    assert main(["recipe"]) == 0
+    assert Recipe.loads(capsys.readouterr().out) == Recipe()  # the flags' defaults are the recipe's
+    for dest, (argv, path, value) in FLAG_CASES.items():
+        assert main(["recipe", *argv]) == 0
+        r = Recipe.loads(capsys.readouterr().out)
+        assert _get(r, path) == value and CLI_KEYS[dest] == path, dest
+        changed = {p for p in ("%s.%s" % (c.NAME, k) for c in SECTIONS for k in c.keys())
+                   if _get(r, p) != _get(Recipe(), p)}
+        flag = {d: [x for x in a if x.startswith("--")][-1] for d, (a, _, _) in FLAG_CASES.items()}
+        assert changed == {CLI_KEYS[d] for d in FLAG_CASES if flag[d] in argv}, dest  # that key (and its prerequisite)
+
+
+def test_recipe_command_overrides_and_formats(tmp_path, capsys):
+    from orkpy.cli import main
+    base = tmp_path / "base.json"
+    base.write_text(Recipe(rounding=RoundingSpec(method="gptq", seed=2)).dumps())
+    assert main(["recipe", "--recipe", str(base), "--calib-chunks", "4", "--method", "rtn"]) == 0
+    r = Recipe.loads(capsys.readouterr().out)
+    assert (r.rounding.method, r.rounding.seed, r.calibration.chunks) == ("rtn", 2, 4)
+    assert main(["recipe", "--recipe", str(base)]) == 0  # flags not given keep the recipe's keys
+    assert Recipe.loads(capsys.readouterr().out) == Recipe.load(base)
+    assert main(["recipe", "--method", "gptq", "--sr"]) == 1
+    err = capsys.readouterr().err
+    assert "rounding.sr" in err and "exclude each other" in err and "(option --sr)" in err
+    if HAVE_TOMLLIB:
+        assert main(["recipe", "--awq", "--format", "toml", "-o", str(tmp_path / "r.toml")]) == 0
+        assert Recipe.load(tmp_path / "r.toml") == Recipe(rounding=RoundingSpec(awq=True))
+
+
+def test_cli_malformed_recipe_fails_before_any_work(tmp_path, capsys):
+    from orkpy.cli import main
+    bad = tmp_path / "bad.json"
+    bad.write_text(JSON_BAD % '"chunks": 0')
+    out = tmp_path / "sub" / "out"
+    assert main(["quantize", str(tmp_path / "missing.gguf"), "--alloc", str(tmp_path / "missing-alloc.gguf"),
+                 "--recipe", str(bad), "-o", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:5: calibration.chunks must be an integer >= 1" in err
+    assert not (tmp_path / "sub").exists()  # not even the output's parent folder was made
+
+
+def test_cli_flags_recipe_and_manifest_give_the_same_directory(shared, tmp_path, calib_text, capsys):
+    """`orkpy quantize --recipe R` and the equivalent flags write byte-identical model directories, and
+    the manifest's recipe run again gives the same directory once more."""
+    from orkpy.cli import main
+    calib = tmp_path / "calib.txt"
+    calib.write_text(calib_text, encoding="utf-8")
+    io = [str(shared / ST / "stories260K-F16.gguf"), "--alloc", str(shared / ST / "stories260K-Q4_0.gguf"),
+          "--calib", str(calib), "--no-progress"]
+    flags = ["--awq", "--calib-ctx", "128", "--calib-chunks", "2", "--group-size", "32", "--kind", "int4"]
+    assert main(["quantize", *io, *flags, "-o", str(tmp_path / "flags")]) == 0
+    assert main(["recipe", *flags, "-o", str(tmp_path / "r.json")]) == 0
+    assert main(["quantize", *io, "--recipe", str(tmp_path / "r.json"), "-o", str(tmp_path / "recipe")]) == 0
+    assert_same_dir(tmp_path / "flags", tmp_path / "recipe")
+    assert main(["quantize", *io, "--recipe", str(tmp_path / "recipe"), "-o", str(tmp_path / "again")]) == 0
+    assert_same_dir(tmp_path / "flags", tmp_path / "again")
+    assert main(["quantize", *io, "--recipe", str(tmp_path / "recipe"), "--kind", "nf4",
+                 "-o", str(tmp_path / "nf4")]) == 0  # a flag on top of a recipe overrides its key
+    capsys.readouterr()
+    assert Recipe.load(tmp_path / "nf4").allocation.kind == "nf4"
+    with pytest.raises(AssertionError, match="differs"):
+        assert_same_dir(tmp_path / "flags", tmp_path / "nf4")
