@@ -1,6 +1,8 @@
 """The commands that write weights: imatrix, quantize, dequantize; and recipe, which prints the recipe a
 quantize command line means (docs/recipes.md)."""
 import argparse
+import copy
+import json
 import os
 import sys
 
@@ -222,10 +224,16 @@ def _add_recipe(sub):
                        description="The recipe (docs/recipes.md) that `orkpy quantize` would run with these options: "
                                    "every key written, defaults included. With --recipe FILE, that recipe with the "
                                    "options given here on top.")
+    from ..recipe import Recipe
+
     holder = _Parser(prog="orkpy").add_subparsers()
     quantize = _add_quantize(holder)
-    for action in quantize._actions:  # the very options of quantize: one definition, one meaning
+    default = Recipe().to_dict()
+    for action in quantize._actions:  # quantize's own options (type, choices, default): one definition
         if action.dest in CLI_KEYS:
+            sec, key = CLI_KEYS[action.dest].split(".")
+            action = copy.copy(action)  # the help names the key, not quantize's inputs (--calib, --imatrix)
+            action.help = f"sets {sec}.{key}, as in orkpy quantize (default: {json.dumps(default[sec][key])})"
             s._add_action(action)
     _add_recipe_arg(s)
     s.add_argument("--format", choices=("json", "toml"), default="json", help="the text format")
