@@ -17,6 +17,7 @@ from .imatrix import Imatrix
 from .model import Model, load_model
 from .packed import PackedWeight, load_packed, pack, save_packed
 from .ppl import PPLResult, perplexity
+from .recipe import Recipe, RecipeError
 from .tiermap import TierEntry, TierMap, tier_map
 from .quant import (
     DEFAULT_CLIP_GRID,
@@ -62,6 +63,8 @@ __all__ = [
     "PackedWeight",
     "QuantizedModel",
     "QuantizedTensor",
+    "Recipe",
+    "RecipeError",
     "SafetensorsError",
     "UnavailableError",
     "calibrate_act_scales",

@@ -2,7 +2,7 @@
 atomically and reading it back with every checksum verified.
 
 - :func:`write_model_dir`: ``manifest.json`` (tensor -> tier, kind, file,
-  sha256; source / allocation / imatrix records; settings), one O4N1/O8N1 blob
+  sha256; source / allocation / imatrix records; settings; the recipe), one O4N1/O8N1 blob
   per packed linear, and ``float.gguf`` (the source's metadata, embeddings,
   norms and float-tier linears in their source precision), written to a
   temporary folder of the writer's own and renamed into place.
@@ -402,6 +402,8 @@ def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
         raise bad("imatrix", "null or {sha256: string, chunks: int}")
     if not isinstance(manifest.get("double_quant"), bool):
         raise bad("double_quant", "true or false")
+    if "recipe" in manifest and not isinstance(manifest["recipe"], dict):  # orkpy.recipe; checked by Recipe.load
+        raise bad("recipe", "a JSON object (the recipe the model was made with)")
     share = manifest.get("int8_share")
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 <= share <= 1:
         raise bad("int8_share", "a number in [0, 1]")

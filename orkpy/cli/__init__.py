@@ -15,7 +15,7 @@ from ._common import (EPILOG, _RUNTIME_ERRORS, UsageError, _check_output_path, _
 from .evaluate import _cmd_ffn_sweep, _cmd_gate, _cmd_ppl  # noqa: F401
 from .generate import _cmd_generate  # noqa: F401
 from .inspect import _cmd_gguf_info, _cmd_info, _cmd_npu_dump, _cmd_npu_plan, _cmd_quant_report, _cmd_tier_map  # noqa: F401
-from .quantize import _cmd_dequantize, _cmd_imatrix, _cmd_quantize  # noqa: F401
+from .quantize import _cmd_dequantize, _cmd_imatrix, _cmd_quantize, _cmd_recipe  # noqa: F401
 
 # every subcommand, in the order `orkpy --help` lists them: (name, the function that adds its parser)
 SUBCOMMANDS = (
@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     ("ppl", evaluate._add_ppl),
     ("imatrix", quantize._add_imatrix),
     ("quantize", quantize._add_quantize),
+    ("recipe", quantize._add_recipe),
     ("ffn-sweep", evaluate._add_ffn_sweep),
     ("dequantize", quantize._add_dequantize),
     ("npu-dump", inspect._add_npu_dump),
@@ -51,6 +52,7 @@ def main(argv=None):
     who = "orkpy"
     try:
         args = build_parser().parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)  # which options were given (orkpy recipe)
         who = f"orkpy {args.command}"
         _fill_slots(args)
         func = getattr(sys.modules[__name__], args.func.__name__, args.func)  # orkpy.cli's, if replaced

@@ -1,8 +1,13 @@
-"""The commands that write weights: imatrix, quantize, dequantize."""
+"""The commands that write weights: imatrix, quantize, dequantize; and recipe, which prints the recipe a
+quantize command line means (docs/recipes.md)."""
+import argparse
+import copy
+import json
 import os
+import sys
 
 from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_common_args, _add_transform_args,
-                      _check_output_path, _meta_arg, _positive_int, _threshold, _transform_kwargs, _warn_ctx,
+                      _check_output_path, _meta_arg, _positive_int, _threshold, _warn_ctx,
                       read_text_like_llama_cpp)
 
 def _cmd_imatrix(args):
@@ -22,30 +27,77 @@ def _cmd_imatrix(args):
     return 0
 
 
+# ``orkpy quantize`` option (its dest) -> recipe key path (orkpy.recipe); the value converted by _CLI_CONVERT
+CLI_KEYS = {
+    "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
+    "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
+    "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
+    "target_bpw": "allocation.target_bpw", "kind": "allocation.kind", "group_size": "allocation.group_size",
+    "tied_lookup": "allocation.tied_lookup",
+    "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
+    "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
+}
+_CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer"}
+# ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
+CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
+                            "overwrite", "no_progress", "recipe"})
+
+
+def _given_options(args):
+    """The dests of the recipe options the command line gave (not left at their defaults): the
+    subcommand's arguments parsed again into a namespace where every option is unset."""
+    parser, argv = getattr(args, "_cmd_parser", None), getattr(args, "_argv", None)
+    if parser is None or argv is None or args.command not in argv:
+        return None
+    unset = object()
+    ns = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS})
+    parser.parse_known_args(argv[argv.index(args.command) + 1:], ns)
+    return {d for d, v in vars(ns).items() if v is not unset}
+
+
+def recipe_from_args(args):
+    """The recipe (orkpy.recipe.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
+    model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
+    command line on top (without --recipe, every recipe option's value, defaults included)."""
+    from ..recipe import Recipe, RecipeError
+
+    base = Recipe.load(args.recipe) if args.recipe is not None else Recipe()
+    given = _given_options(args) if args.recipe is not None else None
+    d = base.to_dict()
+    for dest, path in CLI_KEYS.items():
+        if hasattr(args, dest) and (given is None or dest in given):
+            sec, key = path.split(".")
+            d[sec][key] = _CLI_CONVERT.get(dest, lambda v: v)(getattr(args, dest))
+    try:
+        return Recipe.from_dict(d)
+    except RecipeError as e:
+        flags = [f"--{k.replace('_', '-')}" for k, p in CLI_KEYS.items() if p == e.key]
+        raise RecipeError(e.key, e.message + (f" (option {flags[0]})" if flags else "")) from None
+
+
 def _cmd_quantize(args):
     from ..calibrate import quantize_model
     from ..tiermap import INT_TIERS
 
+    recipe = recipe_from_args(args)  # before any other work: a malformed recipe names its key and line
     _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
     out_dir = os.path.abspath(args.output)
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
         raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
                               "(no manifest.json); --overwrite replaces only a model directory")
-    if (args.alloc is None) == (args.target_bpw is None):
-        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map) and --target-bpw (a size)")
+    if (args.alloc is None) == (recipe.allocation.target_bpw is None):
+        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map) and --target-bpw (a size)"
+                         + (" (or the recipe's allocation.target_bpw)" if args.recipe is not None else ""))
     if args.emit_map:
         _check_output_path(args.emit_map, "--emit-map")
     meta = _meta_arg(args, args.source, fallback=args.alloc if (args.alloc or "").endswith(".gguf") else None,
                      what="SOURCE")
+    if recipe.transform.smooth is not None and args.calib is None:
+        raise UsageError("--smooth needs --calib TEXT: the migration scales come from calibration activations")
     calib = read_text_like_llama_cpp(args.calib) if args.calib else None
-    qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, kind=args.kind, sr=args.sr, seed=args.seed,
-                        threshold=args.threshold, threads=args.threads, progress=not args.no_progress, meta=meta,
-                        calib_ctx=args.calib_ctx, calib_chunks=args.calib_chunks, method=args.method,
-                        awq=args.awq, group_size=args.group_size, target_bpw=args.target_bpw,
-                        clip_search=args.clip_search, tied_lookup=args.tied_lookup, gptq_sequential=args.gptq_sequential,
-                        output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
-                        fallback="literal" if args.literal_types else "infer",
-                        **_transform_kwargs(args, calib))
+    qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, threads=args.threads,
+                        progress=not args.no_progress, meta=meta, calib=calib, recipe=recipe,
+                        output=args.output, overwrite=args.overwrite)  # streamed: one tensor in memory at a time
     out = qm.path
     if args.emit_map and qm.alloc_map is not None:
         qm.alloc_map.save(args.emit_map)
@@ -54,6 +106,18 @@ def _cmd_quantize(args):
     mid = "".join(f", {t} {b[t]:,} bytes" for t in INT_TIERS if t not in ("int8", "int4") and b.get(t))
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes{mid}, int4 {b['int4']:,} bytes; "
           f"int8 share of weight storage {qm.int8_share():.1%})")
+    return 0
+
+
+def _cmd_recipe(args):
+    text = recipe_from_args(args).dumps(args.format)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    from .._io import atomic_write
+    _check_output_path(args.output, "-o/--output")
+    atomic_write(args.output, [text.encode()])
+    print(f"wrote the recipe to {args.output}", file=sys.stderr)
     return 0
 
 
@@ -139,7 +203,43 @@ def _add_quantize(sub):
                    help="output model folder; missing parent folders are created (required)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.set_defaults(func=_cmd_quantize)
+    _add_recipe_arg(s)
+    s.set_defaults(func=_cmd_quantize, _cmd_parser=s)
+    return s
+
+
+def _add_recipe_arg(s):
+    s.add_argument("--recipe", metavar="FILE", default=None,
+                   help="a quantization recipe (JSON; TOML on Python 3.11+; docs/recipes.md), or a model directory "
+                        "whose recipe is run again; the recipe options given on the command line override its keys "
+                        "(default: none, the options alone; `orkpy recipe` prints what they mean)")
+
+
+def _add_recipe(sub):
+    """orkpy recipe: quantize's recipe options (the same argparse actions), --recipe, --format, -o."""
+    from ._common import _Parser
+
+    s = sub.add_parser("recipe", help="print the quantization recipe a set of quantize options means (JSON or "
+                                      "TOML), reading no model",
+                       description="The recipe (docs/recipes.md) that `orkpy quantize` would run with these options: "
+                                   "every key written, defaults included. With --recipe FILE, that recipe with the "
+                                   "options given here on top.")
+    from ..recipe import Recipe
+
+    holder = _Parser(prog="orkpy").add_subparsers()
+    quantize = _add_quantize(holder)
+    default = Recipe().to_dict()
+    for action in quantize._actions:  # quantize's own options (type, choices, default): one definition
+        if action.dest in CLI_KEYS:
+            sec, key = CLI_KEYS[action.dest].split(".")
+            action = copy.copy(action)  # the help names the key, not quantize's inputs (--calib, --imatrix)
+            action.help = f"sets {sec}.{key}, as in orkpy quantize (default: {json.dumps(default[sec][key])})"
+            s._add_action(action)
+    _add_recipe_arg(s)
+    s.add_argument("--format", choices=("json", "toml"), default="json", help="the text format")
+    s.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="write the recipe to FILE (default: standard output)")
+    s.set_defaults(func=_cmd_recipe, _cmd_parser=s)
 
 
 def _add_dequantize(sub):
