@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ._typing import StrPath
-from .actcal import ActCalibration
+from .actcal import DEFAULT_PREFIX, ActCalibration
 from .model import calibrate_source_acts, linear_names, tier_path, transformed_source
 from .modeldir import ModelDirWriter
 from .packed import PackedWeight, pack
@@ -291,7 +291,8 @@ def calibrate_acts_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLik
     if calib is None:
         return None
     c = recipe.calibration
-    act = calibrate_source_acts(src, calib, c.ctx, c.chunks, run.threads, recipe.activation.prefix)
+    prefix = recipe.activation.prefix
+    act = calibrate_source_acts(src, calib, c.ctx, c.chunks, run.threads, DEFAULT_PREFIX if prefix is None else prefix)
     run.log(f"calibrated the activations of {len(act)} linears on {act.info['chunks']} chunks of {c.ctx} tokens")
     return act
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optio
 
 from . import actcal
 from ._typing import StrPath
+from .actspec import ActSpec
 from .quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
 from .rotate import ROTATIONS
 from .tiermap import INT_TIERS, split_tier
@@ -50,7 +51,6 @@ PLACEMENTS = ("fold", "online")
 FALLBACKS = ("infer", "literal")
 TIED_LOOKUPS = ("float", "packed")
 METHODS = ("rtn", "gptq")
-ACT_BITS = (8,)
 _MANIFEST_FORMAT = "orkpy-quantized-model"  # orkpy.modeldir.FORMAT (a manifest holds the recipe it was made with)
 
 Key = Tuple[str, ...]
@@ -170,16 +170,6 @@ def _grid(key: str, v: Any) -> Optional[Tuple[float, ...]]:
         raise RecipeError(key, f"{key} must be null (the default grid) or a non-empty list of clip ratios > 0, "
                                f"got {_show(v)}")
     return tuple(float(x) for x in vals)
-
-
-def _act(check: Callable[[Any], Any]) -> Check:
-    """One of orkpy.actcal's checks, its message under the key."""
-    def run(key: str, v: Any) -> Any:
-        try:
-            return check(v)
-        except (TypeError, ValueError) as e:
-            raise RecipeError(key, f"{key}: {e}") from None
-    return run
 
 
 def _key(default: Any, check: Check, doc: str) -> Any:
@@ -305,21 +295,51 @@ class RoundingSpec(_Section):
                               "chooses every int8 code itself")
 
 
-@dataclass(frozen=True)
-class ActivationSpec(_Section):
-    """The activation spec the model is made for (the keys of the coming ``ActSpec.to_dict()``):
-    ``prefix`` is the calibration's (its first positions left out, quantized per token by the
-    static mode); a calibrated ``mode`` ('static', 'per_token_outliers') needs the calibration text."""
+class ActivationSpec:
+    """The recipe's activation section. Its value is an :class:`orkpy.ActSpec` -- the one
+    activation-spec type from the API to the kernels -- at model level: ``mode``, ``bits``,
+    ``method`` (how a static range is calibrated), ``prefix`` (the leading positions the
+    calibration leaves out and the shared-range modes quantize per token; default
+    :data:`orkpy.actcal.DEFAULT_PREFIX`) and ``n_outliers``; a linear's own ``clip`` / ``channels``
+    come from the calibration, never from a recipe. This class only reads and writes the section."""
 
     NAME: ClassVar[str] = "activation"
-    mode: str = _key("per_token", _act(actcal.check_mode), "activation mode of the packed linears")
-    bits: int = _key(8, _choice(ACT_BITS, " (int8 activations)"), "activation bits")
-    method: str = _key("mse", _act(actcal.check_method), "how a static range is calibrated")
-    prefix: int = _key(actcal.DEFAULT_PREFIX, _act(actcal.check_prefix), "leading positions quantized per token")
-    n_outliers: int = _key(actcal.DEFAULT_OUTLIERS, _act(actcal.check_outliers), "outlier channels per linear")
+    KEYS: ClassVar[Tuple[str, ...]] = ("mode", "bits", "method", "prefix", "n_outliers")
+
+    @classmethod
+    def keys(cls) -> List[str]:
+        return list(cls.KEYS)
+
+    @staticmethod
+    def default() -> ActSpec:
+        return ActSpec(prefix=actcal.DEFAULT_PREFIX)
+
+    @classmethod
+    def to_dict(cls, spec: ActSpec) -> Dict[str, Any]:
+        return {k: getattr(spec, k) for k in cls.KEYS}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ActSpec:
+        if not isinstance(d, Mapping):
+            raise RecipeError(cls.NAME, f"{cls.NAME} must be a table (a JSON object) of {', '.join(cls.KEYS)}, got "
+                                        f"{_show(d)}")
+        _no_unknown(d, cls.KEYS, cls.NAME)
+        kw = cls.to_dict(cls.default())
+        for k in cls.KEYS:  # each key on the defaults first, so an error names the key that is wrong
+            if k in d:
+                try:
+                    ActSpec(**dict(kw, **{k: d[k]}) if k != "mode" else {"mode": d[k]})
+                except (TypeError, ValueError, KeyError) as e:
+                    raise RecipeError(f"{cls.NAME}.{k}", f"{cls.NAME}.{k}: {e}") from None
+        kw.update(d)
+        try:
+            return ActSpec(**kw)
+        except (TypeError, ValueError, KeyError) as e:
+            raise RecipeError(cls.NAME, f"{cls.NAME}: {e}") from None
 
 
 SECTIONS: Tuple[type, ...] = (TransformSpec, CalibrationSpec, AllocationSpec, RoundingSpec, ActivationSpec)
+_SECTION_TYPE: Dict[type, type] = {ActivationSpec: ActSpec}  # a section whose value is of another type
 
 
 # ------------------------------------------------------------------ the recipe --
@@ -332,7 +352,7 @@ class Recipe:
     calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
     allocation: AllocationSpec = field(default_factory=AllocationSpec)
     rounding: RoundingSpec = field(default_factory=RoundingSpec)
-    activation: ActivationSpec = field(default_factory=ActivationSpec)
+    activation: ActSpec = field(default_factory=ActivationSpec.default)
     version: int = VERSION
 
     def __post_init__(self) -> None:
@@ -340,9 +360,13 @@ class Recipe:
             raise RecipeError("version", f"version must be {VERSION} (this orkpy's recipe format), got "
                                          f"{_show(self.version)}")
         for cls in SECTIONS:
-            if not isinstance(getattr(self, cls.NAME), cls):  # type: ignore[attr-defined]
-                raise RecipeError(cls.NAME, f"{cls.NAME} must be a {cls.__name__}, got "  # type: ignore[attr-defined]
+            want = _SECTION_TYPE.get(cls, cls)
+            if not isinstance(getattr(self, cls.NAME), want):  # type: ignore[attr-defined]
+                raise RecipeError(cls.NAME, f"{cls.NAME} must be a {want.__name__}, got "  # type: ignore[attr-defined]
                                   f"{type(getattr(self, cls.NAME)).__name__}")  # type: ignore[attr-defined]
+        if self.activation.clip is not None or self.activation.channels is not None:
+            raise RecipeError("activation", "a recipe's activation spec is the model's: a linear's clip / channels "
+                              "come from the calibration")
         r, a = self.rounding, self.allocation
         if r.clip_search == "full" and (r.method == "gptq" or r.awq or a.target_bpw is not None):
             raise RecipeError("rounding.clip_search", "rounding.clip_search='full' applies to the plain rounding of the "
@@ -360,7 +384,7 @@ class Recipe:
         t, a, r = self.transform, self.allocation, self.rounding
         for key, on in (("transform.smooth", t.smooth is not None), ("allocation.target_bpw", a.target_bpw is not None),
                         ("rounding.method", r.method == "gptq"), ("rounding.awq", r.awq),
-                        ("activation.mode", self.activation.mode in ("static", "per_token_outliers"))):
+                        ("activation.mode", self.activation.info.calibrated)):
             if on:
                 return key
         return None
@@ -395,7 +419,8 @@ class Recipe:
         """Every key (defaults included), JSON-ready: two recipes that mean the same give the same dict."""
         out: Dict[str, Any] = {"version": self.version}
         for cls in SECTIONS:
-            out[cls.NAME] = getattr(self, cls.NAME).to_dict()  # type: ignore[attr-defined]
+            sec = getattr(self, cls.NAME)  # type: ignore[attr-defined]
+            out[cls.NAME] = ActivationSpec.to_dict(sec) if cls is ActivationSpec else sec.to_dict()  # type: ignore[attr-defined]
         return out
 
     @classmethod
@@ -600,5 +625,5 @@ def _toml_value(v: Any) -> str:
     return "[" + ", ".join(_toml_value(x) for x in v) + "]"
 
 
-__all__ = ["ACT_BITS", "KEYWORDS", "ActivationSpec", "AllocationSpec", "CalibrationSpec", "Recipe", "RecipeError",
+__all__ = ["KEYWORDS", "ActivationSpec", "AllocationSpec", "CalibrationSpec", "Recipe", "RecipeError",
            "RoundingSpec", "SECTIONS", "TransformSpec", "VERSION", "keywords_given"]

@@ -128,7 +128,7 @@ def test_malformed_json_names_key_and_line(tmp_path, line, key, msg):
     ('{"activation": {\n"mode": "dynamic"}}', "activation.mode", 2, "act must be one of"),
     ('{"activation": {\n"n_outliers": 0}}', "activation.n_outliers", 2, "act_outliers must be a positive int"),
     ('{"activation": {\n"prefix": -1}}', "activation.prefix", 2, "act_prefix must be an int >= 0"),
-    ('{"activation": {\n"bits": 4}}', "activation.bits", 2, "must be one of 8"),
+    ('{"activation": {\n"bits": 4}}', "activation.bits", 2, "act bits must be one of [8]"),
     ('{\n"version": 2}', "version", 2, "version must be 1"),
     ('{"transform": 3}', "transform", 1, "must be a table"),
     ('{\n"rounding": {},\n"allocaton": {}}', "allocaton", 3, "did you mean 'allocation'?"),
