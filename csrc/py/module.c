@@ -18,8 +18,10 @@
 #include <string.h>
 
 #include "../ork/cpu.h"
+#include "../ork/gemm_f32.h"
 #include "../ork/ggml_types.h"
 #include "../ork/pool.h"
+#include "../ork/pack.h"
 #include "../ork/quant.h"
 #include "bindings.h"
 #include "errors.h"
