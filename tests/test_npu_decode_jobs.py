@@ -15,6 +15,9 @@ import pytest
 import orkpy
 from orkpy import npu
 
+# the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
+pytestmark = pytest.mark.usefixtures("fake_kernel")
+
 ST = "models/stories260K/stories260K-F32.gguf"
 MAX_M, SLOTS = 8, 4  # ORK_NPU_JOB_CACHE_MAX_M, ORK_NPU_JOB_CACHE_SLOTS
 

@@ -80,6 +80,8 @@ PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg);
+/* _npu_install_fake_kernel_for_tests(address): test-only (csrc/ork/npu/device.h, "test kernels") */
+PyObject *orkpy_npu_install_fake_kernel_for_tests(PyObject *self, PyObject *arg);
 /* npu_backends() -> tuple of the backend names (backend.h) */
 PyObject *orkpy_npu_backends(PyObject *self, PyObject *unused);
 /* npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS for a task body (regcmd.h) */

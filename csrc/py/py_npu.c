@@ -1,7 +1,7 @@
 /* py_npu.c - binding of the NPU layer (csrc/ork/npu): register commands
  * (regcmd.h), the planner and operand layouts (plan.h), the emulator (emu.h)
  * and the NPUDevice / NPUWeight objects over the backends (backend.h), with
- * the fake kernel drivers (fake_kernel.h) for tests. Same shape as every
+ * the fake kernel drivers of the tests' library (device.h, "test kernels"). Same shape as every
  * binding (module.c): parse, coerce, release the GIL, call the core, map the
  * status; every function that holds references ends at one cleanup label. */
 #define PY_SSIZE_T_CLEAN
@@ -73,7 +73,7 @@ PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
  * ------------------------------------------------------------------------ */
 #include "../ork/npu/backend.h"
 #include "../ork/npu/emu.h"
-#include "../ork/npu/fake_kernel.h"
+#include "../ork/npu/device.h"
 #include "../ork/npu/plan.h"
 
 static int u32_arg(long long v, const char *name, uint32_t *out) {
@@ -498,7 +498,8 @@ struct JobObject;
 typedef struct {
     PyObject_HEAD
     ork_npu_dev *dev;
-    ork_fake_kernel *fake;
+    const ork_npu_test_kernel *fk; /* the test kernel table of `fake` */
+    void *fake;                    /* the device's fake kernel (tests), or NULL */
     PyThread_type_lock lock;
     uint32_t timeout_ms;
     struct WeightObject **weights; /* live weights (borrowed: each removes itself when freed) */
@@ -634,12 +635,11 @@ static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
             PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
             return -1;
         }
-        ork_status st = ork_fake_kernel_for(k, &self->fake, &err);
+        ork_status st = ork_npu_test_kernel_open(k, &self->fk, &self->fake, &sys, &err);
         if (st) {
             orkpy_raise(st, &err);
             return -1;
         }
-        sys = ork_fake_kernel_sys(self->fake);
     }
     self->lock = PyThread_allocate_lock();
     if (!self->lock) {
@@ -664,7 +664,7 @@ static void dev_dealloc(DevObject *self) {
     dev_shutdown(self); /* no weight is left: each holds a reference to its device */
     PyMem_Free(self->weights);
     PyMem_Free(self->jobs);
-    if (self->fake) ork_fake_kernel_free(self->fake);
+    if (self->fake) self->fk->free(self->fake);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -913,14 +913,14 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
                       "timeout_ms", self->timeout_ms);
     if (!r) goto done;
     if (self->fake) {
-        ork_fake_stats s;
+        ork_npu_fake_stats s;
         dev_lock(self);
-        ork_fake_kernel_get_stats(self->fake, &s);
+        self->fk->get_stats(self->fake, &s);
         f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls, "submits",
                           (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks, "refused",
                           (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos, "mapped",
                           (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs, "last_error",
-                          ork_fake_kernel_last_error(self->fake), "trace", ork_fake_kernel_trace(self->fake));
+                          self->fk->last_error(self->fake), "trace", self->fk->trace(self->fake));
         PyThread_release_lock(self->lock);
         if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) goto done;
     }
@@ -937,7 +937,7 @@ static PyObject *dev_set_faults(DevObject *self, PyObject *arg) {
     unsigned long v = PyLong_AsUnsignedLong(arg);
     if (PyErr_Occurred()) return NULL;
     dev_lock(self);
-    ork_fake_kernel_set_faults(self->fake, (unsigned)v);
+    self->fk->set_faults(self->fake, (unsigned)v);
     PyThread_release_lock(self->lock);
     Py_RETURN_NONE;
 }
@@ -1194,6 +1194,20 @@ int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *
     *N = w->w.N;
     *K = w->w.K;
     return 0;
+}
+
+/* _npu_install_fake_kernel_for_tests(address): test machinery only. address: the
+ * ork_npu_test_kernel table the tests' fake kernel library returns (an integer from
+ * ctypes; 0 uninstalls), handed to the core (device.h, "test kernels") */
+PyObject *orkpy_npu_install_fake_kernel_for_tests(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *p = PyLong_AsVoidPtr(arg);
+    if (!p && PyErr_Occurred()) return NULL;
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st = ork_npu_test_kernel_install((const ork_npu_test_kernel *)p, &err);
+    if (st) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
 }
 
 int orkpy_npu_init(PyObject *module) {

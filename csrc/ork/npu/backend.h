@@ -13,7 +13,7 @@
  *           absolute CLOCK_MONOTONIC deadline after it, GEM_CLOSE.
  * The device backends make every system call through an ork_npu_sys table:
  * the real one (sys_linux.c; libdrm loaded at run time) or a fake kernel
- * (fake_kernel.h) that checks each driver's contract and executes submitted
+ * (tests/npu_fake/fake_kernel.h, test-only: device.h "test kernels") that checks each driver's contract and executes submitted
  * jobs with the emulator. Everything above the table is the same code on a
  * board and here.
  *
