@@ -16,7 +16,6 @@
 #include "../ork/linear.h"
 #include "../ork/npu/regcmd.h"
 #include "../ork/pack.h"
-#include "pythread.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -68,8 +67,7 @@ PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------------------
  * Planner, layouts and the emulator as functions; NPUDevice / NPUWeight
- * objects over csrc/ork/npu/backend.h (a device is used by one thread at a
- * time: each object has a lock, taken without the GIL).
+ * objects over csrc/ork/npu/device.h (which owns the device's lock).
  * ------------------------------------------------------------------------ */
 #include "../ork/npu/backend.h"
 #include "../ork/npu/emu.h"
@@ -491,220 +489,88 @@ PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(why);
 }
 
-/* ---------------------------------------------------------- NPUDevice --- */
-struct WeightObject;
-struct JobObject;
-
+/* ---------------------------------------------------------- NPUDevice --- *
+ * The objects wrap the core's device, weights and jobs (csrc/ork/npu/device.h), which own the
+ * lock, the buffers, the job cache and the fake kernel; each object keeps what it borrows alive
+ * (a weight its device, a job its device and weights) and every core call runs without the GIL. */
 typedef struct {
     PyObject_HEAD
-    ork_npu_dev *dev;
-    const ork_npu_test_kernel *fk; /* the test kernel table of `fake` */
-    void *fake;                    /* the device's fake kernel (tests), or NULL */
-    PyThread_type_lock lock;
-    uint32_t timeout_ms;
-    struct WeightObject **weights; /* live weights (borrowed: each removes itself when freed) */
-    size_t n_weights, cap_weights;
-    struct JobObject **jobs; /* live jobs, likewise */
-    size_t n_jobs, cap_jobs;
+    ork_npu_device *d;
 } DevObject;
-
-/* The model hook (weight_int_mm, below) keeps per weight a few single-weight
- * jobs (backend.h ork_npu_job) keyed by the row count M: made the first time
- * the weight runs at that M, then reused (no planning, no emission, one
- * submit per call). Only small M are cached, the KV-cached decode (M = 1, or a
- * few rows): at most ORK_NPU_JOB_CACHE_SLOTS Ms per weight, first come; a
- * larger M or a full cache plans per call (ork_npu_matmul). A prefill's many
- * rows amortize its plan, and each job owns command / input / output buffers
- * sized for its M: caching M = 512 for every linear of a 1.7B model would hold
- * GBs of device memory (the lm_head's output alone is 512 x 151936 x 4 bytes). */
-#define ORK_NPU_JOB_CACHE_MAX_M 8
-#define ORK_NPU_JOB_CACHE_SLOTS 4
 
 typedef struct WeightObject {
     PyObject_HEAD
     DevObject *owner; /* strong reference */
-    ork_npu_weight w;
-    int live;
-    /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by owner->lock,
-     * freed before w (weight_drop_jobs: dealloc, and the device's close) */
-    ork_npu_job jobs[ORK_NPU_JOB_CACHE_SLOTS];
+    ork_npu_dweight *w;
 } WeightObject;
 
-/* a job planned once (backend.h ork_npu_job); holds its device and weights */
+/* a job planned once; holds its device and weights */
 typedef struct JobObject {
     PyObject_HEAD
     DevObject *owner;  /* strong reference */
     PyObject *weights; /* tuple of WeightObject, strong references (the job borrows their buffers) */
-    ork_npu_job j;
-    int live;
+    ork_npu_djob *j;
 } JobObject;
 
-static int dev_add_job(DevObject *d, JobObject *j) {
-    if (d->n_jobs == d->cap_jobs) {
-        size_t cap = d->cap_jobs ? 2 * d->cap_jobs : 8;
-        JobObject **nj = PyMem_Realloc(d->jobs, cap * sizeof *nj);
-        if (!nj) return -1;
-        d->jobs = nj;
-        d->cap_jobs = cap;
-    }
-    d->jobs[d->n_jobs++] = j;
-    return 0;
-}
-static void dev_remove_job(DevObject *d, JobObject *j) {
-    for (size_t i = 0; i < d->n_jobs; i++)
-        if (d->jobs[i] == j) {
-            d->jobs[i] = d->jobs[--d->n_jobs];
-            return;
-        }
-}
-
-/* register a live weight with its device (so close() can free its buffer) */
-static int dev_add_weight(DevObject *d, WeightObject *w) {
-    if (d->n_weights == d->cap_weights) {
-        size_t cap = d->cap_weights ? 2 * d->cap_weights : 16;
-        WeightObject **nw = PyMem_Realloc(d->weights, cap * sizeof *nw);
-        if (!nw) return -1;
-        d->weights = nw;
-        d->cap_weights = cap;
-    }
-    d->weights[d->n_weights++] = w;
-    return 0;
-}
-static void dev_remove_weight(DevObject *d, WeightObject *w) {
-    for (size_t i = 0; i < d->n_weights; i++)
-        if (d->weights[i] == w) {
-            d->weights[i] = d->weights[--d->n_weights];
-            return;
-        }
-}
-/* free the hook's cached jobs of a weight (their device buffers when the device is
- * open; dev NULL: host memory only); call with the lock held */
-static void weight_drop_jobs(DevObject *d, WeightObject *w) {
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
-        if (w->jobs[i].M) ork_npu_job_free(d->dev, &w->jobs[i]);
-}
-
-/* free every weight's device buffer and the device itself; call with the lock held */
-static void dev_shutdown(DevObject *d) {
-    for (size_t i = 0; i < d->n_jobs; i++) { /* jobs first: they borrow the weights */
-        if (d->jobs[i]->live) ork_npu_job_free(d->dev, &d->jobs[i]->j);
-        d->jobs[i]->live = 0;
-    }
-    d->n_jobs = 0;
-    for (size_t i = 0; i < d->n_weights; i++) {
-        WeightObject *w = d->weights[i];
-        weight_drop_jobs(d, w); /* the hook's jobs borrow the weight too */
-        if (w->live && d->dev) ork_npu_weight_free(d->dev, &w->w);
-        w->live = 0;
-    }
-    d->n_weights = 0;
-    if (d->dev) ork_npu_dev_close(d->dev);
-    d->dev = NULL;
-}
-
-static void dev_lock(DevObject *d) {
-    if (!PyThread_acquire_lock(d->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(d->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-}
+static PyTypeObject DevType, WeightType, JobType;
 
 static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"backend", "fake_kernel", "emu_base", "timeout_ms", NULL};
     const char *be, *fake = NULL;
     long long base = 0, tmo = 10000;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zLL:NPUDevice", kwlist, &be, &fake, &base, &tmo)) return -1;
-    if (self->dev || self->lock || self->fake) {
+    if (self->d) {
         PyErr_SetString(PyExc_RuntimeError, "an NPUDevice is initialised once (open a new one)");
         return -1;
     }
     uint32_t ebase, t;
-    if (u32_arg(base, "emu_base", &ebase) || u32_arg(tmo, "timeout_ms", &t)) return -1;
-    if (t == 0) {
-        PyErr_SetString(PyExc_ValueError, "timeout_ms must be > 0");
+    ork_npu_backend_kind k;
+    if (u32_arg(base, "emu_base", &ebase) || u32_arg(tmo, "timeout_ms", &t) || backend_arg(be, &k) < 0) return -1;
+    if (fake && strcmp(fake, be)) {
+        PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
         return -1;
     }
-    ork_npu_backend_kind k;
-    if (backend_arg(be, &k) < 0) return -1;
     ork_err err;
     err.msg[0] = 0;
-    const ork_npu_sys *sys = NULL;
-    if (fake) {
-        if (strcmp(fake, be)) {
-            PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
-            return -1;
-        }
-        ork_status st = ork_npu_test_kernel_open(k, &self->fk, &self->fake, &sys, &err);
-        if (st) {
-            orkpy_raise(st, &err);
-            return -1;
-        }
-    }
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->timeout_ms = t;
     ork_status st;
-    ork_npu_dev *dev = NULL;
+    ork_npu_device *d = NULL;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_dev_open(k, sys, ebase, &dev, &err);
+    st = ork_npu_device_open(k, fake != NULL, ebase, t, &d, &err);
     Py_END_ALLOW_THREADS
     if (st) {
         orkpy_raise(st, &err);
         return -1;
     }
-    self->dev = dev;
+    self->d = d;
     return 0;
 }
 
 static void dev_dealloc(DevObject *self) {
-    dev_shutdown(self); /* no weight is left: each holds a reference to its device */
-    PyMem_Free(self->weights);
-    PyMem_Free(self->jobs);
-    if (self->fake) self->fk->free(self->fake);
-    if (self->lock) PyThread_free_lock(self->lock);
+    ork_npu_device_free(self->d); /* no weight or job is left: each holds a reference to its device */
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* 0 when the device is open, else -1 with "the NPU device is closed" */
 static int dev_check(DevObject *self) {
-    if (!self->dev) {
-        PyErr_SetString(PyExc_ValueError, "the NPU device is closed");
-        return -1;
-    }
-    return 0;
+    if (self->d && ork_npu_device_is_open(self->d)) return 0;
+    PyErr_SetString(PyExc_ValueError, "the NPU device is closed");
+    return -1;
 }
-
-static PyTypeObject WeightType;
 
 static PyObject *new_weight(DevObject *self) {
     WeightObject *w = PyObject_New(WeightObject, &WeightType);
     if (!w) return NULL;
-    memset(&w->w, 0, sizeof w->w);
-    memset(w->jobs, 0, sizeof w->jobs);
-    w->live = 0;
+    w->w = NULL;
     Py_INCREF(self);
     w->owner = self;
     return (PyObject *)w;
 }
 
-/* the end of an upload: raise on failure, else mark the weight live and
- * register it with its device (so close() frees its buffer) */
-static PyObject *finish_upload(DevObject *self, WeightObject *w, ork_status st, const ork_err *err) {
+/* the end of an upload: the new NPUWeight, or NULL with the status raised */
+static PyObject *finish_upload(WeightObject *w, ork_status st, const ork_err *err) {
     if (st) {
         Py_DECREF(w);
         return orkpy_raise(st, err);
-    }
-    w->live = 1;
-    if (dev_add_weight(self, w) < 0) {
-        w->live = 0;
-        dev_lock(self);
-        ork_npu_weight_free(self->dev, &w->w);
-        PyThread_release_lock(self->lock);
-        Py_DECREF(w);
-        return PyErr_NoMemory();
     }
     return (PyObject *)w;
 }
@@ -730,13 +596,10 @@ static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
-    dev_lock(self);
     Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_weight_upload_i8(self->dev, (const int8_t *)PyArray_DATA(b), (uint32_t)N, (uint32_t)K, (size_t)K, &o,
-                                  &w->w, &err);
+    st = ork_npu_device_upload_i8(self->d, (const int8_t *)PyArray_DATA(b), (uint32_t)N, (uint32_t)K, &o, &w->w, &err);
     Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
-    result = finish_upload(self, w, st, &err);
+    result = finish_upload(w, st, &err);
 done:
     Py_XDECREF(b);
     return result;
@@ -769,13 +632,11 @@ static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
-    dev_lock(self);
     Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_weight_upload_store(self->dev, ki->id, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
+    st = ork_npu_device_upload_store(self->d, ki->id, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
                                      &err);
     Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
-    result = finish_upload(self, w, st, &err);
+    result = finish_upload(w, st, &err);
 done:
     Py_XDECREF(s);
     Py_XDECREF(l);
@@ -787,27 +648,27 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
     PyObject *wo, *ao;
     if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
     WeightObject *w = (WeightObject *)wo;
-    if (w->owner != self || !w->live) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
+    if (!ork_npu_dweight_on(w->w, self->d)) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
+    uint32_t N, K;
+    ork_npu_dweight_shape(w->w, &N, &K);
     PyArrayObject *a = NULL, *c = NULL;
     PyObject *result = NULL;
     if (!(a = orkpy_as_exact(ao, NPY_INT8, 2, "A"))) goto done;
     npy_intp M = PyArray_DIM(a, 0);
-    if (PyArray_DIM(a, 1) != (npy_intp)w->w.K || M <= 0 || M > (npy_intp)ORK_NPU_MAX_TOTAL_M) {
-        PyErr_Format(PyExc_ValueError, "A must be (M, %u) int8 with 1 <= M <= %u, got (%zd, %zd)", w->w.K,
-                     ORK_NPU_MAX_TOTAL_M, (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
+    if (PyArray_DIM(a, 1) != (npy_intp)K || M <= 0 || M > (npy_intp)ORK_NPU_MAX_TOTAL_M) {
+        PyErr_Format(PyExc_ValueError, "A must be (M, %u) int8 with 1 <= M <= %u, got (%zd, %zd)", K, ORK_NPU_MAX_TOTAL_M,
+                     (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
         goto done;
     }
-    npy_intp dims[2] = {M, (npy_intp)w->w.N};
+    npy_intp dims[2] = {M, (npy_intp)N};
     if (!(c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32))) goto done;
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
-    dev_lock(self);
     Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_matmul(self->dev, &w->w, (const int8_t *)PyArray_DATA(a), (uint32_t)M, (size_t)w->w.K,
-                        (int32_t *)PyArray_DATA(c), self->timeout_ms, &err);
+    st = ork_npu_device_matmul(self->d, w->w, (const int8_t *)PyArray_DATA(a), (uint32_t)M, (int32_t *)PyArray_DATA(c),
+                               &err);
     Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
     if (st) {
         orkpy_raise(st, &err);
         goto done;
@@ -820,8 +681,6 @@ done:
     return result;
 }
 
-static PyTypeObject JobType;
-
 /* job(weights, M) -> NPUJob: the weights' matmuls at M rows chained, planned and emitted once */
 static PyObject *dev_job(DevObject *self, PyObject *args) {
     PyObject *wo;
@@ -832,13 +691,13 @@ static PyObject *dev_job(DevObject *self, PyObject *args) {
     PyObject *tup = PySequence_Tuple(wo), *result = NULL;
     if (!tup) return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(tup);
-    const ork_npu_weight **ws = NULL;
+    ork_npu_dweight **ws = NULL;
     JobObject *j = NULL;
     if (n < 1 || n > 65536) {
         PyErr_Format(PyExc_ValueError, "a job needs 1 to 65536 weights, got %zd", n);
         goto done;
     }
-    if (!(ws = (const ork_npu_weight **)PyMem_Malloc((size_t)n * sizeof *ws))) {
+    if (!(ws = (ork_npu_dweight **)PyMem_Malloc((size_t)n * sizeof *ws))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -848,16 +707,10 @@ static PyObject *dev_job(DevObject *self, PyObject *args) {
             PyErr_Format(PyExc_TypeError, "weight %zd of the job is not an NPUWeight (upload it first)", i);
             goto done;
         }
-        WeightObject *w = (WeightObject *)it;
-        if (w->owner != self || !w->live) {
-            PyErr_Format(PyExc_ValueError, "weight %zd of the job belongs to another NPU device", i);
-            goto done;
-        }
-        ws[i] = &w->w;
+        ws[i] = ((WeightObject *)it)->w;
     }
     if (!(j = PyObject_New(JobObject, &JobType))) goto done;
-    memset(&j->j, 0, sizeof j->j);
-    j->live = 0;
+    j->j = NULL;
     Py_INCREF(self);
     j->owner = self;
     Py_INCREF(tup);
@@ -865,23 +718,11 @@ static PyObject *dev_job(DevObject *self, PyObject *args) {
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
-    dev_lock(self);
     Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_job_make(self->dev, ws, (uint32_t)n, (uint32_t)M, &j->j, &err);
+    st = ork_npu_device_job(self->d, ws, (uint32_t)n, (uint32_t)M, &j->j, &err);
     Py_END_ALLOW_THREADS
-    if (st == ORK_OK) {
-        if (dev_add_job(self, j) < 0) {
-            ork_npu_job_free(self->dev, &j->j);
-            st = ORK_ENOMEM;
-            err.msg[0] = 0;
-        } else {
-            j->live = 1;
-        }
-    }
-    PyThread_release_lock(self->lock);
     if (st) {
-        if (err.msg[0]) orkpy_raise(st, &err);
-        else PyErr_NoMemory();
+        orkpy_raise(st, &err);
         goto done;
     }
     result = (PyObject *)j;
@@ -895,59 +736,62 @@ done:
 
 static PyObject *dev_info(DevObject *self, PyObject *unused) {
     (void)unused;
-    if (!self->dev && !self->fake) { /* closed, and no fake kernel state to report */
-        dev_check(self);
-        return NULL;
-    }
     ork_npu_dev_info i;
-    memset(&i, 0, sizeof i);
-    i.backend = "closed";
-    if (self->lock) dev_lock(self);
-    if (self->dev) ork_npu_dev_get_info(self->dev, &i);
-    if (self->lock) PyThread_release_lock(self->lock);
+    ork_err err;
+    err.msg[0] = 0;
+    if (!self->d) return PyErr_Format(PyExc_ValueError, "the NPU device is closed");
+    ork_status st = ork_npu_device_info(self->d, &i, &err);
+    if (st) return orkpy_raise(st, &err);
     PyObject *r = NULL, *f = NULL, *result = NULL;
+    ork_npu_fake_report *rep = NULL;
     r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
                       "submits", (unsigned long long)i.submits, "plans", (unsigned long long)i.plans, "tasks",
                       (unsigned long long)i.tasks, "bytes_to_device",
                       (unsigned long long)i.bytes_to_device, "bytes_from_device", (unsigned long long)i.bytes_from_device,
-                      "timeout_ms", self->timeout_ms);
+                      "timeout_ms", ork_npu_device_timeout_ms(self->d));
     if (!r) goto done;
-    if (self->fake) {
-        ork_npu_fake_stats s;
-        dev_lock(self);
-        self->fk->get_stats(self->fake, &s);
-        f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls, "submits",
-                          (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks, "refused",
-                          (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos, "mapped",
-                          (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs, "last_error",
-                          self->fk->last_error(self->fake), "trace", self->fk->trace(self->fake));
-        PyThread_release_lock(self->lock);
+    if (!(rep = (ork_npu_fake_report *)PyMem_Malloc(sizeof *rep))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (ork_npu_device_fake_report(self->d, rep)) {
+        const ork_npu_fake_stats *s = &rep->stats;
+        f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s->ioctls, "submits",
+                          (unsigned long long)s->submits, "tasks", (unsigned long long)s->tasks, "refused",
+                          (unsigned long long)s->refused, "live_bos", (unsigned long long)s->live_bos, "mapped",
+                          (unsigned long long)s->mapped, "syncs", (unsigned long long)s->syncs, "last_error",
+                          rep->last_error, "trace", rep->trace);
         if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) goto done;
     }
     result = r;
     r = NULL;
 done:
+    PyMem_Free(rep);
     Py_XDECREF(r);
     Py_XDECREF(f);
     return result;
 }
 
 static PyObject *dev_set_faults(DevObject *self, PyObject *arg) {
-    if (!self->fake) return PyErr_Format(PyExc_ValueError, "set_faults needs a device opened on a fake kernel");
+    if (!self->d) return PyErr_Format(PyExc_ValueError, "set_faults needs a device opened on a fake kernel");
     unsigned long v = PyLong_AsUnsignedLong(arg);
     if (PyErr_Occurred()) return NULL;
-    dev_lock(self);
-    self->fk->set_faults(self->fake, (unsigned)v);
-    PyThread_release_lock(self->lock);
+    ork_err err;
+    err.msg[0] = 0;
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_device_set_faults(self->d, (unsigned)v, &err);
+    Py_END_ALLOW_THREADS
+    if (st) return orkpy_raise(st, &err);
     Py_RETURN_NONE;
 }
 
 static PyObject *dev_close(DevObject *self, PyObject *unused) {
     (void)unused;
-    if (self->dev) {
-        dev_lock(self);
-        dev_shutdown(self);
-        PyThread_release_lock(self->lock);
+    if (self->d) {
+        Py_BEGIN_ALLOW_THREADS
+        ork_npu_device_close(self->d);
+        Py_END_ALLOW_THREADS
     }
     Py_RETURN_NONE;
 }
@@ -977,12 +821,10 @@ static PyTypeObject DevType = {
 };
 
 static void weight_dealloc(WeightObject *self) {
-    if (self->owner) {
-        dev_lock(self->owner);
-        weight_drop_jobs(self->owner, self); /* before the weight they borrow */
-        if (self->live && self->owner->dev) ork_npu_weight_free(self->owner->dev, &self->w);
-        dev_remove_weight(self->owner, self);
-        PyThread_release_lock(self->owner->lock);
+    if (self->w) {
+        Py_BEGIN_ALLOW_THREADS
+        ork_npu_dweight_release(self->w);
+        Py_END_ALLOW_THREADS
     }
     Py_XDECREF(self->owner);
     PyObject_Free(self);
@@ -990,26 +832,27 @@ static void weight_dealloc(WeightObject *self) {
 
 static PyObject *weight_shape(WeightObject *self, void *c) {
     (void)c;
-    return Py_BuildValue("(II)", self->w.N, self->w.K);
+    uint32_t N, K;
+    ork_npu_dweight_shape(self->w, &N, &K);
+    return Py_BuildValue("(II)", N, K);
 }
 static PyObject *weight_addr(WeightObject *self, void *c) {
     (void)c;
-    return PyLong_FromUnsignedLong(self->w.bo.dma);
+    return PyLong_FromUnsignedLong(ork_npu_dweight_addr(self->w));
 }
 static PyObject *weight_nbytes(WeightObject *self, void *c) {
     (void)c;
-    return PyLong_FromUnsignedLongLong(self->w.bo.size);
+    return PyLong_FromUnsignedLongLong(ork_npu_dweight_nbytes(self->w));
 }
 
 /* the row counts M the model hook holds a planned-once job for, in slot order */
 static PyObject *weight_job_rows(WeightObject *self, void *c) {
     (void)c;
     uint32_t m[ORK_NPU_JOB_CACHE_SLOTS];
-    int n = 0;
-    dev_lock(self->owner);
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
-        if (self->jobs[i].M) m[n++] = self->jobs[i].M;
-    PyThread_release_lock(self->owner->lock);
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ork_npu_dweight_job_rows(self->w, m);
+    Py_END_ALLOW_THREADS
     PyObject *t = PyTuple_New(n);
     for (int i = 0; t && i < n; i++) {
         PyObject *v = PyLong_FromUnsignedLong(m[i]);
@@ -1037,11 +880,10 @@ static PyTypeObject WeightType = {
 
 /* ------------------------------------------------------------ NPUJob --- */
 static void job_dealloc(JobObject *self) {
-    if (self->owner) {
-        dev_lock(self->owner);
-        if (self->live && self->owner->dev) ork_npu_job_free(self->owner->dev, &self->j);
-        if (self->live) dev_remove_job(self->owner, self);
-        PyThread_release_lock(self->owner->lock);
+    if (self->j) {
+        Py_BEGIN_ALLOW_THREADS
+        ork_npu_djob_release(self->j);
+        Py_END_ALLOW_THREADS
     }
     Py_XDECREF(self->weights);
     Py_XDECREF(self->owner);
@@ -1050,8 +892,8 @@ static void job_dealloc(JobObject *self) {
 
 /* run(inputs: sequence of n int8 (M, K_i)) -> list of n int32 (M, N_i), one submit */
 static PyObject *job_run(JobObject *self, PyObject *arg) {
-    if (!self->live || !self->owner->dev) return PyErr_Format(PyExc_ValueError, "the NPU device of the job is closed");
-    const uint32_t n = self->j.n, M = self->j.M;
+    if (!ork_npu_djob_live(self->j)) return PyErr_Format(PyExc_ValueError, "the NPU device of the job is closed");
+    const uint32_t n = ork_npu_djob_n(self->j), M = ork_npu_djob_M(self->j);
     PyObject *seq = PySequence_Fast(arg, "inputs must be a sequence of int8 (M, K) arrays"), *outs = NULL, *result = NULL;
     if (!seq) return NULL;
     PyArrayObject **in = (PyArrayObject **)PyMem_Calloc(n, sizeof *in);
@@ -1067,32 +909,28 @@ static PyObject *job_run(JobObject *self, PyObject *arg) {
     }
     if (!(outs = PyList_New(n))) goto done;
     for (uint32_t i = 0; i < n; i++) {
-        const ork_npu_weight *w = self->j.w[i];
+        uint32_t N, K;
+        ork_npu_dweight_shape(((WeightObject *)PyTuple_GET_ITEM(self->weights, i))->w, &N, &K);
         if (!(in[i] = orkpy_as_exact(PySequence_Fast_GET_ITEM(seq, i), NPY_INT8, 2, "A"))) goto done;
-        if (PyArray_DIM(in[i], 0) != (npy_intp)M || PyArray_DIM(in[i], 1) != (npy_intp)w->K) {
-            PyErr_Format(PyExc_ValueError, "input %u of the job must be (%u, %u) int8, got (%zd, %zd)", i, M, w->K,
+        if (PyArray_DIM(in[i], 0) != (npy_intp)M || PyArray_DIM(in[i], 1) != (npy_intp)K) {
+            PyErr_Format(PyExc_ValueError, "input %u of the job must be (%u, %u) int8, got (%zd, %zd)", i, M, K,
                          (Py_ssize_t)PyArray_DIM(in[i], 0), (Py_ssize_t)PyArray_DIM(in[i], 1));
             goto done;
         }
-        npy_intp dims[2] = {(npy_intp)M, (npy_intp)w->N};
+        npy_intp dims[2] = {(npy_intp)M, (npy_intp)N};
         PyObject *c = PyArray_SimpleNew(2, dims, NPY_INT32);
         if (!c) goto done;
         PyList_SET_ITEM(outs, i, c);
         ptr[i] = PyArray_DATA(in[i]);
         ptr[n + i] = PyArray_DATA((PyArrayObject *)c);
-        lda[i] = w->K;
+        lda[i] = K;
     }
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
-    DevObject *d = self->owner;
-    dev_lock(d);
     Py_BEGIN_ALLOW_THREADS
-    st = !self->live || !d->dev ? ork_err_set(&err, ORK_EINVAL, "the NPU device of the job was closed")
-                                : ork_npu_job_run(d->dev, &self->j, (const int8_t *const *)ptr, lda,
-                                                  (int32_t *const *)(ptr + n), d->timeout_ms, &err);
+    st = ork_npu_djob_run(self->j, (const int8_t *const *)ptr, lda, (int32_t *const *)(ptr + n), &err);
     Py_END_ALLOW_THREADS
-    PyThread_release_lock(d->lock);
     if (st) {
         orkpy_raise(st, &err);
         goto done;
@@ -1110,11 +948,10 @@ done:
 }
 
 static PyObject *job_get(JobObject *self, void *what) {
-    const ork_npu_chain *c = &self->j.chain;
     switch ((int)(intptr_t)what) {
-    case 0: return PyLong_FromUnsignedLong(self->j.M);
-    case 1: return PyLong_FromUnsignedLong(c->n_tasks);
-    case 2: return PyLong_FromUnsignedLongLong(c->cmd_bytes);
+    case 0: return PyLong_FromUnsignedLong(ork_npu_djob_M(self->j));
+    case 1: return PyLong_FromUnsignedLong(ork_npu_djob_tasks(self->j));
+    case 2: return PyLong_FromUnsignedLongLong(ork_npu_djob_cmd_bytes(self->j));
     default: Py_INCREF(self->weights); return self->weights;
     }
 }
@@ -1139,60 +976,22 @@ static PyTypeObject JobType = {
     .tp_getset = job_getset,
 };
 
-/* The cached job of weight w at M rows (made here on first use while a slot is free), or
- * *job = NULL: plan per call. Call with the device lock held and the device open. */
-static ork_status weight_job(DevObject *d, WeightObject *w, uint32_t M, ork_npu_job **job, ork_err *err) {
-    *job = NULL;
-    if (M < 1 || M > ORK_NPU_JOB_CACHE_MAX_M) return ORK_OK;
-    ork_npu_job *empty = NULL;
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++) {
-        if (w->jobs[i].M == M) {
-            *job = &w->jobs[i];
-            return ORK_OK;
-        }
-        if (!w->jobs[i].M && !empty) empty = &w->jobs[i];
-    }
-    if (!empty) return ORK_OK; /* full: first come keeps the slots */
-    const ork_npu_weight *ws = &w->w;
-    ork_status st = ork_npu_job_make(d->dev, &ws, 1, M, empty, err); /* a failure leaves the slot empty */
-    if (st == ORK_OK) *job = empty;
-    return st;
-}
-
-/* The forward-pass hook (model.h ork_linear.int_mm): run the int8 matmul of
- * a packed linear on the weight's device, through the weight's cached job at
- * this M (decode) or planned for this call (weight_job). Both give the same
- * int32 products. Called without the GIL; the cache lives under d->lock. */
-static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
-    WeightObject *w = (WeightObject *)ctx;
-    DevObject *d = w->owner;
-    if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
-    PyThread_acquire_lock(d->lock, WAIT_LOCK);
-    ork_npu_job *job = NULL;
-    ork_status st;
-    if (!d->dev || !w->live)
-        st = ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
-    else if ((st = weight_job(d, w, (uint32_t)M, &job, err)) == ORK_OK)
-        st = job ? ork_npu_job_run(d->dev, job, &xq, &ldq, &acc, d->timeout_ms, err)
-                 : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
-    PyThread_release_lock(d->lock);
-    return st;
-}
-
 int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K) {
     if (!PyObject_TypeCheck(obj, &WeightType)) {
         PyErr_SetString(PyExc_TypeError, "expected an orkpy._core.NPUWeight");
         return -1;
     }
     WeightObject *w = (WeightObject *)obj;
-    if (!w->live || !w->owner->dev) {
+    if (!ork_npu_dweight_on(w->w, w->owner->d)) {
         PyErr_SetString(PyExc_ValueError, "the NPU weight's device is closed");
         return -1;
     }
-    *fn = weight_int_mm;
-    *ctx = w;
-    *N = w->w.N;
-    *K = w->w.K;
+    uint32_t n, k;
+    ork_npu_dweight_shape(w->w, &n, &k);
+    *fn = ork_npu_dweight_int_mm;
+    *ctx = w->w;
+    *N = n;
+    *K = k;
     return 0;
 }
 
