@@ -18,11 +18,11 @@
 #include <string.h>
 
 #include "../ork/cpu.h"
-#include "../ork/gemm_f32.h"
 #include "../ork/ggml_types.h"
 #include "../ork/pool.h"
-#include "../ork/pack.h"
 #include "../ork/quant.h"
+#include "../ork/gemm_f32.h" /* the kernel families whose tables capabilities() names */
+#include "../ork/pack.h"
 #include "bindings.h"
 #include "errors.h"
 
