@@ -60,7 +60,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cpu.h"
 #include "quant.h"
 #include "status.h"
 
