@@ -1,5 +1,5 @@
 """The model's NPU hook plans once per (weight, M) in the KV-cached decode
-(csrc/py/py_npu.c weight_int_mm; docs/npu.md "Chained jobs and plan reuse"):
+(csrc/ork/npu/device.c ork_npu_dweight_int_mm; docs/npu.md "Chained jobs and plan reuse"):
 each routed NPUWeight keeps planned-once jobs for a few small row counts
 (M <= 8, at most 4 per weight, first come), so after the first decoded token
 a token costs one submit per routed linear and no planning; larger M or a

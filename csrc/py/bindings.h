@@ -56,12 +56,12 @@ PyObject *orkpy_mapguard_state(PyObject *self, PyObject *unused);
  *   tensors=[(name, type_id, ne, offset, data_offset, nbytes, info_offset)]) */
 PyObject *orkpy_gguf_parse(PyObject *self, PyObject *arg);
 
-/* py_model.c */
+/* py_model.c (with py_collect.c and py_session.c: py_model.h) */
 int orkpy_model_init(PyObject *module);
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
-PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
-PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused);
+PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);  /* py_collect.c */
+PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused); /* py_collect.c */
 /* ffn_modes() -> tuple of the FFN chain's mode names (ffn_chain.h) */
 PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused);
 /* linear_names(hparams) -> list of the forward model's linear tensor names, in its order (model.h) */

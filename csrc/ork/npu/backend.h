@@ -21,8 +21,8 @@
  * rocket paths have run only against the fake kernel. tests/board/ is the
  * script that checks them on hardware.
  *
- * Thread safety: a device is not thread-safe; the binding serialises calls
- * on one device with a lock.
+ * Thread safety: a device is not thread-safe; device.h serialises calls
+ * on one device with its lock.
  */
 #ifndef ORK_NPU_BACKEND_H
 #define ORK_NPU_BACKEND_H
