@@ -10,7 +10,7 @@ vfmaq_f32). Per file (``per_file_flags``): *_avx2.c gets -mavx2 -mfma on x86;
 *_neondot.c gets the dot-product extension on aarch64 (plain NEON is baseline
 there); model.c, linear.c and emu.c get -O3, which lets the compiler vectorize
 their float loops (attention's fixed 8-lane dot products). Kernels are chosen at run time
-(csrc/ork/cpu.c), so one build runs on any CPU of its architecture.
+(each family from csrc/ork/cpu.c's feature detection), so one build runs on any CPU of its architecture.
 
 Not installed: setup.py and tests/cbuild.py import it from the source tree
 (MANIFEST.in ships it in the sdist).

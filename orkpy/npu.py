@@ -22,7 +22,7 @@ tests/board/run_board.py checks them on a board.
     64
 """
 import threading
-from typing import Dict
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -36,6 +36,23 @@ BACKENDS = _core.npu_backends()
 # fault bits of the fake kernel (test machinery: orkpy.testing.FAKE_HANG / FAKE_DROP, Device.set_faults)
 FAKE_HANG = 1
 FAKE_NO_DEVICE = 2
+
+
+_FAKE_KERNEL_LIBS: List[Any] = []  # loaded fake kernel libraries, kept alive: the core holds their tables
+
+
+def load_fake_kernel(path):
+    """Test machinery: load the fake kernel driver library (tests/npu_fake, built by
+    ``tests/cbuild.py build_fake_kernel``; the shipped extension holds no fake kernel) and hand
+    its table to the core, so that ``Device(backend, fake_kernel=backend)`` and
+    ``orkpy.testing.fake_npu_device`` work. Idempotent; the library stays loaded."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(path))
+    table = lib.ork_npu_fake_kernel_table
+    table.restype = ctypes.c_void_p
+    _core._npu_install_fake_kernel_for_tests(table())
+    _FAKE_KERNEL_LIBS.append(lib)
 
 
 def unavailable():
@@ -115,7 +132,8 @@ class Device:
     "rocket", naming the backend) runs the device backend against an
     in-process fake of the kernel driver instead of /dev, and ``set_faults``
     injects failures into that fake; ``orkpy.testing.fake_npu_device`` is the
-    documented way to get such a device.
+    documented way to get such a device. The fake is a test-only library outside
+    the shipped extension: :func:`load_fake_kernel` first (else UnavailableError).
     """
 
     def __init__(self, backend="emu", *, fake_kernel=None, emu_base=0, timeout_ms=10000):

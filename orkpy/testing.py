@@ -87,14 +87,15 @@ def synthetic_forward_model(n_layer=2, n_embd=2048, n_ff=6144, n_head=16, n_head
 
 
 # ------------------------------------------------------------ NPU fake kernel --
-#: Faults the fake kernel injects into an open device (csrc/ork/npu/fake_kernel.h): jobs never
+#: Faults the fake kernel injects into an open device (tests/npu_fake/fake_kernel.h): jobs never
 #: complete (NPUTimeoutError, then a core reset); a job is accepted but never runs (NPUError).
 FAKE_HANG, FAKE_DROP = 1, 4
 
 
 def fake_npu_device(backend="rknpu", *, faults=0, timeout_ms=10000):
     """An ``orkpy.npu.Device`` whose rknpu or rocket backend runs against the fake
-    kernel driver instead of /dev (csrc/ork/npu/fake_kernel.h): test machinery, for
+    kernel driver instead of /dev (tests/npu_fake/fake_kernel.h; a test-only library that
+    ``orkpy.npu.load_fake_kernel`` must have loaded first): test machinery, for
     exercising the device paths without a board. The fake enforces the driver's
     contract, executes the commands with the emulator and reports its state under
     ``info()["fake_kernel"]``; ``faults`` (FAKE_HANG | FAKE_DROP, later

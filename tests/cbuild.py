@@ -1,6 +1,11 @@
 """Build the C-level tests (tests/c/*.c + the C core) natively and for
 aarch64 (run under qemu-aarch64). Used by tests/test_c_kernels.py.
 
+Also the test-only fake NPU kernel (tests/npu_fake, not in the shipped
+extension): linked into tests/c/test_npu.c, and built by build_fake_kernel()
+into a small shared library that the Python tests load
+(orkpy.npu.load_fake_kernel; csrc/ork/npu/device.h, "test kernels").
+
 The core is compiled with the extension's own flags (buildflags.py, shared
 with setup.py) plus -Werror. Each object is cached under ``objdir`` by a hash
 of the compiler, its flags, the source and every header it may include, so
@@ -22,6 +27,11 @@ from buildflags import COMMON_FLAGS, DEFINES, LIBS, LINK_FLAGS, arch, per_file_f
 
 sys.path.remove(str(ROOT))
 CORE = sorted((ROOT / "csrc" / "ork").glob("*.c")) + sorted((ROOT / "csrc" / "ork" / "npu").glob("*.c"))
+FAKE_KERNEL = ROOT / "tests" / "npu_fake" / "fake_kernel.c"
+# test files that link more than the core
+EXTRA_SOURCES = {"test_npu": [FAKE_KERNEL]}
+# what the fake kernel library needs of the core (its own hidden copies)
+FAKE_KERNEL_CORE = [ROOT / "csrc" / "ork" / p for p in ("status.c", "npu/emu.c", "npu/regcmd.c")]
 FLAGS = [*COMMON_FLAGS, *(f"-D{k}={v}" for k, v in DEFINES), "-Werror"]
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
@@ -29,7 +39,8 @@ QEMU = "qemu-aarch64"
 
 def _headers_digest():
     h = hashlib.sha256()
-    for p in sorted((ROOT / "csrc").rglob("*.h")) + sorted((ROOT / "tests" / "c").glob("*.h")):
+    for p in (sorted((ROOT / "csrc").rglob("*.h")) + sorted((ROOT / "tests" / "c").glob("*.h"))
+              + sorted((ROOT / "tests" / "npu_fake").glob("*.h"))):
         h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -62,7 +73,7 @@ def build(test_src, outdir, target="native", objdir=None):
     objdir = pathlib.Path(objdir) if objdir is not None else outdir
     objdir.mkdir(parents=True, exist_ok=True)
     headers = _headers_digest()
-    srcs = CORE + [pathlib.Path(test_src)]
+    srcs = CORE + EXTRA_SOURCES.get(pathlib.Path(test_src).stem, []) + [pathlib.Path(test_src)]
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as ex:
         objs = list(ex.map(lambda s: _compile(cc, core_flags(s, target), s, objdir, headers), srcs))
     exe = outdir / (pathlib.Path(test_src).stem + f".{target}")
@@ -71,6 +82,34 @@ def build(test_src, outdir, target="native", objdir=None):
         link.insert(1, "-static")
     subprocess.run(link, check=True, capture_output=True, text=True)
     return exe
+
+
+def build_fake_kernel(outdir, objdir=None):
+    """The fake NPU kernel as a shared library (native), outdir/libork_fake_npu.so: the fake and
+    the core files it uses, compiled with the core's flags plus -fPIC -fvisibility=hidden, so its
+    one exported symbol is ork_npu_fake_kernel_table(). Cached like the C tests' objects."""
+    cc = "gcc"
+    outdir = pathlib.Path(outdir)
+    objdir = pathlib.Path(objdir) if objdir is not None else outdir
+    objdir.mkdir(parents=True, exist_ok=True)
+    headers = _headers_digest()
+    srcs = FAKE_KERNEL_CORE + [FAKE_KERNEL]
+    extra = ["-fPIC", "-fvisibility=hidden"]
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as ex:
+        objs = list(ex.map(lambda s: _compile(cc, core_flags(s) + extra, s, objdir, headers), srcs))
+    key = hashlib.sha256("\0".join(map(str, objs)).encode()).hexdigest()[:20]
+    lib = outdir / f"libork_fake_npu.{key}.so"
+    if not lib.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=outdir)
+        os.close(fd)
+        r = subprocess.run([cc, "-shared", *map(str, objs), "-o", tmp, "-Wl,--no-undefined", *LINK_FLAGS,
+                            *(f"-l{lib}" for lib in LIBS)], capture_output=True, text=True)
+        if r.returncode != 0:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise RuntimeError(f"linking the fake kernel library failed:\n{r.stderr}")
+        os.replace(tmp, lib)
+    return lib
 
 
 def cross_tools_missing():

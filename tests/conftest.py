@@ -55,6 +55,29 @@ def shared():
     return SHARED
 
 
+# --------------------------------------------------- NPU fake kernel (tests only) --
+FAKE_KERNEL_ENV = "ORKPY_FAKE_KERNEL_LIB"
+
+
+@pytest.fixture(scope="session")
+def fake_kernel(tmp_path_factory):
+    """The fake NPU kernel library (tests/npu_fake; the shipped extension has none), built by
+    tests/cbuild.py and loaded into the core: ``Device(backend, fake_kernel=backend)`` works from
+    here on. Its path is set in ``ORKPY_FAKE_KERNEL_LIB`` for subprocesses (tests/board/run_board.py
+    --fake). Returns the path."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from cbuild import build_fake_kernel
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    import orkpy.npu
+    lib = build_fake_kernel(tmp_path_factory.mktemp("fake_npu"))
+    orkpy.npu.load_fake_kernel(lib)
+    os.environ[FAKE_KERNEL_ENV] = str(lib)
+    return lib
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

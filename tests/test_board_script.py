@@ -11,6 +11,9 @@ import pytest
 
 import orkpy.npu as npu
 
+# the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
+pytestmark = pytest.mark.usefixtures("fake_kernel")
+
 SCRIPT = pathlib.Path(__file__).resolve().parent / "board" / "run_board.py"
 
 

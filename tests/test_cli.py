@@ -12,7 +12,7 @@ def test_info_json(capsys):
     assert main(["info", "--json"]) == 0
     caps = json.loads(capsys.readouterr().out)
     assert caps["isa"] in caps["available"]
-    # the ISA's quant table; under AVX2, its AVX-512 variant where the CPU has AVX-512 (cpu.c)
+    # the ISA's quant table; under AVX2, its AVX-512 variant where the CPU has AVX-512 (quant_ref.c)
     want = "avx512" if caps["isa"] == "avx2" and caps["cpu_features"]["avx512"] else caps["isa"]
     assert caps["quant_kernels"] == want
     assert caps["gemm_f32_kernels"] == want  # the float32 GEMM picks its AVX-512 tile the same way

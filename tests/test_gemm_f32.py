@@ -71,7 +71,7 @@ def test_forward_logits_are_the_fused_chain_on_every_isa_and_thread_count(tmp_pa
         unfused = unfused + h[:, k, None] * T["output.weight"][None, :, k]
     assert not np.array_equal(want, unfused)  # the model tells a fused chain from an unfused one
     with orkpy.use_isa(isa):
-        caps = orkpy.capabilities()  # under AVX2, its AVX-512 tile where the CPU has AVX-512 (cpu.c)
+        caps = orkpy.capabilities()  # under AVX2, its AVX-512 tile where the CPU has AVX-512 (gemm_f32_ref.c)
         assert caps["gemm_f32_kernels"] == ("avx512" if isa == "avx2" and caps["cpu_features"]["avx512"] else isa)
         for threads in (1, 2, 3):
             got = m.forward(tokens, first=5, threads=threads)

@@ -1,8 +1,13 @@
 """The NPU layer end to end: planner, layouts, chained command streams, the
 strict emulator, the rknpu / rocket device backends over the fake kernel, and
 the forward pass through an NPU backend. No RK3588 board here: every device
-path below runs against the fake kernel (csrc/ork/npu/fake_kernel.c)."""
+path below runs against the fake kernel (tests/npu_fake/fake_kernel.c, a test-only
+library that conftest.py builds and loads: the shipped extension has none)."""
+import os
+import pathlib
+import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +17,9 @@ from orkpy import npu
 from orkpy.packed import pack
 from orkpy.quant import quantize
 from orkpy.testing import FAKE_DROP, FAKE_HANG
+
+# the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
+pytestmark = pytest.mark.usefixtures("fake_kernel")
 
 BACKENDS = [("emu", None), ("rknpu", "rknpu"), ("rocket", "rocket")]
 IDS = ["emu", "fake-rknpu", "fake-rocket"]
@@ -569,6 +577,57 @@ def test_fake_kernel_is_test_machinery_in_orkpy_testing():
         fake_npu_device("emu")
     with pytest.raises(ValueError, match="fake kernel"):  # faults exist only in the fake
         npu.Device("emu").set_faults(FAKE_HANG)
+
+
+def test_shipped_extension_has_no_fake_kernel():
+    """The fake kernel drivers are test machinery (tests/npu_fake): not one of their symbols or
+    strings is in the extension that ships (orkpy._core), only the core's test-kernel hook."""
+    import orkpy._core as core
+    data = pathlib.Path(core.__file__).read_bytes()
+    for needle in (b"ork_fake_kernel", b"ork_npu_fake_kernel_table", b"fake-rknpu", b"fake-rocket",
+                   b"fake kernel: ", b"ROCKET_SUBMIT without jobs", b"IOVA space exhausted"):
+        assert needle not in data, needle
+    assert b"ork_npu_test_kernel_install" in data  # the documented hook the tests' library goes through
+    nm = shutil.which("nm")
+    if nm:
+        syms = subprocess.run([nm, "-D", "--defined-only", core.__file__], capture_output=True, text=True).stdout
+        assert "ork_npu_test_kernel_install" in syms
+        assert "ork_fake_" not in syms and "ork_npu_fake_kernel_table" not in syms
+
+
+def test_fake_kernel_without_the_test_library_is_a_clear_error():
+    """A fresh process, no fake kernel library loaded: Device(backend, fake_kernel=backend) says
+    what to do; the emu backend still has no driver to fake; plain devices are unaffected."""
+    code = """if True:
+        import orkpy, orkpy.npu as npu, orkpy.testing as T
+        for make in (lambda: npu.Device("rknpu", fake_kernel="rknpu"), lambda: T.fake_npu_device("rocket")):
+            try:
+                make()
+            except orkpy.UnavailableError as e:
+                assert "test machinery" in str(e) and "tests/npu_fake" in str(e) and "load_fake_kernel" in str(e), e
+            else:
+                raise SystemExit("no error")
+        try:
+            npu.Device("emu", fake_kernel="emu")
+        except ValueError as e:
+            assert "no kernel driver to fake" in str(e), e
+        npu.Device("emu").close()
+        print("ok")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "ORKPY_FAKE_KERNEL_LIB"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_fake_kernel_table_of_another_abi_is_refused(fake_kernel):
+    import ctypes
+    from orkpy import _core
+    bad = (ctypes.c_uint32 * 40)(99, 40 * 4)  # abi 99
+    with pytest.raises(ValueError, match="ABI 99"):
+        _core._npu_install_fake_kernel_for_tests(ctypes.addressof(bad))
+    d = npu.Device("rknpu", fake_kernel="rknpu")  # the installed table is kept
+    assert d.info()["sys"] == "fake-rknpu"
+    d.close()
 
 
 ST = "models/stories260K/stories260K-F32.gguf"

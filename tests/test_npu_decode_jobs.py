@@ -1,5 +1,5 @@
 """The model's NPU hook plans once per (weight, M) in the KV-cached decode
-(csrc/py/py_npu.c weight_int_mm; docs/npu.md "Chained jobs and plan reuse"):
+(csrc/ork/npu/device.c ork_npu_dweight_int_mm; docs/npu.md "Chained jobs and plan reuse"):
 each routed NPUWeight keeps planned-once jobs for a few small row counts
 (M <= 8, at most 4 per weight, first come), so after the first decoded token
 a token costs one submit per routed linear and no planning; larger M or a
@@ -14,6 +14,9 @@ import pytest
 
 import orkpy
 from orkpy import npu
+
+# the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
+pytestmark = pytest.mark.usefixtures("fake_kernel")
 
 ST = "models/stories260K/stories260K-F32.gguf"
 MAX_M, SLOTS = 8, 4  # ORK_NPU_JOB_CACHE_MAX_M, ORK_NPU_JOB_CACHE_SLOTS

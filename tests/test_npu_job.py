@@ -13,6 +13,9 @@ from conftest import load_bench
 from orkpy import npu
 from orkpy.testing import FAKE_HANG
 
+# the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
+pytestmark = pytest.mark.usefixtures("fake_kernel")
+
 BACKENDS = [("emu", None), ("rknpu", "rknpu"), ("rocket", "rocket")]
 IDS = ["emu", "fake-rknpu", "fake-rocket"]
 # (M, [(K, N), ...], caps): q/k/v-like and gate/up-like runs, unaligned shapes, and small caps that

@@ -49,7 +49,7 @@ def test_sdist_has_licence_typing_marker_docs_tests_and_benchmarks(sdist):
     needed = {"LICENSE", "README.md", "pyproject.toml", "setup.py", "buildflags.py", "MANIFEST.in", "orkpy/py.typed",
               "tests/conftest.py", "tests/cbuild.py"}
     needed |= _tree("orkpy/*.py", "orkpy/*.pyi", "docs/*", "notebooks/*.ipynb", "bench/*.py", "tests/*.py",
-                    "tests/c/*", "tests/fuzz/*", "tests/board/*")
+                    "tests/c/*", "tests/npu_fake/*", "tests/fuzz/*", "tests/board/*")
     assert needed - names == set()
     assert not [n for n in names if "__pycache__" in n or n.endswith((".so", ".o", ".pyc"))]
 

@@ -42,6 +42,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu.h"
+
 typedef struct ork_attn_kernels {
     const char *isa;
     void (*pv)(const float *p, size_t ldp, size_t R, const float *v, size_t ldv, size_t n, size_t hd, float *o,
@@ -118,5 +120,8 @@ extern const ork_attn_kernels ork_attn_kernels_avx2;
 #if defined(__aarch64__)
 extern const ork_attn_kernels ork_attn_kernels_neon;
 #endif
+/* the attention loops of an ISA (attn_ref.c picks them); NULL when the build has none */
+const ork_attn_kernels *ork_attn_kernels_for(ork_isa isa);
+const ork_attn_kernels *ork_attn_kernels_active(void); /* of ork_cpu_isa() */
 
 #endif

@@ -22,3 +22,19 @@ static void softmax_ref(float *s, size_t n, float scale, float cap) {
 }
 
 const ork_attn_kernels ork_attn_kernels_ref = {"scalar", pv_ref, softmax_ref};
+
+/* The attention family's table choice: the ISA's table. */
+const ork_attn_kernels *ork_attn_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_attn_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return &ork_attn_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON: return &ork_attn_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_attn_kernels *ork_attn_kernels_active(void) { return ork_attn_kernels_for(ork_cpu_isa()); }

@@ -59,26 +59,32 @@ const char *ork_isa_name(ork_isa isa) {
     return ((int)isa >= 0 && isa < ORK_ISA_COUNT) ? isa_names[isa] : "?";
 }
 
-const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa) {
+/* whether this build compiled the ISA's kernels (every family has a table for exactly these) */
+static int isa_built(ork_isa isa) {
     switch (isa) {
-    case ORK_ISA_SCALAR: return &ork_quant_kernels_ref;
+    case ORK_ISA_SCALAR: return 1;
 #if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: {
-        const char *no = getenv("ORKPY_NO_AVX512");
-        return ((ork_cpu_features() & ORK_CPU_AVX512) && !(no && *no && strcmp(no, "0") != 0))
-                   ? &ork_quant_kernels_avx512
-                   : &ork_quant_kernels_avx2;
-    }
+    case ORK_ISA_AVX2: return 1;
 #endif
 #if defined(__aarch64__)
-    case ORK_ISA_NEON: return &ork_quant_kernels_neon;
+    case ORK_ISA_NEON: return 1;
 #endif
-    default: return NULL;
+    default: return 0;
     }
 }
 
+/* an override variable is set: a non-empty value other than "0" */
+static int env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+int ork_cpu_use_avx512(void) { return (ork_cpu_features() & ORK_CPU_AVX512) && !env_set("ORKPY_NO_AVX512"); }
+
+int ork_cpu_use_vnni(void) { return (ork_cpu_features() & ORK_CPU_AVX512VNNI) && !env_set("ORKPY_NO_VNNI"); }
+
 int ork_isa_available(ork_isa isa) {
-    if (!ork_quant_kernels_for(isa)) return 0;
+    if (!isa_built(isa)) return 0;
     unsigned f = ork_cpu_features();
     switch (isa) {
     case ORK_ISA_SCALAR: return 1;
@@ -100,8 +106,7 @@ static ork_isa best_isa(void) {
 ork_isa ork_cpu_isa(void) {
     int v = atomic_load(&g_isa);
     if (v >= 0) return (ork_isa)v;
-    const char *env = getenv("ORKPY_FORCE_SCALAR");
-    int forced = env && env[0] && strcmp(env, "0") != 0;
+    int forced = env_set("ORKPY_FORCE_SCALAR");
     ork_isa isa = forced ? ORK_ISA_SCALAR : best_isa();
     int expected = -1;
     if (atomic_compare_exchange_strong(&g_isa, &expected, (int)isa)) atomic_store(&g_forced, forced);
@@ -131,70 +136,4 @@ ork_status ork_cpu_set_isa(const char *name, ork_err *err) {
     }
     return ork_err_set(err, ORK_EINVAL, "unknown ISA '%s' (expected scalar, avx2, neon or auto)",
                        name);
-}
-
-const ork_quant_kernels *ork_quant_kernels_active(void) {
-    return ork_quant_kernels_for(ork_cpu_isa());
-}
-
-const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa) {
-    switch (isa) {
-    case ORK_ISA_SCALAR: return &ork_matmul_kernels_ref;
-#if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: {
-        const char *no = getenv("ORKPY_NO_VNNI");
-        return ((ork_cpu_features() & ORK_CPU_AVX512VNNI) && !(no && *no && strcmp(no, "0") != 0))
-                   ? &ork_matmul_kernels_avx2vnni
-                   : &ork_matmul_kernels_avx2;
-    }
-#endif
-#if defined(__aarch64__)
-    case ORK_ISA_NEON:
-        return (ork_cpu_features() & ORK_CPU_DOTPROD) ? &ork_matmul_kernels_neondot : &ork_matmul_kernels_neon;
-#endif
-    default: return NULL;
-    }
-}
-
-const ork_matmul_kernels *ork_matmul_kernels_active(void) {
-    return ork_matmul_kernels_for(ork_cpu_isa());
-}
-
-const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa) {
-    switch (isa) {
-    case ORK_ISA_SCALAR: return &ork_gemm_f32_kernels_ref;
-#if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: {
-        const char *no = getenv("ORKPY_NO_AVX512");
-        return ((ork_cpu_features() & ORK_CPU_AVX512) && !(no && *no && strcmp(no, "0") != 0))
-                   ? &ork_gemm_f32_kernels_avx512
-                   : &ork_gemm_f32_kernels_avx2;
-    }
-#endif
-#if defined(__aarch64__)
-    case ORK_ISA_NEON: return &ork_gemm_f32_kernels_neon;
-#endif
-    default: return NULL;
-    }
-}
-
-const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void) {
-    return ork_gemm_f32_kernels_for(ork_cpu_isa());
-}
-
-const ork_attn_kernels *ork_attn_kernels_for(ork_isa isa) {
-    switch (isa) {
-    case ORK_ISA_SCALAR: return &ork_attn_kernels_ref;
-#if defined(__x86_64__) || defined(__i386__)
-    case ORK_ISA_AVX2: return &ork_attn_kernels_avx2;
-#endif
-#if defined(__aarch64__)
-    case ORK_ISA_NEON: return &ork_attn_kernels_neon;
-#endif
-    default: return NULL;
-    }
-}
-
-const ork_attn_kernels *ork_attn_kernels_active(void) {
-    return ork_attn_kernels_for(ork_cpu_isa());
 }

@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 
+#include "cpu.h"
+
 /* floats of scratch a cols call may use (64 KB; give it 64-byte aligned) */
 #define ORK_GEMM_F32_SCRATCH 16384
 
@@ -32,10 +34,14 @@ typedef struct ork_gemm_f32_kernels {
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_avx2;
-extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_avx512; /* AVX-512F/VL/BW/DQ CPUs only (cpu.c picks it) */
+extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_avx512; /* AVX-512F/VL/BW/DQ CPUs only (picked below) */
 #endif
 #if defined(__aarch64__)
 extern const ork_gemm_f32_kernels ork_gemm_f32_kernels_neon;
 #endif
+/* the float32 GEMM of an ISA (gemm_f32_ref.c picks it): for avx2, the AVX-512 one where
+ * ork_cpu_use_avx512(); NULL when the build has none */
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa);
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void); /* of ork_cpu_isa() */
 
 #endif

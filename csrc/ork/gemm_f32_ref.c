@@ -17,3 +17,20 @@ static void cols_ref(const float *x, size_t ldx, size_t M, size_t K, const float
 }
 
 const ork_gemm_f32_kernels ork_gemm_f32_kernels_ref = {"scalar", cols_ref};
+
+/* The float32 GEMM's table choice: the ISA's table; under AVX2 the AVX-512 one (8 x 16 zmm tiles, the
+ * same results) where the CPU has AVX-512 F/VL/BW/DQ and ORKPY_NO_AVX512 is not set (ork_cpu_use_avx512). */
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_gemm_f32_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return ork_cpu_use_avx512() ? &ork_gemm_f32_kernels_avx512 : &ork_gemm_f32_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON: return &ork_gemm_f32_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_gemm_f32_kernels *ork_gemm_f32_kernels_active(void) { return ork_gemm_f32_kernels_for(ork_cpu_isa()); }

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "gemm_f32.h"
 #include "pack.h"
 #include "pool.h"
 #include "scratch.h"

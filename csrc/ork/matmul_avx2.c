@@ -154,7 +154,7 @@ static void acc_group_avx2(const int32_t *acc, size_t M, const float *ascale, co
     }
 }
 
-/* ---- AVX-512 VNNI on 256-bit registers (avx512vl + avx512vnni; chosen at run time, cpu.c) ----
+/* ---- AVX-512 VNNI on 256-bit registers (avx512vl + avx512vnni; chosen at run time by matmul_ref.c) ----
  * vpdpbusd multiplies an unsigned by a signed byte and adds four products into an int32 lane,
  * with no intermediate saturation. x goes in as x + 128 (x ^ 0x80, in [0, 255]) and the weight
  * as is; each row's 128 * sum(w) (the same instruction with 0x80 bytes) is subtracted at the

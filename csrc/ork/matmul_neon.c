@@ -1,7 +1,7 @@
 /* matmul_neon.c - aarch64 NEON int8 matmul kernels without the dot-product
  * extension: vqtbl1q_s8 inflate, vmull_s8 + vpadalq_s16 accumulation (exact:
  * each int16 product is at most 16129). The sdot variant lives in
- * matmul_neondot.c; cpu.c picks it when the CPU has dotprod. */
+ * matmul_neondot.c; matmul_ref.c picks it when the CPU has dotprod. */
 #if defined(__aarch64__)
 #include <arm_neon.h>
 

@@ -51,3 +51,22 @@ static void acc_group_ref(const int32_t *acc, size_t M, const float *ascale, con
 
 const ork_matmul_kernels ork_matmul_kernels_ref = {"scalar", inflate_strip_ref, gemm_strip_i8_ref,
                                                    gemv_strip_i4_ref, acc_group_ref};
+
+/* The matmul family's table choice: the ISA's table; under AVX2 the VNNI one where the CPU has
+ * avx512vl + avx512vnni and ORKPY_NO_VNNI is not set (ork_cpu_use_vnni); under NEON the sdot one
+ * where the CPU has the dot-product extension. */
+const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_matmul_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return ork_cpu_use_vnni() ? &ork_matmul_kernels_avx2vnni : &ork_matmul_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON:
+        return (ork_cpu_features() & ORK_CPU_DOTPROD) ? &ork_matmul_kernels_neondot : &ork_matmul_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_matmul_kernels *ork_matmul_kernels_active(void) { return ork_matmul_kernels_for(ork_cpu_isa()); }

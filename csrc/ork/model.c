@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn.h"
 #include "cpu.h"
+#include "gemm_f32.h"
 #include "ffn_chain.h"
 #include "pool.h"
 #include "scratch.h"

@@ -146,6 +146,10 @@ extern const ork_matmul_kernels ork_matmul_kernels_avx2vnni;
 extern const ork_matmul_kernels ork_matmul_kernels_neon;
 extern const ork_matmul_kernels ork_matmul_kernels_neondot;
 #endif
+/* the matmul table of an ISA (matmul_ref.c picks it): for neon, the sdot table when the CPU has
+ * dotprod; for avx2, the VNNI table where ork_cpu_use_vnni(); NULL when the build has none */
+const ork_matmul_kernels *ork_matmul_kernels_for(ork_isa isa);
+const ork_matmul_kernels *ork_matmul_kernels_active(void); /* of ork_cpu_isa() */
 
 /* ------------------------------------------------------------ drivers */
 /* int32 out (M, N) = xq (M, K) int8 times the packed weight. */

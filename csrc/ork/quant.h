@@ -120,6 +120,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu.h"
 #include "status.h"
 
 /* A kind is its row index in the registry; the built-in rows have fixed ids
@@ -255,13 +256,17 @@ typedef struct ork_quant_kernels {
 extern const ork_quant_kernels ork_quant_kernels_ref;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ork_quant_kernels ork_quant_kernels_avx2;
-/* AVX2's table with AVX-512 (F/VL/BW/DQ) error kernels for the clip search; cpu.c picks it for the
+/* AVX2's table with AVX-512 (F/VL/BW/DQ) error kernels for the clip search; picked for the
  * AVX2 ISA when the CPU has them (ORKPY_NO_AVX512=1 keeps the plain AVX2 table). */
 extern const ork_quant_kernels ork_quant_kernels_avx512;
 #endif
 #if defined(__aarch64__)
 extern const ork_quant_kernels ork_quant_kernels_neon;
 #endif
+/* the quantizer table of an ISA (quant_ref.c picks it): for avx2, the AVX-512 one where
+ * ork_cpu_use_avx512(); NULL when this build has no kernels for the ISA */
+const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa);
+const ork_quant_kernels *ork_quant_kernels_active(void); /* of ork_cpu_isa() */
 
 /* ---------------------------------------------------- shared definitions -- */
 static inline uint32_t ork_mix32(uint32_t x) {

@@ -1,7 +1,7 @@
 /* quant_avx2.c - AVX2 variants of the quant kernels, bit-identical to
  * quant_ref.c (proven by tests/c/test_quant.c and tests/test_quant.py).
  * Compiled with -mavx2 -mfma -ffp-contract=off (setup.py); selected at run
- * time by cpu.c only when the CPU reports AVX2. */
+ * time by quant_ref.c (ork_quant_kernels_for) only when the CPU reports AVX2. */
 #if defined(__x86_64__) || defined(__i386__)
 #ifndef __AVX2__
 #error "quant_avx2.c must be compiled with -mavx2"
@@ -222,7 +222,7 @@ static void werr8n_avx2(const float *x, const float *im, size_t n, const float *
 }
 
 /* ---- AVX-512 (F/VL/BW/DQ) batch error kernels and 4-bit codes, 16 elements per step; chosen at run
- * time (cpu.c) ----
+ * time (quant_ref.c) ----
  * werr4n and codes4_rtn find each nearest level through the grid's 32-cell lookup (quant.h ork_q4_grid: two
  * 32-entry permutes and two compares instead of 15 compares and blends); the sums keep the 4-lane
  * order of the _ref: lanes (k..k+3), (k+4..k+7), (k+8..k+11), (k+12..k+15) in turn. */

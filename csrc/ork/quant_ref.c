@@ -77,3 +77,20 @@ const ork_quant_kernels ork_quant_kernels_ref = {
     codes8_rtn_ref, codes8_sr_ref, werr8_ref,      werr4n_ref,    werr8n_ref,
     dequant4_ref,   dequant8_ref,   screen_est_ref, ork_screen_bins_c,
 };
+
+/* The quantizer's table choice: the ISA's table; under AVX2 the one with AVX-512 error kernels where
+ * the CPU has AVX-512 F/VL/BW/DQ and ORKPY_NO_AVX512 is not set (ork_cpu_use_avx512). */
+const ork_quant_kernels *ork_quant_kernels_for(ork_isa isa) {
+    switch (isa) {
+    case ORK_ISA_SCALAR: return &ork_quant_kernels_ref;
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return ork_cpu_use_avx512() ? &ork_quant_kernels_avx512 : &ork_quant_kernels_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON: return &ork_quant_kernels_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+const ork_quant_kernels *ork_quant_kernels_active(void) { return ork_quant_kernels_for(ork_cpu_isa()); }

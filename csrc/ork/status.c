@@ -6,7 +6,7 @@
 static const char *const ork_status_names[ORK_STATUS_COUNT] = {
     "ORK_OK",     "ORK_EINVAL", "ORK_ENONFINITE", "ORK_ENOMEM",  "ORK_ETHREAD",
     "ORK_EFORMAT", "ORK_EIO",   "ORK_ENOTIMPL",   "ORK_EUNAVAIL", "ORK_EGGUF",
-    "ORK_ENPUUNAVAIL", "ORK_ENPU", "ORK_ETIMEDOUT", "ORK_ENPUCMD",
+    "ORK_ENPUUNAVAIL", "ORK_ENPU", "ORK_ETIMEDOUT", "ORK_ENPUCMD", "ORK_ESTATE",
 };
 
 const char *ork_status_name(ork_status st) {

@@ -26,6 +26,8 @@ typedef enum ork_status {
     ORK_ETIMEDOUT = 12,  /* NPU job did not finish in time -> orkpy.NPUTimeoutError */
     ORK_ENPUCMD = 13,    /* command stream or driver contract the emulator / fake
                             kernel does not accept -> orkpy.NPUCommandError    */
+    ORK_ESTATE = 14,     /* call out of order (a collection taken that was never
+                            enabled) -> RuntimeError                           */
     ORK_STATUS_COUNT
 } ork_status;
 

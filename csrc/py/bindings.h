@@ -65,12 +65,12 @@ PyObject *orkpy_mapguard_state(PyObject *self, PyObject *unused);
  *   tensors=[(name, type_id, ne, offset, data_offset, nbytes, info_offset)]) */
 PyObject *orkpy_gguf_parse(PyObject *self, PyObject *arg);
 
-/* py_model.c */
+/* py_model.c (with py_collect.c and py_session.c: py_model.h) */
 int orkpy_model_init(PyObject *module);
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
-PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);
-PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused);
+PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);  /* py_collect.c */
+PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused); /* py_collect.c */
 /* ffn_modes() -> tuple of the FFN chain's mode names (ffn_chain.h) */
 PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused);
 /* linear_names(hparams) -> list of the forward model's linear tensor names, in its order (model.h) */
@@ -89,10 +89,19 @@ PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg);
+/* _npu_install_fake_kernel_for_tests(address): test-only (csrc/ork/npu/device.h, "test kernels") */
+PyObject *orkpy_npu_install_fake_kernel_for_tests(PyObject *self, PyObject *arg);
 /* npu_backends() -> tuple of the backend names (backend.h) */
 PyObject *orkpy_npu_backends(PyObject *self, PyObject *unused);
 /* npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS for a task body (regcmd.h) */
 PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg);
+/* argument helpers shared by py_npu.c and py_npu_device.c (-1 with an exception): v in [0, 2^32) named `name`;
+ * the per-task tile caps max_m, max_k, max_n (0 = hardware limit); a backend by name (a ValueError listing them) */
+#include "../ork/npu/backend.h"
+int orkpy_u32_arg(long long v, const char *name, uint32_t *out);
+int orkpy_npu_caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o);
+int orkpy_npu_backend_arg(const char *s, ork_npu_backend_kind *kind);
+/* py_npu_device.c: the NPUDevice / NPUWeight / NPUJob types */
 int orkpy_npu_init(PyObject *module);
 /* the forward-pass hook of an NPUWeight (linear.h ork_int_mm_fn); -1 + exception if obj is not a live NPUWeight */
 int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K);

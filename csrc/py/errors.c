@@ -67,6 +67,7 @@ static PyObject *exception_for(ork_status st) {
     case ORK_ENPU: return NPUError;
     case ORK_ETIMEDOUT: return NPUTimeout;
     case ORK_ENPUCMD: return NPUCommand;
+    case ORK_ESTATE: return PyExc_RuntimeError;
     default: return PyExc_RuntimeError;
     }
 }

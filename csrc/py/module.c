@@ -22,6 +22,8 @@
 #include "../ork/ggml_types.h"
 #include "../ork/pool.h"
 #include "../ork/quant.h"
+#include "../ork/gemm_f32.h" /* the kernel families whose tables capabilities() names */
+#include "../ork/pack.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -517,6 +519,8 @@ static PyMethodDef core_methods[] = {
     {"npu_emulate", (PyCFunction)(void (*)(void))orkpy_npu_emulate, METH_VARARGS | METH_KEYWORDS,
      "npu_emulate(buffers, first_addr, amount, task_number) -> stats; runs the strict emulator"},
     {"npu_probe", orkpy_npu_probe, METH_O, "npu_probe(backend) -> None if usable here, else the reason"},
+    {"_npu_install_fake_kernel_for_tests", orkpy_npu_install_fake_kernel_for_tests, METH_O,
+     "test machinery: _npu_install_fake_kernel_for_tests(address of the fake kernel library's table, 0 = none)"},
     {"npu_backends", orkpy_npu_backends, METH_NOARGS, "npu_backends() -> tuple of the NPU backend names"},
     {"npu_pc_amount", orkpy_npu_pc_amount, METH_O, "npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS of a task body"},
     {"ffn_lut", orkpy_ffn_lut, METH_VARARGS,

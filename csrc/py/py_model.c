@@ -1,6 +1,8 @@
 /* py_model.c - orkpy._core.ForwardModel: a model description (hyper-
- * parameters + arrays for every tensor, each linear on its weight path) held
- * in C structs, with the arrays kept alive by the object. */
+ * parameters + arrays for every tensor, each linear on its weight path) handed to the core's
+ * runtime (csrc/ork/runtime.h: it owns the model, its lock, the collections' buffers and the FFN
+ * and NPU settings), with the arrays kept alive by the object. The collections are bound in
+ * py_collect.c, the decode sessions in py_session.c. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NO_IMPORT_ARRAY
@@ -17,28 +19,9 @@
 #include "../ork/pack.h"
 #include "bindings.h"
 #include "errors.h"
+#include "py_model.h"
 
-typedef struct {
-    PyObject_HEAD
-    ork_model m;
-    ork_layer *layers;
-    PyObject *keep; /* list of arrays the structs point into */
-    double *x2;     /* imatrix accumulators, all linears back to back (NULL when off) */
-    uint64_t *x2n;
-    ork_ffn_params *ffn;   /* per-layer FFN chain settings (owned) */
-    PyObject **ffn_keep;   /* per-layer array behind ffn[i].s_scale_ch (owned references) */
-    ork_ffn_stats *stats;  /* per-layer prep statistics (owned, NULL when off) */
-    PyThread_type_lock lock; /* serialises forwards and every change of the C-side state */
-    PyObject **npu_keep;     /* per linear (model.h order): the NPUWeight it runs on, or NULL */
-    PyObject *maps;          /* list of the distinct MappedFiles the kept arrays view (checked around a forward) */
-    ork_act_stats *astats;   /* per linear activation statistics (NULL when off) */
-    float *astats_ch;        /* their per-channel maxima, all linears back to back */
-    double **xx;             /* per linear: its input Gram matrix (K x K) or NULL (NULL when off) */
-    uint64_t *xxn;
-} FwdObject;
-
-/* every file the model's arrays map still unchanged (docs/security.md), else FormatError */
-static int fwd_check_maps(FwdObject *self) {
+int orkpy_fwd_check_maps(FwdObject *self) {
     if (!self->maps) return 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->maps); i++)
         if (orkpy_map_check(PyList_GET_ITEM(self->maps, i)) < 0) return -1;
@@ -59,94 +42,30 @@ static int fwd_collect_maps(FwdObject *self) {
     return 0;
 }
 
-/* Take the model's lock without holding the GIL while waiting (so a forward
- * running in another thread can finish), then hold the GIL again. */
-static int fwd_lock(FwdObject *self) {
-    if (!self->lock) {
-        self->lock = PyThread_allocate_lock();
-        if (!self->lock) {
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-    return 0;
+int orkpy_fwd_ready(FwdObject *self) {
+    if (self->rt && self->m->layers) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the model is not initialised");
+    return -1;
 }
-static void fwd_unlock(FwdObject *self) { PyThread_release_lock(self->lock); }
 
-/* The end of a pass run under fwd_lock: `bad` < 0 when a mapped file changed before or during it
- * (the Python error is set; the result is void), else the pass's status. Unlocks, drops `t`, and
- * returns `out` or NULL with the exception set (dropping `out`). */
-static PyObject *fwd_pass_result(FwdObject *self, int bad, ork_status st, const ork_err *err, PyArrayObject *t,
-                                 PyArrayObject *out) {
-    fwd_unlock(self);
+PyObject *orkpy_fwd_pass_result(int bad, ork_status st, const ork_err *err, PyArrayObject *t, PyArrayObject *out) {
     Py_DECREF(t);
     if (bad >= 0 && st == ORK_OK) return (PyObject *)out;
     Py_DECREF(out);
     return bad < 0 ? NULL : orkpy_raise(st, err);
 }
 
-/* the model's linears in the forward model's order (model.h): count and linear i */
-static size_t fwd_n_linears(FwdObject *self) { return ork_model_linear_count(self->m.n_layer); }
-static ork_linear *fwd_linear(FwdObject *self, size_t i) {
-    return ork_model_linear(self->layers, self->m.n_layer, &self->m.output, i);
-}
-
-static void free_stats(FwdObject *self) {
-    if (self->stats) {
-        for (size_t i = 0; i < self->m.n_layer; i++) PyMem_Free(self->stats[i].s_absmax_ch);
-        PyMem_Free(self->stats);
-        self->stats = NULL;
-    }
-    for (size_t i = 0; self->layers && i < self->m.n_layer; i++) self->layers[i].ffn_stats = NULL;
-}
-
-static void free_act_stats(FwdObject *self) {
-    const size_t n = self->layers ? fwd_n_linears(self) : 0;
-    for (size_t i = 0; i < n; i++) fwd_linear(self, i)->act_stats = NULL;
-    PyMem_Free(self->astats);
-    PyMem_Free(self->astats_ch);
-    self->astats = NULL;
-    self->astats_ch = NULL;
-}
-
-/* stop the Gram matrix collection and free its buffers */
-static void free_gram(FwdObject *self) {
-    const size_t n = self->layers ? fwd_n_linears(self) : 0;
-    for (size_t i = 0; i < n; i++) {
-        ork_linear *l = fwd_linear(self, i);
-        l->xx_sum = NULL;
-        l->xx_count = NULL;
-    }
-    for (size_t i = 0; self->xx && i < n; i++) PyMem_Free(self->xx[i]);
-    PyMem_Free(self->xx);
-    PyMem_Free(self->xxn);
-    self->xx = NULL;
-    self->xxn = NULL;
-}
-
 static void fwd_dealloc(FwdObject *self) {
-    if (self->lock) PyThread_free_lock(self->lock);
-    free_act_stats(self);
-    free_gram(self);
+    const size_t n_layer = self->m ? self->m->n_layer : 0, n = self->rt ? ork_runtime_n_linears(self->rt) : 0;
+    ork_runtime_free(self->rt); /* first: the model points into what the references below keep */
     if (self->ffn_keep) {
-        for (size_t i = 0; i < self->m.n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
+        for (size_t i = 0; i < n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
         PyMem_Free(self->ffn_keep);
     }
     if (self->npu_keep) {
-        size_t n = fwd_n_linears(self);
         for (size_t i = 0; i < n; i++) Py_XDECREF(self->npu_keep[i]);
         PyMem_Free(self->npu_keep);
     }
-    free_stats(self);
-    PyMem_Free(self->ffn);
-    PyMem_Free(self->x2);
-    PyMem_Free(self->x2n);
-    PyMem_Free(self->layers);
     Py_XDECREF(self->keep);
     Py_XDECREF(self->maps);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -343,8 +262,14 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     }
     self->keep = PyList_New(0);
     if (!self->keep) return -1;
-    ork_model *m = &self->m;
-    memset(m, 0, sizeof *m);
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ork_runtime_new(&self->rt, &err);
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        return -1;
+    }
+    ork_model *m = self->m = ork_runtime_model(self->rt);
     size_t rope_type = 0;
     if (get_size(hp, "n_layer", &m->n_layer) || get_size(hp, "n_embd", &m->n_embd) || get_size(hp, "n_head", &m->n_head) ||
         get_size(hp, "n_head_kv", &m->n_head_kv) || get_size(hp, "head_dim", &m->head_dim) ||
@@ -386,10 +311,8 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     if (PyErr_Occurred()) return -1;
     m->rope_freqs = opt_vec_n(self, rope_freqs, "rope_freqs", 0, m->n_rot / 2);
     if (PyErr_Occurred()) return -1;
-    PyMem_Free(self->layers);
-    self->layers = PyMem_Calloc(m->n_layer ? m->n_layer : 1, sizeof(ork_layer));
-    if (!self->layers) {
-        PyErr_NoMemory();
+    if ((st = ork_runtime_alloc_layers(self->rt, m->n_layer, &err)) != ORK_OK) {
+        orkpy_raise(st, &err);
         return -1;
     }
     for (size_t i = 0; i < m->n_layer; i++) {
@@ -398,7 +321,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
             PyErr_Format(PyExc_TypeError, "layer %zu must be a dict", i);
             return -1;
         }
-        ork_layer *L = &self->layers[i];
+        ork_layer *L = ork_runtime_layer(self->rt, i);
         if (!(L->attn_norm = opt_vec(self, d, "attn_norm")) || !(L->ffn_norm = opt_vec(self, d, "ffn_norm"))) {
             if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "layer %zu is missing a norm", i);
             return -1;
@@ -447,18 +370,15 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
             if (linear_bias(self, d, ork_layer_linear(L, j), key, i) < 0) return -1;
         }
     }
-    m->layers = self->layers;
-    ork_err err;
-    err.msg[0] = '\0';
-    ork_status st = ork_model_check(m, &err);
-    if (st != ORK_OK) {
+    if ((st = ork_runtime_check(self->rt, &err)) != ORK_OK) {
         orkpy_raise(st, &err);
         return -1;
     }
     return fwd_collect_maps(self);
 }
 
-static PyArrayObject *tokens_arg(PyObject *obj) {
+
+PyArrayObject *orkpy_tokens_arg(PyObject *obj) {
     PyArrayObject *raw = (PyArrayObject *)PyArray_FROM_O(obj);
     if (!raw) return NULL;
     if (PyArray_SIZE(raw) > 0 && !PyArray_ISINTEGER(raw)) {
@@ -487,6 +407,7 @@ static PyArrayObject *tokens_arg(PyObject *obj) {
     return t;
 }
 
+
 static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"tokens", "first", "threads", "out", NULL};
     PyObject *tok_obj, *out_obj = Py_None;
@@ -494,15 +415,15 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
     int threads = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|niO:forward", kwlist, &tok_obj, &first, &threads, &out_obj))
         return NULL;
-    if (orkpy_check_threads(threads) < 0) return NULL;
-    PyArrayObject *t = tokens_arg(tok_obj);
+    if (orkpy_check_threads(threads) < 0 || orkpy_fwd_ready(self) < 0) return NULL;
+    PyArrayObject *t = orkpy_tokens_arg(tok_obj);
     if (!t) return NULL;
     npy_intp T = PyArray_DIM(t, 0);
     if (first < 0 || first >= T) {
         Py_DECREF(t);
         return PyErr_Format(PyExc_ValueError, "first must be in [0, %zd), got %zd", (Py_ssize_t)T, first);
     }
-    npy_intp dims[2] = {T - first, (npy_intp)self->m.n_vocab};
+    npy_intp dims[2] = {T - first, (npy_intp)self->m->n_vocab};
     PyArrayObject *out;
     if (out_obj == Py_None) {
         out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
@@ -526,21 +447,17 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st = ORK_OK;
-    if (fwd_lock(self) < 0) {
-        Py_DECREF(t);
-        Py_DECREF(out);
-        return NULL;
-    }
-    int bad = fwd_check_maps(self);
+    int bad = orkpy_fwd_check_maps(self);
     if (!bad) {
         Py_BEGIN_ALLOW_THREADS
-        st = ork_model_forward(&self->m, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
-                               (float *)PyArray_DATA(out), threads, &err);
+        st = ork_runtime_forward(self->rt, (const int32_t *)PyArray_DATA(t), (size_t)T, (size_t)first,
+                                 (float *)PyArray_DATA(out), threads, &err);
         Py_END_ALLOW_THREADS
-        bad = fwd_check_maps(self); /* a file that changed during the pass voids its result */
+        bad = orkpy_fwd_check_maps(self); /* a file that changed during the pass voids its result */
     }
-    return fwd_pass_result(self, bad, st, &err, t, out);
+    return orkpy_fwd_pass_result(bad, st, &err, t, out);
 }
+
 
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     (void)self;
@@ -550,7 +467,7 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
         return NULL;
     PyArrayObject *l = orkpy_as_exact(l_obj, NPY_FLOAT32, 2, "logits");
     if (!l) return NULL;
-    PyArrayObject *t = tokens_arg(t_obj);
+    PyArrayObject *t = orkpy_tokens_arg(t_obj);
     if (!t) {
         Py_DECREF(l);
         return NULL;
@@ -582,350 +499,7 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     return (PyObject *)out;
 }
 
-/* imatrix_enable(): start accumulating sum x^2 per input channel of every linear */
-static PyObject *fwd_imatrix_enable_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    for (size_t i = 0; i < self->m.n_layer; i++)
-        if (self->layers[i].ffn)
-            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect the imatrix on the "
-                                "per-op model (set every layer's FFN mode to baseline first)", i);
-    const size_t n = fwd_n_linears(self);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += fwd_linear(self, i)->K;
-    PyMem_Free(self->x2);
-    PyMem_Free(self->x2n);
-    self->x2 = PyMem_Calloc(total ? total : 1, sizeof(double));
-    self->x2n = PyMem_Calloc(n, sizeof(uint64_t));
-    if (!self->x2 || !self->x2n) return PyErr_NoMemory();
-    size_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        ork_linear *l = fwd_linear(self, i);
-        l->x2_sum = self->x2 + off;
-        l->x2_count = &self->x2n[i];
-        off += l->K;
-    }
-    Py_RETURN_NONE;
-}
 
-/* imatrix_take() -> list of (sums float64 (K,), count) in linear_names order; stops accumulating */
-static PyObject *fwd_imatrix_take_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    if (!self->x2) return PyErr_Format(PyExc_RuntimeError, "imatrix collection is not enabled");
-    const size_t n = fwd_n_linears(self);
-    PyObject *out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        const ork_linear *l = fwd_linear(self, i);
-        npy_intp K = (npy_intp)l->K;
-        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT64);
-        if (a) memcpy(PyArray_DATA(a), l->x2_sum, (size_t)K * sizeof(double));
-        PyObject *item = a ? Py_BuildValue("(NK)", a, (unsigned long long)*l->x2_count) : NULL;
-        if (!item) {
-            Py_CLEAR(out);
-            break;
-        }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
-    }
-    for (size_t i = 0; i < n; i++) {
-        ork_linear *l = fwd_linear(self, i);
-        l->x2_sum = NULL;
-        l->x2_count = NULL;
-    }
-    PyMem_Free(self->x2);
-    PyMem_Free(self->x2n);
-    self->x2 = NULL;
-    self->x2n = NULL;
-    return out;
-}
-
-/* gram_enable(indices): start accumulating the input Gram matrix (linear.h) of the linears at these
- * positions of linear_names; replaces a collection in progress */
-static PyObject *fwd_gram_enable_unlocked(FwdObject *self, PyObject *args) {
-    PyObject *seq;
-    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
-    for (size_t i = 0; i < self->m.n_layer; i++)
-        if (self->layers[i].ffn)
-            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect Gram matrices on the "
-                                "per-op model (set every layer's FFN mode to baseline first)", i);
-    PyObject *fast = PySequence_Fast(seq, "gram_enable expects a sequence of linear indices");
-    if (!fast) return NULL;
-    const size_t n = fwd_n_linears(self);
-    free_gram(self);
-    self->xx = PyMem_Calloc(n, sizeof(double *));
-    self->xxn = PyMem_Calloc(n, sizeof(uint64_t));
-    if (!self->xx || !self->xxn) {
-        Py_DECREF(fast);
-        free_gram(self);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); k++) {
-        Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(fast, k), PyExc_OverflowError);
-        if (i == -1 && PyErr_Occurred()) goto fail;
-        if (i < 0 || (size_t)i >= n) {
-            PyErr_Format(PyExc_ValueError, "linear index %zd is outside 0..%zu", i, n - 1);
-            goto fail;
-        }
-        ork_linear *l = fwd_linear(self, (size_t)i);
-        if (self->xx[i]) continue;
-        if (l->K > ((size_t)1 << 15)) {
-            PyErr_Format(PyExc_ValueError, "linear %zd has K = %zu: a Gram matrix needs K <= 32768", i, l->K);
-            goto fail;
-        }
-        if (!(self->xx[i] = PyMem_Calloc(l->K * l->K, sizeof(double)))) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        l->xx_sum = self->xx[i];
-        l->xx_count = &self->xxn[i];
-    }
-    Py_DECREF(fast);
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(fast);
-    free_gram(self);
-    return NULL;
-}
-
-/* gram_take() -> {index: (G float64 (K, K) symmetric, rows)}; stops accumulating */
-static PyObject *fwd_gram_take_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    if (!self->xx) return PyErr_Format(PyExc_RuntimeError, "Gram matrix collection is not enabled");
-    const size_t n = fwd_n_linears(self);
-    PyObject *out = PyDict_New();
-    for (size_t i = 0; out && i < n; i++) {
-        if (!self->xx[i]) continue;
-        const size_t K = fwd_linear(self, i)->K;
-        npy_intp dims[2] = {(npy_intp)K, (npy_intp)K};
-        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT64);
-        if (a) {
-            double *g = (double *)PyArray_DATA(a);
-            const double *u = self->xx[i];
-            for (size_t r = 0; r < K; r++)
-                for (size_t c = 0; c < K; c++) g[r * K + c] = c >= r ? u[r * K + c] : u[c * K + r];
-        }
-        PyObject *item = a ? Py_BuildValue("(NK)", a, (unsigned long long)self->xxn[i]) : NULL;
-        PyObject *key = item ? PyLong_FromSize_t(i) : NULL;
-        int r = key ? PyDict_SetItem(out, key, item) : -1;
-        Py_XDECREF(key);
-        Py_XDECREF(item);
-        if (r < 0) Py_CLEAR(out);
-    }
-    free_gram(self);
-    return out;
-}
-
-/* act_stats_enable(prefix=0): start collecting activation statistics of every linear's input (linear.h),
- * the first `prefix` rows of each block linear's calls left out (positions 0..prefix-1; not the head's) */
-static PyObject *fwd_act_stats_enable_unlocked(FwdObject *self, PyObject *args) {
-    Py_ssize_t prefix = 0;
-    if (!PyArg_ParseTuple(args, "|n:act_stats_enable", &prefix)) return NULL;
-    if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
-    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
-    for (size_t i = 0; i < self->m.n_layer; i++)
-        if (self->layers[i].ffn)
-            return PyErr_Format(PyExc_ValueError, "layer %zu runs the fused FFN chain: collect activation statistics "
-                                "on the per-op model (set every layer's FFN mode to baseline first)", i);
-    free_act_stats(self);
-    const size_t n = fwd_n_linears(self);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += fwd_linear(self, i)->K;
-    self->astats = PyMem_Calloc(n, sizeof(ork_act_stats));
-    self->astats_ch = PyMem_Calloc(total ? total : 1, sizeof(float));
-    if (!self->astats || !self->astats_ch) {
-        free_act_stats(self);
-        return PyErr_NoMemory();
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        ork_linear *l = fwd_linear(self, i);
-        self->astats[i].ch_absmax = self->astats_ch + off;
-        self->astats[i].skip_rows = i + 1 < n ? (size_t)prefix : 0; /* the head (last) runs on positions first.. */
-        l->act_stats = &self->astats[i];
-        off += l->K;
-    }
-    Py_RETURN_NONE;
-}
-
-/* act_stats_take() -> list per linear (linear_names order) of dict(rows, n_clipped, absmax, ch_absmax float32 (K,),
- * count uint64 (B,), sum, sum2 float64 (B,)); stops collecting */
-static PyObject *fwd_act_stats_take_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    if (!self->astats) return PyErr_Format(PyExc_RuntimeError, "activation statistics are not enabled");
-    const size_t n = fwd_n_linears(self);
-    PyObject *out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        const ork_act_stats *st = &self->astats[i];
-        npy_intp K = (npy_intp)fwd_linear(self, i)->K, B = ORK_ASTATS_BINS;
-        PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT32);
-        PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_UINT64);
-        PyArrayObject *s1 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
-        PyArrayObject *s2 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
-        if (!ch || !c || !s1 || !s2) {
-            Py_XDECREF(ch);
-            Py_XDECREF(c);
-            Py_XDECREF(s1);
-            Py_XDECREF(s2);
-            Py_CLEAR(out);
-            break;
-        }
-        memcpy(PyArray_DATA(ch), st->ch_absmax, (size_t)K * sizeof(float));
-        memcpy(PyArray_DATA(c), st->count, sizeof st->count);
-        memcpy(PyArray_DATA(s1), st->sum, sizeof st->sum);
-        memcpy(PyArray_DATA(s2), st->sum2, sizeof st->sum2);
-        PyObject *item = Py_BuildValue("{s:K,s:K,s:d,s:N,s:N,s:N,s:N}", "rows", (unsigned long long)st->rows,
-                                       "n_clipped", (unsigned long long)st->n_clipped, "absmax", (double)st->absmax,
-                                       "ch_absmax", ch, "count", c, "sum", s1, "sum2", s2);
-        if (!item) { /* "N" steals the arrays even on failure */
-            Py_CLEAR(out);
-            break;
-        }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
-    }
-    free_act_stats(self);
-    return out;
-}
-
-/* act_stats_edges() -> float64 (B + 1,): the lower edge of every histogram bin, then +inf */
-PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-    npy_intp n = ORK_ASTATS_BINS + 1;
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT64);
-    if (!a) return NULL;
-    double *e = (double *)PyArray_DATA(a);
-    for (int i = 0; i < ORK_ASTATS_BINS; i++) e[i] = ork_act_stats_edge(i);
-    e[ORK_ASTATS_BINS] = INFINITY;
-    return (PyObject *)a;
-}
-
-/* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
-static PyObject *fwd_set_ffn_unlocked(FwdObject *self, PyObject *args) {
-    Py_ssize_t li;
-    PyObject *d;
-    if (!PyArg_ParseTuple(args, "nO:set_ffn", &li, &d)) return NULL;
-    if (li < 0 || (size_t)li >= self->m.n_layer)
-        return PyErr_Format(PyExc_IndexError, "layer %zd out of range (model has %zu)", li, self->m.n_layer);
-    if (!self->ffn) {
-        self->ffn = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_params));
-        self->ffn_keep = PyMem_Calloc(self->m.n_layer, sizeof(PyObject *));
-        if (!self->ffn || !self->ffn_keep) return PyErr_NoMemory();
-    }
-    ork_layer *L = &self->layers[li];
-    if (d == Py_None) {
-        L->ffn = NULL;
-        Py_RETURN_NONE;
-    }
-    if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "FFN settings must be a dict or None");
-    ork_ffn_params p;
-    memset(&p, 0, sizeof p);
-    p.act = self->m.act; /* the chain's activation is the model's (ffn_chain.h) */
-    PyObject *mode_obj = PyDict_GetItemString(d, "mode");
-    if (!mode_obj || !PyUnicode_Check(mode_obj)) return PyErr_Format(PyExc_ValueError, "FFN settings need a 'mode' string");
-    const char *mode = PyUnicode_AsUTF8(mode_obj);
-    if (!mode) return NULL;
-    static const char *const required[4] = {"lut_step", "s_scale", "u_scale", "p_scale"};
-    for (int i = 0; i < 4; i++)
-        if (!PyDict_GetItemString(d, required[i]))
-            return PyErr_Format(PyExc_ValueError, "FFN settings are missing '%s'", required[i]);
-    if (!(p.mode = ork_ffn_mode_find(mode))) return PyErr_Format(PyExc_ValueError, "unknown FFN chain mode '%s'", mode);
-    if (get_float(d, "lut_step", &p.lut_step) || get_float(d, "s_scale", &p.s_scale) ||
-        get_float(d, "u_scale", &p.u_scale) || get_float(d, "p_scale", &p.p_scale))
-        return NULL;
-    PyObject *zp = PyDict_GetItemString(d, "zp");
-    if (zp) {
-        int overflow = 0;
-        long long z = PyLong_AsLongLongAndOverflow(zp, &overflow);
-        if (z == -1 && PyErr_Occurred()) return NULL;
-        /* clamped into int32; ork_ffn_check refuses anything outside int8 */
-        p.zp = overflow > 0 || z > INT32_MAX ? INT32_MAX : overflow < 0 || z < INT32_MIN ? INT32_MIN : (int32_t)z;
-    }
-    PyObject *ch = PyDict_GetItemString(d, "s_scale_ch");
-    PyArrayObject *ch_arr = NULL;
-    if (ch && ch != Py_None) {
-        if (!(ch_arr = orkpy_as_exact(ch, NPY_FLOAT32, 1, "s_scale_ch"))) return NULL;
-        if ((size_t)PyArray_DIM(ch_arr, 0) != self->m.n_ff) {
-            Py_DECREF(ch_arr);
-            return PyErr_Format(PyExc_ValueError, "s_scale_ch must have n_ff entries");
-        }
-        p.s_scale_ch = (const float *)PyArray_DATA(ch_arr);
-    }
-    ork_err err;
-    err.msg[0] = '\0';
-    ork_status st = ork_ffn_check(&L->w_gate, &L->w_up, &L->w_down, &p, &err);
-    if (st != ORK_OK) {
-        Py_XDECREF(ch_arr);
-        PyObject *msg = PyUnicode_FromFormat("layer %zd: %s", li, err.msg);
-        if (msg) {
-            orkpy_raise_text(st, msg);
-            Py_DECREF(msg);
-        }
-        return NULL;
-    }
-    self->ffn[li] = p;
-    Py_XSETREF(self->ffn_keep[li], (PyObject *)ch_arr); /* the previous array (if any) is released */
-    L->ffn = &self->ffn[li];
-    Py_RETURN_NONE;
-}
-
-static PyObject *fwd_ffn_stats_enable_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    free_stats(self);
-    self->stats = PyMem_Calloc(self->m.n_layer, sizeof(ork_ffn_stats));
-    if (!self->stats) return PyErr_NoMemory();
-    for (size_t i = 0; i < self->m.n_layer; i++) {
-        self->stats[i].s_absmax_ch = PyMem_Calloc(self->m.n_ff, sizeof(float));
-        if (!self->stats[i].s_absmax_ch) {
-            free_stats(self);
-            return PyErr_NoMemory();
-        }
-        self->stats[i].smin = 0.0f;
-        self->stats[i].act = self->m.act;
-        self->layers[i].ffn_stats = &self->stats[i];
-    }
-    Py_RETURN_NONE;
-}
-
-/* -> list per layer of dict(gmax, smin, smax, umax, pmax, n, s_absmax_ch, hist); stops collecting */
-static PyObject *fwd_ffn_stats_take_unlocked(FwdObject *self, PyObject *unused) {
-    (void)unused;
-    if (!self->stats) return PyErr_Format(PyExc_RuntimeError, "FFN statistics are not enabled");
-    PyObject *out = PyList_New((Py_ssize_t)self->m.n_layer);
-    for (size_t i = 0; out && i < self->m.n_layer; i++) {
-        ork_ffn_stats *s = &self->stats[i];
-        npy_intp nf = (npy_intp)self->m.n_ff, nh = ORK_FFN_HIST;
-        PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &nf, NPY_FLOAT32);
-        PyArrayObject *hist = (PyArrayObject *)PyArray_SimpleNew(1, &nh, NPY_UINT64);
-        if (!ch || !hist) {
-            Py_XDECREF(ch);
-            Py_XDECREF(hist);
-            Py_CLEAR(out);
-            break;
-        }
-        memcpy(PyArray_DATA(ch), s->s_absmax_ch, (size_t)nf * sizeof(float));
-        memcpy(PyArray_DATA(hist), s->hist, sizeof s->hist);
-        PyObject *item = Py_BuildValue("{s:d,s:d,s:d,s:d,s:d,s:K,s:N,s:N}", "gmax", (double)s->gmax, "smin",
-                                       (double)s->smin, "smax", (double)s->smax, "umax", (double)s->umax, "pmax",
-                                       (double)s->pmax, "n", (unsigned long long)s->n, "s_absmax_ch", ch, "hist", hist);
-        if (!item) { /* "N" steals ch and hist even on failure */
-            Py_CLEAR(out);
-            break;
-        }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
-    }
-    free_stats(self);
-    return out;
-}
-
-static PyObject *py_ffn_hist_edges(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-    npy_intp n = ORK_FFN_HIST + 1;
-    PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_FLOAT64);
-    if (!a) return NULL;
-    double *e = (double *)PyArray_DATA(a);
-    for (int i = 0; i <= ORK_FFN_HIST; i++) e[i] = ork_ffn_hist_edge(i);
-    e[0] = 0.0;
-    return (PyObject *)a;
-}
 
 /* ffn_lut(step, act=0) -> (int16[1024], scale): the chain's LUT of activation act (act.h's ork_act) */
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *args) {
@@ -942,8 +516,6 @@ PyObject *orkpy_ffn_lut(PyObject *self, PyObject *args) {
     ork_ffn_make_lut((float)step, (ork_act)act, (int16_t *)PyArray_DATA(a), &sc);
     return Py_BuildValue("(Nd)", a, (double)sc);
 }
-
-PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused) { return py_ffn_hist_edges(self, unused); }
 
 PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused) {
     (void)self;
@@ -991,32 +563,33 @@ PyObject *orkpy_linear_names(PyObject *self, PyObject *arg) {
     return out;
 }
 
+
 /* ffn_apply(layer, h) -> y: one layer's FFN chain on given normed inputs (tests, debugging) */
-static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
+static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
     Py_ssize_t li;
     PyObject *h_obj;
-    if (!PyArg_ParseTuple(args, "nO:ffn_apply", &li, &h_obj)) return NULL;
-    if (li < 0 || (size_t)li >= self->m.n_layer) return PyErr_Format(PyExc_IndexError, "layer %zd out of range", li);
-    const ork_layer *L = &self->layers[li];
-    if (!L->ffn) return PyErr_Format(PyExc_ValueError, "layer %zd has no FFN chain set", li);
+    if (!PyArg_ParseTuple(args, "nO:ffn_apply", &li, &h_obj) || orkpy_fwd_ready(self) < 0) return NULL;
+    if (li < 0 || (size_t)li >= self->m->n_layer) return PyErr_Format(PyExc_IndexError, "layer %zd out of range", li);
+    if (!ork_runtime_layer_has_ffn(self->rt, (size_t)li))
+        return PyErr_Format(PyExc_ValueError, "layer %zd has no FFN chain set", li);
     PyArrayObject *h = orkpy_as_exact(h_obj, NPY_FLOAT32, 2, "h");
     if (!h) return NULL;
-    if ((size_t)PyArray_DIM(h, 1) != self->m.n_embd || PyArray_DIM(h, 0) < 1) {
+    if ((size_t)PyArray_DIM(h, 1) != self->m->n_embd || PyArray_DIM(h, 0) < 1) {
         Py_DECREF(h);
         return PyErr_Format(PyExc_ValueError, "h must have shape (T, n_embd)");
     }
-    npy_intp dims[2] = {PyArray_DIM(h, 0), (npy_intp)self->m.n_embd};
+    npy_intp dims[2] = {PyArray_DIM(h, 0), (npy_intp)self->m->n_embd};
     PyArrayObject *y = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
     ork_err err;
     err.msg[0] = '\0';
     ork_status st = ORK_ENOMEM;
-    if (y && fwd_check_maps(self) < 0) Py_CLEAR(y);
+    if (y && orkpy_fwd_check_maps(self) < 0) Py_CLEAR(y);
     if (y) {
         Py_BEGIN_ALLOW_THREADS
-        st = ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, (const float *)PyArray_DATA(h), (size_t)dims[0],
-                           (float *)PyArray_DATA(y), 0, &err);
+        st = ork_runtime_ffn_apply(self->rt, (size_t)li, (const float *)PyArray_DATA(h), (size_t)dims[0],
+                                   (float *)PyArray_DATA(y), &err);
         Py_END_ALLOW_THREADS
-        if (fwd_check_maps(self) < 0) Py_CLEAR(y);
+        if (orkpy_fwd_check_maps(self) < 0) Py_CLEAR(y);
     }
     Py_DECREF(h);
     if (!y) return NULL;
@@ -1029,283 +602,117 @@ static PyObject *fwd_ffn_apply_unlocked(FwdObject *self, PyObject *args) {
 
 /* set_npu(index, NPUWeight or None): run linear `index` (linear_names order)
  * through an NPU backend; the weight must hold that linear's int8 values */
-static PyObject *fwd_set_npu_unlocked(FwdObject *self, PyObject *args) {
+static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;
     PyObject *wo;
-    if (!PyArg_ParseTuple(args, "nO:set_npu", &idx, &wo)) return NULL;
-    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
-    const size_t n = fwd_n_linears(self);
+    if (!PyArg_ParseTuple(args, "nO:set_npu", &idx, &wo) || orkpy_fwd_ready(self) < 0) return NULL;
+    const size_t n = ork_runtime_n_linears(self->rt);
     if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
-    ork_linear *l = fwd_linear(self, (size_t)idx);
-    if (!self->npu_keep) {
-        self->npu_keep = PyMem_Calloc(n, sizeof(PyObject *));
-        if (!self->npu_keep) return PyErr_NoMemory();
+    if (!self->npu_keep && !(self->npu_keep = PyMem_Calloc(n, sizeof(PyObject *)))) return PyErr_NoMemory();
+    ork_int_mm_fn fn = NULL;
+    void *ctx = NULL;
+    size_t N = 0, K = 0;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    if (wo != Py_None) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_runtime_npu_routable(self->rt, (size_t)idx, &err);
+        Py_END_ALLOW_THREADS
+        if (st != ORK_OK) return orkpy_raise(st, &err);
+        if (orkpy_npu_weight_hook(wo, &fn, &ctx, &N, &K) < 0) return NULL;
     }
-    if (wo == Py_None) {
-        l->int_mm = NULL;
-        l->int_mm_ctx = NULL;
-        Py_CLEAR(self->npu_keep[idx]);
-        Py_RETURN_NONE;
-    }
-    if (l->path != ORK_LIN_PACKED)
-        return PyErr_Format(PyExc_ValueError, "linear %zd is a float32 linear: only packed int8/nf4/int4 linears run on the NPU",
-                            idx);
-    if (l->group)
-        return PyErr_Format(PyExc_ValueError, "linear %zd has group-wise scales (group size %zu): an NPU job returns one "
-                            "int32 sum per output, not per group (docs/npu.md, \"Group-wise scales\")", idx, l->group);
-    ork_int_mm_fn fn;
-    void *ctx;
-    size_t N, K;
-    if (orkpy_npu_weight_hook(wo, &fn, &ctx, &N, &K) < 0) return NULL;
-    if (N != l->N || K != l->K)
-        return PyErr_Format(PyExc_ValueError, "NPU weight is (%zu, %zu) but linear %zd is (%zu, %zu)", N, K, idx, l->N, l->K);
-    Py_INCREF(wo);
-    Py_XSETREF(self->npu_keep[idx], wo);
-    l->int_mm = fn;
-    l->int_mm_ctx = ctx;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_runtime_set_int_mm(self->rt, (size_t)idx, fn, ctx, N, K, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_XINCREF(wo != Py_None ? wo : NULL);
+    Py_XSETREF(self->npu_keep[idx], wo != Py_None ? wo : NULL); /* the route's weight; the previous one released */
     Py_RETURN_NONE;
 }
 
 /* set_linear(index, spec): replace linear `index` (linear_names order) by another spec of the
  * same shape (parse_linear's (path, value)); its bias, statistics hooks and NPU route are kept / cleared
  * as they were set up (the NPU route is dropped: it held the old weight's values) */
-static PyObject *fwd_set_linear_unlocked(FwdObject *self, PyObject *args) {
+static PyObject *fwd_set_linear(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;
     PyObject *spec;
-    if (!PyArg_ParseTuple(args, "nO:set_linear", &idx, &spec)) return NULL;
-    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
-    const size_t n = fwd_n_linears(self);
+    if (!PyArg_ParseTuple(args, "nO:set_linear", &idx, &spec) || orkpy_fwd_ready(self) < 0) return NULL;
+    const size_t n = ork_runtime_n_linears(self->rt);
     if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
-    ork_linear *l = fwd_linear(self, (size_t)idx), tmp;
+    ork_linear tmp;
     char name[32];
     snprintf(name, sizeof name, "linear %zd", idx);
     if (parse_linear(self, spec, &tmp, name) < 0) return NULL;
-    if (tmp.N != l->N || tmp.K != l->K)
-        return PyErr_Format(PyExc_ValueError, "linear %zd is (%zu, %zu), the new spec is (%zu, %zu)", idx, l->N, l->K,
-                            tmp.N, tmp.K);
-    tmp.bias = l->bias;
-    tmp.x2_sum = l->x2_sum;
-    tmp.x2_count = l->x2_count;
-    tmp.act_stats = l->act_stats;
-    tmp.xx_sum = l->xx_sum;
-    tmp.xx_count = l->xx_count;
-    *l = tmp;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_runtime_set_linear(self->rt, (size_t)idx, &tmp, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) return orkpy_raise(st, &err);
     if (self->npu_keep) Py_CLEAR(self->npu_keep[idx]);
     Py_RETURN_NONE;
 }
 
-static PyObject *fwd_set_linear(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_set_linear_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_set_npu_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_imatrix_enable(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_imatrix_enable_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_imatrix_take(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_imatrix_take_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_gram_enable(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_gram_enable_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_gram_take(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_gram_take_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_act_stats_enable(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_act_stats_enable_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_act_stats_take(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_act_stats_take_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_ffn_stats_enable_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_ffn_stats_take(FwdObject *self, PyObject *unused) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_ffn_stats_take_unlocked(self, unused);
-    fwd_unlock(self);
-    return r;
-}
-
+/* set_ffn(layer, None | dict(mode, lut_step, s_scale, u_scale, p_scale, zp=0, s_scale_ch=None)) */
 static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_set_ffn_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
-    if (fwd_lock(self) < 0) return NULL;
-    PyObject *r = fwd_ffn_apply_unlocked(self, args);
-    fwd_unlock(self);
-    return r;
-}
-
-/* ------------------------------------------------------ decode session --
- * orkpy._core.Session: a KV-cached decode session (model.h) over a ForwardModel, which it keeps
- * alive. Every call takes the model's lock (a session and the model's forwards, settings and
- * other sessions never run at once) and checks the model's mapped files like forward. */
-typedef struct {
-    PyObject_HEAD
-    FwdObject *model;
-    ork_session *s;
-} SessObject;
-
-static PyTypeObject SessType;
-
-static void sess_dealloc(SessObject *self) {
-    ork_session_free(self->s);
-    Py_XDECREF(self->model);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* ForwardModel.session(n_ctx, n_batch=512) -> Session */
-static PyObject *fwd_session(FwdObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"n_ctx", "n_batch", NULL};
-    Py_ssize_t n_ctx, n_batch = 512;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "n|n:session", kwlist, &n_ctx, &n_batch)) return NULL;
-    if (!self->layers) return PyErr_Format(PyExc_RuntimeError, "the model is not initialised");
-    if (n_ctx < 1) return PyErr_Format(PyExc_ValueError, "n_ctx must be >= 1, got %zd", n_ctx);
-    if (n_batch < 1) return PyErr_Format(PyExc_ValueError, "n_batch must be >= 1, got %zd", n_batch);
-    SessObject *so = PyObject_New(SessObject, &SessType);
-    if (!so) return NULL;
-    so->s = NULL;
-    Py_INCREF(self);
-    so->model = self;
+    Py_ssize_t li;
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "nO:set_ffn", &li, &d) || orkpy_fwd_ready(self) < 0) return NULL;
+    if (li < 0 || (size_t)li >= self->m->n_layer)
+        return PyErr_Format(PyExc_IndexError, "layer %zd out of range (model has %zu)", li, self->m->n_layer);
+    if (!self->ffn_keep && !(self->ffn_keep = PyMem_Calloc(self->m->n_layer, sizeof(PyObject *))))
+        return PyErr_NoMemory();
+    ork_ffn_params p;
+    memset(&p, 0, sizeof p);
+    PyArrayObject *ch_arr = NULL;
+    if (d != Py_None) {
+        if (!PyDict_Check(d)) return PyErr_Format(PyExc_TypeError, "FFN settings must be a dict or None");
+        PyObject *mode_obj = PyDict_GetItemString(d, "mode");
+        if (!mode_obj || !PyUnicode_Check(mode_obj))
+            return PyErr_Format(PyExc_ValueError, "FFN settings need a 'mode' string");
+        const char *mode = PyUnicode_AsUTF8(mode_obj);
+        if (!mode) return NULL;
+        static const char *const required[4] = {"lut_step", "s_scale", "u_scale", "p_scale"};
+        for (int i = 0; i < 4; i++)
+            if (!PyDict_GetItemString(d, required[i]))
+                return PyErr_Format(PyExc_ValueError, "FFN settings are missing '%s'", required[i]);
+        if (!(p.mode = ork_ffn_mode_find(mode))) return PyErr_Format(PyExc_ValueError, "unknown FFN chain mode '%s'", mode);
+        if (get_float(d, "lut_step", &p.lut_step) || get_float(d, "s_scale", &p.s_scale) ||
+            get_float(d, "u_scale", &p.u_scale) || get_float(d, "p_scale", &p.p_scale))
+            return NULL;
+        PyObject *zp = PyDict_GetItemString(d, "zp");
+        if (zp) {
+            int overflow = 0;
+            long long z = PyLong_AsLongLongAndOverflow(zp, &overflow);
+            if (z == -1 && PyErr_Occurred()) return NULL;
+            /* clamped into int32; ork_ffn_check refuses anything outside int8 */
+            p.zp = overflow > 0 || z > INT32_MAX ? INT32_MAX : overflow < 0 || z < INT32_MIN ? INT32_MIN : (int32_t)z;
+        }
+        PyObject *ch = PyDict_GetItemString(d, "s_scale_ch");
+        if (ch && ch != Py_None) {
+            if (!(ch_arr = orkpy_as_exact(ch, NPY_FLOAT32, 1, "s_scale_ch"))) return NULL;
+            if ((size_t)PyArray_DIM(ch_arr, 0) != self->m->n_ff) {
+                Py_DECREF(ch_arr);
+                return PyErr_Format(PyExc_ValueError, "s_scale_ch must have n_ff entries");
+            }
+            p.s_scale_ch = (const float *)PyArray_DATA(ch_arr);
+        }
+    }
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
-    if (fwd_lock(self) < 0) {
-        Py_DECREF(so);
-        return NULL;
-    }
     Py_BEGIN_ALLOW_THREADS
-    st = ork_session_new(&self->m, (size_t)n_ctx, (size_t)n_batch, &so->s, &err);
+    st = ork_runtime_set_ffn(self->rt, (size_t)li, d == Py_None ? NULL : &p, &err);
     Py_END_ALLOW_THREADS
-    fwd_unlock(self);
     if (st != ORK_OK) {
-        Py_DECREF(so);
+        Py_XDECREF(ch_arr);
         return orkpy_raise(st, &err);
     }
-    return (PyObject *)so;
-}
-
-/* eval(tokens, all_logits=False, threads=0) -> float32 logits (n_vocab,) or (n, n_vocab) */
-static PyObject *sess_eval(SessObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"tokens", "all_logits", "threads", NULL};
-    PyObject *tok_obj;
-    int all = 0, threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pi:eval", kwlist, &tok_obj, &all, &threads)) return NULL;
-    if (orkpy_check_threads(threads) < 0) return NULL;
-    PyArrayObject *t = tokens_arg(tok_obj);
-    if (!t) return NULL;
-    const npy_intp n = PyArray_DIM(t, 0), V = (npy_intp)self->model->m.n_vocab;
-    npy_intp dims[2] = {n, V};
-    PyArrayObject *out = all ? (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32)
-                             : (PyArrayObject *)PyArray_SimpleNew(1, &dims[1], NPY_FLOAT32);
-    if (!out || fwd_lock(self->model) < 0) {
-        Py_DECREF(t);
-        Py_XDECREF(out);
-        return NULL;
-    }
-    ork_err err;
-    err.msg[0] = '\0';
-    ork_status st = ORK_OK;
-    int bad = fwd_check_maps(self->model);
-    if (!bad) {
-        Py_BEGIN_ALLOW_THREADS
-        st = ork_session_eval(self->s, (const int32_t *)PyArray_DATA(t), (size_t)n, all, (float *)PyArray_DATA(out),
-                              threads, &err);
-        Py_END_ALLOW_THREADS
-        bad = fwd_check_maps(self->model); /* a file that changed during the pass voids its result */
-    }
-    return fwd_pass_result(self->model, bad, st, &err, t, out);
-}
-
-/* rewind(pos): keep the first pos tokens */
-static PyObject *sess_rewind(SessObject *self, PyObject *args) {
-    Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "n:rewind", &pos)) return NULL;
-    if (pos < 0) return PyErr_Format(PyExc_ValueError, "pos must be >= 0, got %zd", pos);
-    if (fwd_lock(self->model) < 0) return NULL;
-    ork_err err;
-    err.msg[0] = '\0';
-    ork_status st = ork_session_rewind(self->s, (size_t)pos, &err);
-    fwd_unlock(self->model);
-    if (st != ORK_OK) return orkpy_raise(st, &err);
+    if (d != Py_None) Py_XSETREF(self->ffn_keep[li], (PyObject *)ch_arr); /* the previous array (if any) is released */
     Py_RETURN_NONE;
 }
-
-static PyObject *sess_pos(SessObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromSize_t(ork_session_pos(self->s));
-}
-
-static PyObject *sess_n_ctx(SessObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromSize_t(ork_session_n_ctx(self->s));
-}
-
-static PyMethodDef sess_methods[] = {
-    {"eval", (PyCFunction)(void (*)(void))sess_eval, METH_VARARGS | METH_KEYWORDS,
-     "eval(tokens, all_logits=False, threads=0) -> float32 logits of the last token (n_vocab,) or of every "
-     "appended token (n, n_vocab)"},
-    {"rewind", (PyCFunction)sess_rewind, METH_VARARGS, "rewind(pos): forget every position >= pos"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef sess_getset[] = {
-    {"pos", (getter)sess_pos, NULL, "tokens the session holds (the next token's position)", NULL},
-    {"n_ctx", (getter)sess_n_ctx, NULL, "positions the KV cache holds", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject SessType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.Session",
-    .tp_basicsize = sizeof(SessObject),
-    .tp_dealloc = (destructor)sess_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "a KV-cached decode session of a ForwardModel (ForwardModel.session)",
-    .tp_methods = sess_methods,
-    .tp_getset = sess_getset,
-};
 
 static PyMethodDef fwd_methods[] = {
     {"set_linear", (PyCFunction)fwd_set_linear, METH_VARARGS,
@@ -1314,23 +721,23 @@ static PyMethodDef fwd_methods[] = {
      "set_npu(index, NPUWeight or None): run a packed linear's int8 matmul on an NPU backend"},
     {"ffn_apply", (PyCFunction)fwd_ffn_apply, METH_VARARGS, "ffn_apply(layer, h) -> the layer's FFN chain output"},
     {"set_ffn", (PyCFunction)fwd_set_ffn, METH_VARARGS, "set_ffn(layer, settings or None): FFN chain mode of a layer"},
-    {"ffn_stats_enable", (PyCFunction)fwd_ffn_stats_enable, METH_NOARGS, "start collecting prep-pass FFN statistics"},
-    {"ffn_stats_take", (PyCFunction)fwd_ffn_stats_take, METH_NOARGS, "-> per-layer FFN statistics; stops"},
-    {"act_stats_enable", (PyCFunction)fwd_act_stats_enable, METH_VARARGS,
+    {"ffn_stats_enable", (PyCFunction)orkpy_fwd_ffn_stats_enable, METH_NOARGS, "start collecting prep-pass FFN statistics"},
+    {"ffn_stats_take", (PyCFunction)orkpy_fwd_ffn_stats_take, METH_NOARGS, "-> per-layer FFN statistics; stops"},
+    {"act_stats_enable", (PyCFunction)orkpy_fwd_act_stats_enable, METH_VARARGS,
      "act_stats_enable(prefix=0): start collecting activation statistics (|x| histogram, per-channel max) of every "
      "linear's input, the first prefix positions of the block linears left out"},
-    {"act_stats_take", (PyCFunction)fwd_act_stats_take, METH_NOARGS,
+    {"act_stats_take", (PyCFunction)orkpy_fwd_act_stats_take, METH_NOARGS,
      "-> [dict(rows, n_clipped, absmax, ch_absmax, count, sum, sum2)] per linear in linear_names order; stops"},
-    {"gram_enable", (PyCFunction)fwd_gram_enable, METH_VARARGS,
+    {"gram_enable", (PyCFunction)orkpy_fwd_gram_enable, METH_VARARGS,
      "gram_enable(indices): start accumulating the input Gram matrix sum x^T x of the linears at these positions"},
-    {"gram_take", (PyCFunction)fwd_gram_take, METH_NOARGS, "-> {index: (G float64 (K, K), rows)}; stops"},
-    {"imatrix_enable", (PyCFunction)fwd_imatrix_enable, METH_NOARGS,
+    {"gram_take", (PyCFunction)orkpy_fwd_gram_take, METH_NOARGS, "-> {index: (G float64 (K, K), rows)}; stops"},
+    {"imatrix_enable", (PyCFunction)orkpy_fwd_imatrix_enable, METH_NOARGS,
      "start accumulating sum x^2 per input channel of every linear"},
-    {"imatrix_take", (PyCFunction)fwd_imatrix_take, METH_NOARGS,
+    {"imatrix_take", (PyCFunction)orkpy_fwd_imatrix_take, METH_NOARGS,
      "-> [(sums, count)] per linear in linear_names(hparams) order; stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(tokens, first=0, threads=0, out=None) -> float32 logits (T - first, n_vocab), written into out when given"},
-    {"session", (PyCFunction)(void (*)(void))fwd_session, METH_VARARGS | METH_KEYWORDS,
+    {"session", (PyCFunction)(void (*)(void))orkpy_fwd_session, METH_VARARGS | METH_KEYWORDS,
      "session(n_ctx, n_batch=512) -> Session: a KV-cached decode session with n_ctx positions"},
     {NULL, NULL, 0, NULL},
 };
@@ -1346,17 +753,13 @@ static PyTypeObject FwdType = {
     .tp_new = PyType_GenericNew,
 };
 
+
 int orkpy_model_init(PyObject *module) {
-    if (PyType_Ready(&FwdType) < 0 || PyType_Ready(&SessType) < 0) return -1;
+    if (PyType_Ready(&FwdType) < 0) return -1;
     Py_INCREF(&FwdType);
     if (PyModule_AddObject(module, "ForwardModel", (PyObject *)&FwdType) < 0) {
         Py_DECREF(&FwdType);
         return -1;
     }
-    Py_INCREF(&SessType);
-    if (PyModule_AddObject(module, "Session", (PyObject *)&SessType) < 0) {
-        Py_DECREF(&SessType);
-        return -1;
-    }
-    return 0;
+    return orkpy_session_init(module);
 }

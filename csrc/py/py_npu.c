@@ -1,7 +1,7 @@
 /* py_npu.c - binding of the NPU layer (csrc/ork/npu): register commands
  * (regcmd.h), the planner and operand layouts (plan.h), the emulator (emu.h)
- * and the NPUDevice / NPUWeight objects over the backends (backend.h), with
- * the fake kernel drivers (fake_kernel.h) for tests. Same shape as every
+ * and the test-only hook of the fake kernel library (device.h, "test kernels");
+ * the NPUDevice / NPUWeight / NPUJob objects are in py_npu_device.c. Same shape as every
  * binding (module.c): parse, coerce, release the GIL, call the core, map the
  * status; every function that holds references ends at one cleanup label. */
 #define PY_SSIZE_T_CLEAN
@@ -16,7 +16,6 @@
 #include "../ork/linear.h"
 #include "../ork/npu/regcmd.h"
 #include "../ork/pack.h"
-#include "pythread.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -67,16 +66,15 @@ PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------
- * Planner, layouts and the emulator as functions; NPUDevice / NPUWeight
- * objects over csrc/ork/npu/backend.h (a device is used by one thread at a
- * time: each object has a lock, taken without the GIL).
+ * Planner, layouts and the emulator as functions (the device objects:
+ * py_npu_device.c).
  * ------------------------------------------------------------------------ */
 #include "../ork/npu/backend.h"
+#include "../ork/npu/device.h"
 #include "../ork/npu/emu.h"
-#include "../ork/npu/fake_kernel.h"
 #include "../ork/npu/plan.h"
 
-static int u32_arg(long long v, const char *name, uint32_t *out) {
+int orkpy_u32_arg(long long v, const char *name, uint32_t *out) {
     if (v < 0 || v > 0xffffffffLL) {
         PyErr_Format(PyExc_ValueError, "%s must be in [0, 2^32), got %lld", name, v);
         return -1;
@@ -86,15 +84,15 @@ static int u32_arg(long long v, const char *name, uint32_t *out) {
 }
 
 /* the per-task tile caps max_m, max_k, max_n (0 = hardware limit) */
-static int caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o) {
-    return u32_arg(mm, "max_m", &o->max_m) || u32_arg(mk, "max_k", &o->max_k) || u32_arg(mn, "max_n", &o->max_n) ? -1
+int orkpy_npu_caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o) {
+    return orkpy_u32_arg(mm, "max_m", &o->max_m) || orkpy_u32_arg(mk, "max_k", &o->max_k) || orkpy_u32_arg(mn, "max_n", &o->max_n) ? -1
                                                                                                               : 0;
 }
 
 static int make_plan(long long M, long long K, long long N, long long mm, long long mk, long long mn, ork_npu_plan *p) {
     uint32_t m, k, n;
     ork_npu_plan_opts o;
-    if (u32_arg(M, "M", &m) || u32_arg(K, "K", &k) || u32_arg(N, "N", &n) || caps_arg(mm, mk, mn, &o)) return -1;
+    if (orkpy_u32_arg(M, "M", &m) || orkpy_u32_arg(K, "K", &k) || orkpy_u32_arg(N, "N", &n) || orkpy_npu_caps_arg(mm, mk, mn, &o)) return -1;
     ork_err err;
     err.msg[0] = 0;
     ork_status st = ork_npu_plan_make(m, k, n, &o, p, &err);
@@ -144,8 +142,8 @@ PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
                                      &mk, &mn))
         return NULL;
     uint32_t c, i, w, o;
-    if (u32_arg(ca, "cmd_addr", &c) || u32_arg(ia, "in_addr", &i) || u32_arg(wa, "w_addr", &w) ||
-        u32_arg(oa, "out_addr", &o))
+    if (orkpy_u32_arg(ca, "cmd_addr", &c) || orkpy_u32_arg(ia, "in_addr", &i) || orkpy_u32_arg(wa, "w_addr", &w) ||
+        orkpy_u32_arg(oa, "out_addr", &o))
         return NULL;
     ork_npu_plan p;
     if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
@@ -175,7 +173,7 @@ done:
 /* shapes: a sequence of (M, K, N) -> a chain with the same caps for every matmul */
 static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn, ork_npu_chain *c) {
     ork_npu_plan_opts o;
-    if (caps_arg(mm, mk, mn, &o)) return -1;
+    if (orkpy_npu_caps_arg(mm, mk, mn, &o)) return -1;
     PyObject *seq = PySequence_Fast(shapes, "shapes must be a sequence of (M, K, N)");
     if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -195,7 +193,7 @@ static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn
             goto done;
         }
         if (!PyArg_ParseTuple(it, "LLL;each shape must be (M, K, N)", &M, &K, &N) ||
-            u32_arg(M, "M", &d[i]) || u32_arg(K, "K", &d[n + i]) || u32_arg(N, "N", &d[2 * n + i]))
+            orkpy_u32_arg(M, "M", &d[i]) || orkpy_u32_arg(K, "K", &d[n + i]) || orkpy_u32_arg(N, "N", &d[2 * n + i]))
             goto done;
         op[i] = o;
     }
@@ -250,7 +248,7 @@ PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw) {
                                      &mn))
         return NULL;
     uint32_t c_a, i_a, o_a;
-    if (u32_arg(ca, "cmd_addr", &c_a) || u32_arg(ia, "in_addr", &i_a) || u32_arg(oa, "out_addr", &o_a)) return NULL;
+    if (orkpy_u32_arg(ca, "cmd_addr", &c_a) || orkpy_u32_arg(ia, "in_addr", &i_a) || orkpy_u32_arg(oa, "out_addr", &o_a)) return NULL;
     ork_npu_chain c;
     if (make_chain(shapes, mm, mk, mn, &c)) return NULL;
     PyArrayObject *a = NULL;
@@ -267,7 +265,7 @@ PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw) {
     }
     for (uint32_t i = 0; i < c.n; i++) {
         long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(wseq, i));
-        if ((v == -1 && PyErr_Occurred()) || u32_arg(v, "w_addr", &wa[i])) goto done;
+        if ((v == -1 && PyErr_Occurred()) || orkpy_u32_arg(v, "w_addr", &wa[i])) goto done;
     }
     npy_intp n = (npy_intp)(c.cmd_bytes / 8);
     if (!(a = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_UINT64))) goto done;
@@ -385,7 +383,7 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
     long long fa, am, tn;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLL:npu_emulate", kwlist, &bufs, &fa, &am, &tn)) return NULL;
     uint32_t first, amount, tasks;
-    if (u32_arg(fa, "first_addr", &first) || u32_arg(am, "amount", &amount) || u32_arg(tn, "task_number", &tasks))
+    if (orkpy_u32_arg(fa, "first_addr", &first) || orkpy_u32_arg(am, "amount", &amount) || orkpy_u32_arg(tn, "task_number", &tasks))
         return NULL;
     emu_bufs eb;
     eb.n = 0;
@@ -406,7 +404,7 @@ PyObject *orkpy_npu_emulate(PyObject *self, PyObject *args, PyObject *kw) {
             PyErr_SetString(PyExc_TypeError, "each buffer must be a tuple (npu_address, uint8 array)");
             goto done;
         }
-        if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || u32_arg(addr, "buffer address", &eb.addr[i])) goto done;
+        if (!PyArg_ParseTuple(it, "LO", &addr, &arr) || orkpy_u32_arg(addr, "buffer address", &eb.addr[i])) goto done;
         if (!PyArray_Check(arr) || PyArray_TYPE((PyArrayObject *)arr) != NPY_UINT8 ||
             !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)arr) || !PyArray_ISWRITEABLE((PyArrayObject *)arr)) {
             PyErr_SetString(PyExc_TypeError, "each buffer must be a writable C-contiguous uint8 array");
@@ -445,7 +443,7 @@ done:
 }
 
 /* the backend named s (backend.h), or -1 with a ValueError listing the backends */
-static int backend_arg(const char *s, ork_npu_backend_kind *k) {
+int orkpy_npu_backend_arg(const char *s, ork_npu_backend_kind *k) {
     if (ork_npu_backend_find(s, k) == 0) return 0;
     PyObject *names = orkpy_npu_backends(NULL, NULL), *sep = names ? PyUnicode_FromString(", ") : NULL;
     PyObject *joined = sep ? PyUnicode_Join(sep, names) : NULL;
@@ -473,7 +471,7 @@ PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg) {
     long long body = PyLong_AsLongLong(arg);
     if (body == -1 && PyErr_Occurred()) return NULL;
     uint32_t b;
-    if (u32_arg(body, "body_qwords", &b) < 0) return NULL;
+    if (orkpy_u32_arg(body, "body_qwords", &b) < 0) return NULL;
     return PyLong_FromUnsignedLong(ork_npu_pc_amount(b));
 }
 
@@ -481,7 +479,7 @@ PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     ork_npu_backend_kind k;
-    if (!name || backend_arg(name, &k) < 0) return NULL;
+    if (!name || orkpy_npu_backend_arg(name, &k) < 0) return NULL;
     char why[256] = "";
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -491,727 +489,16 @@ PyObject *orkpy_npu_probe(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(why);
 }
 
-/* ---------------------------------------------------------- NPUDevice --- */
-struct WeightObject;
-struct JobObject;
-
-typedef struct {
-    PyObject_HEAD
-    ork_npu_dev *dev;
-    ork_fake_kernel *fake;
-    PyThread_type_lock lock;
-    uint32_t timeout_ms;
-    struct WeightObject **weights; /* live weights (borrowed: each removes itself when freed) */
-    size_t n_weights, cap_weights;
-    struct JobObject **jobs; /* live jobs, likewise */
-    size_t n_jobs, cap_jobs;
-} DevObject;
-
-/* The model hook (weight_int_mm, below) keeps per weight a few single-weight
- * jobs (backend.h ork_npu_job) keyed by the row count M: made the first time
- * the weight runs at that M, then reused (no planning, no emission, one
- * submit per call). Only small M are cached, the KV-cached decode (M = 1, or a
- * few rows): at most ORK_NPU_JOB_CACHE_SLOTS Ms per weight, first come; a
- * larger M or a full cache plans per call (ork_npu_matmul). A prefill's many
- * rows amortize its plan, and each job owns command / input / output buffers
- * sized for its M: caching M = 512 for every linear of a 1.7B model would hold
- * GBs of device memory (the lm_head's output alone is 512 x 151936 x 4 bytes). */
-#define ORK_NPU_JOB_CACHE_MAX_M 8
-#define ORK_NPU_JOB_CACHE_SLOTS 4
-
-typedef struct WeightObject {
-    PyObject_HEAD
-    DevObject *owner; /* strong reference */
-    ork_npu_weight w;
-    int live;
-    /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by owner->lock,
-     * freed before w (weight_drop_jobs: dealloc, and the device's close) */
-    ork_npu_job jobs[ORK_NPU_JOB_CACHE_SLOTS];
-} WeightObject;
-
-/* a job planned once (backend.h ork_npu_job); holds its device and weights */
-typedef struct JobObject {
-    PyObject_HEAD
-    DevObject *owner;  /* strong reference */
-    PyObject *weights; /* tuple of WeightObject, strong references (the job borrows their buffers) */
-    ork_npu_job j;
-    int live;
-} JobObject;
-
-static int dev_add_job(DevObject *d, JobObject *j) {
-    if (d->n_jobs == d->cap_jobs) {
-        size_t cap = d->cap_jobs ? 2 * d->cap_jobs : 8;
-        JobObject **nj = PyMem_Realloc(d->jobs, cap * sizeof *nj);
-        if (!nj) return -1;
-        d->jobs = nj;
-        d->cap_jobs = cap;
-    }
-    d->jobs[d->n_jobs++] = j;
-    return 0;
-}
-static void dev_remove_job(DevObject *d, JobObject *j) {
-    for (size_t i = 0; i < d->n_jobs; i++)
-        if (d->jobs[i] == j) {
-            d->jobs[i] = d->jobs[--d->n_jobs];
-            return;
-        }
-}
-
-/* register a live weight with its device (so close() can free its buffer) */
-static int dev_add_weight(DevObject *d, WeightObject *w) {
-    if (d->n_weights == d->cap_weights) {
-        size_t cap = d->cap_weights ? 2 * d->cap_weights : 16;
-        WeightObject **nw = PyMem_Realloc(d->weights, cap * sizeof *nw);
-        if (!nw) return -1;
-        d->weights = nw;
-        d->cap_weights = cap;
-    }
-    d->weights[d->n_weights++] = w;
-    return 0;
-}
-static void dev_remove_weight(DevObject *d, WeightObject *w) {
-    for (size_t i = 0; i < d->n_weights; i++)
-        if (d->weights[i] == w) {
-            d->weights[i] = d->weights[--d->n_weights];
-            return;
-        }
-}
-/* free the hook's cached jobs of a weight (their device buffers when the device is
- * open; dev NULL: host memory only); call with the lock held */
-static void weight_drop_jobs(DevObject *d, WeightObject *w) {
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
-        if (w->jobs[i].M) ork_npu_job_free(d->dev, &w->jobs[i]);
-}
-
-/* free every weight's device buffer and the device itself; call with the lock held */
-static void dev_shutdown(DevObject *d) {
-    for (size_t i = 0; i < d->n_jobs; i++) { /* jobs first: they borrow the weights */
-        if (d->jobs[i]->live) ork_npu_job_free(d->dev, &d->jobs[i]->j);
-        d->jobs[i]->live = 0;
-    }
-    d->n_jobs = 0;
-    for (size_t i = 0; i < d->n_weights; i++) {
-        WeightObject *w = d->weights[i];
-        weight_drop_jobs(d, w); /* the hook's jobs borrow the weight too */
-        if (w->live && d->dev) ork_npu_weight_free(d->dev, &w->w);
-        w->live = 0;
-    }
-    d->n_weights = 0;
-    if (d->dev) ork_npu_dev_close(d->dev);
-    d->dev = NULL;
-}
-
-static void dev_lock(DevObject *d) {
-    if (!PyThread_acquire_lock(d->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(d->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static int dev_init(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"backend", "fake_kernel", "emu_base", "timeout_ms", NULL};
-    const char *be, *fake = NULL;
-    long long base = 0, tmo = 10000;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zLL:NPUDevice", kwlist, &be, &fake, &base, &tmo)) return -1;
-    if (self->dev || self->lock || self->fake) {
-        PyErr_SetString(PyExc_RuntimeError, "an NPUDevice is initialised once (open a new one)");
-        return -1;
-    }
-    uint32_t ebase, t;
-    if (u32_arg(base, "emu_base", &ebase) || u32_arg(tmo, "timeout_ms", &t)) return -1;
-    if (t == 0) {
-        PyErr_SetString(PyExc_ValueError, "timeout_ms must be > 0");
-        return -1;
-    }
-    ork_npu_backend_kind k;
-    if (backend_arg(be, &k) < 0) return -1;
+/* _npu_install_fake_kernel_for_tests(address): test machinery only. address: the
+ * ork_npu_test_kernel table the tests' fake kernel library returns (an integer from
+ * ctypes; 0 uninstalls), handed to the core (device.h, "test kernels") */
+PyObject *orkpy_npu_install_fake_kernel_for_tests(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *p = PyLong_AsVoidPtr(arg);
+    if (!p && PyErr_Occurred()) return NULL;
     ork_err err;
     err.msg[0] = 0;
-    const ork_npu_sys *sys = NULL;
-    if (fake) {
-        if (strcmp(fake, be)) {
-            PyErr_Format(PyExc_ValueError, "fake_kernel must name the device backend ('%s'), got '%s'", be, fake);
-            return -1;
-        }
-        ork_status st = ork_fake_kernel_for(k, &self->fake, &err);
-        if (st) {
-            orkpy_raise(st, &err);
-            return -1;
-        }
-        sys = ork_fake_kernel_sys(self->fake);
-    }
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->timeout_ms = t;
-    ork_status st;
-    ork_npu_dev *dev = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_dev_open(k, sys, ebase, &dev, &err);
-    Py_END_ALLOW_THREADS
-    if (st) {
-        orkpy_raise(st, &err);
-        return -1;
-    }
-    self->dev = dev;
-    return 0;
-}
-
-static void dev_dealloc(DevObject *self) {
-    dev_shutdown(self); /* no weight is left: each holds a reference to its device */
-    PyMem_Free(self->weights);
-    PyMem_Free(self->jobs);
-    if (self->fake) ork_fake_kernel_free(self->fake);
-    if (self->lock) PyThread_free_lock(self->lock);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int dev_check(DevObject *self) {
-    if (!self->dev) {
-        PyErr_SetString(PyExc_ValueError, "the NPU device is closed");
-        return -1;
-    }
-    return 0;
-}
-
-static PyTypeObject WeightType;
-
-static PyObject *new_weight(DevObject *self) {
-    WeightObject *w = PyObject_New(WeightObject, &WeightType);
-    if (!w) return NULL;
-    memset(&w->w, 0, sizeof w->w);
-    memset(w->jobs, 0, sizeof w->jobs);
-    w->live = 0;
-    Py_INCREF(self);
-    w->owner = self;
-    return (PyObject *)w;
-}
-
-/* the end of an upload: raise on failure, else mark the weight live and
- * register it with its device (so close() frees its buffer) */
-static PyObject *finish_upload(DevObject *self, WeightObject *w, ork_status st, const ork_err *err) {
-    if (st) {
-        Py_DECREF(w);
-        return orkpy_raise(st, err);
-    }
-    w->live = 1;
-    if (dev_add_weight(self, w) < 0) {
-        w->live = 0;
-        dev_lock(self);
-        ork_npu_weight_free(self->dev, &w->w);
-        PyThread_release_lock(self->lock);
-        Py_DECREF(w);
-        return PyErr_NoMemory();
-    }
-    return (PyObject *)w;
-}
-
-/* upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight */
-static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"B", "max_m", "max_k", "max_n", NULL};
-    PyObject *obj;
-    long long mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:upload", kwlist, &obj, &mm, &mk, &mn) || dev_check(self)) return NULL;
-    ork_npu_plan_opts o;
-    if (caps_arg(mm, mk, mn, &o)) return NULL;
-    PyArrayObject *b = NULL;
-    PyObject *result = NULL;
-    if (!(b = orkpy_as_exact(obj, NPY_INT8, 2, "B"))) goto done;
-    npy_intp N = PyArray_DIM(b, 0), K = PyArray_DIM(b, 1);
-    if (N <= 0 || K <= 0 || N > 0xffffffffLL || K > 0xffffffffLL) {
-        PyErr_Format(PyExc_ValueError, "B must be a non-empty (N, K) int8 matrix");
-        goto done;
-    }
-    WeightObject *w = (WeightObject *)new_weight(self);
-    if (!w) goto done;
-    ork_err err;
-    err.msg[0] = 0;
-    ork_status st;
-    dev_lock(self);
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_weight_upload_i8(self->dev, (const int8_t *)PyArray_DATA(b), (uint32_t)N, (uint32_t)K, (size_t)K, &o,
-                                  &w->w, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
-    result = finish_upload(self, w, st, &err);
-done:
-    Py_XDECREF(b);
-    return result;
-}
-
-/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0) -> NPUWeight */
-static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", NULL};
-    const char *ks;
-    PyObject *so, *lo;
-    long long N, K, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLL:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn) ||
-        dev_check(self))
-        return NULL;
-    const ork_kind_info *ki = orkpy_parse_kind(ks);
-    ork_npu_plan_opts o;
-    uint32_t n, k;
-    if (!ki || u32_arg(N, "N", &n) || u32_arg(K, "K", &k) || caps_arg(mm, mk, mn, &o)) return NULL;
-    PyArrayObject *s = NULL, *l = NULL;
-    PyObject *result = NULL;
-    if (!(s = orkpy_as_exact(so, NPY_UINT8, 1, "store")) || !(l = orkpy_as_exact(lo, NPY_INT8, 1, "lut"))) goto done;
-    size_t need = ork_pack_store_bytes(ki->id, n, k);
-    if (n == 0 || k == 0 || (size_t)PyArray_DIM(s, 0) != need || PyArray_DIM(l, 0) != 16) {
-        PyErr_Format(PyExc_ValueError, "store must have %zu bytes for a %s (%u, %u) weight and lut 16 entries", need, ks,
-                     n, k);
-        goto done;
-    }
-    WeightObject *w = (WeightObject *)new_weight(self);
-    if (!w) goto done;
-    ork_err err;
-    err.msg[0] = 0;
-    ork_status st;
-    dev_lock(self);
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_weight_upload_store(self->dev, ki->id, PyArray_DATA(s), (const int8_t *)PyArray_DATA(l), n, k, &o, &w->w,
-                                     &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
-    result = finish_upload(self, w, st, &err);
-done:
-    Py_XDECREF(s);
-    Py_XDECREF(l);
-    return result;
-}
-
-/* matmul(weight, A int8 (M, K)) -> int32 (M, N) */
-static PyObject *dev_matmul(DevObject *self, PyObject *args) {
-    PyObject *wo, *ao;
-    if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
-    WeightObject *w = (WeightObject *)wo;
-    if (w->owner != self || !w->live) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
-    PyArrayObject *a = NULL, *c = NULL;
-    PyObject *result = NULL;
-    if (!(a = orkpy_as_exact(ao, NPY_INT8, 2, "A"))) goto done;
-    npy_intp M = PyArray_DIM(a, 0);
-    if (PyArray_DIM(a, 1) != (npy_intp)w->w.K || M <= 0 || M > (npy_intp)ORK_NPU_MAX_TOTAL_M) {
-        PyErr_Format(PyExc_ValueError, "A must be (M, %u) int8 with 1 <= M <= %u, got (%zd, %zd)", w->w.K,
-                     ORK_NPU_MAX_TOTAL_M, (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
-        goto done;
-    }
-    npy_intp dims[2] = {M, (npy_intp)w->w.N};
-    if (!(c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32))) goto done;
-    ork_err err;
-    err.msg[0] = 0;
-    ork_status st;
-    dev_lock(self);
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_matmul(self->dev, &w->w, (const int8_t *)PyArray_DATA(a), (uint32_t)M, (size_t)w->w.K,
-                        (int32_t *)PyArray_DATA(c), self->timeout_ms, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(self->lock);
-    if (st) {
-        orkpy_raise(st, &err);
-        goto done;
-    }
-    result = (PyObject *)c;
-    c = NULL;
-done:
-    Py_XDECREF(a);
-    Py_XDECREF(c);
-    return result;
-}
-
-static PyTypeObject JobType;
-
-/* job(weights, M) -> NPUJob: the weights' matmuls at M rows chained, planned and emitted once */
-static PyObject *dev_job(DevObject *self, PyObject *args) {
-    PyObject *wo;
-    long long M;
-    if (!PyArg_ParseTuple(args, "OL:job", &wo, &M) || dev_check(self)) return NULL;
-    if (M < 1 || M > (long long)ORK_NPU_MAX_TOTAL_M)
-        return PyErr_Format(PyExc_ValueError, "M must be in [1, %u], got %lld", ORK_NPU_MAX_TOTAL_M, M);
-    PyObject *tup = PySequence_Tuple(wo), *result = NULL;
-    if (!tup) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(tup);
-    const ork_npu_weight **ws = NULL;
-    JobObject *j = NULL;
-    if (n < 1 || n > 65536) {
-        PyErr_Format(PyExc_ValueError, "a job needs 1 to 65536 weights, got %zd", n);
-        goto done;
-    }
-    if (!(ws = (const ork_npu_weight **)PyMem_Malloc((size_t)n * sizeof *ws))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PyTuple_GET_ITEM(tup, i);
-        if (!PyObject_TypeCheck(it, &WeightType)) {
-            PyErr_Format(PyExc_TypeError, "weight %zd of the job is not an NPUWeight (upload it first)", i);
-            goto done;
-        }
-        WeightObject *w = (WeightObject *)it;
-        if (w->owner != self || !w->live) {
-            PyErr_Format(PyExc_ValueError, "weight %zd of the job belongs to another NPU device", i);
-            goto done;
-        }
-        ws[i] = &w->w;
-    }
-    if (!(j = PyObject_New(JobObject, &JobType))) goto done;
-    memset(&j->j, 0, sizeof j->j);
-    j->live = 0;
-    Py_INCREF(self);
-    j->owner = self;
-    Py_INCREF(tup);
-    j->weights = tup;
-    ork_err err;
-    err.msg[0] = 0;
-    ork_status st;
-    dev_lock(self);
-    Py_BEGIN_ALLOW_THREADS
-    st = ork_npu_job_make(self->dev, ws, (uint32_t)n, (uint32_t)M, &j->j, &err);
-    Py_END_ALLOW_THREADS
-    if (st == ORK_OK) {
-        if (dev_add_job(self, j) < 0) {
-            ork_npu_job_free(self->dev, &j->j);
-            st = ORK_ENOMEM;
-            err.msg[0] = 0;
-        } else {
-            j->live = 1;
-        }
-    }
-    PyThread_release_lock(self->lock);
-    if (st) {
-        if (err.msg[0]) orkpy_raise(st, &err);
-        else PyErr_NoMemory();
-        goto done;
-    }
-    result = (PyObject *)j;
-    j = NULL;
-done:
-    Py_XDECREF(j);
-    PyMem_Free(ws);
-    Py_DECREF(tup);
-    return result;
-}
-
-static PyObject *dev_info(DevObject *self, PyObject *unused) {
-    (void)unused;
-    if (!self->dev && !self->fake) { /* closed, and no fake kernel state to report */
-        dev_check(self);
-        return NULL;
-    }
-    ork_npu_dev_info i;
-    memset(&i, 0, sizeof i);
-    i.backend = "closed";
-    if (self->lock) dev_lock(self);
-    if (self->dev) ork_npu_dev_get_info(self->dev, &i);
-    if (self->lock) PyThread_release_lock(self->lock);
-    PyObject *r = NULL, *f = NULL, *result = NULL;
-    r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
-                      "submits", (unsigned long long)i.submits, "plans", (unsigned long long)i.plans, "tasks",
-                      (unsigned long long)i.tasks, "bytes_to_device",
-                      (unsigned long long)i.bytes_to_device, "bytes_from_device", (unsigned long long)i.bytes_from_device,
-                      "timeout_ms", self->timeout_ms);
-    if (!r) goto done;
-    if (self->fake) {
-        ork_fake_stats s;
-        dev_lock(self);
-        ork_fake_kernel_get_stats(self->fake, &s);
-        f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s.ioctls, "submits",
-                          (unsigned long long)s.submits, "tasks", (unsigned long long)s.tasks, "refused",
-                          (unsigned long long)s.refused, "live_bos", (unsigned long long)s.live_bos, "mapped",
-                          (unsigned long long)s.mapped, "syncs", (unsigned long long)s.syncs, "last_error",
-                          ork_fake_kernel_last_error(self->fake), "trace", ork_fake_kernel_trace(self->fake));
-        PyThread_release_lock(self->lock);
-        if (!f || PyDict_SetItemString(r, "fake_kernel", f) < 0) goto done;
-    }
-    result = r;
-    r = NULL;
-done:
-    Py_XDECREF(r);
-    Py_XDECREF(f);
-    return result;
-}
-
-static PyObject *dev_set_faults(DevObject *self, PyObject *arg) {
-    if (!self->fake) return PyErr_Format(PyExc_ValueError, "set_faults needs a device opened on a fake kernel");
-    unsigned long v = PyLong_AsUnsignedLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    dev_lock(self);
-    ork_fake_kernel_set_faults(self->fake, (unsigned)v);
-    PyThread_release_lock(self->lock);
+    ork_status st = ork_npu_test_kernel_install((const ork_npu_test_kernel *)p, &err);
+    if (st) return orkpy_raise(st, &err);
     Py_RETURN_NONE;
-}
-
-static PyObject *dev_close(DevObject *self, PyObject *unused) {
-    (void)unused;
-    if (self->dev) {
-        dev_lock(self);
-        dev_shutdown(self);
-        PyThread_release_lock(self->lock);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef dev_methods[] = {
-    {"upload", (PyCFunction)(void (*)(void))dev_upload, METH_VARARGS | METH_KEYWORDS,
-     "upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight resident on the device"},
-    {"upload_packed", (PyCFunction)(void (*)(void))dev_upload_packed, METH_VARARGS | METH_KEYWORDS,
-     "upload_packed(kind, store, lut, N, K, ...) -> NPUWeight from a PackedWeight tile store"},
-    {"matmul", (PyCFunction)dev_matmul, METH_VARARGS, "matmul(weight, A int8 (M, K)) -> int32 (M, N)"},
-    {"job", (PyCFunction)dev_job, METH_VARARGS,
-     "job(weights, M) -> NPUJob: the weights' matmuls at M rows, chained into one submit, planned once"},
-    {"info", (PyCFunction)dev_info, METH_NOARGS, "-> dict: backend, node, counters (+ fake kernel state)"},
-    {"set_faults", (PyCFunction)dev_set_faults, METH_O, "set_faults(bits): inject faults into the fake kernel"},
-    {"close", (PyCFunction)dev_close, METH_NOARGS, "release the device (weights become unusable)"},
-    {NULL, NULL, 0, NULL}};
-
-static PyTypeObject DevType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUDevice",
-    .tp_basicsize = sizeof(DevObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "NPUDevice(backend, fake_kernel=None, emu_base=0, timeout_ms=10000): an open NPU backend",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)dev_init,
-    .tp_dealloc = (destructor)dev_dealloc,
-    .tp_methods = dev_methods,
-};
-
-static void weight_dealloc(WeightObject *self) {
-    if (self->owner) {
-        dev_lock(self->owner);
-        weight_drop_jobs(self->owner, self); /* before the weight they borrow */
-        if (self->live && self->owner->dev) ork_npu_weight_free(self->owner->dev, &self->w);
-        dev_remove_weight(self->owner, self);
-        PyThread_release_lock(self->owner->lock);
-    }
-    Py_XDECREF(self->owner);
-    PyObject_Free(self);
-}
-
-static PyObject *weight_shape(WeightObject *self, void *c) {
-    (void)c;
-    return Py_BuildValue("(II)", self->w.N, self->w.K);
-}
-static PyObject *weight_addr(WeightObject *self, void *c) {
-    (void)c;
-    return PyLong_FromUnsignedLong(self->w.bo.dma);
-}
-static PyObject *weight_nbytes(WeightObject *self, void *c) {
-    (void)c;
-    return PyLong_FromUnsignedLongLong(self->w.bo.size);
-}
-
-/* the row counts M the model hook holds a planned-once job for, in slot order */
-static PyObject *weight_job_rows(WeightObject *self, void *c) {
-    (void)c;
-    uint32_t m[ORK_NPU_JOB_CACHE_SLOTS];
-    int n = 0;
-    dev_lock(self->owner);
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++)
-        if (self->jobs[i].M) m[n++] = self->jobs[i].M;
-    PyThread_release_lock(self->owner->lock);
-    PyObject *t = PyTuple_New(n);
-    for (int i = 0; t && i < n; i++) {
-        PyObject *v = PyLong_FromUnsignedLong(m[i]);
-        if (!v) Py_CLEAR(t);
-        else PyTuple_SET_ITEM(t, i, v);
-    }
-    return t;
-}
-
-static PyGetSetDef weight_getset[] = {{"shape", (getter)weight_shape, NULL, "(N, K)", NULL},
-                                      {"job_rows", (getter)weight_job_rows, NULL,
-                                       "row counts M the model's NPU hook runs as cached planned-once jobs", NULL},
-                                      {"npu_address", (getter)weight_addr, NULL, "32-bit NPU address", NULL},
-                                      {"nbytes", (getter)weight_nbytes, NULL, "device buffer bytes", NULL},
-                                      {NULL, NULL, NULL, NULL, NULL}};
-
-static PyTypeObject WeightType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUWeight",
-    .tp_basicsize = sizeof(WeightObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A weight matrix resident in an NPU device buffer (made by NPUDevice.upload*)",
-    .tp_dealloc = (destructor)weight_dealloc,
-    .tp_getset = weight_getset,
-};
-
-/* ------------------------------------------------------------ NPUJob --- */
-static void job_dealloc(JobObject *self) {
-    if (self->owner) {
-        dev_lock(self->owner);
-        if (self->live && self->owner->dev) ork_npu_job_free(self->owner->dev, &self->j);
-        if (self->live) dev_remove_job(self->owner, self);
-        PyThread_release_lock(self->owner->lock);
-    }
-    Py_XDECREF(self->weights);
-    Py_XDECREF(self->owner);
-    PyObject_Free(self);
-}
-
-/* run(inputs: sequence of n int8 (M, K_i)) -> list of n int32 (M, N_i), one submit */
-static PyObject *job_run(JobObject *self, PyObject *arg) {
-    if (!self->live || !self->owner->dev) return PyErr_Format(PyExc_ValueError, "the NPU device of the job is closed");
-    const uint32_t n = self->j.n, M = self->j.M;
-    PyObject *seq = PySequence_Fast(arg, "inputs must be a sequence of int8 (M, K) arrays"), *outs = NULL, *result = NULL;
-    if (!seq) return NULL;
-    PyArrayObject **in = (PyArrayObject **)PyMem_Calloc(n, sizeof *in);
-    void **ptr = (void **)PyMem_Calloc((size_t)2 * n, sizeof *ptr);
-    size_t *lda = (size_t *)PyMem_Calloc(n, sizeof *lda);
-    if (!in || !ptr || !lda) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (PySequence_Fast_GET_SIZE(seq) != (Py_ssize_t)n) {
-        PyErr_Format(PyExc_ValueError, "the job has %u matmuls but got %zd inputs", n, PySequence_Fast_GET_SIZE(seq));
-        goto done;
-    }
-    if (!(outs = PyList_New(n))) goto done;
-    for (uint32_t i = 0; i < n; i++) {
-        const ork_npu_weight *w = self->j.w[i];
-        if (!(in[i] = orkpy_as_exact(PySequence_Fast_GET_ITEM(seq, i), NPY_INT8, 2, "A"))) goto done;
-        if (PyArray_DIM(in[i], 0) != (npy_intp)M || PyArray_DIM(in[i], 1) != (npy_intp)w->K) {
-            PyErr_Format(PyExc_ValueError, "input %u of the job must be (%u, %u) int8, got (%zd, %zd)", i, M, w->K,
-                         (Py_ssize_t)PyArray_DIM(in[i], 0), (Py_ssize_t)PyArray_DIM(in[i], 1));
-            goto done;
-        }
-        npy_intp dims[2] = {(npy_intp)M, (npy_intp)w->N};
-        PyObject *c = PyArray_SimpleNew(2, dims, NPY_INT32);
-        if (!c) goto done;
-        PyList_SET_ITEM(outs, i, c);
-        ptr[i] = PyArray_DATA(in[i]);
-        ptr[n + i] = PyArray_DATA((PyArrayObject *)c);
-        lda[i] = w->K;
-    }
-    ork_err err;
-    err.msg[0] = 0;
-    ork_status st;
-    DevObject *d = self->owner;
-    dev_lock(d);
-    Py_BEGIN_ALLOW_THREADS
-    st = !self->live || !d->dev ? ork_err_set(&err, ORK_EINVAL, "the NPU device of the job was closed")
-                                : ork_npu_job_run(d->dev, &self->j, (const int8_t *const *)ptr, lda,
-                                                  (int32_t *const *)(ptr + n), d->timeout_ms, &err);
-    Py_END_ALLOW_THREADS
-    PyThread_release_lock(d->lock);
-    if (st) {
-        orkpy_raise(st, &err);
-        goto done;
-    }
-    result = outs;
-    outs = NULL;
-done:
-    for (uint32_t i = 0; in && i < n; i++) Py_XDECREF(in[i]);
-    PyMem_Free(in);
-    PyMem_Free(ptr);
-    PyMem_Free(lda);
-    Py_XDECREF(outs);
-    Py_DECREF(seq);
-    return result;
-}
-
-static PyObject *job_get(JobObject *self, void *what) {
-    const ork_npu_chain *c = &self->j.chain;
-    switch ((int)(intptr_t)what) {
-    case 0: return PyLong_FromUnsignedLong(self->j.M);
-    case 1: return PyLong_FromUnsignedLong(c->n_tasks);
-    case 2: return PyLong_FromUnsignedLongLong(c->cmd_bytes);
-    default: Py_INCREF(self->weights); return self->weights;
-    }
-}
-
-static PyMethodDef job_methods[] = {
-    {"run", (PyCFunction)job_run, METH_O, "run(inputs: n int8 (M, K_i)) -> n int32 (M, N_i), one submit"},
-    {NULL, NULL, 0, NULL}};
-
-static PyGetSetDef job_getset[] = {{"M", (getter)job_get, NULL, "rows of every matmul", (void *)0},
-                                   {"n_tasks", (getter)job_get, NULL, "NPU tasks in the chain (one submit)", (void *)1},
-                                   {"cmd_bytes", (getter)job_get, NULL, "bytes of the chained command buffer", (void *)2},
-                                   {"weights", (getter)job_get, NULL, "the job's NPUWeights, in chain order", (void *)3},
-                                   {NULL, NULL, NULL, NULL, NULL}};
-
-static PyTypeObject JobType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "orkpy._core.NPUJob",
-    .tp_basicsize = sizeof(JobObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Matmuls of resident weights chained into one submit, planned and emitted once (NPUDevice.job)",
-    .tp_dealloc = (destructor)job_dealloc,
-    .tp_methods = job_methods,
-    .tp_getset = job_getset,
-};
-
-/* The cached job of weight w at M rows (made here on first use while a slot is free), or
- * *job = NULL: plan per call. Call with the device lock held and the device open. */
-static ork_status weight_job(DevObject *d, WeightObject *w, uint32_t M, ork_npu_job **job, ork_err *err) {
-    *job = NULL;
-    if (M < 1 || M > ORK_NPU_JOB_CACHE_MAX_M) return ORK_OK;
-    ork_npu_job *empty = NULL;
-    for (int i = 0; i < ORK_NPU_JOB_CACHE_SLOTS; i++) {
-        if (w->jobs[i].M == M) {
-            *job = &w->jobs[i];
-            return ORK_OK;
-        }
-        if (!w->jobs[i].M && !empty) empty = &w->jobs[i];
-    }
-    if (!empty) return ORK_OK; /* full: first come keeps the slots */
-    const ork_npu_weight *ws = &w->w;
-    ork_status st = ork_npu_job_make(d->dev, &ws, 1, M, empty, err); /* a failure leaves the slot empty */
-    if (st == ORK_OK) *job = empty;
-    return st;
-}
-
-/* The forward-pass hook (model.h ork_linear.int_mm): run the int8 matmul of
- * a packed linear on the weight's device, through the weight's cached job at
- * this M (decode) or planned for this call (weight_job). Both give the same
- * int32 products. Called without the GIL; the cache lives under d->lock. */
-static ork_status weight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
-    WeightObject *w = (WeightObject *)ctx;
-    DevObject *d = w->owner;
-    if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
-    PyThread_acquire_lock(d->lock, WAIT_LOCK);
-    ork_npu_job *job = NULL;
-    ork_status st;
-    if (!d->dev || !w->live)
-        st = ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
-    else if ((st = weight_job(d, w, (uint32_t)M, &job, err)) == ORK_OK)
-        st = job ? ork_npu_job_run(d->dev, job, &xq, &ldq, &acc, d->timeout_ms, err)
-                 : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
-    PyThread_release_lock(d->lock);
-    return st;
-}
-
-int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K) {
-    if (!PyObject_TypeCheck(obj, &WeightType)) {
-        PyErr_SetString(PyExc_TypeError, "expected an orkpy._core.NPUWeight");
-        return -1;
-    }
-    WeightObject *w = (WeightObject *)obj;
-    if (!w->live || !w->owner->dev) {
-        PyErr_SetString(PyExc_ValueError, "the NPU weight's device is closed");
-        return -1;
-    }
-    *fn = weight_int_mm;
-    *ctx = w;
-    *N = w->w.N;
-    *K = w->w.K;
-    return 0;
-}
-
-int orkpy_npu_init(PyObject *module) {
-    if (PyType_Ready(&DevType) < 0 || PyType_Ready(&WeightType) < 0 || PyType_Ready(&JobType) < 0) return -1;
-    Py_INCREF(&DevType);
-    if (PyModule_AddObject(module, "NPUDevice", (PyObject *)&DevType) < 0) {
-        Py_DECREF(&DevType);
-        return -1;
-    }
-    Py_INCREF(&WeightType);
-    if (PyModule_AddObject(module, "NPUWeight", (PyObject *)&WeightType) < 0) {
-        Py_DECREF(&WeightType);
-        return -1;
-    }
-    Py_INCREF(&JobType);
-    if (PyModule_AddObject(module, "NPUJob", (PyObject *)&JobType) < 0) {
-        Py_DECREF(&JobType);
-        return -1;
-    }
-    return 0;
 }

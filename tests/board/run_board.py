@@ -19,7 +19,10 @@ Fixtures: <out>/<name>.json per shape and <out>/board-run.json (environment,
 device info, summary), each written atomically (temporary file + os.replace).
 
 --fake runs rknpu and rocket against orkpy's fake kernels (executed by the
-emulator), so the script runs on any machine; that is how CI tests it.
+emulator), so the script runs on any machine; that is how CI tests it. The
+fake kernels are test machinery outside the shipped extension: --fake-lib
+names the library (default $ORKPY_FAKE_KERNEL_LIB), else it is built here
+with gcc from tests/npu_fake (tests/cbuild.py build_fake_kernel).
 
 Exit status: 0 all equal; 1 a mismatch or an error; 2 no requested device
 backend can be opened (0 instead with --allow-missing; nothing is run then).
@@ -177,12 +180,26 @@ def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
     return r
 
 
+def build_fake_kernel():
+    """The fake kernel library built from tests/npu_fake (tests/cbuild.py) into a temporary directory."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, tests)
+    try:
+        from cbuild import build_fake_kernel as build
+    finally:
+        sys.path.remove(tests)
+    return build(tempfile.mkdtemp(prefix="orkpy-fake-npu-"))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("rknpu", "rocket", "all"), default="all",
                     help="device backend(s) to check (all: every one this machine has)")
     ap.add_argument("--out", default="npu-board-fixtures", help="fixture directory (created)")
     ap.add_argument("--fake", action="store_true", help="run rknpu/rocket against orkpy's fake kernels")
+    ap.add_argument("--fake-lib", default=os.environ.get("ORKPY_FAKE_KERNEL_LIB"),
+                    help="the fake kernel library for --fake (default $ORKPY_FAKE_KERNEL_LIB; else built from "
+                         "tests/npu_fake)")
     ap.add_argument("--quick", action="store_true", help=f"only the small shapes (<= {QUICK_MACS} MACs)")
     ap.add_argument("--allow-missing", action="store_true",
                     help="exit 0 (running nothing) when no requested device backend is present")
@@ -196,6 +213,7 @@ def main(argv=None):
     wanted = list(DEVICE_BACKENDS) if args.backend == "all" else [args.backend]
     missing = npu.unavailable()
     if args.fake:
+        npu.load_fake_kernel(args.fake_lib or build_fake_kernel())
         backends, skipped = wanted, {}
     else:
         backends = [b for b in wanted if b not in missing]

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "../../csrc/ork/npu/backend.h"
-#include "../../csrc/ork/npu/fake_kernel.h"
+#include "../npu_fake/fake_kernel.h"
 #include "../../csrc/ork/npu/regcmd.h"
 #include "../../csrc/ork/npu/uapi.h"
 #include "check.h"

@@ -388,7 +388,7 @@ int main(void) {
     check_typed();
     check_cells();
 #if defined(__x86_64__) || defined(__i386__)
-    /* both x86 tables, whichever of them cpu.c picks */
+    /* both x86 tables, whichever of them quant_ref.c picks */
     if (ork_isa_available(ORK_ISA_AVX2)) {
         printf("comparing avx2 (plain) against scalar\n");
         compare_kernels(&ork_quant_kernels_ref, &ork_quant_kernels_avx2);

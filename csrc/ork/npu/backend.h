@@ -13,7 +13,7 @@
  *           absolute CLOCK_MONOTONIC deadline after it, GEM_CLOSE.
  * The device backends make every system call through an ork_npu_sys table:
  * the real one (sys_linux.c; libdrm loaded at run time) or a fake kernel
- * (fake_kernel.h) that checks each driver's contract and executes submitted
+ * (tests/npu_fake/fake_kernel.h, test-only: device.h "test kernels") that checks each driver's contract and executes submitted
  * jobs with the emulator. Everything above the table is the same code on a
  * board and here.
  *
@@ -21,8 +21,8 @@
  * rocket paths have run only against the fake kernel. tests/board/ is the
  * script that checks them on hardware.
  *
- * Thread safety: a device is not thread-safe; the binding serialises calls
- * on one device with a lock.
+ * Thread safety: a device is not thread-safe; device.h serialises calls
+ * on one device with its lock.
  */
 #ifndef ORK_NPU_BACKEND_H
 #define ORK_NPU_BACKEND_H

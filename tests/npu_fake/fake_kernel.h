@@ -1,6 +1,9 @@
 /* fake_kernel.h - a fake of the rknpu and rocket kernel drivers behind the
  * device backends' system-call table, for testing the device paths end to
- * end without a board.
+ * end without a board. Test machinery only: not part of the shipped
+ * extension; tests/cbuild.py links it into the C tests and builds it as a
+ * shared library that the Python tests load (csrc/ork/npu/device.h,
+ * "test kernels").
  *
  * It enforces each driver's documented contract (docs/npu.md) and is
  * stricter than the real kernels where they would crash or silently ignore
@@ -35,7 +38,15 @@
 #ifndef ORK_NPU_FAKE_KERNEL_H
 #define ORK_NPU_FAKE_KERNEL_H
 
-#include "backend.h"
+#include "../../csrc/ork/npu/backend.h"
+#include "../../csrc/ork/npu/device.h"
+
+/* the symbol the test library exports (built with -fvisibility=hidden) */
+#if defined(__GNUC__)
+#define ORK_FAKE_EXPORT __attribute__((visibility("default")))
+#else
+#define ORK_FAKE_EXPORT
+#endif
 
 typedef enum { ORK_FAKE_RKNPU = 0, ORK_FAKE_ROCKET = 1 } ork_fake_persona;
 enum { ORK_FAKE_HANG = 1u, ORK_FAKE_NO_DEVICE = 2u, ORK_FAKE_DROP = 4u };
@@ -56,4 +67,6 @@ void ork_fake_kernel_get_stats(const ork_fake_kernel *k, ork_fake_stats *s);
 const char *ork_fake_kernel_last_error(const ork_fake_kernel *k);
 /* names of the calls made so far ("open", "RKNPU_MEM_CREATE", ...), newline separated, most recent last */
 const char *ork_fake_kernel_trace(const ork_fake_kernel *k);
+/* the table handed to the core (device.h "test kernels"): the shared library's one exported symbol */
+ORK_FAKE_EXPORT const ork_npu_test_kernel *ork_npu_fake_kernel_table(void);
 #endif

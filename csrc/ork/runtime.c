@@ -1,0 +1,503 @@
+/* runtime.c - see runtime.h. */
+#include "runtime.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ork_runtime {
+    pthread_mutex_t lock; /* serialises passes and every change of the state below */
+    ork_model m;
+    ork_layer *layers;
+    double *x2; /* imatrix accumulators, all linears back to back (NULL when off) */
+    uint64_t *x2n;
+    ork_ffn_params *ffn;  /* per-layer FFN chain settings (NULL until the first set) */
+    ork_ffn_stats *stats; /* per-layer prep statistics (NULL when off) */
+    ork_act_stats *astats; /* per linear activation statistics (NULL when off) */
+    float *astats_ch;      /* their per-channel maxima, all linears back to back */
+    double **xx;           /* per linear: its input Gram matrix (K x K) or NULL (NULL when off) */
+    uint64_t *xxn;
+};
+
+ork_status ork_runtime_new(ork_runtime **out, ork_err *err) {
+    *out = NULL;
+    ork_runtime *rt = (ork_runtime *)calloc(1, sizeof *rt);
+    if (!rt) return ORK_ENOMEM;
+    if (pthread_mutex_init(&rt->lock, NULL)) {
+        free(rt);
+        return ork_err_set(err, ORK_ENOMEM, "cannot create the model's lock");
+    }
+    *out = rt;
+    return ORK_OK;
+}
+
+ork_model *ork_runtime_model(ork_runtime *rt) { return &rt->m; }
+
+ork_status ork_runtime_alloc_layers(ork_runtime *rt, size_t n_layer, ork_err *err) {
+    (void)err;
+    free(rt->layers);
+    rt->layers = (ork_layer *)calloc(n_layer ? n_layer : 1, sizeof(ork_layer));
+    return rt->layers ? ORK_OK : ORK_ENOMEM;
+}
+
+ork_layer *ork_runtime_layer(ork_runtime *rt, size_t i) { return &rt->layers[i]; }
+
+ork_status ork_runtime_check(ork_runtime *rt, ork_err *err) {
+    rt->m.layers = rt->layers;
+    return ork_model_check(&rt->m, err);
+}
+
+size_t ork_runtime_n_linears(const ork_runtime *rt) { return ork_model_linear_count(rt->m.n_layer); }
+
+/* linear i in the forward model's order */
+static ork_linear *linear_at(ork_runtime *rt, size_t i) {
+    return ork_model_linear(rt->layers, rt->m.n_layer, &rt->m.output, i);
+}
+
+const ork_linear *ork_runtime_linear(ork_runtime *rt, size_t i) { return linear_at(rt, i); }
+
+int ork_runtime_layer_has_ffn(ork_runtime *rt, size_t i) {
+    pthread_mutex_lock(&rt->lock);
+    int on = rt->layers[i].ffn != NULL;
+    pthread_mutex_unlock(&rt->lock);
+    return on;
+}
+
+/* ------------------------------------------------- freeing the collections -- */
+static void free_ffn_stats(ork_runtime *rt) {
+    if (rt->stats) {
+        for (size_t i = 0; i < rt->m.n_layer; i++) free(rt->stats[i].s_absmax_ch);
+        free(rt->stats);
+        rt->stats = NULL;
+    }
+    for (size_t i = 0; rt->layers && i < rt->m.n_layer; i++) rt->layers[i].ffn_stats = NULL;
+}
+
+static void free_act_stats(ork_runtime *rt) {
+    const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
+    for (size_t i = 0; i < n; i++) linear_at(rt, i)->act_stats = NULL;
+    free(rt->astats);
+    free(rt->astats_ch);
+    rt->astats = NULL;
+    rt->astats_ch = NULL;
+}
+
+/* stop the Gram matrix collection and free its buffers */
+static void free_gram(ork_runtime *rt) {
+    const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = linear_at(rt, i);
+        l->xx_sum = NULL;
+        l->xx_count = NULL;
+    }
+    for (size_t i = 0; rt->xx && i < n; i++) free(rt->xx[i]);
+    free(rt->xx);
+    free(rt->xxn);
+    rt->xx = NULL;
+    rt->xxn = NULL;
+}
+
+static void free_imatrix(ork_runtime *rt) {
+    const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = linear_at(rt, i);
+        l->x2_sum = NULL;
+        l->x2_count = NULL;
+    }
+    free(rt->x2);
+    free(rt->x2n);
+    rt->x2 = NULL;
+    rt->x2n = NULL;
+}
+
+void ork_runtime_free(ork_runtime *rt) {
+    if (!rt) return;
+    free_act_stats(rt);
+    free_gram(rt);
+    free_ffn_stats(rt);
+    free_imatrix(rt);
+    free(rt->ffn);
+    free(rt->layers);
+    pthread_mutex_destroy(&rt->lock);
+    free(rt);
+}
+
+/* ------------------------------------------------------------- passes -- */
+ork_status ork_runtime_forward(ork_runtime *rt, const int32_t *tokens, size_t T, size_t first, float *logits,
+                               int threads, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ork_model_forward(&rt->m, tokens, T, first, logits, threads, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+/* ------------------------------------------------------------ linears -- */
+ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_linear *l = linear_at(rt, i), tmp = *spec;
+    ork_status st = ORK_OK;
+    if (tmp.N != l->N || tmp.K != l->K) {
+        st = ork_err_set(err, ORK_EINVAL, "linear %zu is (%zu, %zu), the new spec is (%zu, %zu)", i, l->N, l->K, tmp.N,
+                         tmp.K);
+    } else {
+        tmp.bias = l->bias;
+        tmp.x2_sum = l->x2_sum;
+        tmp.x2_count = l->x2_count;
+        tmp.act_stats = l->act_stats;
+        tmp.xx_sum = l->xx_sum;
+        tmp.xx_count = l->xx_count;
+        tmp.int_mm = NULL; /* the NPU route held the old weight's values */
+        tmp.int_mm_ctx = NULL;
+        *l = tmp;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+static ork_status routable(const ork_linear *l, size_t i, ork_err *err) {
+    if (l->path != ORK_LIN_PACKED)
+        return ork_err_set(err, ORK_EINVAL,
+                           "linear %zu is a float32 linear: only packed int8/nf4/int4 linears run on the NPU", i);
+    if (l->group)
+        return ork_err_set(err, ORK_EINVAL,
+                           "linear %zu has group-wise scales (group size %zu): an NPU job returns one int32 sum per "
+                           "output, not per group (docs/npu.md, \"Group-wise scales\")",
+                           i, l->group);
+    return ORK_OK;
+}
+
+ork_status ork_runtime_npu_routable(ork_runtime *rt, size_t i, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = routable(linear_at(rt, i), i, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
+                                  ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_linear *l = linear_at(rt, i);
+    ork_status st = ORK_OK;
+    if (fn) {
+        st = routable(l, i, err);
+        if (st == ORK_OK && (N != l->N || K != l->K))
+            st = ork_err_set(err, ORK_EINVAL, "NPU weight is (%zu, %zu) but linear %zu is (%zu, %zu)", N, K, i, l->N,
+                             l->K);
+    }
+    if (st == ORK_OK) {
+        l->int_mm = fn;
+        l->int_mm_ctx = fn ? ctx : NULL;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+/* ORK_EINVAL naming the first layer on the fused FFN chain, which the per-op collections cannot see */
+static ork_status no_ffn_chain(ork_runtime *rt, const char *what, ork_err *err) {
+    for (size_t i = 0; i < rt->m.n_layer; i++)
+        if (rt->layers[i].ffn)
+            return ork_err_set(err, ORK_EINVAL,
+                               "layer %zu runs the fused FFN chain: collect %s on the per-op model (set every layer's "
+                               "FFN mode to baseline first)",
+                               i, what);
+    return ORK_OK;
+}
+
+/* ------------------------------------------------------------ imatrix -- */
+static ork_status imatrix_enable(ork_runtime *rt, ork_err *err) {
+    ork_status st = no_ffn_chain(rt, "the imatrix", err);
+    if (st != ORK_OK) return st;
+    const size_t n = ork_runtime_n_linears(rt);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += linear_at(rt, i)->K;
+    free(rt->x2);
+    free(rt->x2n);
+    rt->x2 = (double *)calloc(total ? total : 1, sizeof(double));
+    rt->x2n = (uint64_t *)calloc(n ? n : 1, sizeof(uint64_t));
+    if (!rt->x2 || !rt->x2n) return ORK_ENOMEM;
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = linear_at(rt, i);
+        l->x2_sum = rt->x2 + off;
+        l->x2_count = &rt->x2n[i];
+        off += l->K;
+    }
+    return ORK_OK;
+}
+
+ork_status ork_runtime_imatrix_enable(ork_runtime *rt, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = imatrix_enable(rt, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_imatrix_take(ork_runtime *rt, ork_rt_imatrix *out, ork_err *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ORK_OK;
+    if (!rt->x2) {
+        st = ork_err_set(err, ORK_ESTATE, "imatrix collection is not enabled");
+    } else {
+        out->n = ork_runtime_n_linears(rt);
+        out->sums = rt->x2;
+        out->count = rt->x2n;
+        rt->x2 = NULL; /* handed over */
+        rt->x2n = NULL;
+        free_imatrix(rt);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_rt_imatrix_free(ork_rt_imatrix *t) {
+    free(t->sums);
+    free(t->count);
+    memset(t, 0, sizeof *t);
+}
+
+/* -------------------------------------------------------------- Grams -- */
+static ork_status gram_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, ork_err *err) {
+    ork_status st = no_ffn_chain(rt, "Gram matrices", err);
+    if (st != ORK_OK) return st;
+    const size_t n = ork_runtime_n_linears(rt);
+    free_gram(rt);
+    rt->xx = (double **)calloc(n ? n : 1, sizeof(double *));
+    rt->xxn = (uint64_t *)calloc(n ? n : 1, sizeof(uint64_t));
+    if (!rt->xx || !rt->xxn) {
+        free_gram(rt);
+        return ORK_ENOMEM;
+    }
+    for (size_t k = 0; k < n_idx; k++) {
+        const int64_t i = idx[k];
+        if (i < 0 || (uint64_t)i >= n) {
+            st = ork_err_set(err, ORK_EINVAL, "linear index %lld is outside 0..%zu", (long long)i, n - 1);
+            break;
+        }
+        ork_linear *l = linear_at(rt, (size_t)i);
+        if (rt->xx[i]) continue;
+        if (l->K > ((size_t)1 << 15)) {
+            st = ork_err_set(err, ORK_EINVAL, "linear %lld has K = %zu: a Gram matrix needs K <= 32768", (long long)i,
+                             l->K);
+            break;
+        }
+        if (!(rt->xx[i] = (double *)calloc(l->K * l->K, sizeof(double)))) {
+            st = ORK_ENOMEM;
+            break;
+        }
+        l->xx_sum = rt->xx[i];
+        l->xx_count = &rt->xxn[i];
+    }
+    if (st != ORK_OK) free_gram(rt);
+    return st;
+}
+
+ork_status ork_runtime_gram_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = gram_enable(rt, idx, n_idx, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_gram_take(ork_runtime *rt, ork_rt_grams *out, ork_err *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ORK_OK;
+    if (!rt->xx) {
+        st = ork_err_set(err, ORK_ESTATE, "Gram matrix collection is not enabled");
+    } else {
+        out->n = ork_runtime_n_linears(rt);
+        out->upper = rt->xx;
+        out->rows = rt->xxn;
+        const size_t n = out->n;
+        for (size_t i = 0; i < n; i++) { /* unhook, then hand the buffers over */
+            ork_linear *l = linear_at(rt, i);
+            l->xx_sum = NULL;
+            l->xx_count = NULL;
+        }
+        rt->xx = NULL;
+        rt->xxn = NULL;
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_rt_grams_free(ork_rt_grams *t) {
+    for (size_t i = 0; t->upper && i < t->n; i++) free(t->upper[i]);
+    free(t->upper);
+    free(t->rows);
+    memset(t, 0, sizeof *t);
+}
+
+void ork_rt_gram_symmetric(const double *u, size_t K, double *g) {
+    for (size_t r = 0; r < K; r++)
+        for (size_t c = 0; c < K; c++) g[r * K + c] = c >= r ? u[r * K + c] : u[c * K + r];
+}
+
+/* --------------------------------------------------- activation stats -- */
+static ork_status act_stats_enable(ork_runtime *rt, size_t prefix, ork_err *err) {
+    ork_status st = no_ffn_chain(rt, "activation statistics", err);
+    if (st != ORK_OK) return st;
+    free_act_stats(rt);
+    const size_t n = ork_runtime_n_linears(rt);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += linear_at(rt, i)->K;
+    rt->astats = (ork_act_stats *)calloc(n ? n : 1, sizeof(ork_act_stats));
+    rt->astats_ch = (float *)calloc(total ? total : 1, sizeof(float));
+    if (!rt->astats || !rt->astats_ch) {
+        free_act_stats(rt);
+        return ORK_ENOMEM;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = linear_at(rt, i);
+        rt->astats[i].ch_absmax = rt->astats_ch + off;
+        rt->astats[i].skip_rows = i + 1 < n ? prefix : 0; /* the head (last) runs on positions first.. */
+        l->act_stats = &rt->astats[i];
+        off += l->K;
+    }
+    return ORK_OK;
+}
+
+ork_status ork_runtime_act_stats_enable(ork_runtime *rt, size_t prefix, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = act_stats_enable(rt, prefix, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_act_stats_take(ork_runtime *rt, ork_rt_act_stats *out, ork_err *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ORK_OK;
+    if (!rt->astats) {
+        st = ork_err_set(err, ORK_ESTATE, "activation statistics are not enabled");
+    } else {
+        out->n = ork_runtime_n_linears(rt);
+        out->st = rt->astats;
+        out->ch = rt->astats_ch;
+        rt->astats = NULL; /* handed over */
+        rt->astats_ch = NULL;
+        free_act_stats(rt);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_rt_act_stats_free(ork_rt_act_stats *t) {
+    free(t->st);
+    free(t->ch);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---------------------------------------------------------- FFN chain -- */
+static ork_status set_ffn(ork_runtime *rt, size_t li, const ork_ffn_params *p, ork_err *err) {
+    if (!rt->ffn && !(rt->ffn = (ork_ffn_params *)calloc(rt->m.n_layer ? rt->m.n_layer : 1, sizeof(ork_ffn_params))))
+        return ORK_ENOMEM;
+    ork_layer *L = &rt->layers[li];
+    if (!p) {
+        L->ffn = NULL;
+        return ORK_OK;
+    }
+    ork_ffn_params q = *p;
+    q.act = rt->m.act; /* the chain's activation is the model's (ffn_chain.h) */
+    ork_err e;
+    e.msg[0] = '\0';
+    ork_status st = ork_ffn_check(&L->w_gate, &L->w_up, &L->w_down, &q, &e);
+    if (st != ORK_OK) return ork_err_set(err, st, "layer %zu: %s", li, e.msg);
+    rt->ffn[li] = q;
+    L->ffn = &rt->ffn[li];
+    return ORK_OK;
+}
+
+ork_status ork_runtime_set_ffn(ork_runtime *rt, size_t layer, const ork_ffn_params *p, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = set_ffn(rt, layer, p, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_ffn_apply(ork_runtime *rt, size_t layer, const float *h, size_t T, float *y, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    const ork_layer *L = &rt->layers[layer];
+    ork_status st = !L->ffn ? ork_err_set(err, ORK_EINVAL, "layer %zu has no FFN chain set", layer)
+                            : ork_ffn_chain(&L->w_gate, &L->w_up, &L->w_down, L->ffn, h, T, y, 0, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+static ork_status ffn_stats_enable(ork_runtime *rt) {
+    free_ffn_stats(rt);
+    rt->stats = (ork_ffn_stats *)calloc(rt->m.n_layer ? rt->m.n_layer : 1, sizeof(ork_ffn_stats));
+    if (!rt->stats) return ORK_ENOMEM;
+    for (size_t i = 0; i < rt->m.n_layer; i++) {
+        rt->stats[i].s_absmax_ch = (float *)calloc(rt->m.n_ff ? rt->m.n_ff : 1, sizeof(float));
+        if (!rt->stats[i].s_absmax_ch) {
+            free_ffn_stats(rt);
+            return ORK_ENOMEM;
+        }
+        rt->stats[i].smin = 0.0f;
+        rt->stats[i].act = rt->m.act;
+        rt->layers[i].ffn_stats = &rt->stats[i];
+    }
+    return ORK_OK;
+}
+
+ork_status ork_runtime_ffn_stats_enable(ork_runtime *rt, ork_err *err) {
+    (void)err;
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ffn_stats_enable(rt);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_ffn_stats_take(ork_runtime *rt, ork_rt_ffn_stats *out, ork_err *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ORK_OK;
+    if (!rt->stats) {
+        st = ork_err_set(err, ORK_ESTATE, "FFN statistics are not enabled");
+    } else {
+        out->n = rt->m.n_layer;
+        out->st = rt->stats;
+        rt->stats = NULL; /* handed over */
+        free_ffn_stats(rt);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_rt_ffn_stats_free(ork_rt_ffn_stats *t) {
+    for (size_t i = 0; t->st && i < t->n; i++) free(t->st[i].s_absmax_ch);
+    free(t->st);
+    memset(t, 0, sizeof *t);
+}
+
+/* ----------------------------------------------------------- sessions -- */
+ork_status ork_runtime_session_new(ork_runtime *rt, size_t n_ctx, size_t n_batch, ork_session **out, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ork_session_new(&rt->m, n_ctx, n_batch, out, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_session_eval(ork_runtime *rt, ork_session *s, const int32_t *tokens, size_t n, int all_logits,
+                                    float *logits, int threads, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ork_session_eval(s, tokens, n, all_logits, logits, threads, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_session_rewind(ork_runtime *rt, ork_session *s, size_t pos, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ork_session_rewind(s, pos, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_runtime_session_free(ork_runtime *rt, ork_session *s) {
+    pthread_mutex_lock(&rt->lock);
+    ork_session_free(s);
+    pthread_mutex_unlock(&rt->lock);
+}
