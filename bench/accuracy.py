@@ -12,7 +12,7 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
              llama-perplexity's KL mode against its own F32 run
   orkpy      the allocation of llama.cpp's Q4_0 file made above (the tier map: its Q4_0 tensors
              4-bit, the rest int8), NF4 per output channel, for each method: rtn, rtn+im (orkpy's
-             imatrix of the calibration text), awq, awq+im, gptq, gptq+awq (orkpy.awq, orkpy.gptq,
+             imatrix of the calibration text), awq, awq+im, gptq, gptq+awq (orkpy.quantization.awq, orkpy.quantization.gptq,
              both calibrated on the calibration text; --gptq-sequential: each gptq row again as
              "gptq+seq", its Gram matrices layer by layer on the quantized layers before, as
              quantize_model(gptq_sequential=True)); --rotate adds the rows with both rotations
@@ -22,8 +22,8 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
 
              Each method once per --groups entry: 0 = one scale per output channel, 128 / 32 =
              group-wise scales (csrc/ork/pack.h) on every packed linear.
-  orkpy      "target@Q4_K_M": the allocation chosen by orkpy.alloc for llama.cpp Q4_K_M's linear bytes
-             (quantize_model(target_bpw=), orkpy.alloc.DEFAULT_OPTIONS: int4 / int4-g128 / g64 / g32,
+  orkpy      "target@Q4_K_M": the allocation chosen by orkpy.quantization.alloc for llama.cpp Q4_K_M's linear bytes
+             (quantize_model(target_bpw=), orkpy.quantization.alloc.DEFAULT_OPTIONS: int4 / int4-g128 / g64 / g32,
              int5-g128 / g64 / g32, int6-g128 / g64 / g32, int8; --target-narrow adds each target row
              again as "target@Q4_K_M/48" with the 4- and 8-bit options only, the same budget;
              --target-at Q4_0/456: Q4_0's bytes with int4 / int5 / int6 at g64 / g32 and int8);
@@ -60,9 +60,9 @@ _spec.loader.exec_module(am)  # shares its model / text / reference helpers (and
 
 import oracle  # noqa: E402
 import orkpy  # noqa: E402
-import orkpy.alloc  # noqa: E402
-from orkpy.model import LinearSpec, Model, linear_names  # noqa: E402
-from orkpy.source import open_source  # noqa: E402
+import orkpy.quantization.alloc  # noqa: E402
+from orkpy.runtime.model import LinearSpec, Model, linear_names  # noqa: E402
+from orkpy.formats.source import open_source  # noqa: E402
 
 METHODS = ("rtn", "rtn+im", "awq", "awq+im", "gptq", "gptq+awq")
 TARGET_OPTIONS = {"Q4_0": ("int4-g64", "int4-g32", "int8"),  # the grouped (G <= 64) row at Q4_0's bytes
@@ -218,7 +218,7 @@ def run_model(a, name):
         elif alloc is not None:
             where = None
             kw.update(target_bpw=8 * budget[alloc.split("/")[0]] / params,
-                      target_options=TARGET_OPTIONS.get(alloc, orkpy.alloc.DEFAULT_OPTIONS))
+                      target_options=TARGET_OPTIONS.get(alloc, orkpy.quantization.alloc.DEFAULT_OPTIONS))
         try:
             qm = orkpy.quantize_model(f32, where, **kw)
         except (NotImplementedError, ValueError) as e:

@@ -1,9 +1,9 @@
-"""The activation-scale modes of the packed linears (orkpy.actcal) on real models: mean KL vs the
+"""The activation-scale modes of the packed linears (orkpy.runtime.actcal) on real models: mean KL vs the
 float model and PPL for w8a8 / w4a8 per mode, with and without rotation, next to llama.cpp's
 Q8_0 and Q4_K_M+imatrix measured in the same run by the live llama.cpp.
 
 Models (--model, several allowed): smollm2 and gemma3 (their float reference is the exact
-dequantization of the shipped GGUF, orkpy.convert.dequantize_gguf, written once to --work; scored
+dequantization of the shipped GGUF, orkpy.formats.convert.dequantize_gguf, written once to --work; scored
 on wikitext-2-raw-test.txt, calibrated on tinystories-val-B.txt) and stories260k (the F32 GGUF of
 ../shared, used as is; a TinyStories model, so it is scored on TinyStories: the first half of
 tinystories-val-B.txt, cut at a line end, and calibrated on the second half -- disjoint text of
@@ -35,12 +35,12 @@ whole llama.cpp file.
                               [--rotate none hadamard hadamard+online online] [--no-llama]
                               [--work DIR] [--json-out FILE_WITH_{model}]
 
---rotate: none, hadamard (QuaRot-style, orkpy.rotate, folded into the weights; on Gemma, whose post-norms
+--rotate: none, hadamard (QuaRot-style, orkpy.runtime.rotate, folded into the weights; on Gemma, whose post-norms
 keep it out of the residual stream, the block inputs are rotated online after their norms), hadamard+online
 (plus the online Hadamard before ffn_down) or online (only that); a rotation the model cannot take
 (stories260K's n_ff = 172 has no Hadamard order) is reported ("skipped" in the JSON) and not run. --imatrix: the weight kinds quantized with an importance matrix
 collected on the calibration text by the float (rotated) model (weights "nf4+im" in the table).
---gptq: the weight kinds (int8, nf4, int4) rounded by GPTQ (orkpy.gptq: error compensation on each linear's input
+--gptq: the weight kinds (int8, nf4, int4) rounded by GPTQ (orkpy.quantization.gptq: error compensation on each linear's input
 Gram matrix, collected on the calibration text by the float (rotated) model; weights "int8+gptq").
 
 Needs the real models of .ci/install (tests/oracle.py finds them).
@@ -65,11 +65,11 @@ import oracle  # noqa: E402
 from oracle import real_model  # noqa: E402
 
 import orkpy  # noqa: E402
-from orkpy.actcal import linear_act  # noqa: E402
-from orkpy.gguf import GGUFFile  # noqa: E402
-from orkpy.gptq import gptq_linears  # noqa: E402
-from orkpy.model import LinearSpec, Model, transformed_source  # noqa: E402
-from orkpy.source import open_source  # noqa: E402
+from orkpy.runtime.actcal import linear_act  # noqa: E402
+from orkpy.formats.gguf import GGUFFile  # noqa: E402
+from orkpy.quantization.gptq import gptq_linears  # noqa: E402
+from orkpy.runtime.model import LinearSpec, Model, transformed_source  # noqa: E402
+from orkpy.formats.source import open_source  # noqa: E402
 
 
 ROTATES = ["none", "hadamard", "hadamard+online", "online"]
@@ -79,7 +79,7 @@ def build(src, path, packed, how):
     """A Model of ``src`` whose linears are ``packed`` (name -> PackedWeight) run with the activation
     settings ``how(name, pw)`` (LinearSpec.from_packed keywords), or float linears holding the
     dequantized weights when ``how`` is None (weight-only)."""
-    names = orkpy.model.linear_names(src.hp)
+    names = orkpy.runtime.model.linear_names(src.hp)
     if how is None:
         lin = {n: LinearSpec.f32(n, packed[n].dequantize()) for n in names}
     else:
@@ -222,7 +222,7 @@ def run_model(a, name):
     ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")
     base = orkpy.load_model(f32)
     tokens = base.tokens(text)
-    names = orkpy.model.linear_names(open_source(f32).hp)
+    names = orkpy.runtime.model.linear_names(open_source(f32).hp)
     t0 = time.time()
     ppl = reused_reference(ref, tokens, ctx, a.chunks)
     if ppl is None:

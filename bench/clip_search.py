@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import orkpy  # noqa: E402
-from orkpy.model import linear_names  # noqa: E402
-from orkpy.source import open_source  # noqa: E402
+from orkpy.runtime.model import linear_names  # noqa: E402
+from orkpy.formats.source import open_source  # noqa: E402
 
 
 def weighted_error(w, q, im):

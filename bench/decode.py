@@ -2,7 +2,7 @@
 against llama.cpp's llama-bench on the same model, weights and threads, measured in one run.
 
 The model is SmolLM2-135M's float reference: the exact F32 dequantization of the shipped Q4_1
-file (orkpy.convert.dequantize_gguf), and llama-quantize's Q8_0 and Q4_0 of that F32 file. Rows:
+file (orkpy.formats.convert.dequantize_gguf), and llama-quantize's Q8_0 and Q4_0 of that F32 file. Rows:
 
   F32           orkpy load_model(F32, weights="gguf")   vs  llama-bench on the F32 file
   int8 / Q8_0   orkpy load_model(F32, weights="int8")   vs  llama-bench on the Q8_0 file   (w8a8)
@@ -101,7 +101,7 @@ def main():
         return
 
     import orkpy
-    from orkpy.convert import dequantize_gguf
+    from orkpy.formats.convert import dequantize_gguf
     try:
         llama_bin("llama-quantize")
         src = real_model("smollm2")

@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 import orkpy
-from orkpy import ffn
+from orkpy.evaluation import ffn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = pathlib.Path(os.environ.get("ORKPY_SHARED", ROOT.parent / "shared"))
@@ -73,7 +73,7 @@ def figures(extended=False):
             record(f"ffn-{mode}", m8, kld_base=base)
         ffn.configure(m8, stats, ffn.sprinkle(stats, "auto"))
         record("ffn-sprinkle-auto", m8, kld_base=base)
-        import orkpy.npu as npu
+        import orkpy.runtime.npu as npu
         mq = orkpy.load_model(st / "stories260K-F16.gguf", weights="int8")
         npu.use_npu(mq, npu.Device("emu"))
         record("npu-emu-int8", mq, kld_base=base)

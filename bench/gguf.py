@@ -18,7 +18,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import numpy as np
 
 import orkpy._core as C
-from orkpy.testing import DEQUANT_TYPES, best_time, random_blocks
+from orkpy.evaluation.testing import DEQUANT_TYPES, best_time, random_blocks
 
 
 def main():

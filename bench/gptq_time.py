@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import orkpy  # noqa: E402
 from orkpy import _core  # noqa: E402
-from orkpy.gptq import gptq_quantize  # noqa: E402
-from orkpy.quant import QuantizedTensor  # noqa: E402
+from orkpy.quantization.gptq import gptq_quantize  # noqa: E402
+from orkpy.kernels.quant import QuantizedTensor  # noqa: E402
 
 from gptq_ref import gptq_ref  # noqa: E402
 

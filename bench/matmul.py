@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 
 import orkpy
-from orkpy.testing import best_time
+from orkpy.evaluation.testing import best_time
 
 SHAPES = [(4096, 4096), (2048, 6144), (6144, 2048)]  # (K, N)
 

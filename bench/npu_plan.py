@@ -7,7 +7,7 @@ planning + emitting the register commands of one token.
     python bench/npu_plan.py [--gguf PATH] [--repeat 50] [--bandwidth 33.8 25 20] [--groups 128 32]
 
 Bytes per matmul = weights (w_bytes) + packed input (in_bytes) + int32 output
-(out_bytes) + register commands (cmd_bytes), from orkpy.npu.plan(). Only the
+(out_bytes) + register commands (cmd_bytes), from orkpy.runtime.npu.plan(). Only the
 matmuls are counted: the KV cache, attention, norms and the embedding row are
 not. Dimensions come from --gguf (default: the shared Qwen3 skeleton); a file
 that names itself a skeleton is width-scaled, so only its layout (block count,
@@ -41,8 +41,8 @@ import time
 
 import numpy as np
 
-import orkpy.npu as npu
-from orkpy.testing import best_time
+import orkpy.runtime.npu as npu
+from orkpy.evaluation.testing import best_time
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
 DEFAULT_GGUF = os.path.join(SHARED, "models", "qwen3-skeleton", "qwen3-skel-tied-F16.gguf")
@@ -139,7 +139,7 @@ def model_dims(path):
     d = dict(QWEN3_1_7B)
     if not path or not os.path.exists(path):
         return d, f"Qwen3-1.7B published config (no GGUF at {path})"
-    from orkpy.gguf import GGUFFile
+    from orkpy.formats.gguf import GGUFFile
 
     g = GGUFFile(path)
     try:

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 import orkpy
-from orkpy.testing import best_time, synthetic_forward_model
+from orkpy.evaluation.testing import best_time, synthetic_forward_model
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
 

@@ -19,7 +19,7 @@ import time
 
 import orkpy  # noqa: F401
 from orkpy.cli import read_text_like_llama_cpp
-from orkpy.table import format_table, ppl_table
+from orkpy.evaluation.table import format_table, ppl_table
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
 

@@ -1,5 +1,5 @@
 """Quantization throughput: orkpy's C kernels against a plain NumPy
-implementation of the same algorithm (orkpy.reference), measured in the same
+implementation of the same algorithm (orkpy.kernels.reference), measured in the same
 run on the same data.
 
     python bench/quant.py [--rows 6144 --cols 2048 --repeat 3 --baseline-rows 768]
@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 import orkpy
-from orkpy.testing import best_time
-import orkpy.reference as R
+from orkpy.evaluation.testing import best_time
+import orkpy.kernels.reference as R
 
 
 def main():
@@ -36,7 +36,7 @@ def main():
     caps = orkpy.capabilities()
     simd = caps["isa"]
     print(f"orkpy quantization throughput, weight {w.shape} float32 ({mb_full:.1f} MB), "
-          f"kernels {simd}, {caps['default_threads']} threads; baseline: NumPy (orkpy.reference) "
+          f"kernels {simd}, {caps['default_threads']} threads; baseline: NumPy (orkpy.kernels.reference) "
           f"on {wb.shape[0]} rows")
     hdr = (f"{'config':<16}{'orkpy MB/s':>12}{'1 thread':>10}{'scalar 1t':>11}{'numpy MB/s':>12}"
            f"{'x numpy':>9}{'simd/scalar':>12}")

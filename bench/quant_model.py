@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import pytest  # noqa: E402  (tests/oracle.py reports a missing tool as a pytest skip)
 from oracle import llama_bin  # noqa: E402
 
-from orkpy.gguf_write import LazyTensor, write_gguf  # noqa: E402
+from orkpy.formats.gguf_write import LazyTensor, write_gguf  # noqa: E402
 
 #: Qwen3 config.json shapes: hidden, intermediate, layers, heads, KV heads (head_dim 128)
 SHAPES = {"0.6B": (1024, 3072, 28, 16, 8), "1.7B": (2048, 6144, 28, 16, 8), "4B": (2560, 9728, 36, 32, 8)}
@@ -74,8 +74,8 @@ def qwen3_meta(name, D, F, L, H, KV, head_dim, vocab):
 
 def make_model(work, shape):
     """(F16 GGUF, imatrix .dat) of ``shape`` under ``work``, written once, one tensor at a time."""
-    from orkpy.imatrix import Imatrix
-    from orkpy.synthetic import _vocab
+    from orkpy.quantization.imatrix import Imatrix
+    from orkpy.evaluation.synthetic import _vocab
 
     path = pathlib.Path(work) / f"qwen3-{shape}-shape-F16.gguf"
     imat = path.with_suffix(".imatrix.dat")

@@ -15,13 +15,13 @@ with calibration on --calib-chunks x --calib-ctx random token ids (seeded; the w
 so text would mean no more), and prints the wall time, CPU time, peak RSS and the time of each
 stage: awq_scales (the Gram passes and the alpha search), gptq_linears (the Gram passes and the
 rounding), the activation calibration every calibrated quantize_model does, and the rest
-(opening, packing); then the number of Gram passes (orkpy.gptq.collect_grams calls) and their
+(opening, packing); then the number of Gram passes (orkpy.quantization.gptq.collect_grams calls) and their
 time, inside those stages. The "float" run only builds the float32 model the Gram passes run, the floor
 of every other run's memory.
 
 Memory is bounded by --max-bytes per group of layers, not by the model: the Gram matrices (float64
 K x K per distinct linear input: attn_q/k/v share one, ffn_gate/up one) of as many layers as fit
-the budget are collected per pass over the calibration text (orkpy.gptq.gram_batches), so the
+the budget are collected per pass over the calibration text (orkpy.quantization.gptq.gram_batches), so the
 header prints one layer's Gram bytes, the whole model's and the budget, and each run's peak RSS is
 to be read against the float model's. A full 28-layer run takes long on a small machine: --layers
 N builds an N-block model of the same width, and the per-layer time of each stage is printed so
@@ -46,8 +46,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import orkpy  # noqa: E402
-from orkpy.gguf_write import write_gguf  # noqa: E402
-from orkpy.tiermap import TierEntry, TierMap  # noqa: E402
+from orkpy.formats.gguf_write import write_gguf  # noqa: E402
+from orkpy.formats.tiermap import TierEntry, TierMap  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from quant_model import qwen3_meta  # noqa: E402
 
@@ -70,8 +70,8 @@ def peak_rss():
 
 
 def vocab():
-    """A byte-level SentencePiece vocabulary (orkpy.synthetic's) padded to VOCAB tokens."""
-    from orkpy.synthetic import _vocab
+    """A byte-level SentencePiece vocabulary (orkpy.evaluation.synthetic's) padded to VOCAB tokens."""
+    from orkpy.evaluation.synthetic import _vocab
     toks, scores, types = _vocab()
     n = VOCAB - len(toks)
     return (toks + [f"<pad{i}>" for i in range(len(toks), VOCAB)], np.append(scores, np.full(n, -1e9, np.float32)),
@@ -123,9 +123,9 @@ def make_model(work, n_layer, seed=0):
 
 def child(a):
     """One run in this process: print {"run", "wall", "cpu", "peak", "stages": {stage: [s, peak after]}}."""
-    from orkpy import awq, calibrate, gptq
-    from orkpy.model import float_model
-    from orkpy.source import open_source
+    from orkpy.quantization import awq, calibrate, gptq
+    from orkpy.runtime.model import float_model
+    from orkpy.formats.source import open_source
 
     path, amap = make_model(a.work, a.layers)
     ids = np.random.default_rng(1).integers(3, VOCAB, a.calib_chunks * a.calib_ctx)
@@ -182,7 +182,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     if a.child:
         return child(a)
-    from orkpy.gptq import gram_batches
+    from orkpy.quantization.gptq import gram_batches
 
     t = time.time()
     path, amap = make_model(a.work, a.layers)

@@ -6,7 +6,7 @@ Models (--models):
 
   smollm2, gemma3   the float reference of the shipped quantized GGUF (SmolLM2-135M Q4_1,
                     Gemma-3-270M Q4_K_M): its exact dequantization, written once as an F32 GGUF by
-                    orkpy.convert.dequantize_gguf
+                    orkpy.formats.convert.dequantize_gguf
   qwen3             a random-weight model of the Qwen3-1.7B widths (hidden 2048, FFN 6144, 16 / 8
                     heads of 128, per-head q/k norms, tied embedding, a 2048-token byte-level
                     vocabulary) and --qwen3-layers blocks (default 2), written as F16 by
@@ -137,7 +137,7 @@ def built(path, make):
 
 def source_f32(name, work, a, srcs):
     """(F32 GGUF, seconds spent writing it or 0.0 when reused, description) of model ``name`` under ``work``."""
-    from orkpy.convert import dequantize_gguf
+    from orkpy.formats.convert import dequantize_gguf
     if name != "qwen3":
         f32, t = built(work / f"{name}-F32.gguf", lambda tmp: dequantize_gguf(srcs[name], tmp))
         return f32, t, f"exact F32 dequantization of {srcs[name].name}"

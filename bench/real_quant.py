@@ -2,7 +2,7 @@
 quantized file, on the same chunks (issue 15's figures).
 
 Each model ships quantized (SmolLM2-135M-Instruct Q4_1, Gemma-3-270M Q4_K_M); its float
-reference is its exact dequantization, written as an F32 GGUF (orkpy.convert). Rows, on the
+reference is its exact dequantization, written as an F32 GGUF (orkpy.formats.convert). Rows, on the
 first --chunks chunks of n_ctx --ctx of the scored text (wikitext by default):
 
   llama.cpp  llama-perplexity (its defaults) on the F32 reference and on the shipped file
@@ -45,7 +45,7 @@ from oracle import llama_perplexity, real_model  # noqa: E402
 import orkpy  # noqa: E402
 from orkpy import ffn  # noqa: E402
 from orkpy._io import read_text_like_llama_cpp  # noqa: E402
-from orkpy.convert import dequantize_gguf  # noqa: E402
+from orkpy.formats.convert import dequantize_gguf  # noqa: E402
 
 
 def main():

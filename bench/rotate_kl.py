@@ -1,12 +1,12 @@
 """What rotations and SmoothQuant buy the int8-activation paths (issue 16 item 1), on a real model,
 next to llama.cpp's Q8_0 (and Q4_K_M + imatrix) computed in the same run by the live llama.cpp.
 
-The model's float reference is the exact dequantization of the shipped file (orkpy.convert); the
+The model's float reference is the exact dequantization of the shipped file (orkpy.formats.convert); the
 scored text wikitext (n_ctx --ctx, the first --chunks chunks), the calibration text tinystories
 (--calib-chunks chunks: imatrix and SmoothQuant scales; never the scored text). orkpy's KL is
 against orkpy's own F32 log-probs; llama.cpp's against llama-perplexity's F32 base (its defaults).
 
-Transforms (orkpy.rotate): none; rot = randomized Hadamard residual rotation with the norms folded
+Transforms (orkpy.runtime.rotate): none; rot = randomized Hadamard residual rotation with the norms folded
 and per-head V/O rotation; online = ffn_down's input rotated online (a fast Walsh-Hadamard
 transform in the forward pass, C); smooth = SmoothQuant alpha 0.5 (with rot: in the rotated basis).
 Rows:
@@ -45,9 +45,9 @@ from oracle import llama_bin, real_model  # noqa: E402
 
 import orkpy  # noqa: E402
 from orkpy._io import read_text_like_llama_cpp  # noqa: E402
-from orkpy.convert import dequantize_gguf  # noqa: E402
-from orkpy.model import LinearSpec, Model, transformed_source  # noqa: E402
-from orkpy.source import open_source  # noqa: E402
+from orkpy.formats.convert import dequantize_gguf  # noqa: E402
+from orkpy.runtime.model import LinearSpec, Model, transformed_source  # noqa: E402
+from orkpy.formats.source import open_source  # noqa: E402
 
 TRANSFORMS = {
     "none": {},
@@ -90,7 +90,7 @@ def llama_kl(work, f32, text, ctx, chunks, calib, calib_chunks):
 def dequantized_model(src, qm):
     """A float32 Model of ``src`` whose linears are ``qm``'s quantized weights, dequantized."""
     lin = {}
-    for n in orkpy.model.linear_names(src.hp):
+    for n in orkpy.runtime.model.linear_names(src.hp):
         if n in qm.tensors:
             pw = qm.tensors[n]
             lin[n] = LinearSpec.f32(n, pw.int8_weight().astype(np.float32) * pw.bscale[:, None])
@@ -162,7 +162,7 @@ def main():
                 continue
             if name in ("none", "rot+online"):
                 w8 = {n: orkpy.dequantize(orkpy.quantize(src.linear(n), "int8"))
-                      for n in orkpy.model.linear_names(src.hp)}
+                      for n in orkpy.runtime.model.linear_names(src.hp)}
                 scored("int8 weights, float activations", name, Model(
                     src.path, src.hp, {n: LinearSpec.f32(n, w) for n, w in w8.items()}, src.tensor, src.meta,
                     src.tied, {n: "dequantized" for n in w8}))

@@ -1,6 +1,6 @@
 """Small synthetic models of every architecture in orkpy's table, written with orkpy's own
 GGUF writer, and a float64 NumPy forward pass written from llama.cpp's graphs
-(src/models/<arch>.cpp), independent of orkpy.arch: the tests hold the C forward pass to it,
+(src/models/<arch>.cpp), independent of orkpy.formats.arch: the tests hold the C forward pass to it,
 and hold both to the live llama.cpp (tests/test_arch_oracle.py).
 
 Weights are random with realistic outliers: a few embedding channels 10x larger (the
@@ -13,13 +13,13 @@ import pathlib
 
 import numpy as np
 
-from orkpy.gguf_write import metadata_triples, write_gguf
+from orkpy.formats.gguf_write import metadata_triples, write_gguf
 
 SHARED = pathlib.Path(os.environ.get("ORKPY_SHARED", pathlib.Path(__file__).resolve().parents[2] / "shared"))
 STORIES = SHARED / "models" / "stories260K" / "stories260K-F32.gguf"
 N_VOCAB = 512
 
-# the facts per architecture, as llama.cpp's graphs have them (see orkpy/arch.py for the sources)
+# the facts per architecture, as llama.cpp's graphs have them (see orkpy/formats/arch.py for the sources)
 FACTS = {
     "llama": dict(neox=False, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
     "qwen2": dict(neox=True, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),

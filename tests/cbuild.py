@@ -4,7 +4,7 @@ aarch64 (run under qemu-aarch64). Used by tests/test_c_kernels.py.
 Also the test-only fake NPU kernel (tests/npu_fake, not in the shipped
 extension): linked into tests/c/test_npu.c, and built by build_fake_kernel()
 into a small shared library that the Python tests load
-(orkpy.npu.load_fake_kernel; csrc/ork/npu/device.h, "test kernels").
+(orkpy.runtime.npu.load_fake_kernel; csrc/ork/npu/device.h, "test kernels").
 
 The core is compiled with the extension's own flags (buildflags.py, shared
 with setup.py) plus -Werror. Each object is cached under ``objdir`` by a hash

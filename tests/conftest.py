@@ -71,9 +71,9 @@ def fake_kernel(tmp_path_factory):
         from cbuild import build_fake_kernel
     finally:
         sys.path.remove(str(ROOT / "tests"))
-    import orkpy.npu
+    import orkpy.runtime.npu
     lib = build_fake_kernel(tmp_path_factory.mktemp("fake_npu"))
-    orkpy.npu.load_fake_kernel(lib)
+    orkpy.runtime.npu.load_fake_kernel(lib)
     os.environ[FAKE_KERNEL_ENV] = str(lib)
     return lib
 

@@ -1,10 +1,10 @@
-"""Writes orkpy/tokenizer/_unicode_classes.py: the character classes llama.cpp's pre-tokenizers use,
+"""Writes orkpy/runtime/tokenizer/_unicode_classes.py: the character classes llama.cpp's pre-tokenizers use,
 from the Unicode Character Database of the running Python (must be Unicode 15.1, the
 version of llama.cpp's src/unicode-data.cpp: run it with Python 3.13).
 
     python3.13 tests/gen_unicode_classes.py [OUT]
 
-Class per code point (orkpy.tokenizer collapses text with them, as llama.cpp does):
+Class per code point (orkpy.runtime.tokenizer collapses text with them, as llama.cpp does):
 0 other (C*, Z* that is not White_Space, unassigned), 1 \\p{N}, 2 \\p{L}, 3 \\p{P}, 4 \\p{M},
 5 \\p{S}, 6 whitespace (str.isspace() minus U+001C..U+001F: the Unicode White_Space set).
 Stored as runs: varint(run_length << 3 | class), zlib, base85."""
@@ -59,5 +59,5 @@ def main(out):
 
 
 if __name__ == "__main__":
-    default = pathlib.Path(__file__).resolve().parents[1] / "orkpy" / "tokenizer" / "_unicode_classes.py"
+    default = pathlib.Path(__file__).resolve().parents[1] / "orkpy" / "runtime" / "tokenizer" / "_unicode_classes.py"
     main(sys.argv[1] if len(sys.argv) > 1 else default)

@@ -1,4 +1,4 @@
-"""NumPy reference of GPTQ rounding (csrc/ork/gptq.h), the algorithm of orkpy.gptq before it
+"""NumPy reference of GPTQ rounding (csrc/ork/gptq.h), the algorithm of orkpy.quantization.gptq before it
 moved to C: float64 with LAPACK's ``cholesky(inv(H))`` and BLAS's lazy block updates, so it
 rounds differently from the C core (tests/test_gptq.py compares them with margins).
 
@@ -43,9 +43,9 @@ def segment_scale(seg, kind, im, grouped):
     s = orkpy.quantize(seg, kind, imatrix=im).scales
     # the float32 inverse Q / m of the chosen m = s * Q (exact: s = m / Q was rounded once; recover
     # m as quantize did, from absmax * r, by trying the clip grid)
-    q = np.float32(orkpy.quant.KIND_INFO[kind].qmax)
+    q = np.float32(orkpy.kernels.quant.KIND_INFO[kind].qmax)
     amax = np.abs(seg).max(axis=1).astype(np.float32)
-    grid = np.concatenate([[np.float32(1)], orkpy.quant.DEFAULT_CLIP_GRID]).astype(np.float32)
+    grid = np.concatenate([[np.float32(1)], orkpy.kernels.quant.DEFAULT_CLIP_GRID]).astype(np.float32)
     inv = np.zeros(len(s), np.float32)
     for n in range(len(s)):
         if s[n] > 0:
@@ -62,8 +62,8 @@ def gptq_ref(w, gram, kind="int8", damp=0.01, block=128, rows=0, group_size=None
     w32 = np.asarray(w, np.float32)
     N, K = w32.shape
     g = np.asarray(gram, np.float64)
-    four = orkpy.quant.KIND_INFO[kind].bits == 4
-    qmax = orkpy.quant.KIND_INFO[kind].qmax
+    four = orkpy.kernels.quant.KIND_INFO[kind].bits == 4
+    qmax = orkpy.kernels.quant.KIND_INFO[kind].qmax
     im = (np.diag(g) / rows).astype(np.float32) if (kind != "int8" and rows > 0) else None
     im = im if (im is not None and np.any(im > 0)) else None
     gs = group_size if (group_size and group_size < K) else K

@@ -1,7 +1,7 @@
 """The real models' float references for the tests (issue 15), made once per test process.
 
 SmolLM2-135M (Q4_1/Q8_0) and Gemma-3-270M (Q4_K_M) ship quantized; their float reference
-is their exact dequantization, written as an F32 GGUF by :func:`orkpy.convert.dequantize_gguf`
+is their exact dequantization, written as an F32 GGUF by :func:`orkpy.formats.convert.dequantize_gguf`
 (tests/test_real_models.py checks it tensor for tensor against the ``gguf`` package). Both
 llama.cpp and orkpy run that file in the accuracy gates. The files go to one temporary folder
 per process, removed at exit (about 0.5 GB and 1.1 GB)."""
@@ -15,7 +15,7 @@ from typing import Dict
 
 from oracle import real_model
 
-from orkpy.convert import dequantize_gguf
+from orkpy.formats.convert import dequantize_gguf
 
 _DIR: Dict[str, pathlib.Path] = {}
 _F32: Dict[str, pathlib.Path] = {}

@@ -1,4 +1,4 @@
-"""Activation-scale modes of the packed linears (orkpy/actcal.py, csrc/ork/linear.h): per token,
+"""Activation-scale modes of the packed linears (orkpy/runtime/actcal.py, csrc/ork/linear.h): per token,
 per tensor, static (calibrated range, saturating) and per token with outlier channels in float;
 their calibration (max, MSE-optimal), saving with a model directory, the NPU path, the errors."""
 import json
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import actcal, npu
-from orkpy.actcal import ActCalibration
-from orkpy.model import LinearSpec
+from orkpy.runtime import actcal, npu
+from orkpy.runtime.actcal import ActCalibration
+from orkpy.runtime.model import LinearSpec
 
 ST = "models/stories260K"
 
@@ -290,7 +290,7 @@ def test_static_and_outliers_without_calibration_are_errors(stories, cal):
 
 def test_the_c_door_checks_activation_settings(stories):
     """A spec built around LinearSpec's checks still meets the forward model's (naming the linear)."""
-    from orkpy.source import open_source
+    from orkpy.formats.source import open_source
     src = open_source(stories["f32"])
     m = orkpy.load_model(stories["f32"], weights="int8")
     good = m.linears["output.weight"]
@@ -306,12 +306,12 @@ def test_the_c_door_checks_activation_settings(stories):
                      (unchecked("per_token", bits=4), "bits must be 8, got 4"),
                      (unchecked("per_tensor", clip=2.0), "takes no static range")):
         with pytest.raises(ValueError, match=f"output: .*{msg}"):
-            orkpy.model.Model(m.path, m.hparams, {**m.linears, "output.weight": bad}, src.tensor, src.meta, src.tied,
+            orkpy.runtime.model.Model(m.path, m.hparams, {**m.linears, "output.weight": bad}, src.tensor, src.meta, src.tied,
                               m.paths)
 
 
 def test_fused_ffn_chain_refuses_outlier_channels(stories, cal):
-    from orkpy import ffn
+    from orkpy.evaluation import ffn
     m = orkpy.load_model(stories["f32"], weights="int8", act="per_token_outliers", act_calib=cal)
     stats = ffn.prep(m, m.tokens(stories["calib"]), n_ctx=128, chunks=2)
     with pytest.raises(ValueError, match="outlier channels in float"):

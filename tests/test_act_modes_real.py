@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.actcal import linear_act
-from orkpy.model import LinearSpec, Model, linear_names, transformed_source
-from orkpy.source import open_source
+from orkpy.runtime.actcal import linear_act
+from orkpy.runtime.model import LinearSpec, Model, linear_names, transformed_source
+from orkpy.formats.source import open_source
 from realmodels import f32_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.gate]

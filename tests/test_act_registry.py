@@ -1,4 +1,4 @@
-"""The activation spec and the activation mode registry (csrc/ork/actspec.h, orkpy/actspec.py):
+"""The activation spec and the activation mode registry (csrc/ork/actspec.h, orkpy/kernels/actspec.py):
 modes live in one C table and everything else -- orkpy.ACT_MODES, ActSpec's checks, the
 resolution from a calibration, PackedWeight.matmul, load_model, the forward pass, the NPU path,
 the CLI's --act choices -- reads it. A dummy mode registered through the test-only hook runs
@@ -14,7 +14,7 @@ import pytest
 
 import orkpy
 from orkpy import _core
-from orkpy.actspec import ACT_MODE_INFO, ActSpec
+from orkpy.kernels.actspec import ACT_MODE_INFO, ActSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +28,7 @@ def test_mode_table_is_the_one_source():
     assert [(r["static"], r["per_tensor"], r["outliers"]) for r in rows] == [
         (False, False, False), (False, True, False), (True, False, False), (False, False, True)]
     assert all(r["bits"] == (8,) for r in rows)
-    assert orkpy.actcal.ACT_MODES == orkpy.packed.ACTIVATION_MODES == orkpy.ACT_MODES
+    assert orkpy.runtime.actcal.ACT_MODES == orkpy.kernels.packed.ACTIVATION_MODES == orkpy.ACT_MODES
     assert [n for n, i in ACT_MODE_INFO.items() if i.calibrated] == ["static", "per_token_outliers"]
     with pytest.raises(ValueError, match="sealed"):
         _core._register_act_mode_for_tests("late_mode")
@@ -145,7 +145,7 @@ _DUMMY = textwrap.dedent('''
             refused[name] = str(e)
     ids = [core._register_act_mode_for_tests("halfclip"), core._register_act_mode_for_tests("halfstatic", static=True)]
 
-    import orkpy, orkpy.npu
+    import orkpy, orkpy.runtime.npu
     from orkpy.cli import build_parser, main
     out = {"ids": ids, "refused": refused, "modes": list(orkpy.ACT_MODES)}
     rng = np.random.default_rng(0)
@@ -179,7 +179,7 @@ _DUMMY = textwrap.dedent('''
         ffn.configure(mm, fs, "fused")
         chain.append(mm.forward(ids))
     out["ffn_chain"] = [bool(np.all(np.isfinite(chain[1]))), not np.array_equal(chain[0], chain[1])]
-    out["npu_routed"] = orkpy.npu.use_npu(m, "emu")
+    out["npu_routed"] = orkpy.runtime.npu.use_npu(m, "emu")
     out["npu_same"] = bool(np.array_equal(m.forward(ids), logits))
     cal = orkpy.ActCalibration.load(calib_path)
     try:

@@ -1,4 +1,4 @@
-"""Allocation to a target size (orkpy.alloc): the knapsack, the sensitivity estimates, and the
+"""Allocation to a target size (orkpy.quantization.alloc): the knapsack, the sensitivity estimates, and the
 gate -- at the oracle allocation's bytes, the chosen tiers beat llama.cpp's Q4_0 allocation."""
 import itertools
 import subprocess
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.alloc import _hull, choose, mean_kl, weighted_error
-from orkpy.tiermap import TierMap, split_tier
+from orkpy.quantization.alloc import _hull, choose, mean_kl, weighted_error
+from orkpy.formats.tiermap import TierMap, split_tier
 
 STORIES = "models/stories260K/stories260K-F32.gguf"
 Q4_0 = "models/stories260K/stories260K-Q4_0.gguf"

@@ -1,4 +1,4 @@
-"""The architecture table (orkpy/arch.py) and the C forward pass on every architecture:
+"""The architecture table (orkpy/formats/arch.py) and the C forward pass on every architecture:
 small synthetic models (tests/archgen.py, written with orkpy's GGUF writer) against a float64
 NumPy forward pass written from llama.cpp's graphs; the hyper-parameter rules (sliding-window
 patterns, RoPE bases, Gemma's attention scale, soft-caps); phi3's fused tensors split at load
@@ -9,8 +9,8 @@ import pytest
 
 import orkpy
 from orkpy import _core, arch
-from orkpy.gguf_write import write_gguf
-from orkpy.source import open_source
+from orkpy.formats.gguf_write import write_gguf
+from orkpy.formats.source import open_source
 
 import archgen
 
@@ -46,14 +46,14 @@ def test_forward_matches_float64_reference(tmp_path, case):
     tok = archgen.tokens(64 if "longrope" in case else 150)  # 150: three attention blocks of 64 query rows
     diff, rel, kl = archgen.compare(m.forward(tok), archgen.ref_forward(T, c, tok))
     assert rel < REL and kl < KL_MAX, (case, diff, rel, kl)
-    assert m.linear_names() == orkpy.model.linear_names(m.hparams)  # one order for every architecture
+    assert m.linear_names() == orkpy.runtime.model.linear_names(m.hparams)  # one order for every architecture
     np.testing.assert_array_equal(m.forward(tok, threads=1), m.forward(tok, threads=2))
 
 
 def test_table_covers_the_issue_and_unknown_architectures_list_it(tmp_path):
     assert set(arch.SUPPORTED) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}
     p, _, _ = _make(tmp_path, "llama")
-    md = [t for t in orkpy.gguf_write.metadata_triples(str(p)) if t[0] != "general.architecture"]
+    md = [t for t in orkpy.formats.gguf_write.metadata_triples(str(p)) if t[0] != "general.architecture"]
     bad = tmp_path / "bloom.gguf"
     write_gguf(bad, [("general.architecture", "STRING", "bloom")] + md,
                [("token_embd.weight", np.zeros((4, 4), np.float32))])
@@ -146,7 +146,7 @@ def test_phi3_fused_tensors_split_for_tier_maps_quantize_imatrix_and_model_dirs(
     tm = orkpy.tier_map(p)
     assert "blk.0.attn_qkv.weight" in tm
     entries = dict(tm.entries)
-    entries["blk.1.attn_qkv.weight"] = orkpy.tiermap.TierEntry("int4", "Q4_K", entries["blk.1.attn_qkv.weight"].shape)
+    entries["blk.1.attn_qkv.weight"] = orkpy.formats.tiermap.TierEntry("int4", "Q4_K", entries["blk.1.attn_qkv.weight"].shape)
     tm = orkpy.TierMap(entries, tm.threshold, tm.source, tm.tied)
     m = orkpy.load_model(p, weights=tm)
     assert m.paths["blk.1.attn_k.weight"] == "nf4" and m.paths["blk.0.attn_k.weight"] == "int8"
@@ -170,11 +170,11 @@ def test_phi3_fused_tensors_split_for_tier_maps_quantize_imatrix_and_model_dirs(
 def test_biases_on_packed_and_npu_paths(tmp_path):
     """The bias is added after the product on every path: with the same packed head, logits with
     and without output.bias differ by the bias; the NPU emulator path is bit-identical."""
-    import orkpy.npu as npu
+    import orkpy.runtime.npu as npu
 
     p, T, c = _make(tmp_path, "qwen2")
     p0 = tmp_path / "nobias.gguf"
-    write_gguf(p0, orkpy.gguf_write.metadata_triples(str(p)), [(n, a) for n, a in T.items() if n != "output.bias"])
+    write_gguf(p0, orkpy.formats.gguf_write.metadata_triples(str(p)), [(n, a) for n, a in T.items() if n != "output.bias"])
     tok = archgen.tokens(48)
     for w in ("int8", "nf4"):
         with_b, without = (orkpy.load_model(f, weights=w) for f in (p, p0))
@@ -187,7 +187,7 @@ def test_biases_on_packed_and_npu_paths(tmp_path):
 
 def test_strict_tensor_checks(tmp_path):
     p, T, c = _make(tmp_path, "gemma2")
-    md = orkpy.gguf_write.metadata_triples(str(p))
+    md = orkpy.formats.gguf_write.metadata_triples(str(p))
 
     def variant(name, drop=(), add=()):
         q = tmp_path / f"{name}.gguf"
@@ -209,14 +209,14 @@ def test_core_checks_the_new_features(tmp_path):
     m = orkpy.load_model(p)
     hp = arch.core_hparams(m.hparams)
     src = open_source(p)
-    base = orkpy.model._forward_model(m.hparams, src.tensor, m.linears)
+    base = orkpy.runtime.model._forward_model(m.hparams, src.tensor, m.linears)
     assert base.forward(archgen.tokens(8)).shape == (8, archgen.N_VOCAB)
 
     def build(**over):
         lay = []
         for i in range(hp["n_layer"]):
             d = {"attn_norm": src.tensor(f"blk.{i}.attn_norm.weight"), "ffn_norm": src.tensor(f"blk.{i}.ffn_norm.weight")}
-            d.update({t: m.linears[f"blk.{i}.{t}.weight"].to_core() for t in orkpy.model.LINEARS})
+            d.update({t: m.linears[f"blk.{i}.{t}.weight"].to_core() for t in orkpy.runtime.model.LINEARS})
             d.update(over.pop("layer", {}) if i == 0 else {})
             lay.append(d)
         h = dict(hp, **{k: v for k, v in over.items() if k not in ("rope_freqs", "output_bias")})
@@ -242,7 +242,7 @@ def test_fused_chain_refuses_ffn_biases(tmp_path):
 
 def test_safetensors_qwen2_with_biases_and_other_architectures_refused(tmp_path):
     st_np = pytest.importorskip("safetensors.numpy")
-    from orkpy.source import _HF_NAMES, _HF_TOP
+    from orkpy.formats.source import _HF_NAMES, _HF_TOP
 
     p, T, c = _make(tmp_path, "qwen2")
     inv = {v: k for k, v in _HF_NAMES.items()}

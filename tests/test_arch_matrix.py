@@ -9,9 +9,9 @@ import pytest
 import archgen
 import orkpy
 from orkpy import ffn, npu
-from orkpy.arch import SUPPORTED
-from orkpy.source import open_source
-from orkpy.tiermap import TierEntry, TierMap
+from orkpy.formats.arch import SUPPORTED
+from orkpy.formats.source import open_source
+from orkpy.formats.tiermap import TierEntry, TierMap
 
 
 def _model(tmp_path, arch):

@@ -8,7 +8,7 @@ float32 KV cache, no flash attention): per-token logits of the same float32 weig
   gate+up; LongRoPE short factors and attn_factor).
 - stories260K F32 (llama) and the Qwen3 skeleton (its F16 file written as F32: with F16
   weights llama.cpp rounds the activations to F16 inside its matmuls).
-- The two real models, each as the F32 GGUF of its exact dequantization (orkpy.convert):
+- The two real models, each as the F32 GGUF of its exact dequantization (orkpy.formats.convert):
   SmolLM2-135M (llama) and Gemma-3-270M (gemma3), 512 wikitext tokens; and as shipped
   (quantized: llama.cpp then quantizes activations to 8 bits in its matmuls, so only a loose
   bound holds).
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.convert import dequantize_gguf
+from orkpy.formats.convert import dequantize_gguf
 
 import archgen
 from oracle import oracle_logits, oracle_tokens, real_model
@@ -148,7 +148,7 @@ def test_gemma3_270m_matches_llama_cpp(tmp_path):
     orc_q = oracle_logits(q, tok[:256], 256)[0]
     assert archgen.compare(ours[0], orc_q)[2] < 0.1
     # orkpy against the exact float64 graph (facts from llama.cpp's gemma3.cpp, written by hand)
-    src = orkpy.source.open_source(f32)
+    src = orkpy.formats.source.open_source(f32)
     T = {n: src.tensor(n) for n in src.shapes()}  # F32: views of the mapped file
     local = [i for i in range(18) if i % 6 != 5]
     c = dict(n_layer=18, D=640, H=4, HKV=1, hd=256, F=2048, eps=float(np.float32(1e-6)), neox=True, gate_fn="gelu",

@@ -1,4 +1,4 @@
-"""AWQ-style scaling folded into the model (orkpy/awq.py, issue 17 item 2).
+"""AWQ-style scaling folded into the model (orkpy/quantization/awq.py, issue 17 item 2).
 
 - The output error the search minimizes, tr(dW G dW^T), is the squared error of the linear's
   outputs on the calibration inputs (checked against X directly).
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import awq
+from orkpy.quantization import awq
 from orkpy.cli import main
-from orkpy.model import float_model
-from orkpy.rotate import rotate_source
-from orkpy.source import open_source
+from orkpy.runtime.model import float_model
+from orkpy.runtime.rotate import rotate_source
+from orkpy.formats.source import open_source
 
 import archgen
 
@@ -83,7 +83,7 @@ def test_folded_scales_keep_the_float_function(tmp_path, case):
 def test_one_pass_collects_every_layer_and_gives_the_same_scales(tmp_path, monkeypatch):
     """awq_scales collects the Gram matrices of as many layers as fit max_bytes in one pass of the
     float model (not one pass per layer); the scales, alphas and errors do not depend on it."""
-    from orkpy import gptq
+    from orkpy.quantization import gptq
     p = tmp_path / "q.gguf"
     archgen.make("qwen3", p, n_layer=4)
     src = open_source(p)
@@ -95,7 +95,7 @@ def test_one_pass_collects_every_layer_and_gives_the_same_scales(tmp_path, monke
         passes.append(list(names))
         return real(m, it, names, threads)
     monkeypatch.setattr(gptq, "collect_grams", counted)
-    kinds = {n: ("int8" if "ffn_down" in n else "nf4") for n in orkpy.model.linear_names(src.hp)}
+    kinds = {n: ("int8" if "ffn_down" in n else "nf4") for n in orkpy.runtime.model.linear_names(src.hp)}
     two = 2 * 64 * 64 * 8  # two D x D matrices
     got = {}
     for mb in (None, 1, two):  # default 1 GiB: one pass; 1 byte: one input per pass
@@ -118,7 +118,7 @@ def test_one_pass_collects_every_layer_and_gives_the_same_scales(tmp_path, monke
 
 
 def test_gram_batches_share_inputs_and_keep_order():
-    from orkpy.gptq import gram_batches
+    from orkpy.quantization.gptq import gram_batches
     K = {"blk.0.attn_q.weight": 4, "blk.0.attn_k.weight": 4, "blk.0.attn_v.weight": 4, "blk.0.attn_output.weight": 4,
          "blk.0.ffn_gate.weight": 4, "blk.0.ffn_up.weight": 4, "blk.0.ffn_down.weight": 8}
     names = list(K)

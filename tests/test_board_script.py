@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import orkpy.npu as npu
+import orkpy.runtime.npu as npu
 
 # the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
 pytestmark = pytest.mark.usefixtures("fake_kernel")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.calibrate import collect_imatrix, quantize_model
+from orkpy.quantization.calibrate import collect_imatrix, quantize_model
 from orkpy.cli import read_text_like_llama_cpp
 
 ST = "models/stories260K"
@@ -32,7 +32,7 @@ def our_imatrix(f32, text):
 
 @pytest.mark.gate
 def test_imatrix_matches_llama_cpp(shared, our_imatrix):
-    from orkpy.imatrix import Imatrix
+    from orkpy.quantization.imatrix import Imatrix
     theirs = Imatrix.load(shared / ST / "stories260K-imatrix-B.dat")
     assert set(theirs.names()) == set(our_imatrix.names())
     worst = 0.0
@@ -46,7 +46,7 @@ def test_imatrix_matches_llama_cpp(shared, our_imatrix):
 
 @pytest.mark.gate
 def test_same_scales_from_either_imatrix(shared, our_imatrix):
-    from orkpy.imatrix import Imatrix
+    from orkpy.quantization.imatrix import Imatrix
     theirs = Imatrix.load(shared / ST / "stories260K-imatrix-B.dat")
     g = orkpy.GGUFFile(shared / ST / "stories260K-F32.gguf")
     same = total = 0
@@ -137,7 +137,7 @@ def test_quantize_model_bad_input(shared, tmp_path):
 
 def _to_hf(g):
     """An HF-style checkpoint of a llama GGUF: names mapped back, q/k un-permuted."""
-    from orkpy.source import _HF_NAMES, hparams
+    from orkpy.formats.source import _HF_NAMES, hparams
     inv = {v: k for k, v in _HF_NAMES.items()}
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}

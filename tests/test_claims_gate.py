@@ -7,7 +7,7 @@ import math
 import pytest
 
 from orkpy.cli import read_text_like_llama_cpp
-from orkpy.table import format_table, ppl_table
+from orkpy.evaluation.table import format_table, ppl_table
 
 pytestmark = pytest.mark.gate
 

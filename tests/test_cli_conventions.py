@@ -1,7 +1,7 @@
 """The CLI's conventions (issue 12, "llama.cpp users arrive with llama.cpp habits"): llama-perplexity /
 llama-imatrix spellings, one meaning per flag, help with defaults, exit codes 0/1/2/130, output paths
 checked before any work, errors that name the user's file and tensor, the NPU / context / npu-dump checks,
-and the Python API rules (Imatrix.save by extension, x @ pw.T, orkpy.npu after import orkpy)."""
+and the Python API rules (Imatrix.save by extension, x @ pw.T, orkpy.runtime.npu after import orkpy)."""
 import argparse
 import json
 import os
@@ -32,14 +32,14 @@ def no_model_load(monkeypatch):
     """Fail the test if a command gets as far as loading a model (or running the expensive step)."""
     def boom(*a, **k):
         raise AssertionError("the expensive step ran before the argument/path check")
-    import orkpy.calibrate
-    import orkpy.ffn
-    import orkpy.model
-    import orkpy.tiermap
-    monkeypatch.setattr(orkpy.model, "load_model", boom)
-    monkeypatch.setattr(orkpy.calibrate, "quantize_model", boom)
-    monkeypatch.setattr(orkpy.ffn, "sweep", boom)
-    monkeypatch.setattr(orkpy.tiermap, "tier_map", boom)
+    import orkpy.quantization.calibrate
+    import orkpy.evaluation.ffn
+    import orkpy.runtime.model
+    import orkpy.formats.tiermap
+    monkeypatch.setattr(orkpy.runtime.model, "load_model", boom)
+    monkeypatch.setattr(orkpy.quantization.calibrate, "quantize_model", boom)
+    monkeypatch.setattr(orkpy.evaluation.ffn, "sweep", boom)
+    monkeypatch.setattr(orkpy.formats.tiermap, "tier_map", boom)
     return boom
 
 
@@ -195,7 +195,7 @@ def test_tier_map_output_tier_and_the_hidden_old_spelling(files, tmp_path, capsy
 
 
 def test_ffn_sweep_json_switch_json_out_and_no_progress(files, tmp_path, monkeypatch, capsys):
-    import orkpy.ffn
+    import orkpy.evaluation.ffn
     calls = []
     rows = [{"mode": "baseline", "exact_layers": [0], "ppl": 6.5, "ppl_err": 0.1, "kl": 0.0, "wall_s": 1.0},
             {"mode": "fused", "exact_layers": [], "ppl": 6.9, "ppl_err": 0.1, "kl": 0.01, "wall_s": 1.0}]
@@ -203,7 +203,7 @@ def test_ffn_sweep_json_switch_json_out_and_no_progress(files, tmp_path, monkeyp
     def fake_sweep(model, text, calib, **kw):
         calls.append(kw)
         return rows, [{"gmax": 1.0}]
-    monkeypatch.setattr(orkpy.ffn, "sweep", fake_sweep)
+    monkeypatch.setattr(orkpy.evaluation.ffn, "sweep", fake_sweep)
     out = tmp_path / "new" / "rows.jsonl"
     argv = ["ffn-sweep", files["f32"], files["text"], "--calib", files["text"]]
     assert main(argv + ["--json", "--json-out", str(out), "--no-progress"]) == 0
@@ -356,11 +356,11 @@ def test_npu_with_an_all_float_map_is_refused(files, tmp_path, capsys):
 
 
 def test_ctx_above_the_trained_context_warns(files, monkeypatch, capsys):
-    import orkpy.ppl
+    import orkpy.evaluation.ppl
 
     def stop(*a, **k):
         raise ValueError("stopped after the checks")
-    monkeypatch.setattr(orkpy.ppl, "perplexity", stop)
+    monkeypatch.setattr(orkpy.evaluation.ppl, "perplexity", stop)
     assert main(["ppl", files["f32"], files["text"], "-c", "4096"]) == 1
     err = capsys.readouterr().err
     assert "warning: --ctx 4096 is longer than the model's trained context 2048" in err
@@ -371,8 +371,8 @@ def test_ctx_above_the_trained_context_warns(files, monkeypatch, capsys):
 def test_info_json_has_npu_availability(capsys):
     assert main(["info", "--json"]) == 0
     npu = json.loads(capsys.readouterr().out)["npu"]
-    why = orkpy.npu.unavailable()
-    assert set(npu) == set(orkpy.npu.BACKENDS)
+    why = orkpy.runtime.npu.unavailable()
+    assert set(npu) == set(orkpy.runtime.npu.BACKENDS)
     for b, v in npu.items():
         assert v == {"available": b not in why, "reason": why.get(b)}
     assert npu["emu"]["available"] is True
@@ -389,7 +389,7 @@ def test_npu_dump_refuses_what_is_not_a_command_stream(tmp_path, data, capsys):
 
 
 def test_npu_dump_accepts_a_planned_stream(tmp_path, capsys):
-    q = orkpy.npu.plan_commands(4, 64, 64, 0x100000, 0x1000000, 0x10000000, 0x40000000, max_n=32)
+    q = orkpy.runtime.npu.plan_commands(4, 64, 64, 0x100000, 0x1000000, 0x10000000, 0x40000000, max_n=32)
     p = tmp_path / "plan.bin"
     p.write_bytes(q.astype("<u8").tobytes())
     assert main(["npu-dump", str(p)]) == 0
@@ -432,7 +432,7 @@ def test_matmul_operator_on_packed_weights(kind):
 
 
 def test_npu_is_an_attribute_after_import_orkpy():
-    r = subprocess.run([sys.executable, "-c", "import orkpy; print(orkpy.npu.available())"],
+    r = subprocess.run([sys.executable, "-c", "import orkpy; print(orkpy.runtime.npu.available())"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "emu" in r.stdout
@@ -440,7 +440,7 @@ def test_npu_is_an_attribute_after_import_orkpy():
 
 def test_quantize_refuses_unrelated_folder_before_work(tmp_path, monkeypatch, capsys):
     """--overwrite replaces a model directory only; an unrelated non-empty folder fails before quantizing."""
-    import orkpy.calibrate as calibrate
+    import orkpy.quantization.calibrate as calibrate
     out = tmp_path / "photos"
     out.mkdir()
     (out / "holiday.jpg").write_bytes(b"x")

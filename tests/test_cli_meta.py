@@ -92,11 +92,11 @@ def test_ffn_sweep_and_gate_take_meta(hf, shared, tmp_path, capsys):
     (["gate", "--meta", "{gguf}"], 2, "synthetic"),
 ])
 def test_meta_misuse_is_refused_before_any_work(hf, tmp_path, argv, code, msg, monkeypatch, capsys):
-    import orkpy.model
+    import orkpy.runtime.model
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded before --meta was checked")
-    monkeypatch.setattr(orkpy.model, "load_model", boom)
+    monkeypatch.setattr(orkpy.runtime.model, "load_model", boom)
     argv = [a.format(tmp=tmp_path, **hf) for a in argv]
     assert main(argv) == code
     assert msg in capsys.readouterr().err

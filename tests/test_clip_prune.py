@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import reference as R
+from orkpy.kernels import reference as R
 
 f32 = np.float32
 EIGHT = ("int8", "int6", "int5")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import reference as R
+from orkpy.kernels import reference as R
 
 f32 = np.float32
 FOUR = ("nf4", "int4")
@@ -120,7 +120,7 @@ def test_quantize_model_passes_the_search_and_records_it(shared, tmp_path, monke
     import json
     import subprocess
     import sys
-    import orkpy.pipeline as cal  # round_linear, the stage that calls quantize (orkpy.calibrate before the stages)
+    import orkpy.quantization.pipeline as cal  # round_linear, the stage that calls quantize (orkpy.quantization.calibrate before the stages)
     src = shared / "models/stories260K/stories260K-F16.gguf"
     alloc = shared / "models/stories260K/stories260K-Q4_0.gguf"
     quiet = dict(progress=False, log=lambda s: None)

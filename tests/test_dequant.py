@@ -7,8 +7,8 @@ import pytest
 import orkpy
 import orkpy._core as C
 
-from orkpy.testing import DEQUANT_TYPES as SUPPORTED
-from orkpy.testing import random_blocks as random_raw
+from orkpy.evaluation.testing import DEQUANT_TYPES as SUPPORTED
+from orkpy.evaluation.testing import random_blocks as random_raw
 
 UNSUPPORTED = {16: "IQ2_XXS", 34: "TQ1_0", 39: "MXFP4", 9: "Q8_1", 15: "Q8_K", 19: "IQ1_S",
                24: "I8", 28: "F64", 40: "NVFP4"}

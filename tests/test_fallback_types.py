@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.tiermap import FALLBACK, TierMap, intended_type
+from orkpy.formats.tiermap import FALLBACK, TierMap, intended_type
 
 from oracle import llama_bin, real_model
 
@@ -66,7 +66,7 @@ def test_intended_type_rules(name, stored, K, ft, want):
 
 
 def test_literal_mode_warns_and_emit_map_keeps_both_types(tmp_path):
-    from orkpy.gguf_write import write_gguf
+    from orkpy.formats.gguf_write import write_gguf
     rng = np.random.default_rng(0)
     shapes = {f"blk.{i}.ffn_up.weight": (64, 576) for i in range(5)}
     meta = [("general.architecture", "STRING", "llama"), ("general.file_type", "UINT32", 15),
@@ -75,7 +75,7 @@ def test_literal_mode_warns_and_emit_map_keeps_both_types(tmp_path):
     path = tmp_path / "m.gguf"
     write_gguf(path, meta, [(n, rng.standard_normal(s).astype(np.float32)) for n, s in shapes.items()])
     g = orkpy.GGUFFile(path)
-    import orkpy.tiermap as tmod
+    import orkpy.formats.tiermap as tmod
 
     class Fake:  # the same tensors, typed as llama-quantize would have stored them
         def __init__(self, t):
@@ -112,7 +112,7 @@ def test_v2_maps_are_unchanged_when_nothing_fell_back(shared, tmp_path):
 def test_inferred_types_equal_llama_quantize_log_on_smollm2(tmp_path, qtype, capsys):
     """SmolLM2-135M (rows of 576) quantized by the live llama-quantize: every tensor its log
     names as a fallback has exactly the intended and stored types the log prints; no other."""
-    from orkpy.convert import dequantize_gguf
+    from orkpy.formats.convert import dequantize_gguf
     llama_bin("llama-quantize")
     f32 = tmp_path / "smollm2-F32.gguf"
     dequantize_gguf(real_model("smollm2"), f32)
@@ -145,7 +145,7 @@ def test_inferred_types_equal_llama_quantize_log_on_gemma3(tmp_path):
     dequantization) re-quantized to Q4_K_M by the live llama-quantize: the tier map's
     intended / stored types equal what its log prints, and the shipped file's own map
     (made by another llama.cpp build) reads the same tensors through the same fallbacks."""
-    from orkpy.convert import dequantize_gguf
+    from orkpy.formats.convert import dequantize_gguf
     import oracle
     llama_bin("llama-quantize")
     f32 = tmp_path / "gemma3-F32.gguf"
@@ -167,7 +167,7 @@ def test_inferred_types_equal_llama_quantize_log_on_gemma3(tmp_path):
 def test_inferred_types_equal_llama_quantize_log_on_synthetic_odd_rows(tmp_path):
     """Synthetic llama models with rows of 320 (32-blocks only) and 80 (not even 32: F16) quantized
     to Q4_K_M by the live llama-quantize."""
-    from orkpy.synthetic import make_synthetic
+    from orkpy.evaluation.synthetic import make_synthetic
     llama_bin("llama-quantize")
     import oracle
     for n_embd, n_ff in ((320, 864), (80, 224)):

@@ -7,9 +7,9 @@ import pytest
 
 import orkpy
 import orkpy._core as C
-from orkpy import ffn
+from orkpy.evaluation import ffn
 from orkpy.cli import main, read_text_like_llama_cpp
-from orkpy.reference import round_half_away
+from orkpy.kernels.reference import round_half_away
 
 ST = "models/stories260K/stories260K-F32.gguf"
 
@@ -210,7 +210,7 @@ def test_ffn_sweep_cli(shared, tmp_path, capsys):
 # ------------------------------------------------ review regressions --
 
 def test_imatrix_refused_while_ffn_chain_is_on(shared):
-    from orkpy import ffn
+    from orkpy.evaluation import ffn
     m = orkpy.load_model(shared / ST, weights="int8")
     toks = np.random.default_rng(0).integers(3, 512, 512)
     st = ffn.prep(m, toks, n_ctx=64, chunks=2)
@@ -223,7 +223,7 @@ def test_imatrix_refused_while_ffn_chain_is_on(shared):
 
 def test_set_ffn_releases_replaced_arrays_and_names_missing_keys(shared):
     import sys
-    from orkpy import ffn
+    from orkpy.evaluation import ffn
     m = orkpy.load_model(shared / ST, weights="int8")
     st = ffn.prep(m, np.random.default_rng(0).integers(3, 512, 512), n_ctx=64, chunks=2)
     p = ffn.layer_params(st[0], "per_channel_out")

@@ -7,8 +7,8 @@ import pytest
 
 import orkpy
 import orkpy._core as C
-from orkpy import ffn
-from orkpy.arch import GATE_FNS
+from orkpy.evaluation import ffn
+from orkpy.formats.arch import GATE_FNS
 
 import archgen
 from test_ffn import np_chain

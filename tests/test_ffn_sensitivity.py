@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import ffn
+from orkpy.evaluation import ffn
 from orkpy.cli import main, read_text_like_llama_cpp
 
 ST = "models/stories260K/stories260K-F32.gguf"

@@ -16,7 +16,7 @@ import pytest
 
 import orkpy
 from orkpy import FormatError
-from orkpy.imatrix import ImatrixError
+from orkpy.quantization.imatrix import ImatrixError
 
 FUZZ = pathlib.Path(__file__).resolve().parent / "fuzz"
 sys.path.insert(0, str(FUZZ))
@@ -168,7 +168,7 @@ def _manifest_cases(good):
 def test_manifest_errors_are_format_errors(model_dir):
     """fuzz manifest: a missing or mistyped field, deep nesting or a huge integer literal
     escaped as KeyError / TypeError / RecursionError / ValueError, and version true passed."""
-    from orkpy.calibrate import load_quantized
+    from orkpy.quantization.calibrate import load_quantized
     d, good = model_dir
     for what, data in _manifest_cases(good).items():
         (d / "manifest.json").unlink()
@@ -210,7 +210,7 @@ def test_tokenizer_pieces_with_invalid_utf8_keep_their_bytes(tmp_path):
     """fuzz tokenizer: a GGUF token whose bytes are not UTF-8 (decoded with surrogateescape by
     the reader) made decode / token_to_piece raise UnicodeEncodeError, and a user-defined one
     made from_gguf refuse the vocabulary."""
-    from orkpy.tokenizer import Tokenizer
+    from orkpy.runtime.tokenizer import Tokenizer
     toks = ["<unk>", "<s>", "</s>", "a\udcff", "\udcc3", "<u\udcfe>", "b"]
     p = tmp_path / "v.gguf"
     orkpy.write_gguf(p, [("tokenizer.ggml.model", "STRING", "llama"), ("tokenizer.ggml.tokens", "ARRAY", toks),
@@ -225,7 +225,7 @@ def test_tokenizer_pieces_with_invalid_utf8_keep_their_bytes(tmp_path):
 def test_tokenizer_special_id_of_the_wrong_type_is_a_value_error(tmp_path, value):
     """fuzz tokenizer: tokenizer.ggml.bos_token_id stored as FLOAT32 inf escaped as OverflowError;
     1.5 was truncated to 1 and used. llama.cpp requires an integer key; so does orkpy."""
-    from orkpy.tokenizer import Tokenizer
+    from orkpy.runtime.tokenizer import Tokenizer
     tname = {float: "FLOAT32", str: "STRING", bool: "BOOL"}[type(value)]
     p = tmp_path / "v.gguf"
     orkpy.write_gguf(p, [("tokenizer.ggml.model", "STRING", "llama"),

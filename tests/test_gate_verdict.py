@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import gate
+from orkpy.evaluation import gate
 from orkpy.cli import main, read_text_like_llama_cpp
-from orkpy.gate import GateRow, holdout_split, verdict
-from orkpy.ppl import PPLResult, tokens_for_ppl
-from orkpy.synthetic import make_synthetic
-from orkpy.tiermap import TierEntry, TierMap
+from orkpy.evaluation.gate import GateRow, holdout_split, verdict
+from orkpy.evaluation.ppl import PPLResult, tokens_for_ppl
+from orkpy.evaluation.synthetic import make_synthetic
+from orkpy.formats.tiermap import TierEntry, TierMap
 
 FAST = ["--chunks", "2", "--calib-chunks", "2", "--no-progress"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,12 +169,12 @@ def test_gate_and_ffn_sweep_leave_no_temp_files(private_tmp, shared, capsys):
     assert "temporary files removed" in capsys.readouterr().out
     assert os.listdir(private_tmp) == []
     text = read_text_like_llama_cpp(shared / "text" / "tinystories-val-B.txt")
-    from orkpy.ffn import sweep
+    from orkpy.evaluation.ffn import sweep
     calib = read_text_like_llama_cpp(shared / "text" / "wikitext-2-raw-test.txt")  # never the scored text
     rows, _ = sweep(str(shared / "models" / "stories260K" / "stories260K-F32.gguf"), text, calib, n_ctx=64, chunks=2,
                     calib_chunks=2)
     assert len(rows) > 10 and os.listdir(private_tmp) == []
-    from orkpy.table import ppl_table
+    from orkpy.evaluation.table import ppl_table
     rows = ppl_table(str(shared / "models" / "stories260K"), text, n_ctx=64, chunks=2, calib_chunks=2)
     assert len(rows) == 14 and os.listdir(private_tmp) == []
 
@@ -211,7 +211,7 @@ def _in_process(code, seed, cwd):
 
 
 def test_synthetic_model_is_byte_identical_across_hash_seeds(tmp_path):
-    code = "from orkpy.synthetic import make_synthetic; make_synthetic('m')"
+    code = "from orkpy.evaluation.synthetic import make_synthetic; make_synthetic('m')"
     for seed in (1, 2):
         (tmp_path / str(seed)).mkdir()
         _in_process(code, seed, tmp_path / str(seed))

@@ -1,5 +1,5 @@
 """The F32 linear's contract (csrc/ork/gemm_f32.h: one fused multiply-add per term, in k
-order) through the forward pass, bit for bit against the NumPy oracle orkpy.reference.linear_f32
+order) through the forward pass, bit for bit against the NumPy oracle orkpy.kernels.reference.linear_f32
 on every ISA and thread count; the oracle's fmaf against the C library's. The kernels themselves
 (tile edges, K blocks, column ranges, NEON under qemu) are tests/c/test_gemm_f32.c."""
 import ctypes
@@ -10,7 +10,7 @@ import pytest
 
 import orkpy
 from ggufgen import FLOAT32, STRING, UINT32, build, kv
-from orkpy import reference
+from orkpy.kernels import reference
 
 
 def test_reference_fmaf_is_the_c_librarys(rng):

@@ -1,4 +1,4 @@
-"""The KV-cached decode session (csrc/ork/model.h) and generation (orkpy/generate.py).
+"""The KV-cached decode session (csrc/ork/model.h) and generation (orkpy/runtime/generate.py).
 
 - Session logits equal the batched forward pass's, bit for bit, for every position: a prompt
   prefilled as a batch (and in smaller steps) then one token at a time; on stories260K (F32,
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.generate import CHAT_TEMPLATES, apply_chat_template, chat_template_kind, prompt_tokens, sample_token
-from orkpy.model import load_quantized
+from orkpy.runtime.generate import CHAT_TEMPLATES, apply_chat_template, chat_template_kind, prompt_tokens, sample_token
+from orkpy.runtime.model import load_quantized
 
 import archgen
 from oracle import llama_eog_ids, llama_tokenize_special, oracle_greedy, real_model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.gguf_write import LazyTensor, metadata_triples, write_gguf
+from orkpy.formats.gguf_write import LazyTensor, metadata_triples, write_gguf
 
 gguf = pytest.importorskip("gguf")
 

@@ -1,4 +1,4 @@
-"""GPTQ rounding (orkpy.gptq; the C core csrc/ork/gptq.h against the NumPy reference
+"""GPTQ rounding (orkpy.quantization.gptq; the C core csrc/ork/gptq.h against the NumPy reference
 tests/gptq_ref.py) and the input Gram matrices the forward pass collects for it
 (csrc/ork/linear.h, "Input Gram matrix")."""
 import json
@@ -8,11 +8,11 @@ import pytest
 
 import orkpy
 from orkpy import _core
-from orkpy.gptq import collect_grams, gptq_linears, gptq_quantize
-from orkpy.model import LinearSpec, Model, linear_names
-from orkpy.quant import QuantizedTensor
-from orkpy.source import open_source
-from orkpy.testing import synthetic_forward_model
+from orkpy.quantization.gptq import collect_grams, gptq_linears, gptq_quantize
+from orkpy.runtime.model import LinearSpec, Model, linear_names
+from orkpy.kernels.quant import QuantizedTensor
+from orkpy.formats.source import open_source
+from orkpy.evaluation.testing import synthetic_forward_model
 
 import archgen
 from gptq_ref import gptq_ref
@@ -141,7 +141,7 @@ def nibbles(codes):
 
 def agreement(kind, a, b):
     """Share of equal codes (4-bit: per nibble)."""
-    return float(np.mean(a == b) if orkpy.quant.KIND_INFO[kind].bits == 8 else np.mean(nibbles(a) == nibbles(b)))
+    return float(np.mean(a == b) if orkpy.kernels.quant.KIND_INFO[kind].bits == 8 else np.mean(nibbles(a) == nibbles(b)))
 
 
 def hard_case(rng, N=40, K=201):
@@ -346,8 +346,8 @@ def test_sequential_calibrates_each_layer_on_the_quantized_layers_before_it(tmp_
     quantized model. Layer 0 sees the float model's inputs (the same bytes as the one-pass
     result); every later layer's bytes are those of gptq_quantize on Gram matrices collected by
     the full float model with the earlier layers swapped for their dequantized GPTQ weights."""
-    from orkpy import gptq
-    from orkpy.model import float_model
+    from orkpy.quantization import gptq
+    from orkpy.runtime.model import float_model
     p = tmp_path / "q.gguf"
     archgen.make("qwen3", p, n_layer=3)
     src = open_source(p)

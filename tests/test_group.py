@@ -10,9 +10,9 @@ import pytest
 
 import orkpy
 from orkpy import _core
-from orkpy import reference as R
-from orkpy.reference import round_half_away
-from orkpy.tiermap import packed_nbytes, split_tier
+from orkpy.kernels import reference as R
+from orkpy.kernels.reference import round_half_away
+from orkpy.formats.tiermap import packed_nbytes, split_tier
 
 f32 = np.float32
 KINDS = ("nf4", "int4", "int8")
@@ -231,7 +231,7 @@ def test_quantize_model_group_size_saves_runs_and_lowers_kl(shared, tmp_path):
     with pytest.raises(ValueError, match="group-wise scales"):
         mg.set_ffn(0, {"mode": "fused"})
     with pytest.raises(ValueError, match="group-wise scales"):
-        orkpy.npu.use_npu(mg, "emu")
+        orkpy.runtime.npu.use_npu(mg, "emu")
 
 
 def test_npu_plan_prints_the_grouped_cost(capsys):
@@ -256,7 +256,7 @@ def test_gptq_with_groups(rng, kind):
     """GPTQ with group-wise scales: with nothing to compensate (diagonal Gram, no damping) it is
     plain grouped rounding, scales included; on a correlated Gram it lowers the output error of
     grouped rounding, with each group's scale chosen from the updated columns (or up front)."""
-    from orkpy.gptq import gptq_quantize
+    from orkpy.quantization.gptq import gptq_quantize
     w = weight(rng, N=48, K=256)
     q = gptq_quantize(w, np.eye(256), kind, damp=0.0, group_size=64)
     r = orkpy.quantize(w, kind, group_size=64)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import orkpy
-import orkpy.reference as R
+import orkpy.kernels.reference as R
 from orkpy import _core
-from orkpy.tiermap import packed_nbytes
+from orkpy.formats.tiermap import packed_nbytes
 
 f32, f16 = np.float32, np.float16
 KINDS = ("nf4", "int4", "int8")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.gguf_write import write_gguf
-from orkpy.imatrix import ImatrixError
+from orkpy.formats.gguf_write import write_gguf
+from orkpy.quantization.imatrix import ImatrixError
 
 DAT = "models/stories260K/stories260K-imatrix-B.dat"
 F32 = "models/stories260K/stories260K-F32.gguf"

@@ -9,7 +9,7 @@ import pytest
 
 import orkpy
 from orkpy.cli import read_text_like_llama_cpp
-from orkpy.ppl import LP_RANGE, _log_softmax, decode_logprobs, encode_logprobs, tokens_for_ppl
+from orkpy.evaluation.ppl import LP_RANGE, _log_softmax, decode_logprobs, encode_logprobs, tokens_for_ppl
 
 N_CTX, CHUNKS = 256, 4
 KL_ABS_TOL = 1e-5      # |mean KL (compact) - mean KL (float32)|, nats; measured ~3e-7 on stories260K

@@ -21,7 +21,7 @@ import pytest
 
 import orkpy
 from orkpy import _core
-from orkpy.packed import PackedWeight
+from orkpy.kernels.packed import PackedWeight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -163,7 +163,7 @@ def test_race_truncation_during_matmul_loop(tmp_path):
 
 
 def _small_gguf(path):
-    from orkpy.gguf_write import write_gguf
+    from orkpy.formats.gguf_write import write_gguf
     rng = np.random.default_rng(0)
     write_gguf(path, [("general.architecture", "STRING", "llama")],
                [("a.weight", rng.standard_normal((64, 256)).astype(np.float32)),
@@ -229,7 +229,7 @@ def test_imatrix_dat_truncated_during_parse(tmp_path):
     of the parse (simulated by truncating just before the parser reads) raises."""
     p = tmp_path / "im.dat"
     rc, out, err = run_child("""
-        import orkpy.imatrix as I
+        import orkpy.quantization.imatrix as I
         p = sys.argv[1]
         with open(p, "wb") as f:                  # a legacy .dat: 4 entries of 4096 values
             import struct
@@ -252,11 +252,11 @@ def test_imatrix_dat_truncated_during_parse(tmp_path):
 
 def test_quantized_model_dir_shrunk_packed_file(tmp_path):
     """load_model(directory) maps every packed linear; forward() checks them all."""
-    from orkpy.synthetic import make_synthetic
+    from orkpy.evaluation.synthetic import make_synthetic
     make_synthetic(tmp_path / "src", n_layer=1, n_embd=64, n_ff=160, n_head=2, n_head_kv=1)
     rc, out, err = run_child("""
         import glob
-        from orkpy.calibrate import quantize_model
+        from orkpy.quantization.calibrate import quantize_model
         src = sys.argv[1]
         qm = quantize_model(src + "/synthetic-F16.gguf", src + "/synthetic-alloc.map", progress=False,
                             log=lambda m: None)
@@ -448,9 +448,9 @@ def test_packed_weight_matmul_int_minus_128_same_on_every_isa(isa):
 
 
 def _synthetic_parts(tmp_path):
-    from orkpy.model import _forward_model, linear_names
-    from orkpy.source import GGUFSource
-    from orkpy.synthetic import make_synthetic
+    from orkpy.runtime.model import _forward_model, linear_names
+    from orkpy.formats.source import GGUFSource
+    from orkpy.evaluation.synthetic import make_synthetic
     make_synthetic(tmp_path, n_layer=1, n_embd=64, n_ff=160, n_head=2, n_head_kv=1)
     src = GGUFSource(tmp_path / "synthetic-F16.gguf")
 
@@ -460,7 +460,7 @@ def _synthetic_parts(tmp_path):
 
 
 def test_forward_model_refuses_minus_128_and_bad_scales(tmp_path):
-    from orkpy.model import LinearSpec
+    from orkpy.runtime.model import LinearSpec
     g, hp, assemble = _synthetic_parts(tmp_path)
 
     def spec_with(store_edit=None, scale=None):
@@ -490,7 +490,7 @@ def test_npu_is_exact_for_the_full_int8_range():
     a = rng.integers(-128, 128, (4, 64)).astype(np.int8)
     b = rng.integers(-128, 128, (32, 64)).astype(np.int8)
     a[0], b[0] = -128, -128
-    got = orkpy.npu.matmul(a, b, backend="emu")
+    got = orkpy.runtime.npu.matmul(a, b, backend="emu")
     assert np.array_equal(got, exact(b, a)) and got[0, 0] == 128 * 128 * 64
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import orkpy
 from ggufgen import FLOAT32, STRING, UINT32, build, kv
-from orkpy.model import load_model
+from orkpy.runtime.model import load_model
 
 
 def tiny_gguf(tmp_path, arch="llama", seed=0, zero_residual=False, tied=False):
@@ -267,7 +267,7 @@ def test_token_ids_are_checked(shared):
     with pytest.raises(TypeError, match="integers"):
         m.forward(np.array([1.0, 3.99]))
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        orkpy.ppl.tokens_for_ppl(m, np.array([3, 600]))
+        orkpy.evaluation.ppl.tokens_for_ppl(m, np.array([3, 600]))
 
 
 def test_add_bos_false_is_honoured(shared):

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import npu
-from orkpy.packed import pack
-from orkpy.quant import quantize
-from orkpy.testing import FAKE_DROP, FAKE_HANG
+from orkpy.runtime import npu
+from orkpy.kernels.packed import pack
+from orkpy.kernels.quant import quantize
+from orkpy.evaluation.testing import FAKE_DROP, FAKE_HANG
 
 # the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
 pytestmark = pytest.mark.usefixtures("fake_kernel")
@@ -496,7 +496,7 @@ def test_missing_libdrm_is_the_unavailability_reason():
 # ------------------------------------------------------------ forward -----
 @pytest.mark.parametrize("be,fk", BACKENDS, ids=IDS)
 def test_forward_through_npu_is_bit_identical(shared, be, fk):
-    from orkpy.model import load_model
+    from orkpy.runtime.model import load_model
     m = load_model(str(shared / "models" / "stories260K" / "stories260K-F16.gguf"),
                    weights={"default": "nf4", "blk.0.attn_v.weight": "int8", "blk.1.ffn_down.weight": "int8",
                             "output.weight": "gguf"})
@@ -529,8 +529,8 @@ def test_fused_ffn_chain_runs_its_matmuls_on_the_npu(shared):
     """The fused SwiGLU chain's gate/up/down int8 matmuls go through the NPU
     backend too (not silently back to the CPU kernels): same logits, one
     submit per linear."""
-    from orkpy import ffn
-    from orkpy.model import load_model
+    from orkpy.evaluation import ffn
+    from orkpy.runtime.model import load_model
     m = load_model(str(shared / "models" / "stories260K" / "stories260K-F16.gguf"), weights="int8")
     toks = (np.arange(1, 129) * 53) % 512
     ffn.configure(m, ffn.prep(m, toks, n_ctx=64), "fused")
@@ -560,7 +560,7 @@ def test_cli_ppl_through_the_npu(shared, capsys):
 
 # ------------------------------------------------------------ test machinery and threads --
 def test_fake_kernel_is_test_machinery_in_orkpy_testing():
-    from orkpy.testing import fake_npu_device
+    from orkpy.evaluation.testing import fake_npu_device
     rng = np.random.default_rng(5)
     a, b = rand(rng, 4, 64), rand(rng, 32, 64)
     d = fake_npu_device("rocket", faults=FAKE_DROP)
@@ -599,7 +599,7 @@ def test_fake_kernel_without_the_test_library_is_a_clear_error():
     """A fresh process, no fake kernel library loaded: Device(backend, fake_kernel=backend) says
     what to do; the emu backend still has no driver to fake; plain devices are unaffected."""
     code = """if True:
-        import orkpy, orkpy.npu as npu, orkpy.testing as T
+        import orkpy, orkpy.runtime.npu as npu, orkpy.evaluation.testing as T
         for make in (lambda: npu.Device("rknpu", fake_kernel="rknpu"), lambda: T.fake_npu_device("rocket")):
             try:
                 make()
@@ -635,7 +635,7 @@ THREAD_BACKENDS = ["emu", "rknpu"]
 
 
 def _open(be):
-    from orkpy.testing import fake_npu_device
+    from orkpy.evaluation.testing import fake_npu_device
     return npu.Device("emu") if be == "emu" else fake_npu_device(be)
 
 

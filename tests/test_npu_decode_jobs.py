@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import npu
+from orkpy.runtime import npu
 
 # the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
 pytestmark = pytest.mark.usefixtures("fake_kernel")

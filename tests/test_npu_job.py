@@ -10,8 +10,8 @@ import pytest
 
 import orkpy
 from conftest import load_bench
-from orkpy import npu
-from orkpy.testing import FAKE_HANG
+from orkpy.runtime import npu
+from orkpy.evaluation.testing import FAKE_HANG
 
 # the fake kernel drivers are a test-only library (tests/npu_fake), built and loaded by conftest.py
 pytestmark = pytest.mark.usefixtures("fake_kernel")

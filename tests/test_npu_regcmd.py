@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from orkpy import npu
+from orkpy.runtime import npu
 from orkpy.cli import main
 
 

@@ -25,7 +25,7 @@ def test_tile_layout(kind):
     N, K = 70, 100
     _, q, pw = make(kind, N, K)
     t = pw.store
-    eight = orkpy.quant.KIND_INFO[kind].bits == 8  # int8, int6, int5: int8 tiles in memory
+    eight = orkpy.kernels.quant.KIND_INFO[kind].bits == 8  # int8, int6, int5: int8 tiles in memory
     assert t.shape == (3, 4, 32, 32 if eight else 16)
     W = pw.int8_weight()
     inflated = t if eight else orkpy.lut(kind)[np.stack([t & 15, t >> 4], -1).reshape(3, 4, 32, 32)]
@@ -161,7 +161,7 @@ def test_save_load_bit_identical_and_redump_byte_identical(kind, tmp_path):
     _, q, pw = make(kind, 70, 100, seed=9, imatrix=True)
     p1, p2 = tmp_path / "a.bin", tmp_path / "b.bin"
     orkpy.save_packed(pw, p1)
-    assert p1.read_bytes()[:4] == (b"O8N1" if orkpy.quant.KIND_INFO[kind].bits == 8 else b"O4N1")
+    assert p1.read_bytes()[:4] == (b"O8N1" if orkpy.kernels.quant.KIND_INFO[kind].bits == 8 else b"O4N1")
     x = np.random.default_rng(10).standard_normal((3, 100)).astype(np.float32)
     xq = np.random.default_rng(11).integers(-127, 128, (64, 100)).astype(np.int8)
     for mm in (True, False):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import orkpy
-import orkpy.reference as R
+import orkpy.kernels.reference as R
 
 BNB_NF4 = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -216,7 +216,7 @@ def test_imatrix_none_is_byte_identical_to_absmax(rng):
         c, s = R.quantize(w, kind)
         assert np.array_equal(plain.codes, c) and np.array_equal(plain.scales, s)
         a = np.abs(w).max(1)
-        qmax = np.float32(orkpy.quant.KIND_INFO[kind].qmax)  # 127 (int8, the 4-bit LUT range), 31 int6, 15 int5
+        qmax = np.float32(orkpy.kernels.quant.KIND_INFO[kind].qmax)  # 127 (int8, the 4-bit LUT range), 31 int6, 15 int5
         assert np.array_equal(plain.scales, (a / qmax).astype(np.float32))
         # an imatrix with only ratio 1.0 in the grid, or all-zero importance, changes nothing
         for im, grid in ((np.ones(257, np.float32), [1.0]), (np.zeros(257, np.float32), None)):

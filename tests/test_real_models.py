@@ -1,7 +1,7 @@
 """The two real models against the live llama.cpp (issue 15): SmolLM2-135M-Instruct (llama;
 Q4_1, token_embd Q8_0) and Gemma-3-270M (gemma3; Q4_K_M: Q5_0, Q4_K, Q8_0, Q6_K), both
 shipped quantized. Their float reference is their exact dequantization, written as an F32
-GGUF by orkpy.convert.dequantize_gguf (tests/realmodels.py, once per test process) and
+GGUF by orkpy.formats.convert.dequantize_gguf (tests/realmodels.py, once per test process) and
 checked here tensor for tensor against the gguf package; every F32 figure is of that file,
 on both sides.
 

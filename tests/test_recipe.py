@@ -1,4 +1,4 @@
-"""Quantization recipes (orkpy.recipe, docs/recipes.md): the format round-trips, a malformed recipe
+"""Quantization recipes (orkpy.quantization.recipe, docs/recipes.md): the format round-trips, a malformed recipe
 is an error naming the key path and its line before any work, the keyword form and every
 ``orkpy quantize`` flag map onto the recipe, and on stories260K a recipe file, the equivalent
 flags / keywords and the manifest's recorded recipe give byte-identical model directories."""
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import orkpy
-from orkpy.recipe import (KEYWORDS, SECTIONS, AllocationSpec, Recipe, RecipeError,
+from orkpy.quantization.recipe import (KEYWORDS, SECTIONS, AllocationSpec, Recipe, RecipeError,
                           RoundingSpec)
 
 ST = "models/stories260K/"
@@ -39,7 +39,7 @@ def test_defaults_and_round_trips(tmp_path):
     assert d["version"] == 1 and [s.NAME for s in SECTIONS] == list(d)[1:]
     assert Recipe.from_dict(d) == r and Recipe.from_dict({}) == r
     assert Recipe.loads(r.dumps()) == r
-    custom = Recipe(transform=orkpy.recipe.TransformSpec(rotate="hadamard", rotate_seed=3),
+    custom = Recipe(transform=orkpy.quantization.recipe.TransformSpec(rotate="hadamard", rotate_seed=3),
                     allocation=AllocationSpec(kind="int4", group_size=64),
                     rounding=RoundingSpec(method="gptq", gptq_sequential=True, clip_grid=(1.0, 0.9)))
     assert custom != r and Recipe.loads(custom.dumps()) == custom
@@ -269,7 +269,7 @@ def test_manifest_without_recipe_is_a_clear_error(tmp_path, shared):
 def test_no_long_functions_in_the_pipeline():
     """No function over 120 lines in the recipe, the stages or the orchestration; quantize_model's
     code (its docstring aside) fits about a screen."""
-    pkg = os.path.dirname(orkpy.__file__)
+    pkg = os.path.join(os.path.dirname(orkpy.__file__), "quantization")
     for mod in ("recipe.py", "pipeline.py", "calibrate.py"):
         tree = ast.parse(open(os.path.join(pkg, mod), encoding="utf-8").read())
         for node in ast.walk(tree):

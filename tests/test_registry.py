@@ -28,7 +28,7 @@ def test_kind_table_is_the_one_source():
     assert [r["id"] for r in rows] == [0, 1, 2, 3, 4]  # the O4N1/O8N1 header ids
     assert [(r["qmax"], r["store_bits"]) for r in rows] == [(127, 4), (127, 4), (127, 8), (15, 5), (31, 6)]
     four = tuple(r["name"] for r in rows if r["bits"] == 4)
-    assert orkpy.quant.FOUR_BIT_KINDS == four
+    assert orkpy.kernels.quant.FOUR_BIT_KINDS == four
     for r in rows:
         k = r["name"]
         if r["bits"] == 8:
@@ -37,9 +37,9 @@ def test_kind_table_is_the_one_source():
         # derived in C from the levels, re-derived independently by the reference
         assert np.array_equal(orkpy.lut(k), reference.lut_of(k)) and np.array_equal(r["lut"], reference.lut_of(k))
         assert r["zero_code"] == reference.zero_code(k) and r["lut"][r["zero_code"]] == 0
-        assert len(r["levels"]) == r["nlev"] and np.array_equal(orkpy.quant.levels(k), r["levels"])
+        assert len(r["levels"]) == r["nlev"] and np.array_equal(orkpy.kernels.quant.levels(k), r["levels"])
     assert np.array_equal(orkpy.NF4_LEVELS, rows[0]["levels"]) and np.array_equal(orkpy.INT4_LEVELS, rows[1]["levels"])
-    assert orkpy.model.PATHS == ("fp32", "gguf") + orkpy.KINDS
+    assert orkpy.runtime.model.PATHS == ("fp32", "gguf") + orkpy.KINDS
     for cmd, dest in (("ppl", "int4_kind"), ("quantize", "kind"), ("gate", "kind")):
         assert _choices(cmd, dest) == four
 
@@ -47,7 +47,7 @@ def test_kind_table_is_the_one_source():
 
 def test_tiers_derive_from_the_kind_registry():
     """One vocabulary: every integer tier, its bits, its kind and its grouped forms come from the kind rows
-    (orkpy/tiermap.py); the model directory, load_model's paths and the allocator's options follow."""
+    (orkpy/formats/tiermap.py); the model directory, load_model's paths and the allocator's options follow."""
     from orkpy import alloc, modeldir, tiermap
     rows = _core.kinds()
     want = {f"int{r['store_bits']}": (None if r["levels"] is not None else r["name"]) for r in rows}
@@ -58,9 +58,9 @@ def test_tiers_derive_from_the_kind_registry():
         assert tiermap.kind_tier(r["name"]) == f"int{r['store_bits']}"
     for t in tiermap.INT_TIERS:
         kind = tiermap.tier_kind(t, "int4")
-        assert orkpy.model.tier_path(t, "int4") == kind and kind in orkpy.model.PATHS
+        assert orkpy.runtime.model.tier_path(t, "int4") == kind and kind in orkpy.runtime.model.PATHS
         assert tiermap.split_tier(f"{t}-g64") == (t, 64) and modeldir._tier_ok(f"{t}-g64") and modeldir._tier_ok(t)
-    assert orkpy.model.tier_path("int4-g32", "nf4") == "nf4" and orkpy.model.tier_path("float") == "gguf"
+    assert orkpy.runtime.model.tier_path("int4-g32", "nf4") == "nf4" and orkpy.runtime.model.tier_path("float") == "gguf"
     assert not modeldir._tier_ok("int3") and not modeldir._tier_ok("float-g32")
     assert {tiermap.split_tier(t)[0] for t in alloc.DEFAULT_OPTIONS} == set(tiermap.INT_TIERS)
 
@@ -105,10 +105,10 @@ _DUMMY = textwrap.dedent('''
             refused[name] = str(e)
     kid = core._register_kind_for_tests("test4", levels)
 
-    import orkpy, orkpy.npu, orkpy.reference as ref
+    import orkpy, orkpy.runtime.npu, orkpy.kernels.reference as ref
     from orkpy.cli import build_parser
-    out = {"id": kid, "refused": refused, "kinds": list(orkpy.KINDS), "four": list(orkpy.quant.FOUR_BIT_KINDS),
-           "zero_code": orkpy.quant.KIND_INFO["test4"].zero_code, "lut": orkpy.lut("test4").tolist(),
+    out = {"id": kid, "refused": refused, "kinds": list(orkpy.KINDS), "four": list(orkpy.kernels.quant.FOUR_BIT_KINDS),
+           "zero_code": orkpy.kernels.quant.KIND_INFO["test4"].zero_code, "lut": orkpy.lut("test4").tolist(),
            "ref_lut": ref.lut_of("test4").tolist()}
     rng = np.random.default_rng(0)
     N, K = 45, 77  # neither a multiple of 32, K odd: padding nibbles and tiles take the zero code
@@ -137,17 +137,17 @@ _DUMMY = textwrap.dedent('''
     back = orkpy.load_packed(pth)
     out["file"] = [back.kind, open(pth, "rb").read(4).decode(), int.from_bytes(open(pth, "rb").read()[8:12], "little")]
     out["load_matmul_same"] = bool(np.array_equal(back.matmul(x), y))
-    with orkpy.npu.Device("emu") as dev:
+    with orkpy.runtime.npu.Device("emu") as dev:
         out["npu_same"] = bool(np.array_equal(dev.matmul(xq, pw), acc))
     m = orkpy.load_model(sys.argv[3], weights="test4")
     ids = list(range(1, 40))
     logits = m.forward(ids)
-    routed = orkpy.npu.use_npu(m, "emu", kinds=("test4",))
+    routed = orkpy.runtime.npu.use_npu(m, "emu", kinds=("test4",))
     out["model"] = [bool(np.all(np.isfinite(logits))), routed, bool(np.array_equal(m.forward(ids), logits))]
     sub = build_parser()._subparsers._group_actions[0].choices["quantize"]
     out["cli_kind"] = list(next(a for a in sub._actions if a.dest == "kind").choices)
     # the tiers: a codebook runs the 4-bit tier (a tier map, the CLI, the manifest, load_model(weights=))
-    from orkpy import tiermap
+    from orkpy.formats import tiermap
     from orkpy.cli import main
     out["tiers"] = [list(tiermap.TIERS), tiermap.kind_tier("test4"), tiermap.tier_kind("int4-g32", "test4")]
     tm = orkpy.tier_map(sys.argv[3])
@@ -205,7 +205,7 @@ def test_packed_layout_is_the_binding_s(kind, N, K, tmp_path):
     pw = orkpy.pack(orkpy.quantize(rng.standard_normal((N, K)).astype(np.float32), kind))
     assert pw.store.shape == lay["store_shape"] and pw.store.dtype == np.dtype(lay["store_dtype"])
     assert pw.store.nbytes == lay["store_bytes"]
-    assert lay["file_store_bytes"] == lay["store_bytes"] * orkpy.quant.KIND_INFO[kind].store_bits // (
+    assert lay["file_store_bytes"] == lay["store_bytes"] * orkpy.kernels.quant.KIND_INFO[kind].store_bits // (
         8 if lay["store_dtype"] == "int8" else 4)
     orkpy.save_packed(pw, tmp_path / "w")
     data = (tmp_path / "w").read_bytes()
@@ -267,7 +267,7 @@ def test_ffn_modes_from_c():
 
 
 def _tiny_model(path="int8"):
-    from orkpy.testing import synthetic_forward_model
+    from orkpy.evaluation.testing import synthetic_forward_model
     return synthetic_forward_model(n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_vocab=50,
                                    path=path, threads=1)
 
@@ -288,7 +288,7 @@ def test_ffn_settings_checked_in_c():
 
 # ---------------------------------------------------------- linear names --
 def test_linear_names_owned_by_the_forward_model():
-    assert _core.layer_linears() == orkpy.model.LINEARS == (
+    assert _core.layer_linears() == orkpy.runtime.model.LINEARS == (
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     names = _core.linear_names({"n_layer": 2})
     assert names == [f"blk.{i}.{t}.weight" for i in range(2) for t in _core.layer_linears()] + ["output.weight"]

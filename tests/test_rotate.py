@@ -1,4 +1,4 @@
-"""Rotations folded into the weights and SmoothQuant migration (orkpy/rotate.py, issue 16 item 1).
+"""Rotations folded into the weights and SmoothQuant migration (orkpy/runtime/rotate.py, issue 16 item 1).
 
 - The Hadamard constructions (Paley I/II x Sylvester) are exact for the residual widths of the
   models (64, 576 SmolLM2, 640 Gemma 3, 896, 1536, 2048); other orders get a random orthogonal
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.rotate import TransformedSource, hadamard, hadamard_factors, rotate_source, rotation
-from orkpy.model import transformed_source
-from orkpy.source import open_source
-from orkpy.tiermap import tier_map
+from orkpy.runtime.rotate import TransformedSource, hadamard, hadamard_factors, rotate_source, rotation
+from orkpy.runtime.model import transformed_source
+from orkpy.formats.source import open_source
+from orkpy.formats.tiermap import tier_map
 
 import archgen
 
@@ -229,7 +229,7 @@ def test_online_rotation_round_trip_and_refusals(tmp_path, shared):
     ref = archgen.ref_forward(T, c, tok)
     assert archgen.compare(m.forward(tok), ref)[2] < archgen.compare(
         orkpy.load_model(p, weights="int8").forward(tok), ref)[2]  # int8 KL: rotated below plain here too
-    from orkpy import ffn
+    from orkpy.evaluation import ffn
     st = ffn.prep(m, archgen.tokens(256), n_ctx=64, chunks=2)
     with pytest.raises(ValueError, match="rotated online"):
         m.set_ffn(0, ffn.layer_params(st[0], "fused"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.safetensors import SafetensorsModel
+from orkpy.formats.safetensors import SafetensorsModel
 
 ST_DTYPE = {
     np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("float64"): "F64",

@@ -20,16 +20,16 @@ import time
 
 import pytest
 
-import orkpy.synthetic as syn
+import orkpy.evaluation.synthetic as syn
 from orkpy import FormatError
-from orkpy.calibrate import MANIFEST, load_quantized, quantize_model
+from orkpy.quantization.calibrate import MANIFEST, load_quantized, quantize_model
 
 pytestmark = pytest.mark.slow  # hundreds of child processes
 
 CHILD_COMMON = textwrap.dedent("""
     import os, sys
     import orkpy
-    from orkpy.calibrate import quantize_model
+    from orkpy.quantization.calibrate import quantize_model
     base, path = sys.argv[1], sys.argv[2]
     src, alloc = os.path.join(base, "synthetic-F16.gguf"), os.path.join(base, "synthetic-alloc.map")
     models = [quantize_model(src, alloc, kind=k, progress=False, log=lambda s: None) for k in ("nf4", "int4")]
@@ -58,7 +58,7 @@ CHILD_POINT = CHILD_COMMON + textwrap.dedent("""
         setattr(mod, name, g)
     for name in ("replace", "rename", "mkdir", "makedirs", "fsync", "unlink", "remove", "rmdir"):
         wrap(os, name)
-    import orkpy.modeldir as md
+    import orkpy.formats.modeldir as md
     wrap(md, "_exchange_dirs")
     models[new].save(path, overwrite=True)
     print("completed", count[0], flush=True)

@@ -1,4 +1,4 @@
-"""The seam between the Python layer and the C forward pass (orkpy/model.py): named linear
+"""The seam between the Python layer and the C forward pass (orkpy/runtime/model.py): named linear
 specs, linear names owned by the forward model and used as keys, the public Model methods
 calibration / the FFN chain / the NPU use, one source abstraction (GGUF or safetensors) and
 one allocation reader for every entry point, and one meaning of the float tier."""
@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy import npu
-from orkpy.model import LinearSpec, linear_names, tier_path
-from orkpy.source import GGUFSource, read_allocation
+from orkpy.runtime import npu
+from orkpy.runtime.model import LinearSpec, linear_names, tier_path
+from orkpy.formats.source import GGUFSource, read_allocation
 
 ST = "models/stories260K"
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from orkpy.synthetic import make_synthetic
+    from orkpy.evaluation.synthetic import make_synthetic
     return make_synthetic(str(tmp_path_factory.mktemp("syn")), n_layer=2, n_embd=64, n_ff=96, n_head=2, n_head_kv=1)
 
 
@@ -97,7 +97,7 @@ def test_route_linears_public_and_bit_identical(synthetic):
 
 
 def test_set_ffn_and_ffn_stats_are_model_methods(synthetic):
-    from orkpy import ffn
+    from orkpy.evaluation import ffn
     m = orkpy.load_model(synthetic["model"], weights="int8")
     base = _fw(m)
     toks = m.tokens(np.arange(1, 200))
@@ -130,7 +130,7 @@ def test_one_chunking_for_perplexity_and_imatrix(synthetic):
 
 
 def test_as_model_accepts_a_quantized_model_and_refuses_others(synthetic):
-    from orkpy.model import as_model
+    from orkpy.runtime.model import as_model
     qm = orkpy.quantize_model(synthetic["model"], synthetic["alloc"], progress=False, log=lambda s: None)
     assert as_model(qm) is qm.to_model()
     with pytest.raises(TypeError, match="Model"):

@@ -75,7 +75,7 @@ def test_the_walk_sees_subpackages_and_methods(tmp_path):
                                             "        return g\n")
     assert [os.path.basename(p) for p in python_files(str(tmp_path))] == ["m.py"]
     assert functions(os.path.join(str(tmp_path), "sub", "m.py")) == [(4, "A.f"), (2, "A.f.g")]
-    assert "orkpy/cli/__init__.py" in python_files() and "orkpy/tokenizer/vocabulary.py" in python_files()
+    assert "orkpy/cli/__init__.py" in python_files() and "orkpy/runtime/tokenizer/vocabulary.py" in python_files()
 
 
 def main():

@@ -15,7 +15,7 @@ import pytest
 import orkpy
 from orkpy._core import MappedFile
 from orkpy._mapped import maps_of
-from orkpy.gguf_write import LazyTensor, write_gguf
+from orkpy.formats.gguf_write import LazyTensor, write_gguf
 
 STORIES = "models/stories260K/stories260K-F16.gguf"
 Q4_0 = "models/stories260K/stories260K-Q4_0.gguf"
@@ -123,7 +123,7 @@ def test_streamed_quantization_peak_memory_does_not_hold_the_model(tmp_path):
         qmb.SHAPES["t"] = (2048, 8192, 4, 16, 8)
         src, _ = qmb.make_model({str(tmp_path)!r}, "t")
         import orkpy
-        from orkpy.tiermap import TierEntry, TierMap
+        from orkpy.formats.tiermap import TierEntry, TierMap
         shp = qmb.tensors_of("t")
         tm = TierMap({{n: TierEntry("float" if len(s) == 1 else "int4", "F16", s) for n, s in shp.items()}}, tied=True)
         def hwm():
@@ -149,7 +149,7 @@ def test_a_failed_background_write_fails_the_quantization_and_leaves_nothing(sha
     """The writer writes each linear on its own thread (add_later) while the next is quantized: an
     error there is raised in the caller (by the next add_later, or at the end), and the temporary
     folder is removed only after the write in flight has stopped."""
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     real_add, calls = ModelDirWriter._add, []
 
     def add(self, name, pw, tier):
@@ -179,7 +179,7 @@ def _held_writes(monkeypatch):
     """ModelDirWriter._add made to log the linear's name in ``calls``, set ``entered`` and wait for
     ``release`` before it writes: (calls, entered, release)."""
     import threading
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     real_add, calls, entered, release = ModelDirWriter._add, [], threading.Event(), threading.Event()
 
     def held_add(self, name, pw, tier):
@@ -196,7 +196,7 @@ def test_abort_waits_for_the_write_in_flight(tmp_path, monkeypatch):
     folder only after the background write has stopped: a write held in flight keeps abort waiting,
     and once it is let go the folder is gone and the write's file with it."""
     import threading
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     _, entered, release = _held_writes(monkeypatch)
     w = ModelDirWriter(tmp_path / "m")
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
@@ -215,7 +215,7 @@ def test_abort_waits_for_the_write_in_flight(tmp_path, monkeypatch):
 def test_linear_into_a_scratch_buffer(shared):
     """Source.linear(scratch=): an F16 tensor is converted into the buffer (the result views it) with
     the same values; the embedding table and an F32 file's tensors ignore it."""
-    from orkpy.source import open_source
+    from orkpy.formats.source import open_source
     src = open_source(shared / STORIES)
     name = "blk.0.ffn_up.weight"
     want = src.linear(name)
@@ -260,7 +260,7 @@ def test_float16_weights_quantize_as_their_float32_values():
 def test_linear_stored_views_float16_weights_only(shared, tmp_path):
     """Source.linear_stored: an F16 file's linear is a read-only float16 view of the mapped file with
     the values linear() converts; F32 and quantized files' linears are None (they go through linear())."""
-    from orkpy.source import open_source
+    from orkpy.formats.source import open_source
     src = open_source(shared / STORIES)
     name = "blk.0.ffn_up.weight"
     v = src.linear_stored(name)
@@ -275,7 +275,7 @@ def test_writer_queue_keeps_order_and_bounds_memory(tmp_path, monkeypatch):
     jobs waiting hold more than IN_FLIGHT bytes, then waits for room (a job larger than the bound
     alone still goes)."""
     import threading
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     order, _, release = _held_writes(monkeypatch)
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "int8"))
     size = pw.store.nbytes + pw.bscale.nbytes
@@ -303,7 +303,7 @@ def test_writer_queue_keeps_order_and_bounds_memory(tmp_path, monkeypatch):
 def test_abort_drops_the_queued_writes(tmp_path, monkeypatch):
     """abort waits for the write in flight and drops the jobs queued behind it."""
     import threading
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     calls, entered, release = _held_writes(monkeypatch)
     w = ModelDirWriter(tmp_path / "m")
     pw = orkpy.pack(orkpy.quantize(np.ones((64, 64), np.float32), "nf4"))
@@ -324,7 +324,7 @@ def test_abort_drops_the_queued_writes(tmp_path, monkeypatch):
 def test_a_failed_write_drops_the_queued_jobs_and_stays_failed(tmp_path, monkeypatch):
     """A job's error is raised once by the next call; the jobs queued behind it are never written, and
     every later add_later / wait refuses (the directory can only be aborted)."""
-    from orkpy.modeldir import ModelDirWriter
+    from orkpy.formats.modeldir import ModelDirWriter
     calls, _, release = _held_writes(monkeypatch)
     real_held = ModelDirWriter._add
 
@@ -358,7 +358,7 @@ def test_a_saved_weight_mapped_without_a_reload(tmp_path, kind, group):
     """The writer maps each file it has just written from the packed weight (packed._map_saved) instead
     of loading it: the same store, scales, kind and group as load_packed gives, the store a view of the
     file (int6 / int5, unpacked in memory, are loaded); a file that is not what was written is refused."""
-    from orkpy.packed import _map_saved, load_packed, save_packed_sha256
+    from orkpy.kernels.packed import _map_saved, load_packed, save_packed_sha256
     w = np.random.default_rng(5).standard_normal((70, 200)).astype(np.float32)
     pw = orkpy.pack(orkpy.quantize(w, kind, group_size=group or None))
     fp = tmp_path / f"w.{kind}"

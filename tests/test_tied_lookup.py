@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import orkpy
-from orkpy.model import Model
-from orkpy.tiermap import EMBEDDING
+from orkpy.runtime.model import Model
+from orkpy.formats.tiermap import EMBEDDING
 
 SKEL = "models/qwen3-skeleton/qwen3-skel-tied-F16.gguf"
 ALLOC = "models/qwen3-skeleton/qwen3-skel-tied-Q4_K_M.gguf"

@@ -5,7 +5,7 @@ import pytest
 
 import orkpy
 from orkpy.cli import main
-from orkpy.tiermap import TierEntry, type_tier
+from orkpy.formats.tiermap import TierEntry, type_tier
 
 QWEN_LAYERS_MORE_BITS = {0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27}  # ../shared/README.md
 
@@ -105,11 +105,11 @@ def test_int6_int5_tiers_count_their_bits():
                         "c": TierEntry("int8", "Q8_0", (10, 64))})
     a, b, c = 32 * 64 * 6 // 8 + 40, 32 * 64 * 5 // 8 + 2 * 10 * 2, 32 * 64 + 40  # 6 / 5 bits per code; f16 groups
     assert tm.result_bytes() == {"int8": c, "int6": a, "int5": b, "int4": 0}
-    assert orkpy.tiermap.packed_nbytes("int5-g32", 10, 64) == b
+    assert orkpy.formats.tiermap.packed_nbytes("int5-g32", 10, 64) == b
     assert tm.counts_by_tier() == {"int8": 1, "int6": 1, "int5": 1, "int4": 0, "float": 0}
     assert tm.int8_share() == pytest.approx(c / (a + b + c))
     with pytest.raises(ValueError, match="unknown tier"):
-        orkpy.tiermap.split_tier("int7")
+        orkpy.formats.tiermap.split_tier("int7")
 
 
 def test_emit_map_round_trip_and_atomic(qwen, tmp_path):

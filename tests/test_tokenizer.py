@@ -145,7 +145,7 @@ def test_stories_vocab_facts(stories):
     assert stories.model == "llama" and stories.n_vocab == 512 == len(stories)
     assert (stories.bos_id, stories.eos_id, stories.unk_id) == (1, 2, 0)
     assert stories.add_bos and not stories.add_eos and stories.add_space_prefix
-    # the splitting assumption documented in orkpy/tokenizer/__init__.py: no token has "\u2581" after index 0
+    # the splitting assumption documented in orkpy/runtime/tokenizer/__init__.py: no token has "\u2581" after index 0
     assert not any("\u2581" in t[1:] for t in stories.tokens)
     assert stories._glue == frozenset()
 

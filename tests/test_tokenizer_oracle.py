@@ -23,7 +23,7 @@ import pytest
 
 from oracle import LLAMA_ROOT, LLAMA_VERSION, oracle_tokens, real_model, required
 from orkpy import Tokenizer
-from orkpy.tokenizer import _PRE, PRE_TOKENIZERS, _UnicodeClasses
+from orkpy.runtime.tokenizer import _PRE, PRE_TOKENIZERS, _UnicodeClasses
 from vocabgen import EXTRA_WORDS, TRICKY, bpe_vocab, spm_vocab, write_bpe_vocab, write_spm_vocab
 
 TEXTS = {"wikitext": "text/wikitext-2-raw-test.txt", "tinystories": "text/tinystories-val-B.txt"}
@@ -222,7 +222,7 @@ def _classes():
 
 
 def test_unicode_classes_are_llama_cpps():
-    """orkpy/tokenizer/_unicode_classes.py == llama.cpp's src/unicode-data.cpp (categories, whitespace)."""
+    """orkpy/runtime/tokenizer/_unicode_classes.py == llama.cpp's src/unicode-data.cpp (categories, whitespace)."""
     src = _llama_unicode_data()
     body = re.search(r"unicode_ranges_flags = \{.*?\n(.*?)\n\};", src, re.S).group(1)
     rows = [(int(a, 16), int(b, 16)) for a, b in re.findall(r"\{0x([0-9A-F]+), 0x([0-9A-F]+)\}", body)]

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import orkpy
-import orkpy.modeldir as modeldir
+import orkpy.formats.modeldir as modeldir
 from orkpy import FormatError, TierEntry, TierMap
-from orkpy.calibrate import quantize_model
-from orkpy.imatrix import Imatrix
-from orkpy.packed import pack, save_packed
+from orkpy.quantization.calibrate import quantize_model
+from orkpy.quantization.imatrix import Imatrix
+from orkpy.kernels.packed import pack, save_packed
 
 ST = "models/stories260K"
 
@@ -72,7 +72,7 @@ def test_threads_saving_one_path(tmp_path, what):
             objs.append(im)
         save, ext = (lambda o, p: o.save(p)), ".gguf"
     else:
-        from orkpy.gguf_write import write_gguf
+        from orkpy.formats.gguf_write import write_gguf
         objs = [[("w", rng.standard_normal((64, 1024)).astype(np.float32))] for _ in range(n)]
         save, ext = (lambda o, p: write_gguf(p, [], o)), ".gguf"
     want = _payloads(tmp_path, save, objs, ext)
@@ -246,7 +246,7 @@ def test_streamed_model_dir_hashes_what_it_wrote(shared, tmp_path, monkeypatch):
         if "file" in e:
             assert e["sha256"] == _io.sha256_file(out / e["file"])
     assert man["source"]["sha256"] == _io.sha256_file(src) and man["alloc"]["sha256"] == _io.sha256_file(alloc)
-    from orkpy.calibrate import load_quantized
+    from orkpy.quantization.calibrate import load_quantized
     load_quantized(out)  # the load checks every digest again
 
 

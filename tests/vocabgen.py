@@ -28,7 +28,7 @@ import heapq
 import numpy as np
 
 import orkpy
-from orkpy.tokenizer import _BYTE_TO_CHAR, Tokenizer
+from orkpy.runtime.tokenizer import _BYTE_TO_CHAR, Tokenizer
 
 EXTRA_WORDS = 48
 USER_DEFINED = "@-@"

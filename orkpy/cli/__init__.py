@@ -19,20 +19,20 @@ from .quantize import _cmd_dequantize, _cmd_imatrix, _cmd_quantize, _cmd_recipe 
 
 # every subcommand, in the order `orkpy --help` lists them: (name, the function that adds its parser)
 SUBCOMMANDS = (
-    ("generate", generate._add_generate),
-    ("info", inspect._add_info),
-    ("quant-report", inspect._add_quant_report),
-    ("ppl", evaluate._add_ppl),
-    ("imatrix", quantize._add_imatrix),
-    ("quantize", quantize._add_quantize),
-    ("recipe", quantize._add_recipe),
-    ("ffn-sweep", evaluate._add_ffn_sweep),
-    ("dequantize", quantize._add_dequantize),
-    ("npu-dump", inspect._add_npu_dump),
-    ("npu-plan", inspect._add_npu_plan),
-    ("gate", evaluate._add_gate),
-    ("gguf-info", inspect._add_gguf_info),
-    ("tier-map", inspect._add_tier_map),
+    ("generate", generate.add_generate),
+    ("info", inspect.add_info),
+    ("quant-report", inspect.add_quant_report),
+    ("ppl", evaluate.add_ppl),
+    ("imatrix", quantize.add_imatrix),
+    ("quantize", quantize.add_quantize),
+    ("recipe", quantize.add_recipe),
+    ("ffn-sweep", evaluate.add_ffn_sweep),
+    ("dequantize", quantize.add_dequantize),
+    ("npu-dump", inspect.add_npu_dump),
+    ("npu-plan", inspect.add_npu_plan),
+    ("gate", evaluate.add_gate),
+    ("gguf-info", inspect.add_gguf_info),
+    ("tier-map", inspect.add_tier_map),
 )
 
 

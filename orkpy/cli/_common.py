@@ -112,7 +112,7 @@ def _add_transform_args(s, *, calib=True, ctx_option="--ctx"):
 
 
 def _add_act_args(s):
-    from ..actspec import ACT_MODES
+    from ..kernels.actspec import ACT_MODES
     s.add_argument("--act", choices=ACT_MODES, default="per_token",
                    help="activation mode of the packed linears: one int8 scale per token (dynamic), per forward "
                         "call, static calibrated ranges (the NPU can chain them), or per token with outlier "
@@ -203,7 +203,7 @@ _META_HELP = ("for a safetensors MODEL (a .safetensors file, a shard index or th
 def _meta_arg(args, source, fallback=None, what="MODEL"):
     """--meta, checked before any work: the GGUF that supplies a safetensors ``source``'s hyper-parameters and
     tokenizer (``fallback``, e.g. the allocation GGUF, when --meta is not given); None for a GGUF source."""
-    from ..source import is_safetensors
+    from ..formats.source import is_safetensors
 
     meta = getattr(args, "meta", None)
     st = source is not None and is_safetensors(source)
@@ -231,8 +231,8 @@ def _warn_ctx(n_ctx_train, ctx, command):
 
 def _weights_arg(spec):
     """--weights: a path name, an emit-map file, or a GGUF whose types allocate the tiers."""
-    from ..model import PATHS
-    from ..source import read_allocation
+    from ..runtime.model import PATHS
+    from ..formats.source import read_allocation
     if spec in PATHS:
         return spec
     if not os.path.exists(spec):

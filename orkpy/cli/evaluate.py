@@ -27,9 +27,9 @@ def _kl_files(args):
 
 
 def _cmd_ppl(args):
-    from ..actspec import ACT_MODE_INFO
-    from ..model import load_model
-    from ..ppl import perplexity
+    from ..kernels.actspec import ACT_MODE_INFO
+    from ..runtime.model import load_model
+    from ..evaluation.ppl import perplexity
 
     save, base = _kl_files(args)
     if args.npu and args.weights in ("gguf", "fp32"):
@@ -52,7 +52,7 @@ def _cmd_ppl(args):
                        **_transform_kwargs(args, calib))
     _warn_ctx(model.hparams.get("n_ctx_train"), args.ctx, args.command)
     if args.npu:
-        from .. import npu
+        from ..runtime import npu
         routed = npu.use_npu(model, npu.Device(args.npu))
         if not routed:
             raise UsageError(f"--npu {args.npu}: --weights {args.weights} leaves no packed linear layer to run on "
@@ -71,9 +71,9 @@ def _cmd_ppl(args):
 
 
 def _cmd_ffn_sweep(args):
-    from ..ffn import sweep
-    from ..gguf import GGUFFile
-    from ..source import hparams
+    from ..evaluation.ffn import sweep
+    from ..formats.gguf import GGUFFile
+    from ..formats.source import hparams
 
     if args.json_out:
         _check_output_path(args.json_out, "--json-out")
@@ -117,7 +117,7 @@ def _gate_limit(s):
 def _cmd_gate(args):
     import tempfile
 
-    from ..gate import format_gate, run_gate, verdict
+    from ..evaluation.gate import format_gate, run_gate, verdict
 
     given = [a for a in (args.model, args.alloc, args.text) if a is not None]
     synthetic = not given
@@ -131,7 +131,7 @@ def _cmd_gate(args):
     meta = _meta_arg(args, args.model, fallback=args.alloc if args.alloc and args.alloc.endswith(".gguf") else None)
     with tempfile.TemporaryDirectory(prefix="orkpy-synthetic-") as tmp:
         if synthetic:
-            from ..synthetic import make_synthetic
+            from ..evaluation.synthetic import make_synthetic
             where = os.path.join(args.out, "synthetic") if args.out is not None else tmp
             paths = make_synthetic(where)
             print("no model given: generated a seeded synthetic Llama-layout model (random weights; its PPL means "
@@ -168,9 +168,9 @@ def _sens_budget(s):
     return v
 
 
-def _add_ppl(sub):
-    from ..npu import BACKENDS
-    from ..quant import FOUR_BIT_KINDS
+def add_ppl(sub):
+    from ..runtime.npu import BACKENDS
+    from ..kernels.quant import FOUR_BIT_KINDS
 
     s = sub.add_parser("ppl", help="perplexity with llama-perplexity's method (and KL-divergence mode)")
     s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
@@ -200,7 +200,7 @@ def _add_ppl(sub):
     s.set_defaults(func=_cmd_ppl)
 
 
-def _add_ffn_sweep(sub):
+def add_ffn_sweep(sub):
     s = sub.add_parser("ffn-sweep", help="the fused int8 SwiGLU chain: every mode, ablation and sprinkle, PPL + KL")
     s.add_argument("model", nargs="?", metavar="MODEL",
                    help="GGUF model or a safetensors checkpoint (with --meta); or -m/--model")
@@ -228,8 +228,8 @@ def _add_ffn_sweep(sub):
     s.set_defaults(func=_cmd_ffn_sweep)
 
 
-def _add_gate(sub):
-    from ..quant import FOUR_BIT_KINDS
+def add_gate(sub):
+    from ..kernels.quant import FOUR_BIT_KINDS
 
     s = sub.add_parser(
         "gate", help="end to end: tier map -> imatrix -> quantize -> save -> reload -> PPL/KL, and a verdict",

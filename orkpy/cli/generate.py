@@ -8,8 +8,8 @@ _GENERATE_MODEL_HELP = "GGUF model or a quantized model folder; or -m/--model"
 
 
 def _cmd_generate(args):
-    from ..generate import generate
-    from ..model import load_model
+    from ..runtime.generate import generate
+    from ..runtime.model import load_model
 
     if (args.prompt is None) == (args.file is None):
         raise UsageError("give the prompt once: -p/--prompt TEXT or -f/--file FILE")
@@ -43,8 +43,8 @@ def _top_p(s):
     return v
 
 
-def _add_generate(sub):
-    from ..quant import FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
+def add_generate(sub):
+    from ..kernels.quant import FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
 
     s = sub.add_parser("generate", help="generate text from a prompt (KV-cached decode), streamed to stdout",
                        description="The continuation of a prompt, written to stdout as it comes (orkpy.generate: "

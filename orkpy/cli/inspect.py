@@ -7,8 +7,8 @@ from .. import __version__
 from ._common import _check_output_path, _positive_int, _threshold
 
 def _cmd_info(args):
-    from ..cpu import capabilities
-    from ..npu import BACKENDS, unavailable
+    from ..kernels.cpu import capabilities
+    from ..runtime.npu import BACKENDS, unavailable
 
     caps = capabilities()
     why = unavailable()
@@ -30,7 +30,7 @@ def _cmd_info(args):
 
 
 def _cmd_quant_report(args):
-    from ..report import format_quant_report, quant_report
+    from ..evaluation.report import format_quant_report, quant_report
 
     rows_out, ratios = quant_report(args.rows, args.cols, args.seed, args.threads)
     if args.json:
@@ -60,7 +60,7 @@ def _summarise(v, limit=8):
 
 
 def _cmd_gguf_info(args):
-    from ..gguf import GGUFFile
+    from ..formats.gguf import GGUFFile
 
     with GGUFFile(args.file) as g:
         print(f"file:        {g.path}")
@@ -79,7 +79,7 @@ def _cmd_gguf_info(args):
 
 
 def _cmd_tier_map(args):
-    from ..tiermap import INT_TIERS, tier_map
+    from ..formats.tiermap import INT_TIERS, tier_map
 
     if args.emit_map:
         _check_output_path(args.emit_map, "--emit-map")
@@ -113,14 +113,14 @@ def _cmd_tier_map(args):
 
 
 def _cmd_npu_dump(args):
-    from ..npu import dump, read_commands
+    from ..runtime.npu import dump, read_commands
 
     print(dump(read_commands(args.file)))
     return 0
 
 
 def _cmd_npu_plan(args):
-    from ..npu import dump, plan, plan_commands
+    from ..runtime.npu import dump, plan, plan_commands
 
     caps = dict(max_m=args.max_m, max_k=args.max_k, max_n=args.max_n)
     p = plan(args.M, args.K, args.N, **caps)
@@ -141,13 +141,13 @@ def _cmd_npu_plan(args):
     return 0
 
 
-def _add_info(sub):
+def add_info(sub):
     s = sub.add_parser("info", help="CPU features, the kernels in use and the NPU backends")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=_cmd_info)
 
 
-def _add_quant_report(sub):
+def add_quant_report(sub):
     s = sub.add_parser("quant-report", help="reconstruction error of every kind on seeded weights")
     s.add_argument("--rows", type=_positive_int, default=1024, help="rows (N) of the test weights")
     s.add_argument("--cols", type=_positive_int, default=4096, help="columns (K) of the test weights")
@@ -158,13 +158,13 @@ def _add_quant_report(sub):
     s.set_defaults(func=_cmd_quant_report)
 
 
-def _add_npu_dump(sub):
+def add_npu_dump(sub):
     s = sub.add_parser("npu-dump", help="decode an RK3588 NPU register command buffer into a listing")
     s.add_argument("file", help="little-endian binary qwords, or text with one hex qword per line")
     s.set_defaults(func=_cmd_npu_dump)
 
 
-def _add_npu_plan(sub):
+def add_npu_plan(sub):
     s = sub.add_parser("npu-plan", help="how an int8 matmul is split into NPU tasks (and its command stream)")
     s.add_argument("M", type=_positive_int, help="rows of the activations")
     s.add_argument("K", type=_positive_int, help="inputs (the contracted dimension)")
@@ -178,14 +178,14 @@ def _add_npu_plan(sub):
     s.set_defaults(func=_cmd_npu_plan)
 
 
-def _add_gguf_info(sub):
+def add_gguf_info(sub):
     s = sub.add_parser("gguf-info", help="header, metadata and tensor table of a GGUF file")
     s.add_argument("file", help="a GGUF file")
     s.set_defaults(func=_cmd_gguf_info)
 
 
-def _add_tier_map(sub):
-    from ..tiermap import OVERRIDES
+def add_tier_map(sub):
+    from ..formats.tiermap import OVERRIDES
 
     s = sub.add_parser("tier-map", help="int8/int4 tier per tensor from a mixed GGUF's types")
     s.add_argument("--literal-types", action="store_true",

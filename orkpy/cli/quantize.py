@@ -11,8 +11,8 @@ from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_comm
                       read_text_like_llama_cpp)
 
 def _cmd_imatrix(args):
-    from ..calibrate import collect_imatrix
-    from ..model import load_model
+    from ..quantization.calibrate import collect_imatrix
+    from ..runtime.model import load_model
 
     _check_output_path(args.output, "-o/--output")
     meta = _meta_arg(args, args.model)
@@ -59,7 +59,7 @@ def recipe_from_args(args):
     """The recipe (orkpy.recipe.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
     model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
     command line on top (without --recipe, every recipe option's value, defaults included)."""
-    from ..recipe import Recipe, RecipeError
+    from ..quantization.recipe import Recipe, RecipeError
 
     base = Recipe.load(args.recipe) if args.recipe is not None else Recipe()
     given = _given_options(args) if args.recipe is not None else None
@@ -76,8 +76,8 @@ def recipe_from_args(args):
 
 
 def _cmd_quantize(args):
-    from ..calibrate import quantize_model
-    from ..tiermap import INT_TIERS
+    from ..quantization.calibrate import quantize_model
+    from ..formats.tiermap import INT_TIERS
 
     recipe = recipe_from_args(args)  # before any other work: a malformed recipe names its key and line
     _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
@@ -122,7 +122,7 @@ def _cmd_recipe(args):
 
 
 def _cmd_dequantize(args):
-    from ..convert import dequantize_gguf
+    from ..formats.convert import dequantize_gguf
 
     _check_output_path(args.output, "-o/--output", overwrite=args.overwrite)
     if os.path.exists(args.output) and os.path.samefile(args.file, args.output):
@@ -133,7 +133,7 @@ def _cmd_dequantize(args):
     return 0
 
 
-def _add_imatrix(sub):
+def add_imatrix(sub):
     s = sub.add_parser("imatrix", help="collect an importance matrix in the forward pass")
     s.add_argument("model", nargs="?", metavar="MODEL", help=_MODEL_HELP)
     s.add_argument("text", nargs="?", metavar="TEXT", help=_TEXT_HELP)
@@ -145,8 +145,8 @@ def _add_imatrix(sub):
     s.set_defaults(func=_cmd_imatrix)
 
 
-def _add_quantize(sub):
-    from ..quant import CLIP_SEARCHES, FOUR_BIT_KINDS
+def add_quantize(sub):
+    from ..kernels.quant import CLIP_SEARCHES, FOUR_BIT_KINDS
 
     s = sub.add_parser("quantize", help="quantize a model: fp16 source + allocation (+ imatrix) -> model directory")
     s.add_argument("source", help="F32/F16/BF16 GGUF or safetensors checkpoint (a quantized GGUF here means "
@@ -215,7 +215,7 @@ def _add_recipe_arg(s):
                         "(default: none, the options alone; `orkpy recipe` prints what they mean)")
 
 
-def _add_recipe(sub):
+def add_recipe(sub):
     """orkpy recipe: quantize's recipe options (the same argparse actions), --recipe, --format, -o."""
     from ._common import _Parser
 
@@ -224,10 +224,10 @@ def _add_recipe(sub):
                        description="The recipe (docs/recipes.md) that `orkpy quantize` would run with these options: "
                                    "every key written, defaults included. With --recipe FILE, that recipe with the "
                                    "options given here on top.")
-    from ..recipe import Recipe
+    from ..quantization.recipe import Recipe
 
     holder = _Parser(prog="orkpy").add_subparsers()
-    quantize = _add_quantize(holder)
+    quantize = add_quantize(holder)
     default = Recipe().to_dict()
     for action in quantize._actions:  # quantize's own options (type, choices, default): one definition
         if action.dest in CLI_KEYS:
@@ -242,7 +242,7 @@ def _add_recipe(sub):
     s.set_defaults(func=_cmd_recipe, _cmd_parser=s)
 
 
-def _add_dequantize(sub):
+def add_dequantize(sub):
     s = sub.add_parser("dequantize", help="the float reference of a quantized GGUF: every tensor as F32, exactly "
                                           "as its type decodes")
     s.add_argument("file", metavar="MODEL", help="a GGUF (any of the ggml types orkpy reads)")

@@ -12,7 +12,7 @@ For every shape (seeded random int8 operands over the full range -128..127):
     run against them (the table shows the best call's ms); each output must
     equal the reference exactly, and the devices' outputs must equal emu's,
   - the fixture's command buffer (plan_commands at fixed addresses, written to
-    <name>.regcmd.bin too) is run through orkpy.npu.emulate on the packed
+    <name>.regcmd.bin too) is run through orkpy.runtime.npu.emulate on the packed
     operands and must give the reference as well.
 
 Fixtures: <out>/<name>.json per shape and <out>/board-run.json (environment,
@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 import orkpy
-import orkpy.npu as npu
+import orkpy.runtime.npu as npu
 
 DEVICE_BACKENDS = ("rknpu", "rocket")
 

@@ -184,7 +184,7 @@ def run_atheris(name, argv):
 
     with atheris.instrument_imports(include=["orkpy"]):
         import orkpy  # noqa: F401  (instrumented: coverage feedback from orkpy's Python code)
-        import orkpy.calibrate, orkpy.imatrix, orkpy.npu, orkpy.safetensors, orkpy.tiermap, orkpy.tokenizer  # noqa
+        import orkpy.quantization.calibrate, orkpy.quantization.imatrix, orkpy.runtime.npu, orkpy.formats.safetensors, orkpy.formats.tiermap, orkpy.runtime.tokenizer  # noqa
     import pytargets
 
     tgt = pytargets.TARGETS[name]

@@ -88,7 +88,7 @@ def _imatrix_allowed():
 
 
 def _imatrix_check(path):
-    from orkpy.imatrix import Imatrix
+    from orkpy.quantization.imatrix import Imatrix
 
     im = Imatrix.load(path)
     im.sha256()
@@ -122,7 +122,7 @@ def imatrix_gguf(data):
 
 
 def _imatrix_seeds(shared, fmt):
-    from orkpy.imatrix import Imatrix
+    from orkpy.quantization.imatrix import Imatrix
 
     out = {}
     ims = []
@@ -157,8 +157,8 @@ def _model_dir():
     """A tiny quantized model directory (synthetic, 1 block) saved once per process."""
     global _MODEL_DIR
     if _MODEL_DIR is None:
-        import orkpy.synthetic as syn
-        from orkpy.calibrate import quantize_model
+        import orkpy.evaluation.synthetic as syn
+        from orkpy.quantization.calibrate import quantize_model
 
         base = tempfile.mkdtemp(prefix="orkpy-fuzz-model-", dir=_scratch())
         syn.make_synthetic(base, n_layer=1, n_embd=64, n_ff=96, n_head=2, n_head_kv=1)
@@ -178,7 +178,7 @@ def _manifest_allowed():
 @target("manifest", _manifest_allowed, lambda shared: _manifest_seeds(), dict_file="manifest.dict")
 def manifest(data):
     """load_quantized on a model directory whose manifest.json is the input (the blobs are valid)."""
-    from orkpy.calibrate import MANIFEST, load_quantized
+    from orkpy.quantization.calibrate import MANIFEST, load_quantized
 
     d = _model_dir()
     p = os.path.join(d, MANIFEST)
@@ -190,7 +190,7 @@ def manifest(data):
 
 
 def _manifest_seeds():
-    from orkpy.calibrate import MANIFEST
+    from orkpy.quantization.calibrate import MANIFEST
     d = _model_dir()
     good = pathlib.Path(d, MANIFEST).read_bytes()
     m = json.loads(good)
@@ -408,7 +408,7 @@ def _tok_allowed():
 def tokenizer(data):
     """Tokenizer.from_gguf on a vocabulary GGUF written by write_gguf, then encode / decode."""
     from orkpy import write_gguf
-    from orkpy.tokenizer import Tokenizer
+    from orkpy.runtime.tokenizer import Tokenizer
 
     meta, text = decode_vocab(data)
     p = os.path.join(_scratch(), "vocab.gguf")
@@ -450,7 +450,7 @@ def _vocab_subset(meta, n):
 
 def _tok_seeds(shared):
     import orkpy
-    import orkpy.synthetic as syn
+    import orkpy.evaluation.synthetic as syn
 
     out = {}
     toks, scores, types = syn._vocab()
@@ -485,14 +485,14 @@ _OPBUF = 1 << 16
 
 def _npu_allowed():
     from orkpy import FormatError
-    from orkpy.npu import NPUCommandError
+    from orkpy.runtime.npu import NPUCommandError
     return (FormatError, NPUCommandError)
 
 
 @target("npu_stream", _npu_allowed, lambda shared: _npu_seeds(shared))
 def npu_stream(data):
-    """orkpy.npu.read_commands + dump + emulate on a command file from the input."""
-    from orkpy import npu
+    """orkpy.runtime.npu.read_commands + dump + emulate on a command file from the input."""
+    from orkpy.runtime import npu
 
     if not data:
         return
@@ -512,7 +512,7 @@ def npu_stream(data):
 
 
 def _npu_seeds(shared):
-    from orkpy import npu
+    from orkpy.runtime import npu
 
     out = {}
     for i, (M, K, N, caps) in enumerate([(1, 64, 32, {}), (4, 256, 64, dict(max_n=32)),

@@ -13,7 +13,7 @@ SHAPES = [(1, 64, 32, {}), (4, 64, 32, {}), (4, 256, 64, dict(max_n=32)), (8, 12
 
 
 def write_corpus(out):
-    import orkpy.npu as npu
+    import orkpy.runtime.npu as npu
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -1,0 +1,264 @@
+"""Allocation to a target size: each linear's tier chosen from its measured sensitivity.
+
+A llama.cpp mixed GGUF remains the default allocation oracle (:func:`orkpy.tier_map`);
+:func:`target_allocation` is the alternative when a size is what matters: it picks, for every
+linear weight (the tied head included), one tier among ``options`` -- by default ``int4``
+(per-channel scales), ``int4-g128``, ``int4-g64``, ``int4-g32``, the 5- and 6-bit uniform tiers
+``int5-g128/g64/g32`` and ``int6-g128/g64/g32`` (int8 in memory, 5 / 6 bits per code in a file:
+csrc/ork/quant.h) and ``int8`` -- so that the packed
+linears take at most ``target_bpw`` bits per weight (:func:`orkpy.tiermap.packed_nbytes`: tile
+padding and scales included) at the least estimated loss.
+
+The loss of a choice is estimated per linear, one linear at a time (the others float):
+
+1. ``KL_n``: measured. The linear's weight is replaced by its dequantized ``ref`` option (the
+   first option: the cheapest) in the float32 model, the mean KL divergence of the next-token
+   distributions against the float model is measured on ``chunks`` chunks of ``n_ctx`` tokens of
+   calibration text, and the weight is put back (:meth:`orkpy.Model.swap_linear`). Weight error
+   only: every option runs the same int8 activations, so they do not separate the options.
+2. ``e_n(t)``: the importance-weighted squared error of the weight under option ``t``,
+   ``sum_k imatrix[k] * sum_n (w[n, k] - dequant_t[n, k])^2`` -- the diagonal of the output
+   error ``tr(dW G dW^T)`` (the imatrix is collected on the same calibration text when none is
+   given). The estimate of option ``t`` is ``KL_n * e_n(t) / e_n(ref)``: to second order the KL
+   of a small perturbation is a quadratic form in it, which ``e`` tracks within one linear.
+
+The choice is a multiple-choice knapsack: per linear the options on the lower convex hull of
+(bytes, estimated KL), then upgrades taken greedily by KL saved per extra byte while the budget
+allows (each linear's options in hull order, so the result is the greedy optimum of the convex
+relaxation). Deterministic: ties break by linear order.
+
+``target_allocation`` returns the :class:`~orkpy.TierMap` (``save()`` writes the emit-map
+``quantize_model`` and ``orkpy quantize --alloc`` read back) and a report with every estimate.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .._io import progress_bar
+from ..kernels.quant import FOUR_BIT_KINDS, quantize
+from ..formats.tiermap import EMBEDDING, INT_TIERS, TierEntry, TierMap, packed_nbytes, split_tier, tier_kind
+
+
+
+def _default_options() -> Tuple[str, ...]:
+    """The integer tiers of the kind registry, narrowest first: the 4-bit one per channel and with groups of
+    128 / 64 / 32 inputs, the ones between with those groups, int8 per channel."""
+    out: List[str] = []
+    for t in reversed(INT_TIERS):
+        if t in ("int4", "int8"):
+            out.append(t)
+        if t != "int8":
+            out += [f"{t}-g{g}" for g in (128, 64, 32)]
+    return tuple(out)
+
+
+DEFAULT_OPTIONS = _default_options()  # int4, int4-g128/64/32, int5-g128/64/32, int6-g128/64/32, int8
+
+
+def _log_softmax(logits: NDArray[np.float32]) -> NDArray[np.float64]:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np.float32]]) -> float:
+    """Mean over positions of KL(ref || q), ``ref_logp`` log-probabilities, ``logits`` q's logits."""
+    tot, n = 0.0, 0
+    for lp, lg in zip(ref_logp, logits):
+        lq = _log_softmax(lg)
+        tot += float(np.sum(np.exp(lp) * (lp - lq)))
+        n += lp.shape[0]
+    return tot / max(n, 1)
+
+
+def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
+                 threads: Optional[int] = None) -> NDArray[np.float32]:
+    """``w`` quantized at ``tier`` (int4 tiers as ``kind``, int8 / int6 / int5 as themselves) and dequantized."""
+    g = split_tier(tier)[1]
+    q = quantize(w, tier_kind(tier, kind) or "float", imatrix=im, threads=threads, group_size=g or None)
+    return q.dequantize(threads)
+
+
+def _error_of(w: NDArray[Any], deq: NDArray[np.float32], im: Optional[NDArray[np.float32]]) -> float:
+    d2 = ((deq.astype(np.float64) - np.asarray(w, np.float64)) ** 2).sum(axis=0)
+    return float(d2 @ (np.ones_like(d2) if im is None else np.asarray(im, np.float64)))
+
+
+def weighted_error(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
+                   threads: Optional[int] = None) -> float:
+    """``sum_k im[k] * sum_n (w - dequant)^2`` of ``w`` quantized at ``tier`` (``im`` None: 1)."""
+    return _error_of(w, _dequantized(w, tier, kind, im, threads), im)
+
+
+def _hull(points: List[Tuple[int, float, str]]) -> List[Tuple[int, float, str]]:
+    """The lower convex hull of (bytes, loss, tier), cheapest first, loss strictly falling."""
+    pts = sorted(points, key=lambda p: (p[0], p[1]))
+    out: List[Tuple[int, float, str]] = []
+    for p in pts:
+        if out and p[1] >= out[-1][1]:
+            continue  # costs more, saves nothing
+        while len(out) >= 2:
+            (b1, l1, _), (b2, l2, _) = out[-2], out[-1]
+            # drop the middle point when it lies on or above the segment out[-2] -> p
+            if (l2 - l1) * (p[0] - b1) >= (p[1] - l1) * (b2 - b1):
+                out.pop()
+            else:
+                break
+        out.append(p)
+    return out
+
+
+def choose(costs: Dict[str, Dict[str, Tuple[int, float]]], budget: int) -> Dict[str, str]:
+    """{linear: tier} minimising the summed loss with summed bytes <= ``budget`` (greedy on each
+    linear's convex hull; ``costs``: {linear: {tier: (bytes, loss)}}). ValueError when even the
+    cheapest tiers exceed the budget."""
+    hulls = {n: _hull([(b, l, t) for t, (b, l) in opts.items()]) for n, opts in costs.items()}
+    at = {n: 0 for n in hulls}
+    used = sum(h[0][0] for h in hulls.values())
+    if used > budget:
+        raise ValueError(f"the cheapest tiers take {used:,} bytes, more than the budget of {budget:,} bytes")
+    order = {n: i for i, n in enumerate(hulls)}
+    heap: List[Tuple[float, int, str]] = []
+
+    def push(n: str) -> None:
+        h, i = hulls[n], at[n]
+        if i + 1 < len(h):
+            gain = (h[i][1] - h[i + 1][1]) / max(h[i + 1][0] - h[i][0], 1)
+            heapq.heappush(heap, (-gain, order[n], n))
+
+    for n in hulls:
+        push(n)
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        h, i = hulls[n], at[n]
+        extra = h[i + 1][0] - h[i][0]
+        if used + extra > budget:
+            continue  # this linear's next step does not fit; a cheaper step elsewhere may
+        used += extra
+        at[n] = i + 1
+        push(n)
+    return {n: hulls[n][at[n]][2] for n in hulls}
+
+
+def names_of(src: Any) -> List[str]:
+    from ..runtime.model import linear_names
+    return list(linear_names(src.hp))
+
+
+def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str] = DEFAULT_OPTIONS,
+                  kind: str = "nf4", imatrix: Any = None, n_ctx: int = 256, chunks: int = 2,
+                  threads: Optional[int] = None, progress: bool = True) -> Dict[str, Any]:
+    """{"kl_ref": {linear: measured KL of the ref option}, "err": {linear: {tier: e}},
+    "loss": {linear: {tier: estimated KL}}, "bytes": {linear: {tier: bytes}}, "ref": tier,
+    "n_ctx", "chunks"} of every linear of ``src`` (module doc)."""
+    from ..runtime.model import LinearSpec, float_model
+
+    if kind not in FOUR_BIT_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)}, got {kind!r}")
+    if not options:
+        raise ValueError("options must name at least one tier")
+    for t in options:
+        if split_tier(t)[0] == "float":
+            raise ValueError(f"option {t!r} is not an integer tier ({', '.join(reversed(INT_TIERS))})")
+    m = float_model(src)
+    toks = m.tokens(calib)
+    n_chunk, it = m.chunks(toks, n_ctx, chunks)
+    batch = list(it)
+    if imatrix is None:  # the mean squared input of every linear on the same chunks (collect_imatrix's values)
+        stats = m.collect_activation_stats(iter(batch), threads)
+        means = {n: (np.asarray(v, np.float64) / max(int(c), 1)).astype(np.float32) for n, (v, c) in stats.items()}
+    else:
+        means = {n: imatrix.values(n) for n in names_of(src) if n in imatrix}
+    ref_logp = [_log_softmax(m.forward(c, threads=threads)) for c in batch]
+    names = names_of(src)
+    rep: Dict[str, Any] = {"kl_ref": {}, "err": {}, "loss": {}, "bytes": {}, "ref": None, "n_ctx": int(n_ctx),
+                           "chunks": n_chunk}
+    opts = list(options)
+    ref = min(opts, key=lambda t: (packed_nbytes(t, 64, 4096), opts.index(t)))  # the cheapest option
+    rep["ref"] = ref
+    bar = progress_bar(len(names), "sensitivity", progress, "linear")
+    try:
+        for n in names:
+            w = src.linear(n)
+            N, K = w.shape
+            im = means.get(n)
+            if im is not None and im.shape != (K,):
+                raise ValueError(f"the imatrix entry for {n!r} has {im.size} values, the weight has K = {K}")
+            err = {}
+            for t in opts:  # each option quantized once: its error, and the ref option's weight for the KL
+                deq = _dequantized(w, t, kind, im, threads)
+                err[t] = _error_of(w, deq, im)
+                if t == ref:
+                    ref_w = deq
+            old = m.swap_linear(n, LinearSpec.f32(n, ref_w))
+            try:
+                kl = mean_kl(ref_logp, [m.forward(c, threads=threads) for c in batch])
+            finally:
+                m.swap_linear(n, old)
+            kl = max(kl, 0.0)
+            rep["kl_ref"][n] = kl
+            rep["err"][n] = err
+            rep["loss"][n] = {t: (kl * err[t] / err[ref] if err[ref] > 0 else 0.0) for t in opts}
+            rep["bytes"][n] = {t: packed_nbytes(t, N, K) for t in opts}
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return rep
+
+
+def bpw_budget(src: Any, target_bpw: float) -> Tuple[int, int]:
+    """(bytes, weights) of the packed linears of ``src`` at ``target_bpw`` bits per weight."""
+    if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not math.isfinite(target_bpw) \
+            or not 0 < target_bpw <= 32:
+        raise ValueError(f"target_bpw must be a number of bits per weight in (0, 32], got {target_bpw!r}")
+    shapes = src.shapes()
+    n_w = sum(int(np.prod(shapes[src.tensor_name(n)])) for n in names_of(src))
+    return int(n_w * float(target_bpw) / 8), n_w
+
+
+def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
+                      options: Sequence[str] = DEFAULT_OPTIONS, kind: str = "nf4", imatrix: Any = None,
+                      n_ctx: int = 256, chunks: int = 2, threads: Optional[int] = None,
+                      progress: bool = True, report: Optional[Dict[str, Any]] = None) -> Tuple[TierMap, Dict[str, Any]]:
+    """(TierMap, report): the tiers of every linear of ``src`` (a :class:`~orkpy.source.Source`)
+    at ``target_bpw`` bits per packed linear weight (module doc); ``report`` from an earlier
+    :func:`sensitivities` call (same options) skips the measurement. The map names the source's
+    tensors (a tied head's entry is ``token_embd.weight``; an untied embedding table stays
+    float); its ggml types are the source's."""
+    budget, n_w = bpw_budget(src, target_bpw)
+    rep = report if report is not None else sensitivities(src, calib, options, kind, imatrix, n_ctx, chunks,
+                                                          threads, progress)
+    names = names_of(src)
+    missing = [n for n in names if n not in rep["loss"]]
+    if missing:
+        raise ValueError(f"the sensitivity report has no entry for {missing[0]!r}: it is for another model")
+    costs = {n: {t: (rep["bytes"][n][t], rep["loss"][n][t]) for t in options} for n in names}
+    try:
+        tiers = choose(costs, budget)
+    except ValueError as e:
+        raise ValueError(f"target_bpw={target_bpw}: {e} ({n_w:,} weights)") from None
+    shapes = src.shapes()
+    entries: Dict[str, TierEntry] = {}
+    for n in names:
+        t = src.tensor_name(n)
+        entries[t] = TierEntry(tiers[n], src.type_of(t), tuple(int(d) for d in shapes[t]))
+    if EMBEDDING in shapes and EMBEDDING not in entries:
+        entries[EMBEDDING] = TierEntry("float", src.type_of(EMBEDDING), tuple(int(d) for d in shapes[EMBEDDING]))
+    tm = TierMap(entries, source=f"target_bpw={float(target_bpw):g}", tied=bool(src.tied))
+    used = sum(costs[n][tiers[n]][0] for n in names)
+    out = dict(rep)
+    out.update({"target_bpw": float(target_bpw), "budget_bytes": budget, "total_bytes": used,
+                "bpw": 8.0 * used / n_w, "weights": n_w, "tiers": tiers,
+                "est_kl": sum(costs[n][tiers[n]][1] for n in names)})
+    return tm, out
+
+
+__all__ = ["DEFAULT_OPTIONS", "bpw_budget", "choose", "mean_kl", "sensitivities", "target_allocation",
+           "weighted_error"]

@@ -1,0 +1,329 @@
+"""The quantization pipeline as named stages, each a function with typed inputs and outputs;
+:func:`orkpy.calibrate.quantize_model` runs a :class:`~orkpy.recipe.Recipe` through them
+(docs/recipes.md):
+
+    open_stage       Inputs, Recipe                    -> Opened     the source read; an oracle's tiers
+                                                                     read and checked against it
+    transform_stage  Source, Recipe, calib             -> Source     rotation / SmoothQuant folded in
+    allocate_stage   Opened, Source, Recipe, Inputs    -> Allocated  the oracle's tiers, or target_bpw's
+                                                                     choice (its sensitivities measured)
+    scale_stage      Source, TierMap, Recipe, calib    -> Scaled     AWQ's scales searched and folded in
+    plan_linears     names, TierMap, AllocationSpec    -> {name: LinearPlan}  tier, kind, group per linear
+    gptq_stage       Source, plan, Recipe, calib       -> {name: QuantizedTensor}  GPTQ's rounding
+    round_linears    Source, plan, RoundingSpec, ...   -> Iterator[Rounded]  each linear rounded and
+                                                                     packed, one at a time
+    write_linears    Iterator[Rounded], writer         -> ({name: PackedWeight}, {name: tier})
+    calibrate_acts_stage  Source, Recipe, calib        -> ActCalibration | None  static ranges, outliers
+    manifest_settings     Recipe, Source, imatrix, ... -> the manifest's ``settings``
+
+Calibration is not one stage: each stage that needs activations (smoothing, target_bpw's
+sensitivities, AWQ, GPTQ, the activation ranges) measures them itself on the recipe's
+calibration chunks, on the source as the stages before left it. The activation ranges are
+calibrated after the rounding (they do not depend on it): there the float model they run is
+built once the streamed linears are on disk, as before the stages were named, so the peak
+memory is unchanged. Rounding and packing are one step per linear (:func:`round_linears`
+yields packed linears): with ``output=`` each is written while the next is rounded, and only
+one linear's float32 copy is held at a time.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from .._typing import StrPath
+from ..runtime.actcal import DEFAULT_PREFIX, ActCalibration
+from ..runtime.model import calibrate_source_acts, linear_names, tier_path, transformed_source
+from ..formats.modeldir import ModelDirWriter
+from ..kernels.packed import PackedWeight, pack
+from ..kernels.quant import QuantizedTensor, quantize
+from .recipe import AllocationSpec, Recipe, RoundingSpec
+from ..runtime.rotate import TransformedSource
+from ..formats.source import Allocation, Source, open_source, read_allocation
+from ..formats.tiermap import OUTPUT, TierMap, grouped_tier, split_tier
+
+if TYPE_CHECKING:
+    from .imatrix import Imatrix
+
+
+class Inputs(NamedTuple):
+    """What a recipe runs on (never part of it): the source path, the allocation oracle (a
+    TierMap, a mixed GGUF or an emit-map; None with ``allocation.target_bpw``), the imatrix, the
+    calibration text or token ids, and the GGUF of a safetensors source's metadata."""
+
+    source: str
+    alloc: Union[TierMap, StrPath, None]
+    imatrix: Optional["Imatrix"]
+    calib: Union[str, ArrayLike, None]
+    meta: Optional[StrPath]
+
+
+class RunOptions(NamedTuple):
+    """How a run goes, never what it makes: threads, progress bars, the log."""
+
+    threads: Optional[int]
+    progress: bool
+    log: Callable[[str], None]
+
+
+class Opened(NamedTuple):
+    """The source as read, its linears (forward order) and, for an oracle, the allocation and
+    its tiers (fused tensors split into their parts, checked against the source's shapes)."""
+
+    src: Source
+    names: List[str]
+    allocation: Optional[Allocation]
+    tiers: Optional[TierMap]
+
+
+class Allocated(NamedTuple):
+    """The tier map used, the allocation the manifest records, target_bpw's estimates (or None)."""
+
+    tiers: TierMap
+    allocation: Allocation
+    report: Optional[Dict[str, Any]]
+
+
+class Scaled(NamedTuple):
+    """The source with AWQ's scales folded in, and each linear's input-column scales (empty
+    without AWQ) that rescale an imatrix."""
+
+    src: Source
+    columns: Dict[str, NDArray[Any]]
+
+
+class LinearPlan(NamedTuple):
+    """One linear's tier as saved (a default group size applied), its quantizer kind ("gguf": it
+    stays float) and its group size (None: one scale per output channel)."""
+
+    tier: str
+    kind: str
+    group: Optional[int]
+
+
+class Rounded(NamedTuple):
+    """One linear out of :func:`round_linears`: its packed weight (None: it stays float), and
+    ``streamed``: rounded here one at a time (its source pages can go back once it is written),
+    not taken from GPTQ's results."""
+
+    name: str
+    tier: str
+    packed: Optional[PackedWeight]
+    streamed: bool
+
+
+def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
+    """Read the source and, unless ``allocation.target_bpw`` chooses the tiers later, the
+    allocation oracle (checked to fit the source)."""
+    a = recipe.allocation
+    if a.target_bpw is not None:
+        src = open_source(inputs.source, inputs.meta)
+        return Opened(src, linear_names(src.hp), None, None)
+    if inputs.alloc is None:
+        raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= is given")
+    allocation = read_allocation(inputs.alloc, a.threshold, a.fallback)
+    src = open_source(inputs.source, inputs.meta if inputs.meta is not None else allocation.gguf)
+    names = linear_names(src.hp)
+    tm = src.split_tier_map(allocation.tiers)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
+    tm.check_fits(src.shapes(), os.path.basename(inputs.source), names, what="allocation")
+    return Opened(src, names, allocation, tm)
+
+
+def transform_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, None],
+                    threads: Optional[int]) -> Source:
+    """The source rotated and/or smoothed as ``recipe.transform`` says (itself if neither)."""
+    t, c = recipe.transform, recipe.calibration
+    return transformed_source(src, t.rotate, t.rotate_seed, t.smooth, calib, c.ctx, c.chunks, threads, t.rotate_online,
+                              t.rotate_placement)
+
+
+def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, run: RunOptions) -> Allocated:
+    """The oracle's tiers, or the tiers :func:`orkpy.alloc.target_allocation` chooses for
+    ``allocation.target_bpw`` (sensitivities measured on the transformed source)."""
+    if opened.tiers is not None and opened.allocation is not None:
+        return Allocated(opened.tiers, opened.allocation, None)
+    from .alloc import DEFAULT_OPTIONS, target_allocation
+    a = recipe.allocation
+    assert a.target_bpw is not None and inputs.calib is not None  # Recipe.check_inputs
+    tm, report = target_allocation(src, inputs.calib, a.target_bpw, tuple(a.target_options or DEFAULT_OPTIONS), a.kind,
+                                   inputs.imatrix, a.target_ctx, a.target_chunks, run.threads, run.progress)
+    counts: Dict[str, int] = {}
+    for t in report["tiers"].values():
+        counts[t] = counts.get(t, 0) + 1
+    run.log(f"target_bpw {a.target_bpw:g}: {report['bpw']:.3f} bits per linear weight, "
+            + ", ".join(f"{t}: {c}" for t, c in sorted(counts.items())))
+    return Allocated(tm, read_allocation(tm, a.threshold), report)
+
+
+def scale_stage(src: Source, tm: TierMap, names: List[str], recipe: Recipe, calib: Union[str, ArrayLike, None],
+                run: RunOptions) -> Scaled:
+    """With ``rounding.awq``: AWQ's per-input-channel scales searched on ``calib`` for the
+    linears' rounding and folded into the norms / producing linears (:mod:`orkpy.awq`)."""
+    if not recipe.rounding.awq or calib is None:
+        return Scaled(src, {})
+    from .awq import apply_awq, awq_scales, column_scales
+    c, kind = recipe.calibration, recipe.allocation.kind
+    qkinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
+    scales, arep = awq_scales(src, calib, {n: k for n, k in qkinds.items() if k != "gguf"}, n_ctx=c.ctx,
+                              chunks=c.chunks, threads=run.threads, progress=run.progress)
+    src = apply_awq(src, scales, {"n_ctx": arep["n_ctx"], "chunks": arep["chunks"], "alpha": arep["alpha"]})
+    run.log(f"awq: scales of {len(scales)} groups folded in (alpha per group: "
+            + ", ".join(f"{a:g}: {sum(1 for v in arep['alpha'].values() if v == a)}"
+                        for a in sorted(set(arep["alpha"].values()))) + ")")
+    return Scaled(src, column_scales(src.hp, scales))
+
+
+def plan_linears(names: List[str], tm: TierMap, allocation: AllocationSpec) -> Dict[str, LinearPlan]:
+    """Every linear's :class:`LinearPlan`, in ``names``' order: its tier in ``tm`` (the int4 tier
+    on ``allocation.kind``), ``allocation.group_size`` for a packed tier that names no group."""
+    plan = {}
+    for name in names:
+        tier = tm.linear_tier(name)
+        qkind = tier_path(tier, allocation.kind)
+        if qkind != "gguf" and split_tier(tier)[1] == 0 and allocation.group_size:
+            tier = grouped_tier(tier, allocation.group_size)
+        plan[name] = LinearPlan(tier, qkind, split_tier(tier)[1] or None)
+    return plan
+
+
+def gptq_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, calib: Union[str, ArrayLike, None],
+               run: RunOptions) -> Dict[str, QuantizedTensor]:
+    """With ``rounding.method = "gptq"``: every packed linear rounded by GPTQ
+    (:func:`orkpy.gptq.gptq_linears`, the Gram matrices on ``calib``); else nothing."""
+    if recipe.rounding.method != "gptq" or calib is None:
+        return {}
+    from .gptq import gptq_linears
+    c = recipe.calibration
+    kinds = {n: p.kind for n, p in plan.items() if p.kind != "gguf"}
+    return gptq_linears(src, calib, kinds, n_ctx=c.ctx, chunks=c.chunks, names=list(kinds), threads=run.threads,
+                        progress=run.progress, group_size={n: plan[n].group or 0 for n in kinds},
+                        sequential=bool(recipe.rounding.gptq_sequential))
+
+
+def importance(imatrix: Optional["Imatrix"], name: str, columns: Optional[NDArray[Any]],
+               K: int) -> Optional[NDArray[Any]]:
+    """The imatrix values of linear ``name`` (None without), divided by AWQ's column scales
+    squared when the inputs were scaled; ValueError if they do not fit ``K`` inputs."""
+    im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
+    if im is not None and columns is not None and im.shape == columns.shape:
+        im = (np.asarray(im, np.float64) / columns ** 2).astype(np.float32)  # the scaled inputs' importance
+    if im is not None and im.shape != (K,):
+        where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
+        raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
+                         f"K = {K} input columns: the imatrix is for a different model")
+    return im
+
+
+def round_linear(w: NDArray[Any], p: LinearPlan, rounding: RoundingSpec, im: Optional[NDArray[Any]],
+                 threads: Optional[int]) -> QuantizedTensor:
+    """One linear's weight rounded (:func:`orkpy.quantize`) as ``rounding`` says."""
+    return quantize(w, p.kind, imatrix=im, sr=rounding.sr, seed=rounding.seed, clip_grid=rounding.clip_grid,
+                    threads=threads, group_size=p.group, search=rounding.clip_search)
+
+
+def round_linears(src: Source, plan: Dict[str, LinearPlan], rounding: RoundingSpec, imatrix: Optional["Imatrix"],
+                  columns: Dict[str, NDArray[Any]], gq: Dict[str, QuantizedTensor],
+                  threads: Optional[int]) -> Iterator[Rounded]:
+    """Every linear of ``plan``, in order, rounded and packed (GPTQ's results in ``gq`` packed and
+    dropped); float-tier linears pass as ``packed=None``. One float32 buffer serves every weight
+    read, and nothing of a linear is held once the consumer moves on."""
+    scratch = np.empty(0, np.float32)
+    shapes = src.shapes()  # (a copy per call: read once)
+    for name, p in plan.items():
+        if p.kind == "gguf":  # the float tier: the linear stays float
+            yield Rounded(name, p.tier, None, False)
+            continue
+        if name in gq:
+            pw = pack(gq.pop(name))
+            yield Rounded(name, p.tier, pw, False)
+            del pw
+            continue
+        w: NDArray[Any]
+        w16 = src.linear_stored(name)  # float16 as stored: quantize converts each row on its threads
+        if w16 is not None:
+            w = w16
+        else:
+            shape = shapes[src.tensor_name(name)]
+            if scratch.size < shape[0] * shape[1]:  # one float32 buffer for every linear: no fresh pages each
+                scratch = np.empty(shape[0] * shape[1], np.float32)
+            w = src.linear(name, scratch=scratch[:shape[0] * shape[1]].reshape(shape))
+        del w16
+        q = round_linear(w, p, rounding, importance(imatrix, name, columns.get(name), w.shape[1]), threads)
+        del w
+        pw = pack(q)
+        del q
+        yield Rounded(name, p.tier, pw, True)
+        del pw
+
+
+def write_linears(rounded: Iterable[Rounded], writer: Optional[ModelDirWriter], src: Source,
+                  tick: Callable[[], None]) -> Tuple[Dict[str, PackedWeight], Dict[str, str]]:
+    """({name: packed weight}, {name: tier}) of the rounded linears. With a ``writer``
+    (streaming), each is saved into the model directory as it comes -- on the writer's thread
+    while the next one is rounded -- and then held only as a mapping of its file, the source's
+    pages released; ``tick`` after each linear."""
+    tensors: Dict[str, PackedWeight] = {}
+    tiers: Dict[str, str] = {}
+    for r in rounded:
+        tiers[r.name] = r.tier
+        if r.packed is not None:
+            tensors[r.name] = r.packed
+            if writer is not None and r.streamed:  # the packed bytes go to disk, the source's pages to the kernel
+                writer.add_later(r.name, r.packed, r.tier, functools.partial(tensors.__setitem__, r.name))
+                src.release()
+            elif writer is not None:
+                tensors[r.name] = writer.add(r.name, r.packed, r.tier)
+        del r  # the loop variable would hold the packed weight while the next linear is rounded
+        tick()
+    if writer is not None:
+        writer.wait()  # every linear now maps its file
+    return tensors, tiers
+
+
+def calibrate_acts_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, None],
+                         run: RunOptions) -> Optional[ActCalibration]:
+    """With a calibration text: the static activation ranges and outlier channels of the
+    (transformed) source in float32 (:func:`orkpy.model.calibrate_source_acts`), the first
+    ``activation.prefix`` positions left out; saved with the model."""
+    if calib is None:
+        return None
+    c = recipe.calibration
+    prefix = recipe.activation.prefix
+    act = calibrate_source_acts(src, calib, c.ctx, c.chunks, run.threads, DEFAULT_PREFIX if prefix is None else prefix)
+    run.log(f"calibrated the activations of {len(act)} linears on {act.info['chunks']} chunks of {c.ctx} tokens")
+    return act
+
+
+def manifest_settings(recipe: Recipe, src: Source, imatrix: Optional["Imatrix"],
+                      tensors: Dict[str, PackedWeight]) -> Dict[str, Any]:
+    """The manifest's ``settings`` (what loading a model directory reads: the transform, the tied
+    lookup), as orkpy wrote them before recipes: keys that are new since appear only when used."""
+    from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP
+    t, c, a, r = recipe.transform, recipe.calibration, recipe.allocation, recipe.rounding
+    settings: Dict[str, Any] = {
+        "kind": a.kind, "sr": r.sr, "seed": r.seed, "threshold": a.threshold,
+        "clip_grid": None if r.clip_grid is None else list(r.clip_grid),
+        "rotate": t.rotate, "rotate_seed": t.rotate_seed if (t.rotate is not None or t.rotate_online) else None,
+        "rotate_online": t.rotate_online, "smooth": t.smooth,
+        "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": c.ctx, "chunks": c.chunks,
+                 **({"sequential": True} if r.gptq_sequential else {})} if r.method == "gptq" else None,
+        "transform": src.info() if isinstance(src, TransformedSource) else None}
+    if r.awq:  # only then: without it the manifest stays byte-identical to earlier releases
+        settings["awq"] = True
+    if a.group_size:
+        settings["group_size"] = a.group_size
+    if imatrix is not None or r.clip_search != "screen":  # the search that chose the 4-bit scales
+        settings["clip_search"] = r.clip_search
+    if a.target_bpw is not None:
+        settings["target_bpw"] = a.target_bpw
+    if a.tied_lookup == "packed" and src.tied and OUTPUT in tensors:  # only then: otherwise nothing changes
+        settings["tied_lookup"] = "packed"
+    return settings
+
+
+__all__ = ["Allocated", "Inputs", "LinearPlan", "Opened", "Rounded", "RunOptions", "Scaled", "allocate_stage",
+           "calibrate_acts_stage", "gptq_stage", "importance", "manifest_settings", "open_stage", "plan_linears",
+           "round_linear", "round_linears", "scale_stage", "transform_stage", "write_linears"]
