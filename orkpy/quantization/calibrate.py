@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -42,7 +42,7 @@ from .._typing import StrPath
 from ..runtime import actcal
 from ..runtime.actcal import ActCalibration
 from ..kernels.actspec import ActSpec
-from ..runtime.model import LinearSpec, Model, as_model, linear_names, load_quantized
+from ..runtime.model import LinearSpec, Model, as_model, build_model, load_quantized
 from ..formats.modeldir import MANIFEST, write_model_dir
 from ..kernels.packed import PackedWeight
 from .recipe import Recipe, keywords_given
@@ -135,16 +135,14 @@ class QuantizedModel:
         if key not in self._models:
             src = self._src
             hp = dict(src.hp, packed_lookup=True) if self.settings.get("tied_lookup") == "packed" else src.hp
-            linears: Dict[str, LinearSpec] = {}
-            paths: Dict[str, str] = {}
-            for n in linear_names(src.hp):
-                if n in self.tensors:
-                    pw = self.tensors[n]
-                    spec = actcal.resolve(key, n, self.act_calib, pw.K, os.path.basename(self.source))
-                    linears[n], paths[n] = LinearSpec.from_packed(n, pw, spec), pw.kind
-                else:
-                    linears[n], paths[n] = LinearSpec.f32(n, src.linear(n)), "gguf"
-            self._models[key] = Model(self.source, hp, linears, src.tensor, src.meta, src.tied, paths)
+
+            def linear(n: str) -> Tuple[LinearSpec, str]:
+                if n not in self.tensors:
+                    return LinearSpec.f32(n, src.linear(n)), "gguf"
+                pw = self.tensors[n]
+                spec = actcal.resolve(key, n, self.act_calib, pw.K, os.path.basename(self.source))
+                return LinearSpec.from_packed(n, pw, spec), pw.kind
+            self._models[key] = build_model(src, linear, self.source, hp)
         return self._models[key]
 
     def _record(self) -> Dict[str, Any]:
