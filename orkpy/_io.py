@@ -347,6 +347,25 @@ def _in_notebook():
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
+@contextlib.contextmanager
+def counted(items: Iterable[Any], total: int, desc: str, enabled: bool = True,
+            unit: str = "it") -> Iterator[Iterator[Any]]:
+    """``items`` as an iterator that moves a :func:`progress_bar` of ``total`` steps by one per
+    item taken; the bar is closed when the block ends, however it ends."""
+    bar = progress_bar(total, desc, enabled, unit)
+
+    def each() -> Iterator[Any]:
+        for item in items:
+            yield item
+            if bar is not None:
+                bar.update(1)
+    try:
+        yield each()
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def progress_bar(total, desc, enabled=True, unit="it", file=None):
     """Progress on stderr (or ``file``), or None when not ``enabled``: a live tqdm
     bar on a terminal, ``tqdm.auto`` (a widget where available) in a Jupyter

@@ -32,12 +32,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._io import in_background, progress_bar, sha256_file
+from .._io import counted, in_background, progress_bar, sha256_file
 from .._typing import StrPath
 from ..runtime import actcal
 from ..runtime.actcal import ActCalibration
@@ -63,18 +63,8 @@ def collect_imatrix(model: Union[Model, QuantizedModel], text_or_tokens: Union[s
     model = as_model(model)
     tokens = model.tokens(text_or_tokens)
     n_chunk, chunk_iter = model.chunks(tokens, n_ctx, chunks)
-    bar = progress_bar(n_chunk, "imatrix", progress, "chunk")
-
-    def counted() -> Iterator[NDArray[np.int32]]:
-        for chunk in chunk_iter:
-            yield chunk
-            if bar is not None:
-                bar.update(1)
-    try:
-        stats = model.collect_activation_stats(counted(), threads)
-    finally:
-        if bar is not None:
-            bar.close()
+    with counted(chunk_iter, n_chunk, "imatrix", progress, "chunk") as each:
+        stats = model.collect_activation_stats(each, threads)
     im = Imatrix()
     for name, (sums, count) in stats.items():
         if name != "output.weight":  # the head is left out

@@ -46,14 +46,14 @@ import json
 import math
 import os
 from dataclasses import replace
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import FormatError
-from .._io import atomic_write, progress_bar
+from .._io import atomic_write, counted
 from .._typing import StrPath
 # the activation modes (the C registry), the range methods and the defaults live with the spec
 from ..kernels.actspec import ACT_METHODS, ACT_MODES, DEFAULT_OUTLIERS, DEFAULT_PREFIX, ActSpec, mode_info
@@ -309,18 +309,8 @@ def calibrate_activations(model: Any, text_or_tokens: Union[str, ArrayLike], n_c
     prefix = check_prefix(prefix)
     tokens = model.tokens(text_or_tokens)
     n_chunk, chunk_iter = model.chunks(tokens, n_ctx, chunks)
-    bar = progress_bar(n_chunk, "act-calib", progress, "chunk")
-
-    def counted() -> Iterator[NDArray[np.int32]]:
-        for chunk in chunk_iter:
-            yield chunk
-            if bar is not None:
-                bar.update(1)
-    try:
-        stats = model.collect_act_stats(counted(), threads, prefix)
-    finally:
-        if bar is not None:
-            bar.close()
+    with counted(chunk_iter, n_chunk, "act-calib", progress, "chunk") as each:
+        stats = model.collect_act_stats(each, threads, prefix)
     info = {"model": os.path.basename(str(model.path)), "n_ctx": int(n_ctx), "chunks": int(n_chunk),
             "tokens_sha256": hashlib.sha256(np.asarray(tokens[: n_chunk * n_ctx], np.int32).tobytes()).hexdigest(),
             "prefix": prefix,
