@@ -233,7 +233,7 @@ def test_load_model_activation_modes(stories, cal):
     for act in actcal.ACT_MODES:
         m = orkpy.load_model(stories["f32"], weights="nf4", act=act, act_calib=cal)
         spec = m.linears["blk.2.ffn_down.weight"]
-        assert spec.act_mode == act and spec.act.mode == act  # spec.act: the linear's resolved ActSpec
+        assert spec.act == act and spec.act_mode == act and spec.act_spec.mode == act  # act_spec: the resolved ActSpec
         if act == "static":
             assert spec.act_clip == cal.ranges["blk.2.ffn_down.weight"]["mse"] and spec.act_prefix == cal.prefix
             assert m.linears["output.weight"].act_prefix == 0      # the head runs on other rows
@@ -253,7 +253,7 @@ def test_load_model_activation_modes(stories, cal):
     m = orkpy.load_model(stories["f32"], weights={"default": "int8", "output.weight": "fp32"}, act="static",
                          act_calib=cal)
     assert m.linears["output.weight"].act_mode == "float" and m.linears["output.weight"].act_clip is None
-    assert m.linears["output.weight"].act is None
+    assert m.linears["output.weight"].act == "float" and m.linears["output.weight"].act_spec is None
 
 
 def test_load_model_calibrates_on_calib_text(stories, cal):
@@ -300,7 +300,7 @@ def test_the_c_door_checks_activation_settings(stories):
         for k, v in fields.items():
             object.__setattr__(spec, k, v)
         return LinearSpec("output.weight", "packed", good.N, good.K, kind="int8", store=good.store,
-                          bscale=good.bscale, act=spec)
+                          bscale=good.bscale, act_spec=spec)
     for bad, msg in ((unchecked("static", clip=float("nan")), "static activation range nan"),
                      (unchecked("per_token_outliers", channels=(9, 2)), "strictly increasing"),
                      (unchecked("per_token", bits=4), "bits must be 8, got 4"),

@@ -190,7 +190,7 @@ _DUMMY = textwrap.dedent('''
     half = orkpy.ActCalibration({n: {k: v / 2 for k, v in r.items()} for n, r in cal.ranges.items()}, cal.channels,
                                 cal.channel_absmax, cal.info)
     st = orkpy.load_model(model, weights="int8", act="static", act_calib=half)
-    q = hs.linears["blk.1.ffn_down.weight"].act
+    q = hs.linears["blk.1.ffn_down.weight"].act_spec
     out["halfstatic_spec"] = [q.mode, q.clip == cal.ranges["blk.1.ffn_down.weight"]["mse"], q.prefix == cal.prefix]
     out["halfstatic_is_half_static"] = bool(np.array_equal(hs.forward(ids), st.forward(ids)))
     sub = build_parser()._subparsers._group_actions[0].choices

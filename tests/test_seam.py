@@ -58,12 +58,12 @@ def test_linear_spec_converts_to_the_forward_models_argument():
     assert t[0] == "f32" and np.array_equal(t[1], w)
     pw = orkpy.pack(orkpy.quantize(w, "nf4"))
     p = LinearSpec.from_packed("x", pw, per_tensor_act=True)   # the legacy keywords: an ActSpec
-    assert p.act == orkpy.ActSpec("per_tensor", prefix=0) and p.per_tensor_act and p.act_mode == "per_tensor"
+    assert p.act_spec == orkpy.ActSpec("per_tensor", prefix=0) and p.per_tensor_act and p.act == "per_tensor"
     t = p.to_core()                               # one dict per packed linear, its activation spec one value
     assert t[0] == "packed" and t[1]["store"] is pw.store and t[1]["bscale"] is pw.bscale
     assert {k: t[1][k] for k in ("kind", "N", "K", "group")} == {"kind": "nf4", "N": 64, "K": 32, "group": 0}
     assert t[1]["act"] == {"mode": "per_tensor", "bits": 8, "clip": 0.0, "prefix": 0, "outliers": None}
-    assert LinearSpec.from_packed("x", pw, orkpy.ActSpec("per_tensor", prefix=0)).to_core()[1]["act"] == t[1]["act"]
+    assert LinearSpec.from_packed("x", pw, act_spec=orkpy.ActSpec("per_tensor", prefix=0)).to_core()[1]["act"] == t[1]["act"]
     assert np.array_equal(p.packed_weight().matmul(w[:3]), pw.matmul(w[:3]))
     with pytest.raises(ValueError, match="float linear"):
         f.packed_weight()

@@ -92,7 +92,7 @@ def _add_common_args(s, *, ctx=512, slots=("model", "text"), required=True, even
 
 
 def _add_transform_args(s, *, calib=True, ctx_option="--ctx"):
-    """--rotate / --rotate-online / --smooth (orkpy.rotate) and, with ``calib``, --calib /
+    """--rotate / --rotate-online / --smooth (orkpy.runtime.rotate) and, with ``calib``, --calib /
     --calib-chunks: the calibration text they and the static activation ranges need, in chunks of
     ``ctx_option`` tokens."""
     s.add_argument("--rotate", choices=("hadamard",), default=None,

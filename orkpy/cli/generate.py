@@ -47,7 +47,7 @@ def add_generate(sub):
     from ..kernels.quant import FOUR_BIT_KINDS  # the int4 tier's codebooks, from the C kind registry
 
     s = sub.add_parser("generate", help="generate text from a prompt (KV-cached decode), streamed to stdout",
-                       description="The continuation of a prompt, written to stdout as it comes (orkpy.generate: "
+                       description="The continuation of a prompt, written to stdout as it comes (orkpy.runtime.generate: "
                                    "llama.cpp's top-k -> top-p -> temperature order, numpy's default_rng(seed)); "
                                    "timings on stderr. Stops at -n tokens or an end-of-generation token.")
     s.add_argument("model", nargs="?", metavar="MODEL", help=_GENERATE_MODEL_HELP)

@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+from ..quantization.alloc import DEFAULT_OPTIONS
+from ..quantization.recipe import METHODS, TIED_LOOKUPS
 from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_common_args, _add_transform_args,
                       _check_output_path, _meta_arg, _positive_int, _threshold, _warn_ctx,
                       read_text_like_llama_cpp)
@@ -27,7 +29,7 @@ def _cmd_imatrix(args):
     return 0
 
 
-# ``orkpy quantize`` option (its dest) -> recipe key path (orkpy.recipe); the value converted by _CLI_CONVERT
+# ``orkpy quantize`` option (its dest) -> recipe key path (orkpy.quantization.recipe); the value converted by _CLI_CONVERT
 CLI_KEYS = {
     "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
@@ -56,7 +58,7 @@ def _given_options(args):
 
 
 def recipe_from_args(args):
-    """The recipe (orkpy.recipe.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
+    """The recipe (orkpy.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
     model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
     command line on top (without --recipe, every recipe option's value, defaults included)."""
     from ..quantization.recipe import Recipe, RecipeError
@@ -171,7 +173,7 @@ def add_quantize(sub):
     s.add_argument("-t", "--threads", type=_positive_int, default=None,
                    help="worker threads; never changes a result (default: all cores)")
     _add_transform_args(s, ctx_option="--calib-ctx")
-    s.add_argument("--method", choices=("rtn", "gptq"), default="rtn",
+    s.add_argument("--method", choices=METHODS, default="rtn",
                    help="rounding of every packed tier: round to nearest, or GPTQ error feedback on the input "
                         "Gram matrices of --calib (default: rtn)")
     s.add_argument("--literal-types", action="store_true",
@@ -188,9 +190,9 @@ def add_quantize(sub):
                    help="group-wise scales, one per N inputs (a multiple of 32) for every packed linear whose tier "
                         "names none (default: one scale per output channel)")
     s.add_argument("--target-bpw", type=float, default=None, metavar="X",
-                   help="choose the tiers (int4, int4-g128/64/32, int8) for X bits per linear weight from "
+                   help=f"choose the tiers ({', '.join(DEFAULT_OPTIONS)}) for X bits per linear weight from "
                         "sensitivities measured on --calib, instead of --alloc (default: off)")
-    s.add_argument("--tied-lookup", choices=("float", "packed"), default="float",
+    s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")
     s.add_argument("--emit-map", default=None, metavar="FILE",

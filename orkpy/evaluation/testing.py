@@ -93,9 +93,9 @@ FAKE_HANG, FAKE_DROP = 1, 4
 
 
 def fake_npu_device(backend="rknpu", *, faults=0, timeout_ms=10000):
-    """An ``orkpy.npu.Device`` whose rknpu or rocket backend runs against the fake
+    """An ``orkpy.runtime.npu.Device`` whose rknpu or rocket backend runs against the fake
     kernel driver instead of /dev (tests/npu_fake/fake_kernel.h; a test-only library that
-    ``orkpy.npu.load_fake_kernel`` must have loaded first): test machinery, for
+    ``orkpy.runtime.npu.load_fake_kernel`` must have loaded first): test machinery, for
     exercising the device paths without a board. The fake enforces the driver's
     contract, executes the commands with the emulator and reports its state under
     ``info()["fake_kernel"]``; ``faults`` (FAKE_HANG | FAKE_DROP, later

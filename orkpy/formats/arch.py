@@ -53,7 +53,7 @@ gets its fused tensor's tier and type (:func:`split_tier_map`).
 
 Adding an architecture: a table entry below; and only where its arithmetic is new, a flag
 in ``csrc/ork/model.h`` (``ork_model`` / ``ork_layer``) and its key in
-:func:`core_hparams` / ``orkpy.model._forward_model``.
+:func:`core_hparams` / ``orkpy.runtime.model._forward_model``.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ import numpy as np
 from .tiermap import EMBEDDING, OUTPUT, TierEntry, TierMap
 
 #: The FFN gate function (``Arch.gate_fn``, hparams ``"gate_fn"``): name -> csrc/ork/act.h ``ork_act``. Not to
-#: be confused with ``act=``, the activation quantization mode of the packed linears (orkpy.actcal).
+#: be confused with ``act=``, the activation quantization mode of the packed linears (orkpy.runtime.actcal).
 GATE_FNS = {"silu": 0, "gelu_tanh": 1}
 ACTIVATIONS = GATE_FNS  # the old name
 #: RoPE types: name -> llama.cpp's rope type (model.h ``ork_rope_type``)

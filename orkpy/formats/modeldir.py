@@ -42,11 +42,11 @@ FORMAT = "orkpy-quantized-model"
 VERSION = 1
 MANIFEST_MAX = 64 << 20
 FLOAT_FILE = "float.gguf"
-ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.actcal)
+ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.runtime.actcal)
 
 
 def _tier_ok(tier: object) -> bool:
-    """A manifest tier: a base tier, or an integer tier with a group size (orkpy.tiermap.split_tier)."""
+    """A manifest tier: a base tier, or an integer tier with a group size (orkpy.formats.tiermap.split_tier)."""
     try:
         return isinstance(tier, str) and split_tier(tier)[0] in TIERS
     except ValueError:
@@ -284,7 +284,7 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
     ``float_linears``: float-tier linear name -> the source tensor holding its weight (stored in
     ``float.gguf``); ``src``: the source of the metadata and the float tensors; ``record``: the
     manifest's descriptive fields (source, alloc, imatrix, double_quant, settings, int8_share);
-    ``act_scales``: the bytes of ``act_scales.json`` (:class:`orkpy.actcal.ActCalibration`), if any."""
+    ``act_scales``: the bytes of ``act_scales.json`` (:class:`orkpy.runtime.actcal.ActCalibration`), if any."""
     with ModelDirWriter(path, overwrite) as w:
         for name, pw in packed.items():
             w.add(name, pw, tiers[name])
@@ -402,7 +402,7 @@ def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
         raise bad("imatrix", "null or {sha256: string, chunks: int}")
     if not isinstance(manifest.get("double_quant"), bool):
         raise bad("double_quant", "true or false")
-    if "recipe" in manifest and not isinstance(manifest["recipe"], dict):  # orkpy.recipe; checked by Recipe.load
+    if "recipe" in manifest and not isinstance(manifest["recipe"], dict):  # orkpy.quantization.recipe; checked by Recipe.load
         raise bad("recipe", "a JSON object (the recipe the model was made with)")
     share = manifest.get("int8_share")
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 <= share <= 1:

@@ -17,13 +17,13 @@
   :func:`~orkpy.tier_map`), or an emit-map file (:meth:`~orkpy.TierMap.load`).
   The one allocation reader of the library and the CLI.
 - :func:`hparams`: the forward pass's hyper-parameters from a GGUF's metadata, for
-  every architecture of the table in :mod:`orkpy.arch` (llama, qwen2, qwen3, gemma2,
+  every architecture of the table in :mod:`orkpy.formats.arch` (llama, qwen2, qwen3, gemma2,
   gemma3, phi3; anything else is a ValueError listing them).
 
 Fused tensors (``attn_qkv``, phi3's gate + up ``ffn_up``) are split when a GGUF source is
 opened: the source lists and returns the parts (``blk.<i>.attn_q.weight``, ...) in place of
 the fused tensor, each part with the fused tensor's stored type, so everything downstream
-sees one set of linear names for every architecture (:mod:`orkpy.arch`).
+sees one set of linear names for every architecture (:mod:`orkpy.formats.arch`).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ ARCHS = _arch.SUPPORTED
 
 def hparams(g: GGUFFile) -> Dict[str, Any]:
     """The forward pass's hyper-parameters from a GGUF's metadata and tensor list
-    (:func:`orkpy.arch.hparams`); ValueError naming the file for an unsupported architecture,
+    (:func:`orkpy.formats.arch.hparams`); ValueError naming the file for an unsupported architecture,
     a missing key or tensor."""
     return _arch.hparams(g.metadata, {t.name: t.shape for t in g.tensors}, g.path)
 
@@ -155,7 +155,7 @@ class Source:
     def split_tier_map(self, tm: TierMap) -> TierMap:
         """``tm`` with entries for fused tensors (a map made from a GGUF that stores e.g. phi3's
         ``attn_qkv``) replaced by entries for the parts this source presents
-        (:func:`orkpy.arch.split_tier_map`: each part gets the fused tensor's tier and type)."""
+        (:func:`orkpy.formats.arch.split_tier_map`: each part gets the fused tensor's tier and type)."""
         return _arch.split_tier_map(tm, self.hp)
 
 

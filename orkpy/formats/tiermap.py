@@ -486,7 +486,7 @@ FILE_TYPES = {0: ("ALL_F32", "F32"), 1: ("MOSTLY_F16", "F16"), 2: ("MOSTLY_Q4_0"
               28: ("MOSTLY_IQ2_S", "IQ2_XS"), 29: ("MOSTLY_IQ2_M", "IQ2_S"), 30: ("MOSTLY_IQ4_XS", "IQ4_XS"),
               31: ("MOSTLY_IQ1_M", "IQ1_M"), 32: ("MOSTLY_BF16", "BF16"), 36: ("MOSTLY_TQ1_0", "TQ1_0"),
               37: ("MOSTLY_TQ2_0", "TQ2_0")}
-_FALLBACK_MODES = ("infer", "literal")
+FALLBACK_MODES = ("infer", "literal")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -565,8 +565,8 @@ def tier_map(gguf: Union[GGUFFile, StrPath], threshold: float = 5.0, embeddings:
     (``TierEntry.intended``)."""
     if embeddings not in OVERRIDES or output not in OVERRIDES:
         raise ValueError(f"embeddings/output must be one of {', '.join(OVERRIDES)}")
-    if fallback not in _FALLBACK_MODES:
-        raise ValueError(f"fallback must be one of {', '.join(_FALLBACK_MODES)}, got {fallback!r}")
+    if fallback not in FALLBACK_MODES:
+        raise ValueError(f"fallback must be one of {', '.join(FALLBACK_MODES)}, got {fallback!r}")
     try:
         threshold = float(threshold)
     except (TypeError, ValueError):

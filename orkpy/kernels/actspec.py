@@ -7,12 +7,12 @@ to the kernels (csrc/ork/actspec.h is the contract).
   ``_core.act_modes()``: ``per_token``, ``per_tensor``, ``static``, ``per_token_outliers``);
 - ``bits``: activation bits (8; the registry row lists the widths a mode serves);
 - ``method``: how a static mode's range is calibrated (``"mse"`` or ``"max"``,
-  :mod:`orkpy.actcal`);
+  :mod:`orkpy.runtime.actcal`);
 - ``prefix``: the sequence positions quantized per token with a mode whose rows share a range
   (None: the default, the calibration's for a static mode, 0 otherwise);
 - ``n_outliers``: how many outlier channels a mode that keeps them takes from the calibration;
 
-and, for one linear (a *resolved* spec, :func:`orkpy.actcal.resolve`), ``clip`` (the static
+and, for one linear (a *resolved* spec, :func:`orkpy.runtime.actcal.resolve`), ``clip`` (the static
 range, float32) and ``channels`` (the outlier input channels, strictly increasing). The
 model-level spec (``load_model(act=ActSpec(...))``) leaves ``clip`` and ``channels`` None.
 Every check lives in ``__post_init__`` (ValueError naming the field); the C core checks the
@@ -28,6 +28,7 @@ takes from a calibration (``static``: a range; ``outliers``: channels).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Tuple, Union, cast
@@ -66,7 +67,7 @@ ACT_MODE_INFO: Mapping[str, ActModeInfo] = MappingProxyType({
                            tuple(int(b) for b in r["bits"])) for r in _core.act_modes()})
 #: the activation modes of ``load_model(act=...)``, ``PackedWeight.matmul`` and ``--act``
 ACT_MODES: Tuple[str, ...] = tuple(ACT_MODE_INFO)
-#: how a static range is calibrated (orkpy.actcal)
+#: how a static range is calibrated (orkpy.runtime.actcal)
 ACT_METHODS = ("mse", "max")
 #: outlier channels per linear by default
 DEFAULT_OUTLIERS = 8
@@ -114,8 +115,9 @@ class ActSpec:
         if clip is not None:
             if not info.static:
                 raise ValueError(f"clip= is a static range: mode {self.mode!r} takes none (only a static mode does)")
-            c = float(np.float32(clip)) if isinstance(clip, (int, float, np.number)) and not isinstance(clip, bool) \
-                else math.nan
+            with np.errstate(over="ignore"):  # a range past float32 is refused below, not warned about
+                c = float(np.float32(clip)) if isinstance(clip, (int, float, np.number)) and not isinstance(clip, bool) \
+                    else math.nan
             if not (math.isfinite(c) and c >= MIN_CLIP):
                 raise ValueError(f"static activation range {clip!r} is not a finite float32 >= {MIN_CLIP:g} (a static "
                                  "mode's clip)")
@@ -204,6 +206,20 @@ class ActSpec:
         return cls(**kw)
 
     @classmethod
+    def from_keywords(cls, per_tensor: bool = False, clip: Optional[float] = None, outliers: Optional[ArrayLike] = None,
+                      prefix: int = 0) -> ActSpec:
+        """The spec the loose keywords of ``LinearSpec.from_packed`` describe: the registered mode
+        whose flags they set (``clip``: a static mode; ``per_tensor``: one range per call;
+        ``outliers``: outlier channels), the first row of the table when several match."""
+        want = (clip is not None, bool(per_tensor) and clip is None, outliers is not None)
+        for info in ACT_MODE_INFO.values():
+            if (info.static, info.per_tensor, info.outliers) == want:
+                return cls(info.name, clip=clip, prefix=prefix,
+                           channels=None if outliers is None else cast(Any, np.asarray(outliers)))
+        raise ValueError(f"no activation mode is {'static' if want[0] else 'dynamic'}"
+                         f"{', per tensor' if want[1] else ''}{' with outlier channels' if want[2] else ''}")
+
+    @classmethod
     def for_matmul(cls, act: Union[str, ActSpec], clip: Optional[float] = None, outliers: Optional[ArrayLike] = None,
                    prefix: Optional[int] = None) -> ActSpec:
         """The spec of ``PackedWeight.matmul(x, act, clip=, outliers=, prefix=)``: a mode name with
@@ -216,7 +232,11 @@ class ActSpec:
             info = mode_info(act)
             if info.static and clip is None:
                 raise ValueError(f"act={act!r} needs clip= (its range)")
-            spec = cls(act, clip=clip, prefix=prefix, channels=None if outliers is None else cast(Any, np.asarray(outliers)))
+            try:
+                spec = cls(act, clip=clip, prefix=prefix,
+                           channels=None if outliers is None else cast(Any, np.asarray(outliers)))
+            except ValueError as e:  # matmul's own keyword names
+                raise ValueError(re.sub(r"^act_prefix\b", "prefix", str(e))) from None
         if not spec.resolved:
             raise ValueError(f"act={spec.mode!r} needs " + ("clip= (its range)" if spec.clip is None and spec.info.static
                                                              else "outliers= (the input channels computed in float)"))

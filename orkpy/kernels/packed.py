@@ -140,7 +140,7 @@ class PackedWeight:
         saturate), multiplied with int32 accumulation, and scaled by ``ascale * bscale[n]``.
         ``outliers`` (increasing input channels; required by ``"per_token_outliers"``,
         allowed with any mode): those channels are left out of the int8 product and added
-        in float with the same weight values (:mod:`orkpy.actcal`, csrc/ork/linear.h).
+        in float with the same weight values (:mod:`orkpy.runtime.actcal`, csrc/ork/linear.h).
         ``prefix``: the first rows quantized per row whatever the mode (and left out of the
         per-tensor absmax). ``act`` may be a resolved :class:`orkpy.ActSpec` instead (``clip``,
         ``outliers``, ``prefix`` then in it). Group-wise scales: the int32 sums per group, each

@@ -6,7 +6,7 @@ linear weight (the tied head included), one tier among ``options`` -- by default
 (per-channel scales), ``int4-g128``, ``int4-g64``, ``int4-g32``, the 5- and 6-bit uniform tiers
 ``int5-g128/g64/g32`` and ``int6-g128/g64/g32`` (int8 in memory, 5 / 6 bits per code in a file:
 csrc/ork/quant.h) and ``int8`` -- so that the packed
-linears take at most ``target_bpw`` bits per weight (:func:`orkpy.tiermap.packed_nbytes`: tile
+linears take at most ``target_bpw`` bits per weight (:func:`orkpy.formats.tiermap.packed_nbytes`: tile
 padding and scales included) at the least estimated loss.
 
 The loss of a choice is estimated per linear, one linear at a time (the others float):
@@ -227,7 +227,7 @@ def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
                       options: Sequence[str] = DEFAULT_OPTIONS, kind: str = "nf4", imatrix: Any = None,
                       n_ctx: int = 256, chunks: int = 2, threads: Optional[int] = None,
                       progress: bool = True, report: Optional[Dict[str, Any]] = None) -> Tuple[TierMap, Dict[str, Any]]:
-    """(TierMap, report): the tiers of every linear of ``src`` (a :class:`~orkpy.source.Source`)
+    """(TierMap, report): the tiers of every linear of ``src`` (a :class:`~orkpy.formats.source.Source`)
     at ``target_bpw`` bits per packed linear weight (module doc); ``report`` from an earlier
     :func:`sensitivities` call (same options) skips the measurement. The map names the source's
     tensors (a tied head's entry is ``token_embd.weight``; an untied embedding table stays

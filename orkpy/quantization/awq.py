@@ -6,7 +6,7 @@ of a group of linears up by ``s_j`` before rounding and the activation down by `
 division is free: folded into the producer of the activation. The scaled weights round with a
 smaller relative error on the salient columns; the function computed in float is unchanged.
 
-Groups (the folds of :mod:`orkpy.rotate`'s SmoothQuant, same keys, same exactness):
+Groups (the folds of :mod:`orkpy.runtime.rotate`'s SmoothQuant, same keys, same exactness):
 
 - ``attn_norm`` -> ``attn_q/k/v`` and ``ffn_norm`` -> ``ffn_gate/up``: the norm weight ``g / s``,
   the linears ``W diag(s)`` (not when the block inputs are rotated online after the norm,
@@ -19,7 +19,7 @@ Groups (the folds of :mod:`orkpy.rotate`'s SmoothQuant, same keys, same exactnes
 The head (fed by ``output_norm``; tied to the embedding on most small models) is left alone.
 
 Scale search, per group, from each linear's input Gram matrix ``G = sum x^T x`` on calibration
-text (:func:`orkpy.gptq.collect_grams`, the float model): ``m_j = sqrt(G_jj / rows)`` (the RMS of
+text (:func:`orkpy.quantization.gptq.collect_grams`, the float model): ``m_j = sqrt(G_jj / rows)`` (the RMS of
 input channel j; AWQ uses the mean ``|x_j|``, which the Gram matrix does not hold), and for each
 ``alpha`` of a grid (default 0, 0.1, ..., 1): ``s = m^alpha / sqrt(max(m^alpha) min(m^alpha))``,
 each linear of the group quantized as it will be stored (``quantize(W diag(s), kind)``; the 4-bit
@@ -39,7 +39,7 @@ pass on small models (SmolLM2-135M, 8 x 512 tokens: the 30 layers' 0.8 GB in 1 p
 awq_scales 687 -> 217 s of CPU time, the same scales).
 
 :func:`awq_scales` ``(src, calib, kinds, ...)`` -> ``(scales, report)``; :func:`apply_awq` returns the
-source with the scales folded in (a :class:`~orkpy.rotate.TransformedSource`; a rotated source
+source with the scales folded in (a :class:`~orkpy.runtime.rotate.TransformedSource`; a rotated source
 keeps its rotation); ``quantize_model(..., awq=True, calib=...)`` and ``orkpy quantize --awq`` run
 both (with ``method="gptq"``, GPTQ's Gram matrices come from the scaled model).
 """
@@ -149,7 +149,7 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     quantized (``kinds``: one kind, or {linear name: kind}; a linear missing from the mapping
     stays float and its group is skipped). The Gram matrices come from ``src`` run in float32 on
     ``chunks`` chunks of ``n_ctx`` tokens of ``calib``: one pass over the text collects as many
-    as fit ``max_bytes`` together (:func:`orkpy.gptq.gram_batches`; every one in one pass when they
+    as fit ``max_bytes`` together (:func:`orkpy.quantization.gptq.gram_batches`; every one in one pass when they
     fit); the result does not depend on ``max_bytes``. The report:
     {"alpha": {key: alpha}, "error": {key: {alpha: err}}, "n_ctx", "chunks"}."""
     from .._io import progress_bar
@@ -206,7 +206,7 @@ def column_scales(hp: Mapping[str, Any], scales: Mapping[str, NDArray[np.float64
 
 
 def apply_awq(src: Any, scales: Mapping[str, NDArray[np.float64]], info: Optional[Mapping[str, Any]] = None) -> Any:
-    """``src`` with AWQ's scales folded in (:class:`~orkpy.rotate.TransformedSource`; a rotated
+    """``src`` with AWQ's scales folded in (:class:`~orkpy.runtime.rotate.TransformedSource`; a rotated
     source keeps its rotation; a smoothed one is refused: both would fold into the same places)."""
     from ..runtime.rotate import TransformedSource
 

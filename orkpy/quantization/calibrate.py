@@ -13,14 +13,14 @@ gated by perplexity.
   adds one; the head is left out, as llama-imatrix does by default).
 - ``quantize_model(source, alloc, imatrix=None, kind="nf4", ...)``: the source
   is an F32/F16/BF16 GGUF or a Hugging Face safetensors checkpoint
-  (:func:`orkpy.source.open_source`; a checkpoint's architecture and tokenizer
+  (:func:`orkpy.formats.source.open_source`; a checkpoint's architecture and tokenizer
   come from the allocation GGUF, whose tensor data is never used), the
   allocation a TierMap, a mixed GGUF or an emit-map file
-  (:func:`orkpy.source.read_allocation`). int8-tier linears -> per-channel
+  (:func:`orkpy.formats.source.read_allocation`). int8-tier linears -> per-channel
   int8, int4-tier linears -> NF4 (or uniform int4), both with imatrix-chosen
   scales; float-tier linears (e.g. a head kept float) stay float, as in
   ``load_model(weights=TierMap)``; embeddings and norms stay float.
-- ``QuantizedModel.save(dir)``: the model directory (:mod:`orkpy.modeldir`):
+- ``QuantizedModel.save(dir)``: the model directory (:mod:`orkpy.formats.modeldir`):
   ``manifest.json`` (tensor -> tier, kind, file, sha256; source / allocation /
   imatrix hashes; settings), one O4N1/O8N1 blob per packed linear, and
   ``float.gguf`` (the source's metadata, embeddings, norms, float linears),
@@ -85,8 +85,8 @@ class QuantizedModel:
                  hashes: Dict[str, Any], double_quant: bool, src: Optional[Source] = None,
                  act_calib: Optional[ActCalibration] = None, recipe: Optional[Recipe] = None) -> None:
         self.source = source
-        self.recipe = recipe  # how it was made (orkpy.recipe), recorded in the manifest
-        self.act_calib = act_calib  # calibrated activation ranges / outlier channels (orkpy.actcal), saved with it
+        self.recipe = recipe  # how it was made (orkpy.quantization.recipe), recorded in the manifest
+        self.act_calib = act_calib  # calibrated activation ranges / outlier channels (orkpy.runtime.actcal), saved with it
         self._src = src if src is not None else GGUFSource(source)
         self.tensors = tensors
         self.tiers = tiers
@@ -95,7 +95,7 @@ class QuantizedModel:
         self.double_quant = double_quant
         self._models: Dict[Any, Model] = {}
         self.alloc_map: Optional[TierMap] = None  # the allocation used (quantize_model sets it)
-        self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.alloc)
+        self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.quantization.alloc)
         self.path: Optional[str] = None  # the model directory quantize_model(output=) wrote
 
     def float_linears(self) -> Dict[str, str]:
@@ -131,12 +131,12 @@ class QuantizedModel:
                     return LinearSpec.f32(n, src.linear(n)), "gguf"
                 pw = self.tensors[n]
                 spec = actcal.resolve(key, n, self.act_calib, pw.K, os.path.basename(self.source))
-                return LinearSpec.from_packed(n, pw, spec), pw.kind
+                return LinearSpec.from_packed(n, pw, act_spec=spec), pw.kind
             self._models[key] = build_model(src, linear, self.source, hp)
         return self._models[key]
 
     def _record(self) -> Dict[str, Any]:
-        """The manifest's descriptive fields (orkpy.modeldir)."""
+        """The manifest's descriptive fields (orkpy.formats.modeldir)."""
         return {
             "source": {"file": os.path.basename(self.source), "sha256": self.hashes["source"]},
             "alloc": self.hashes["alloc"],
@@ -151,7 +151,7 @@ class QuantizedModel:
         return None if self.act_calib is None else self.act_calib.to_bytes()
 
     def save(self, path: StrPath, overwrite: bool = False) -> str:
-        """Write the model directory atomically (temp dir + rename); see :mod:`orkpy.modeldir`."""
+        """Write the model directory atomically (temp dir + rename); see :mod:`orkpy.formats.modeldir`."""
         return write_model_dir(path, self.tensors, self.tiers, self.float_linears(), self._src, self._record(),
                                overwrite, act_scales=self._act_bytes())
 
@@ -175,7 +175,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    recipe: Optional[Recipe] = None) -> QuantizedModel:
-    """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.recipe.Recipe`; see
+    """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`; see
     docs/recipes.md for every key) says; float-tier linears stay float.
 
     The inputs: ``source`` (a GGUF; F32/F16/BF16 = the intended fp16 source, a quantized GGUF =
@@ -195,15 +195,15 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     what they need).
 
     The keyword form: without ``recipe``, the keywords ``kind`` ... ``rotate_placement`` are the
-    recipe (:data:`orkpy.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
+    recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
     ``calibration.chunks``, ``method`` -> ``rounding.method``, ``act_prefix`` ->
     ``activation.prefix``); with ``recipe``, they must keep their defaults. The recipe is checked,
     and against its inputs (``alloc`` xor ``allocation.target_bpw``; a calibration text where a
-    key needs one), before any file is read: a :class:`orkpy.recipe.RecipeError` (a ValueError)
+    key needs one), before any file is read: a :class:`orkpy.RecipeError` (a ValueError)
     names the key. The model directory's manifest records the recipe (``Recipe.load(dir)`` reads
     it back), the inputs by file name and sha256, and the settings loading needs.
 
-    The stages (:mod:`orkpy.pipeline`): source -> transform -> allocate -> AWQ scales -> GPTQ or
+    The stages (:mod:`orkpy.quantization.pipeline`): source -> transform -> allocate -> AWQ scales -> GPTQ or
     round-to-nearest, packed one linear at a time -> write -> activation calibration -> manifest.
     ``QuantizedModel.alloc_map`` is the allocation used (``.save(path)`` writes the emit-map),
     ``alloc_report`` target_bpw's estimates."""
@@ -267,7 +267,7 @@ def _recipe_of(recipe: Optional[Recipe], kw: Dict[str, Any]) -> Recipe:
     """quantize_model's recipe: ``recipe``, or the one its keywords mean (the keyword form)."""
     if recipe is not None:
         if not isinstance(recipe, Recipe):
-            raise TypeError(f"recipe must be an orkpy.recipe.Recipe (Recipe.load(path) reads a file), got "
+            raise TypeError(f"recipe must be an orkpy.Recipe (Recipe.load(path) reads a file), got "
                             f"{type(recipe).__name__}")
         given = keywords_given(kw)
         if given:
@@ -294,7 +294,7 @@ def calibrate_activations(model: Union[Model, QuantizedModel], text_or_tokens: U
                           progress: bool = True, prefix: int = actcal.DEFAULT_PREFIX) -> ActCalibration:
     """Static activation ranges (``max`` and ``mse``) and outlier channels of every linear of
     ``model``, from its inputs on ``chunks`` chunks of ``n_ctx`` tokens of calibration text
-    (:mod:`orkpy.actcal`), the block linears' first ``prefix`` positions left out (the static mode
+    (:mod:`orkpy.runtime.actcal`), the block linears' first ``prefix`` positions left out (the static mode
     quantizes them per token); pass the result to ``load_model(..., act_calib=)``."""
     return actcal.calibrate_activations(as_model(model), text_or_tokens, n_ctx, chunks, threads, progress,
                                         prefix=prefix)

@@ -133,7 +133,7 @@ def gram_batches(names: Sequence[str], K: Callable[[str], int], max_bytes: int =
     """``names`` cut, in order, into runs whose Gram matrices (float64 ``K(name)`` squared, one per
     input: names reading the same input, :data:`SHARED_INPUT`, count once) take at most
     ``max_bytes`` together, a matrix larger than ``max_bytes`` alone in its run: the linears of
-    one calibration pass (:func:`gptq_linears`, :func:`orkpy.awq.awq_scales`)."""
+    one calibration pass (:func:`gptq_linears`, :func:`orkpy.quantization.awq.awq_scales`)."""
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes < 0:
         raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
     runs: List[List[str]] = []
@@ -167,7 +167,7 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
                  names: Optional[Sequence[str]] = None, max_bytes: int = 1 << 30, threads: Optional[int] = None,
                  progress: bool = True, group_size: Union[int, None, Dict[str, int]] = None,
                  sequential: bool = False) -> Dict[str, QuantizedTensor]:
-    """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.source.Source` ``src``
+    """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.formats.source.Source` ``src``
     (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
     chunks of ``n_ctx`` tokens of ``calib`` (see module doc). ``kind``: one kind for all, or
     {name: kind}; ``group_size`` likewise (None or 0: per channel). ``sequential=False``: the

@@ -1,5 +1,5 @@
 """The quantization pipeline as named stages, each a function with typed inputs and outputs;
-:func:`orkpy.calibrate.quantize_model` runs a :class:`~orkpy.recipe.Recipe` through them
+:func:`orkpy.quantization.calibrate.quantize_model` runs a :class:`~orkpy.Recipe` through them
 (docs/recipes.md):
 
     open_stage       Inputs, Recipe                    -> Opened     the source read; an oracle's tiers
@@ -141,7 +141,7 @@ def transform_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, No
 
 
 def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, run: RunOptions) -> Allocated:
-    """The oracle's tiers, or the tiers :func:`orkpy.alloc.target_allocation` chooses for
+    """The oracle's tiers, or the tiers :func:`orkpy.quantization.alloc.target_allocation` chooses for
     ``allocation.target_bpw`` (sensitivities measured on the transformed source)."""
     if opened.tiers is not None and opened.allocation is not None:
         return Allocated(opened.tiers, opened.allocation, None)
@@ -161,7 +161,7 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
 def scale_stage(src: Source, tm: TierMap, names: List[str], recipe: Recipe, calib: Union[str, ArrayLike, None],
                 run: RunOptions) -> Scaled:
     """With ``rounding.awq``: AWQ's per-input-channel scales searched on ``calib`` for the
-    linears' rounding and folded into the norms / producing linears (:mod:`orkpy.awq`)."""
+    linears' rounding and folded into the norms / producing linears (:mod:`orkpy.quantization.awq`)."""
     if not recipe.rounding.awq or calib is None:
         return Scaled(src, {})
     from .awq import apply_awq, awq_scales, column_scales
@@ -192,7 +192,7 @@ def plan_linears(names: List[str], tm: TierMap, allocation: AllocationSpec) -> D
 def gptq_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, calib: Union[str, ArrayLike, None],
                run: RunOptions) -> Dict[str, QuantizedTensor]:
     """With ``rounding.method = "gptq"``: every packed linear rounded by GPTQ
-    (:func:`orkpy.gptq.gptq_linears`, the Gram matrices on ``calib``); else nothing."""
+    (:func:`orkpy.quantization.gptq.gptq_linears`, the Gram matrices on ``calib``); else nothing."""
     if recipe.rounding.method != "gptq" or calib is None:
         return {}
     from .gptq import gptq_linears
@@ -286,7 +286,7 @@ def write_linears(rounded: Iterable[Rounded], writer: Optional[ModelDirWriter], 
 def calibrate_acts_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, None],
                          run: RunOptions) -> Optional[ActCalibration]:
     """With a calibration text: the static activation ranges and outlier channels of the
-    (transformed) source in float32 (:func:`orkpy.model.calibrate_source_acts`), the first
+    (transformed) source in float32 (:func:`orkpy.runtime.model.calibrate_source_acts`), the first
     ``activation.prefix`` positions left out; saved with the model."""
     if calib is None:
         return None

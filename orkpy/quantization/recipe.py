@@ -39,19 +39,20 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..runtime import actcal
 from .._typing import StrPath
+from ..formats import modeldir, tiermap
+from ..formats.tiermap import INT_TIERS, split_tier
 from ..kernels.actspec import ActSpec
 from ..kernels.quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
+from ..runtime import actcal, rotate
 from ..runtime.rotate import ROTATIONS
-from ..formats.tiermap import INT_TIERS, split_tier
 
 VERSION = 1
-PLACEMENTS = ("fold", "online")
-FALLBACKS = ("infer", "literal")
+PLACEMENTS = rotate.PLACEMENTS
+FALLBACKS = tiermap.FALLBACK_MODES
 TIED_LOOKUPS = ("float", "packed")
 METHODS = ("rtn", "gptq")
-_MANIFEST_FORMAT = "orkpy-quantized-model"  # orkpy.modeldir.FORMAT (a manifest holds the recipe it was made with)
+_MANIFEST_FORMAT = modeldir.FORMAT  # a model directory's manifest holds the recipe it was made with
 
 Key = Tuple[str, ...]
 
@@ -148,7 +149,7 @@ def _tiers(key: str, v: Any) -> Optional[Tuple[str, ...]]:
     if v is None:
         return None
     if isinstance(v, str) or not isinstance(v, Sequence) or not v:
-        raise RecipeError(key, f"{key} must be null (orkpy.alloc.DEFAULT_OPTIONS) or a non-empty list of tiers, "
+        raise RecipeError(key, f"{key} must be null (orkpy.quantization.alloc.DEFAULT_OPTIONS) or a non-empty list of tiers, "
                                f"got {_show(v)}")
     for t in v:
         try:
@@ -223,7 +224,7 @@ def _no_unknown(d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
 @dataclass(frozen=True)
 class TransformSpec(_Section):
     """How the float source is transformed before anything is measured or rounded
-    (:func:`orkpy.model.transformed_source`)."""
+    (:func:`orkpy.runtime.model.transformed_source`)."""
 
     NAME: ClassVar[str] = "transform"
     rotate: Optional[str] = _key(None, _optional(_choice(ROTATIONS)), "rotation folded into the weights")
@@ -300,7 +301,7 @@ class ActivationSpec:
     activation-spec type from the API to the kernels -- at model level: ``mode``, ``bits``,
     ``method`` (how a static range is calibrated), ``prefix`` (the leading positions the
     calibration leaves out and the shared-range modes quantize per token; default
-    :data:`orkpy.actcal.DEFAULT_PREFIX`) and ``n_outliers``; a linear's own ``clip`` / ``channels``
+    :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`) and ``n_outliers``; a linear's own ``clip`` / ``channels``
     come from the calibration, never from a recipe. This class only reads and writes the section."""
 
     NAME: ClassVar[str] = "activation"
@@ -329,8 +330,9 @@ class ActivationSpec:
             if k in d:
                 try:
                     ActSpec(**dict(kw, **{k: d[k]}) if k != "mode" else {"mode": d[k]})
-                except (TypeError, ValueError, KeyError) as e:
-                    raise RecipeError(f"{cls.NAME}.{k}", f"{cls.NAME}.{k}: {e}") from None
+                except (TypeError, ValueError, KeyError) as e:  # ActSpec says act / act_prefix / ... (load_model's words)
+                    msg = re.sub(r"^(act_prefix|act_method|act_outliers|act bits|act)\b", f"{cls.NAME}.{k}", str(e))
+                    raise RecipeError(f"{cls.NAME}.{k}", msg if msg != str(e) else f"{cls.NAME}.{k}: {e}") from None
         kw.update(d)
         try:
             return ActSpec(**kw)

@@ -20,7 +20,7 @@ Generation stops after ``max_tokens`` tokens or at an end-of-generation token
 (``Tokenizer.eog_ids``: EOS, EOT, ``<|im_end|>``, ``<end_of_turn>``, ...), which is not part of
 the text. The text is ``Tokenizer.decode(ids, continuation=True)`` of the generated ids (the
 leading space kept: it continues the prompt); ``stream=True`` yields it piece by piece as it
-becomes final (:class:`~orkpy.tokenizer.TextStream`), the pieces joining to the same string.
+becomes final (:class:`~orkpy.runtime.tokenizer.TextStream`), the pieces joining to the same string.
 
 Chat prompts (``chat=True``, ``orkpy generate --chat``): the prompt is one user message in the
 GGUF's ``tokenizer.chat_template``, which is recognised by its markers the way llama.cpp's

@@ -1,10 +1,10 @@
-"""Models: a forward pass in C for every architecture of :mod:`orkpy.arch` (llama,
+"""Models: a forward pass in C for every architecture of :mod:`orkpy.formats.arch` (llama,
 qwen2, qwen3, gemma2, gemma3, phi3) with a weight path per linear tensor.
 
 ``load_model(path, weights="gguf")`` reads a GGUF file (any architecture of the
 table; fused tensors are split when it is opened), a Hugging Face safetensors checkpoint (with
 ``meta=``, a GGUF of the same model for the hyper-parameters and the
-tokenizer; see :mod:`orkpy.source`) or a quantized model directory.
+tokenizer; see :mod:`orkpy.formats.source`) or a quantized model directory.
 ``weights`` says which path each linear layer runs on -- one way, three
 spellings:
 
@@ -98,9 +98,9 @@ def linear_names(hp: Mapping[str, Any]) -> List[str]:
 
 
 def tier_path(tier: str, int4_kind: str = "nf4") -> str:
-    """The weight path of a tier: an integer tier -> the kind that runs it (:func:`orkpy.tiermap.tier_kind`:
+    """The weight path of a tier: an integer tier -> the kind that runs it (:func:`orkpy.formats.tiermap.tier_kind`:
     ``int8`` / ``int6`` / ``int5`` their kinds, ``int4`` -> ``int4_kind``), ``float`` -> ``"gguf"`` (the source's
-    float values); a grouped tier (``"int4-g32"``) has its base tier's path (:func:`orkpy.tiermap.split_tier`
+    float values); a grouped tier (``"int4-g32"``) has its base tier's path (:func:`orkpy.formats.tiermap.split_tier`
     gives the group). One meaning for ``load_model`` and ``quantize_model``."""
     from ..formats.tiermap import tier_kind
     return tier_kind(tier, int4_kind) or "gguf"
@@ -146,7 +146,7 @@ def build_model(src: Source, linear: Callable[[str], Tuple[LinearSpec, str]], pa
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
                    linears: Mapping[str, LinearSpec]) -> _core.ForwardModel:
-    """The C model from the hyper-parameters (:func:`orkpy.arch.hparams`), float_of(name) ->
+    """The C model from the hyper-parameters (:func:`orkpy.formats.arch.hparams`), float_of(name) ->
     float tensor (embeddings, norms, biases, RoPE factors) and a spec for every name of
     :func:`linear_names`. What each block holds comes from the architecture table."""
     a = _arch.get(hp["arch"])
@@ -164,9 +164,9 @@ def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]
             if t in biases:
                 L[t + ".bias"] = float_of(f"{p}{t}.bias")
         L.update(_arch.layer_settings(hp, i))
-        if down_rot is not None:  # ffn_down's input rotated online (orkpy.rotate)
+        if down_rot is not None:  # ffn_down's input rotated online (orkpy.runtime.rotate)
             L["ffn_down.rot"] = down_rot
-        if norm_rot is not None:  # attn_norm / ffn_norm outputs rotated online (orkpy.rotate, placement "online")
+        if norm_rot is not None:  # attn_norm / ffn_norm outputs rotated online (orkpy.runtime.rotate, placement "online")
             L["norm.rot"] = norm_rot
         layers.append(L)
     rope = hp.get("rope_factors")
@@ -235,7 +235,7 @@ class Model:
     # ------------------------------------------------------- generation --
     def session(self, n_ctx: int, n_batch: int = 512) -> Session:
         """A KV-cached decode session with ``n_ctx`` positions, prompts evaluated in steps of at
-        most ``n_batch`` tokens (:class:`orkpy.generate.Session`): ``eval(tokens)`` appends
+        most ``n_batch`` tokens (:class:`orkpy.runtime.generate.Session`): ``eval(tokens)`` appends
         tokens and returns the last one's logits."""
         from .generate import Session, check_session_args
         check_session_args(n_ctx, n_batch)
@@ -263,7 +263,7 @@ class Model:
         """The continuation of ``prompt`` (a str or token ids) as a str, or with ``stream`` an
         iterator of its text pieces as they come; ``temperature=0`` is greedy; stops at an
         end-of-generation token. Keywords ``chat``, ``threads``, ``n_ctx``, ``n_batch``,
-        ``stats``: :func:`orkpy.generate.generate`, which documents the sampling."""
+        ``stats``: :func:`orkpy.runtime.generate.generate`, which documents the sampling."""
         from .generate import generate
         return generate(self, prompt, max_tokens, temperature, top_k, top_p, seed, stream, **kw)
 
@@ -325,7 +325,7 @@ class Model:
                       threads: Optional[int] = None) -> Dict[str, Tuple[NDArray[np.float64], int]]:
         """{name: (sum of x^T x over every input row, float64 (K, K), rows)} of the linears ``names``
         over ``chunks`` (each run as one forward pass, every position counted), accumulated inside the
-        C forward pass (csrc/ork/linear.h, "Input Gram matrix"): GPTQ's Hessian (:mod:`orkpy.gptq`)."""
+        C forward pass (csrc/ork/linear.h, "Input Gram matrix"): GPTQ's Hessian (:mod:`orkpy.quantization.gptq`)."""
         idx = {n: i for i, n in enumerate(self._linears)}
         bad = [n for n in names if n not in idx]
         if bad:
@@ -342,7 +342,7 @@ class Model:
         """{linear name: statistics of its input} over ``chunks`` (one forward pass each), taken in
         the C forward pass before any quantization (csrc/ork/linear.h ``ork_act_stats``): ``rows``,
         ``absmax``, ``ch_absmax`` (float32 (K,), max |x| per input channel), the |x| histogram
-        ``count`` / ``sum`` / ``sum2`` over :func:`orkpy.actcal.hist_edges`, and ``n_clipped``
+        ``count`` / ``sum`` / ``sum2`` over :func:`orkpy.runtime.actcal.hist_edges`, and ``n_clipped``
         (inputs beyond a static linear's range). What :func:`orkpy.calibrate_activations` uses.
         The head sees the second half of each chunk's positions (the ones perplexity scores),
         every other linear every position but the first ``prefix`` (which the per-tensor and
@@ -380,7 +380,7 @@ class Model:
 
     def set_ffn(self, layer: int, params: Optional[Mapping[str, Any]]) -> None:
         """Run layer ``layer``'s FFN on the NPU's fused int8 SwiGLU chain with ``params``
-        (:func:`orkpy.ffn.layer_params`), or with None on the per-op path. The layer's
+        (:func:`orkpy.evaluation.ffn.layer_params`), or with None on the per-op path. The layer's
         gate / up / down linears must be packed (and carry no bias: the chain has none)."""
         if params is not None:
             with_bias = [t for t in ("ffn_gate", "ffn_up", "ffn_down") if t in self.hparams.get("biases", ())]
@@ -403,7 +403,7 @@ class Model:
 
     def swap_linear(self, name: str, spec: LinearSpec) -> LinearSpec:
         """Run linear ``name`` as ``spec`` (same shape) from now on; returns the spec it replaces
-        (swap it back with that). For sensitivity scans (:mod:`orkpy.alloc`): one model, one
+        (swap it back with that). For sensitivity scans (:mod:`orkpy.quantization.alloc`): one model, one
         linear changed at a time. An NPU route of that linear is dropped."""
         old = self._linears[name]
         if (spec.N, spec.K) != (old.N, old.K):
@@ -460,7 +460,7 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
                        rotate_placement: Optional[str] = None) -> Source:
     """``src`` rotated (``rotate``, placed by ``rotate_placement``: "fold", "online" or None for
     the architecture's default; ``rotate_online``: ``ffn_down``'s input rotated online too)
-    and/or smoothed (:func:`orkpy.rotate.rotate_source`; itself when none is asked for).
+    and/or smoothed (:func:`orkpy.runtime.rotate.rotate_source`; itself when none is asked for).
     Smoothing calibrates its scales on ``calib`` (a text or token ids; ``calib_chunks`` chunks
     of ``calib_ctx`` tokens) with the rotated model run in float32; the calibration is
     recorded in the source's ``info()``."""
@@ -496,14 +496,14 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     module doc); or a quantized model directory written by ``QuantizedModel.save``.
     ``rotate`` (placed by ``rotate_placement``) / ``rotate_online`` / ``smooth``: run the
     source rotated and/or smoothed
-    (:func:`transformed_source`, :mod:`orkpy.rotate`; a model directory is saved already
+    (:func:`transformed_source`, :mod:`orkpy.runtime.rotate`; a model directory is saved already
     transformed). ``act``: the packed linears' activation spec, an :class:`orkpy.ActSpec` or a
     mode name (:data:`orkpy.ACT_MODES`) with the legacy ``act_method`` / ``act_outliers`` /
-    ``act_prefix`` (:meth:`orkpy.ActSpec.parse`; :mod:`orkpy.actcal`). A static mode (range
+    ``act_prefix`` (:meth:`orkpy.ActSpec.parse`; :mod:`orkpy.runtime.actcal`). A static mode (range
     ``method``, ``"mse"`` or ``"max"``) and a mode with outlier channels (``n_outliers`` of them)
     use ``act_calib`` (an ActCalibration or an act_scales.json), else a model directory's saved
     calibration, else one run now on ``calib`` (:func:`calibrate_source_acts`, leaving out
-    ``prefix`` positions, default :data:`orkpy.actcal.DEFAULT_PREFIX`). ``prefix``: the sequence
+    ``prefix`` positions, default :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`). ``prefix``: the sequence
     positions the per-tensor and static modes quantize per token (default: 0 for per_tensor,
     the calibration's for static)."""
     spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
@@ -534,7 +534,7 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
         packed = pack(quantize(w, paths[n], threads=nthreads))
         del w
         src.release(caches=False)  # packed: the float pages it was read from go back (the values stay the file's)
-        return LinearSpec.from_packed(n, packed, how), paths[n]
+        return LinearSpec.from_packed(n, packed, act_spec=how), paths[n]
     return build_model(src, linear, path)
 
 
@@ -547,7 +547,7 @@ def float_model(src: Source) -> Model:
 def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: int = 512,
                           calib_chunks: Optional[int] = 8, threads: Optional[int] = None,
                           prefix: int = DEFAULT_PREFIX) -> ActCalibration:
-    """The activation calibration (:func:`orkpy.actcal.calibrate_activations`) of ``src`` run in
+    """The activation calibration (:func:`orkpy.runtime.actcal.calibrate_activations`) of ``src`` run in
     float32: every linear's input as the float model sees it, so one calibration serves every
     weight path (w8a8, w4a8) of that source."""
     m = float_model(src)
@@ -558,7 +558,7 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec] = "per_token",
                    act_calib: Union[ActCalibration, StrPath, None] = None, act_method: Optional[str] = None,
                    act_outliers: Optional[int] = None, act_prefix: Optional[int] = None) -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified
-    (:func:`orkpy.modeldir.read_model_dir`). ``act`` (and the legacy ``act_method`` /
+    (:func:`orkpy.formats.modeldir.read_model_dir`). ``act`` (and the legacy ``act_method`` /
     ``act_outliers`` / ``act_prefix``) as in :func:`load_model`; the calibrated modes use
     ``act_calib`` or the directory's saved ``act_scales.json``."""
     spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
@@ -589,7 +589,7 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec] = "per_token",
                 raise FormatError(f"{d.float_file}: no tensor {tensor!r} of shape {shape} for the float linear {n!r}")
             return LinearSpec.f32(n, src.tensor(tensor)), "gguf"
         pw = d.packed(n)
-        return LinearSpec.from_packed(n, pw, resolve(spec, n, cal, pw.K, where)), pw.kind
+        return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where)), pw.kind
     m = build_model(src, linear, path, hp)
     m.manifest = d.manifest
     return m

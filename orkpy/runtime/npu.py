@@ -11,12 +11,12 @@ bytes for every backend; the device backends differ only in the ioctls.
 
 There is no RK3588 board here: the rknpu and rocket paths have run only
 against the fake kernel, test machinery reached through
-``orkpy.testing.fake_npu_device(backend)``, which checks each driver's
+``orkpy.evaluation.testing.fake_npu_device(backend)``, which checks each driver's
 documented contract and executes the submitted commands with the emulator.
 The emulator's semantics are the published facts listed in docs/npu.md;
 tests/board/run_board.py checks them on a board.
 
-    >>> import numpy as np, orkpy.npu as npu
+    >>> import numpy as np, orkpy.runtime.npu as npu
     >>> a = np.ones((4, 64), np.int8); b = np.ones((32, 64), np.int8)
     >>> int(npu.matmul(a, b)[0, 0])
     64
@@ -33,7 +33,7 @@ from ..kernels.quant import KINDS
 
 #: The backends, from the C table (csrc/ork/npu/backend.h): "emu", "rknpu", "rocket".
 BACKENDS = _core.npu_backends()
-# fault bits of the fake kernel (test machinery: orkpy.testing.FAKE_HANG / FAKE_DROP, Device.set_faults)
+# fault bits of the fake kernel (test machinery: orkpy.evaluation.testing.FAKE_HANG / FAKE_DROP, Device.set_faults)
 FAKE_HANG = 1
 FAKE_NO_DEVICE = 2
 
@@ -45,7 +45,7 @@ def load_fake_kernel(path):
     """Test machinery: load the fake kernel driver library (tests/npu_fake, built by
     ``tests/cbuild.py build_fake_kernel``; the shipped extension holds no fake kernel) and hand
     its table to the core, so that ``Device(backend, fake_kernel=backend)`` and
-    ``orkpy.testing.fake_npu_device`` work. Idempotent; the library stays loaded."""
+    ``orkpy.evaluation.testing.fake_npu_device`` work. Idempotent; the library stays loaded."""
     import ctypes
 
     lib = ctypes.CDLL(str(path))
@@ -131,7 +131,7 @@ class Device:
     Test machinery, not for production use: ``fake_kernel="rknpu"`` (or
     "rocket", naming the backend) runs the device backend against an
     in-process fake of the kernel driver instead of /dev, and ``set_faults``
-    injects failures into that fake; ``orkpy.testing.fake_npu_device`` is the
+    injects failures into that fake; ``orkpy.evaluation.testing.fake_npu_device`` is the
     documented way to get such a device. The fake is a test-only library outside
     the shipped extension: :func:`load_fake_kernel` first (else UnavailableError).
     """
@@ -195,7 +195,7 @@ class Device:
         return self._dev.info()
 
     def set_faults(self, bits):
-        """Test machinery: inject faults (orkpy.testing.FAKE_HANG | FAKE_DROP) into the
+        """Test machinery: inject faults (orkpy.evaluation.testing.FAKE_HANG | FAKE_DROP) into the
         fake kernel of a device opened with ``fake_kernel=``; ValueError on any other device."""
         self._dev.set_faults(bits)
 

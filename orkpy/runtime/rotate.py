@@ -4,7 +4,7 @@ the weights), and SmoothQuant-style migration of activation outliers into the we
 
 :func:`rotate_source` ``(src, rotate="hadamard", seed=0, heads=True, smooth=None, stats=None,
 online=False, placement=None)``
-returns a :class:`TransformedSource`: a :class:`~orkpy.source.Source` whose tensors are the
+returns a :class:`TransformedSource`: a :class:`~orkpy.formats.source.Source` whose tensors are the
 transformed ones, computed per tensor when asked for (nothing is held but the transformation
 matrices and, once computed, the embedding table), with the wrapped source's
 hyper-parameters, metadata and tokenizer. ``load_model``, ``quantize_model``, tier maps (by
@@ -297,7 +297,7 @@ class TransformedSource(Source):
         return out & set(self._shapes)
 
     def with_scales(self, scales: Mapping[str, NDArray[np.float64]], info: Mapping[str, Any]) -> "TransformedSource":
-        """The same rotation with these scales folded in (AWQ, :mod:`orkpy.awq`) and ``info`` added
+        """The same rotation with these scales folded in (AWQ, :mod:`orkpy.quantization.awq`) and ``info`` added
         to :meth:`info`; ValueError when this source already folds scales (smoothing)."""
         if self._s:
             raise ValueError(f"{self.path}: already smoothed (smooth=); AWQ scales fold into the same places")
@@ -469,6 +469,10 @@ def _smoothing(src: Source, alpha: float, stats: Stats) -> Dict[str, NDArray[np.
 
 # ---------------------------------------------------------------- entry --
 
+#: where a rotation of the block inputs goes: folded into the weights, or applied online
+PLACEMENTS = ("fold", "online")
+
+
 def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0, heads: bool = True,
                   smooth: Optional[float] = None, stats: Optional[Stats] = None,
                   calib_info: Optional[Mapping[str, Any]] = None, online: bool = False,
@@ -492,8 +496,8 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
                             "heads": bool(heads) if rotate is not None else None,
                             "smooth": None if smooth is None else float(smooth), "online": bool(online)}
     q = r = nrot = None
-    if placement not in (None, "fold", "online"):
-        raise ValueError(f"placement must be 'fold' or 'online', got {placement!r}")
+    if placement is not None and placement not in PLACEMENTS:
+        raise ValueError(f"placement must be {' or '.join(repr(p) for p in PLACEMENTS)}, got {placement!r}")
     if rotate is not None:
         if placement is None:
             placement = "online" if a.post_norms else "fold"
@@ -503,7 +507,7 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
         if rotate != "hadamard" or f is None or f[0] > 256:
             raise ValueError(f"{src.path}: an online rotation of the block inputs needs a Hadamard matrix of order "
                              f"n_embd = {hp['n_embd']} (p * 2^k with a Paley order p <= 256; see "
-                             "orkpy.rotate.hadamard) and rotate='hadamard'")
+                             "orkpy.runtime.rotate.hadamard) and rotate='hadamard'")
         d = hp["n_embd"]
         signs = np.random.default_rng(seed).choice(np.array([-1.0, 1.0]), d)
         h = hadamard(d)
@@ -529,7 +533,7 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
         h = hadamard(n_ff)
         if h is None:
             raise ValueError(f"{src.path}: an online rotation of ffn_down's input needs a Hadamard matrix of order "
-                             f"n_ff = {n_ff} (p * 2^k with a Paley order p; see orkpy.rotate.hadamard)")
+                             f"n_ff = {n_ff} (p * 2^k with a Paley order p; see orkpy.runtime.rotate.hadamard)")
         signs = np.random.default_rng(seed + 2).choice(np.array([-1.0, 1.0]), n_ff)
         on = (signs, h / np.sqrt(n_ff))
         p, two = hadamard_factors(n_ff)  # type: ignore[misc]

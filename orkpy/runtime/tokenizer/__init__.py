@@ -70,7 +70,7 @@ Special tokens first (llama.cpp's ``tokenizer_st_partition``)
     matches the code points with non-ASCII whitespace replaced (std::wregex); the
     gpt2/llama3/qwen2 expressions run through hand-written matchers that give
     the same splits. This module does the same (Python ``re``, ASCII mode) with
-    the classes of :mod:`orkpy.tokenizer._unicode_classes` (Unicode 15.1, equal to
+    the classes of :mod:`orkpy.runtime.tokenizer._unicode_classes` (Unicode 15.1, equal to
     llama.cpp's src/unicode-data.cpp), not those of the installed Python
     (3.11: Unicode 14) or ``regex`` (16 or later: a letter added in Unicode 16 is
     "other" to llama.cpp). llama.cpp's expressions are its adaptations of the

@@ -1,5 +1,5 @@
 """llama.cpp's byte-level BPE tokenizer (``tokenizer.ggml.model = "gpt2"``): a pre-tokenized word's UTF-8
-bytes as GPT-2's printable characters, merged by rank (see orkpy.tokenizer's docstring)."""
+bytes as GPT-2's printable characters, merged by rank (see orkpy.runtime.tokenizer's docstring)."""
 from __future__ import annotations
 
 import heapq

@@ -108,7 +108,7 @@ class _UnicodeClasses:
                 cp += v >> 3
                 v = shift = 0
         if cp != 0x110000:
-            raise RuntimeError("orkpy.tokenizer._unicode_classes is corrupt")
+            raise RuntimeError("orkpy.runtime.tokenizer._unicode_classes is corrupt")
         cls.classes = bytes(classes)
         cls.starts = starts
 
@@ -173,7 +173,7 @@ def compile_exprs(pre: _Pre) -> List[Tuple[bool, re.Pattern[str]]]:
 
 
 def pretokenize(exprs: Sequence[Tuple[bool, re.Pattern[str]]], text: str) -> List[str]:
-    """The words llama.cpp's pre-tokenizer splits ``text`` into (see orkpy.tokenizer's docstring):
+    """The words llama.cpp's pre-tokenizer splits ``text`` into (see orkpy.runtime.tokenizer's docstring):
     each expression of ``exprs`` splits the pieces the previous ones left, text between matches
     is a piece too."""
     cuts = [0, len(text)]

@@ -1,6 +1,6 @@
 """llama.cpp's SPM tokenizer (``tokenizer.ggml.model = "llama"``): greedy merges by score, bytes as the
 ``<0xXX>`` tokens, and the cut points that let a fragment be tokenized in independent pieces (see
-orkpy.tokenizer's docstring)."""
+orkpy.runtime.tokenizer's docstring)."""
 from __future__ import annotations
 
 import heapq

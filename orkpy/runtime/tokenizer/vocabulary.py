@@ -1,6 +1,6 @@
 """The Tokenizer: a GGUF vocabulary read as llama.cpp reads it, special tokens split out of the text, then
 the SPM (spm.py) or BPE (bpe.py, after the pre-tokenizer of pretok.py) merges; decoding, one shot or
-streamed (stream.py). The behaviour is described in orkpy.tokenizer's docstring."""
+streamed (stream.py). The behaviour is described in orkpy.runtime.tokenizer's docstring."""
 from __future__ import annotations
 
 import bisect
