@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import orkpy
@@ -250,6 +251,33 @@ def test_recipe_and_keywords_give_the_same_directory(shared, tmp_path, calib_tex
     # the model directory loads as before, and records nothing the loader refuses
     m = orkpy.load_model(tmp_path / "again")
     assert m.forward(list(range(1, 9))).shape[0] == 8
+
+
+def test_a_model_runs_in_the_activation_spec_its_recipe_names(shared, tmp_path, calib_text):
+    """load_model(dir) / QuantizedModel.to_model() / orkpy ppl DIR without act= run the spec the
+    manifest's recipe was made for; an explicit act= still wins; a directory without a recipe
+    runs per token."""
+    src, alloc = shared / ST / "stories260K-F16.gguf", shared / ST / "stories260K-Q4_0.gguf"
+    recipe = Recipe.from_dict({"calibration": {"ctx": 128, "chunks": 2}, "activation": {"mode": "static", "method": "max"}})
+    qm = orkpy.quantize_model(src, alloc, calib=calib_text, recipe=recipe, output=tmp_path / "s", progress=False,
+                              log=lambda m: None)
+    ids = list(range(1, 40))
+    m = orkpy.load_model(tmp_path / "s")
+    assert {s.act for s in m.linears.values() if s.path == "packed"} == {"static"}
+    static = orkpy.load_model(tmp_path / "s", act="static", act_method="max").forward(ids)
+    assert np.array_equal(m.forward(ids), static) and np.array_equal(qm.to_model().forward(ids), static)
+    per_token = orkpy.load_model(tmp_path / "s", act="per_token").forward(ids)
+    assert not np.array_equal(per_token, static)                      # the explicit spec wins
+    assert orkpy.load_model(tmp_path / "s", act="per_token").linears["blk.0.attn_q.weight"].act == "per_token"
+    mp = tmp_path / "s" / "manifest.json"
+    man = json.loads(mp.read_text())
+    man["recipe"]["activation"] = {"mode": "warp"}                    # a spec no registry row serves
+    mp.write_text(json.dumps(man))
+    with pytest.raises(orkpy.FormatError, match="recipe.activation"):
+        orkpy.load_model(tmp_path / "s")
+    del man["recipe"]                                                 # a directory from before recipes
+    mp.write_text(json.dumps(man))
+    assert np.array_equal(orkpy.load_model(tmp_path / "s").forward(ids), per_token)
 
 
 def test_manifest_without_recipe_is_a_clear_error(tmp_path, shared):

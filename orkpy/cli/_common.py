@@ -113,10 +113,11 @@ def _add_transform_args(s, *, calib=True, ctx_option="--ctx"):
 
 def _add_act_args(s):
     from ..kernels.actspec import ACT_MODES
-    s.add_argument("--act", choices=ACT_MODES, default="per_token",
+    s.add_argument("--act", choices=ACT_MODES, default=None,
                    help="activation mode of the packed linears: one int8 scale per token (dynamic), per forward "
                         "call, static calibrated ranges (the NPU can chain them), or per token with outlier "
-                        "channels in float (default: per_token)")
+                        "channels in float (default: the one a model directory's recipe was made for, else "
+                        "per_token)")
     s.add_argument("--act-calib", metavar="FILE", default=None,
                    help="act_scales.json of an earlier calibration for --act static / per_token_outliers "
                         "(default: a model directory's own, else one run on --calib)")

@@ -43,7 +43,7 @@ def _cmd_ppl(args):
     weights = _weights_arg(args.weights)
     text = read_text_like_llama_cpp(args.text)
     calib = read_text_like_llama_cpp(args.calib) if args.calib else None
-    if ACT_MODE_INFO[args.act].calibrated and calib is None and args.act_calib is None \
+    if args.act is not None and ACT_MODE_INFO[args.act].calibrated and calib is None and args.act_calib is None \
             and not os.path.isdir(args.model):
         raise UsageError(f"--act {args.act} needs calibrated activations: --calib TEXT (a text that is not scored) "
                          "or --act-calib act_scales.json")

@@ -116,12 +116,16 @@ class QuantizedModel:
         t = sum(b.values())
         return b["int8"] / t if t else 0.0
 
-    def to_model(self, act: Union[str, ActSpec] = "per_token", act_method: Optional[str] = None,
+    def to_model(self, act: Union[str, ActSpec, None] = None, act_method: Optional[str] = None,
                  act_outliers: Optional[int] = None, act_prefix: Optional[int] = None) -> Model:
         """A Model running the packed weights in an activation spec (``load_model``'s ``act``, an
         :class:`orkpy.ActSpec` or a mode name with ``act_method``, ``act_outliers``, ``act_prefix``;
-        the calibrated modes use :attr:`act_calib`), cached per spec."""
-        key = ActSpec.parse(act, act_method, act_outliers, act_prefix)
+        the calibrated modes use :attr:`act_calib`; None and no legacy argument: the spec of its
+        recipe, the one it was made for), cached per spec."""
+        if act is None and act_method is None and act_outliers is None and act_prefix is None:
+            key = self.recipe.activation if self.recipe is not None else ActSpec()
+        else:
+            key = ActSpec.parse("per_token" if act is None else act, act_method, act_outliers, act_prefix)
         if key not in self._models:
             src = self._src
             hp = dict(src.hp, packed_lookup=True) if self.settings.get("tied_lookup") == "packed" else src.hp

@@ -483,7 +483,7 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
                          placement=rotate_placement)
 
 
-def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: Union[str, ActSpec] = "per_token",
+def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: Union[str, ActSpec, None] = None,
                threads: Optional[int] = None, meta: Union[GGUFFile, StrPath, None] = None,
                rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
                calib: Union[str, ArrayLike, None] = None, calib_ctx: int = 512,
@@ -498,7 +498,8 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     source rotated and/or smoothed
     (:func:`transformed_source`, :mod:`orkpy.runtime.rotate`; a model directory is saved already
     transformed). ``act``: the packed linears' activation spec, an :class:`orkpy.ActSpec` or a
-    mode name (:data:`orkpy.ACT_MODES`) with the legacy ``act_method`` / ``act_outliers`` /
+    mode name (:data:`orkpy.ACT_MODES`; None: a model directory's recipe's spec, the one it was
+    made for, else ``"per_token"``) with the legacy ``act_method`` / ``act_outliers`` /
     ``act_prefix`` (:meth:`orkpy.ActSpec.parse`; :mod:`orkpy.runtime.actcal`). A static mode (range
     ``method``, ``"mse"`` or ``"max"``) and a mode with outlier channels (``n_outliers`` of them)
     use ``act_calib`` (an ActCalibration or an act_scales.json), else a model directory's saved
@@ -506,12 +507,13 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     ``prefix`` positions, default :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`). ``prefix``: the sequence
     positions the per-tensor and static modes quantize per token (default: 0 for per_tensor,
     the calibration's for static)."""
-    spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
+    spec = ActSpec.parse("per_token" if act is None else act, act_method, act_outliers, act_prefix)
     if os.path.isdir(path) and not is_safetensors(path):
         if rotate is not None or smooth is not None or rotate_online or rotate_placement is not None:
             raise ValueError(f"{os.fspath(path)}: a quantized model directory holds its tensors as they were "
                              "quantized (rotated or not, as its manifest records); rotate= / smooth= apply to a source")
-        return load_quantized(path, act=spec, act_calib=act_calib)
+        given = act is not None or act_method is not None or act_outliers is not None or act_prefix is not None
+        return load_quantized(path, act=spec if given else None, act_calib=act_calib)
     src = transformed_source(open_source(path, meta), rotate, rotate_seed, smooth, calib, calib_ctx, calib_chunks,
                              threads, rotate_online, rotate_placement)
     names = linear_names(src.hp)
@@ -554,15 +556,33 @@ def calibrate_source_acts(src: Source, calib: Union[str, ArrayLike], calib_ctx: 
     return calibrate_activations(m, calib, calib_ctx, calib_chunks, threads, progress=False, prefix=prefix)
 
 
-def load_quantized(path: StrPath, act: Union[str, ActSpec] = "per_token",
+def made_for(manifest: Mapping[str, Any], where: str) -> ActSpec:
+    """The activation spec a model directory was made for: its manifest's ``recipe.activation``
+    (:class:`orkpy.Recipe`), or per token for a directory written before recipes were recorded;
+    a FormatError naming the field for one that is not a valid spec."""
+    recipe = manifest.get("recipe")
+    act = recipe.get("activation") if isinstance(recipe, Mapping) else None
+    if act is None:
+        return ActSpec()
+    try:
+        return ActSpec.from_dict(act)
+    except (TypeError, ValueError) as e:
+        raise FormatError(f"{where}: manifest.json recipe.activation: {e}") from None
+
+
+def load_quantized(path: StrPath, act: Union[str, ActSpec, None] = None,
                    act_calib: Union[ActCalibration, StrPath, None] = None, act_method: Optional[str] = None,
                    act_outliers: Optional[int] = None, act_prefix: Optional[int] = None) -> Model:
     """A Model from a saved QuantizedModel directory; every checksum is verified
     (:func:`orkpy.formats.modeldir.read_model_dir`). ``act`` (and the legacy ``act_method`` /
-    ``act_outliers`` / ``act_prefix``) as in :func:`load_model`; the calibrated modes use
+    ``act_outliers`` / ``act_prefix``) as in :func:`load_model` (None and no legacy argument: the
+    spec the manifest's recipe was made for, :func:`made_for`); the calibrated modes use
     ``act_calib`` or the directory's saved ``act_scales.json``."""
-    spec = ActSpec.parse(act, act_method, act_outliers, act_prefix)
+    given = act is not None or act_method is not None or act_outliers is not None or act_prefix is not None
+    spec = ActSpec.parse("per_token" if act is None else act, act_method, act_outliers, act_prefix)
     d = read_model_dir(path)
+    if not given:
+        spec = made_for(d.manifest, os.fspath(path))
     cal = as_calibration(act_calib)
     if cal is None and d.act_scales_file is not None:
         cal = ActCalibration.load(d.act_scales_file)
