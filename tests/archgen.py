@@ -24,6 +24,7 @@ FACTS = {
     "llama": dict(neox=False, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
     "qwen2": dict(neox=True, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
     "qwen3": dict(neox=True, gate_fn="silu", qk_norm=True, post=False, embd_scale=False, gemma_scale=False),
+    "gemma": dict(neox=True, gate_fn="gelu", qk_norm=False, post=False, embd_scale=True, gemma_scale=False),
     "gemma2": dict(neox=True, gate_fn="gelu", qk_norm=False, post=True, embd_scale=True, gemma_scale=True),
     "gemma3": dict(neox=True, gate_fn="gelu", qk_norm=True, post=True, embd_scale=True, gemma_scale=True),
     "phi3": dict(neox=True, gate_fn="silu", qk_norm=False, post=False, embd_scale=False, gemma_scale=False),
@@ -38,17 +39,19 @@ def vocab_metadata():
 def make(arch, path, *, seed=0, n_layer=3, D=64, H=4, HKV=2, hd=None, F=96, n_ctx=2048, rope_base=10000.0,
          n_swa=None, pattern=None, rope_base_swa=None, attn_softcap=None, final_softcap=None, qkv_bias=None,
          output_bias=False, tied=False, rope_freqs=False, fused_qkv=None, ffn_bias=False, longrope=None,
-         extra=(), dtype=np.float32, scale=1.0):
+         extra=(), dtype=np.float32, scale=1.0, converter_keys=False):
     """Write a synthetic ``arch`` model to ``path``; returns (tensors {name: float32 array as
     written}, cfg: the facts the reference forward pass needs). ``longrope``: (original context,
-    attn_factor) adds LongRoPE short/long factor tensors; ``extra``: more (name, array) tensors."""
+    attn_factor) adds LongRoPE short/long factor tensors; ``extra``: more (name, array) tensors;
+    ``converter_keys``: no ``rope.freq_base`` / ``rope.dimension_count`` (as llama.cpp's Gemma
+    converter writes it: both readers take their defaults, 10000 and the head size)."""
     rng = np.random.default_rng(seed)
     f = FACTS[arch]
     hd = hd or D // H
     qd, kvd = H * hd, HKV * hd
     qkv_bias = (arch == "qwen2") if qkv_bias is None else qkv_bias
     fused_qkv = (arch == "phi3") if fused_qkv is None else fused_qkv
-    tied = True if arch == "gemma2" else tied
+    tied = True if arch in ("gemma", "gemma2") else tied  # llama.cpp never loads their output.weight
 
     def lin(N, K, s=0.3):
         w = rng.standard_normal((N, K)) * s / np.sqrt(K / 64) * scale
@@ -116,6 +119,9 @@ def make(arch, path, *, seed=0, n_layer=3, D=64, H=4, HKV=2, hd=None, F=96, n_ct
            (f"{a}.attention.key_length", "UINT32", hd), (f"{a}.attention.value_length", "UINT32", hd),
            (f"{a}.rope.dimension_count", "UINT32", hd), (f"{a}.rope.freq_base", "FLOAT32", rope_base),
            (f"{a}.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6)]
+    if converter_keys:
+        assert rope_base == 10000.0, "converter_keys: the RoPE base is the readers' default"
+        md = [t for t in md if t[0] not in (f"{a}.rope.dimension_count", f"{a}.rope.freq_base")]
     if n_swa is not None:
         md.append((f"{a}.attention.sliding_window", "UINT32", n_swa))
     if pattern is not None:

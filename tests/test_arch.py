@@ -23,6 +23,8 @@ CASES = {
     "llama-tied-fused_qkv": dict(arch="llama", tied=True, fused_qkv=True),
     "qwen2": dict(arch="qwen2", output_bias=True),
     "qwen3": dict(arch="qwen3", hd=24),
+    "gemma": dict(arch="gemma", hd=32, HKV=4),  # 7B-shaped: one KV head per head, head size 32 != n_embd/n_head
+    "gemma-mqa-converter-keys": dict(arch="gemma", HKV=1, converter_keys=True),  # 2B-shaped; no RoPE keys
     "gemma2": dict(arch="gemma2", n_swa=16, attn_softcap=5.0, final_softcap=3.0),
     "gemma2-window-2": dict(arch="gemma2", n_swa=2, pattern=0),  # every layer a window shorter than 3 rows
     "gemma3": dict(arch="gemma3", hd=32, HKV=1, n_layer=7, pattern=3, n_swa=16, rope_base=1e6, final_softcap=4.0),
@@ -51,7 +53,7 @@ def test_forward_matches_float64_reference(tmp_path, case):
 
 
 def test_table_covers_the_issue_and_unknown_architectures_list_it(tmp_path):
-    assert set(arch.SUPPORTED) >= {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}
+    assert set(arch.SUPPORTED) >= {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"}
     p, _, _ = _make(tmp_path, "llama")
     md = [t for t in orkpy.formats.gguf_write.metadata_triples(str(p)) if t[0] != "general.architecture"]
     bad = tmp_path / "bloom.gguf"
@@ -103,6 +105,19 @@ def test_sliding_window_patterns_rope_bases_and_scales():
     assert _hp("phi3", n_layer=2, D=64, hd=16, **{"attention.sliding_window": 8})["swa_layers"] == []
     with pytest.raises(NotImplementedError, match="yarn"):
         _hp("llama", n_layer=2, D=64, hd=16, **{"rope.scaling.type": "yarn"})
+
+
+def test_gemma1_hparams_read_what_llama_cpp_reads():
+    """Gemma 7B's metadata (18 layers kept short): 1/sqrt(head size 256), not 1/sqrt(n_embd / n_head
+    = 192); sqrt(n_embd) embeddings; window and soft-cap keys are not read (src/models/gemma.cpp
+    reads none), so they change nothing."""
+    g = _hp("gemma", n_layer=2, D=3072, H=16, hd=256, **{"attention.sliding_window": 8,
+                                                          "attn_logit_softcapping": 50.0,
+                                                          "final_logit_softcapping": 30.0})
+    assert g["attn_scale"] == float(np.float32(1) / np.sqrt(np.float32(256))) == 1 / 16
+    assert g["embd_scale"] == float(np.sqrt(np.float32(3072))) and g["gate_fn"] == "gelu_tanh"
+    assert g["rope_type"] == arch.ROPE_TYPES["neox"] and g["rope_base"] == 1e6
+    assert (g["swa_layers"], g["n_swa"], g["attn_softcap"], g["final_softcap"]) == ([], 0, 0.0, 0.0)
 
 
 def test_sliding_window_masks(tmp_path):
@@ -202,6 +217,29 @@ def test_strict_tensor_checks(tmp_path):
         orkpy.load_model(variant("extra", add=[("blk.0.attn_gate.weight", np.ones((4, 64), np.float32))]))
     with pytest.raises(ValueError, match="attn_q has a bias in some blocks only"):
         orkpy.load_model(variant("somebias", add=[("blk.1.attn_q.bias", np.ones(64, np.float32))]))
+
+
+def test_gemma1_strict_tensor_checks(tmp_path):
+    """Gemma 1 (src/models/gemma.cpp): the head is token_embd (an output.weight is refused), no
+    rope_freqs, no post / q-k norms; optional q/k/v biases (create_tensor_qkv) load."""
+    p, T, c = _make(tmp_path, "gemma")
+    assert "output.weight" not in T
+    md = orkpy.formats.gguf_write.metadata_triples(str(p))
+
+    def variant(name, add):
+        q = tmp_path / f"{name}.gguf"
+        write_gguf(q, md, list(T.items()) + list(add))
+        return q
+
+    for name, add in (("untied", [("output.weight", T["token_embd.weight"])]),
+                      ("rope_freqs", [("rope_freqs.weight", np.ones(16, np.float32))]),
+                      ("post", [(f"blk.{i}.post_ffw_norm.weight", np.ones(64, np.float32)) for i in range(3)]),
+                      ("qnorm", [(f"blk.{i}.attn_q_norm.weight", np.ones(32, np.float32)) for i in range(3)])):
+        with pytest.raises(ValueError, match="not used by architecture 'gemma'"):
+            orkpy.load_model(variant(name, add))
+    biased = variant("qkv_bias", [(f"blk.{i}.attn_{s}.bias", np.ones(n, np.float32))
+                                  for i in range(3) for s, n in (("q", 128), ("k", 128), ("v", 128))])
+    assert orkpy.load_model(biased).hparams["biases"] == ["attn_q", "attn_k", "attn_v"]
 
 
 def test_core_checks_the_new_features(tmp_path):

@@ -87,6 +87,7 @@ ARCHS = {
     "llama-biases": dict(arch="llama", qkv_bias=True, ffn_bias=True, rope_freqs=True),
     "qwen2-output-bias": dict(arch="qwen2", output_bias=True),
     "qwen3": dict(arch="qwen3", hd=24),
+    "gemma": dict(arch="gemma", hd=32, HKV=4),
     "gemma2-window-softcaps": dict(arch="gemma2", n_swa=8, attn_softcap=5.0, final_softcap=3.0),
     "gemma3-pattern": dict(arch="gemma3", hd=32, HKV=1, n_layer=4, n_swa=6, rope_base=1e6, final_softcap=4.0),
     "gemma2-window-2": dict(arch="gemma2", n_swa=2),   # a window shorter than the 3 rows of a value-sum call

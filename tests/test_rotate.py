@@ -125,14 +125,16 @@ def test_rotation_folds_norms_and_biases_as_documented(tmp_path):
     assert not rs.transformed("blk.0.attn_q.bias") and rs.transformed("blk.0.attn_output.bias")
 
 
-@pytest.mark.parametrize("arch_name", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("arch_name", ["gemma", "gemma2", "gemma3"])
 def test_gemma_rotates_its_block_inputs_online_and_smooths_exactly(tmp_path, arch_name):
-    """Gemma's post norms keep a rotation out of the residual stream: the residual fold is
-    refused, and the default placement rotates the outputs of attn_norm / ffn_norm online
-    (the input linears folded, V/O per head offline), which computes the same function."""
+    """Gemma 2/3's post norms keep a rotation out of the residual stream, and Gemma 1's head must
+    stay tied (a fold unties it): the residual fold is refused, and the default placement rotates
+    the outputs of attn_norm / ffn_norm online (the input linears folded, V/O per head offline),
+    which computes the same function."""
     p, T, c = _make(tmp_path, arch_name)
     src = open_source(p)
-    with pytest.raises(NotImplementedError, match="post_attention_norm.*placement='online'"):
+    why = "unties its head" if arch_name == "gemma" else "post_attention_norm"
+    with pytest.raises(NotImplementedError, match=f"{why}.*placement='online'"):
         rotate_source(src, "hadamard", placement="fold")
     tok = archgen.tokens(64)
     ref = archgen.ref_forward(T, c, tok)
@@ -156,7 +158,7 @@ def test_gemma_rotates_its_block_inputs_online_and_smooths_exactly(tmp_path, arc
     m = orkpy.load_model(p, smooth=0.5, calib=archgen.tokens(128, seed=7), calib_ctx=64, calib_chunks=2)
     diff, rel, kl = archgen.compare(m.forward(tok), ref)
     assert rel < REL, (arch_name, diff, rel)
-    assert m.tied == (arch_name == "gemma2")  # Gemma 2's head is always the embedding: its group is not smoothed
+    assert m.tied == (arch_name in ("gemma", "gemma2"))  # their head is always the embedding: not smoothed
     m = orkpy.load_model(p, rotate_online=True)  # inside the FFN, before the post norm: exact
     diff, rel, kl = archgen.compare(m.forward(tok), ref)
     assert rel < REL and m.hparams["ffn_down_rot"], (arch_name, diff, rel)
@@ -173,8 +175,11 @@ def test_online_placement_is_exact_on_pre_norm_models_too(tmp_path, case):
         orkpy.load_model(p, rotate="hadamard", rotate_placement="residual")
 
 
-def test_online_placement_round_trip(tmp_path):
-    p, T, c = _make(tmp_path, "gemma3")
+@pytest.mark.parametrize("arch_name", ["gemma", "gemma3"])
+def test_online_placement_round_trip(tmp_path, arch_name):
+    """The default placement saved and reloaded (Gemma 1: a fold would untie the head, and its
+    float.gguf, holding an output.weight, would not load)."""
+    p, T, c = _make(tmp_path, arch_name)
     qm = orkpy.quantize_model(p, tier_map(p), rotate="hadamard", progress=False, log=lambda m: None)
     assert qm.settings["transform"]["placement"] == "online"
     m = orkpy.load_model(qm.save(tmp_path / "q"))

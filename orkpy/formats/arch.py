@@ -16,6 +16,9 @@ llama       Llama 2/3/3.2, TinyLlama,   NORM  SiLU       attn, ffn         1/sqr
 qwen2       Qwen2/2.5, DeepSeek-R1-     NEOX  SiLU       attn, ffn         q/k/v biases; optional output bias
             Distill-Qwen
 qwen3       Qwen3                       NEOX  SiLU       + q/k per head    1/sqrt(hd)
+gemma       Gemma 2B/7B, CodeGemma      NEOX  GELU-tanh  attn, ffn         x*sqrt(n_embd); 1/sqrt(hd) (key
+                                                                           length: 7B's 256 != n_embd/n_head);
+                                                                           tied; no rope_freqs
 gemma2      Gemma 2                     NEOX  GELU-tanh  + post-attn,      x*sqrt(n_embd); window every other
                                                          post-ffn          layer (0, 2, ...; 4096 by default);
                                                                            attn soft-cap 50, final 30; tied
@@ -29,12 +32,14 @@ phi3        Phi-3 / Phi-3.5 mini        NEOX  SiLU       attn, ffn         fused
 Common to all: RMSNorm everywhere (``attention.layer_norm_rms_epsilon``); norm weights are
 used as stored (llama.cpp's converter already stores Gemma's ``1 + w`` norm weights with
 the one added, so no architecture adds anything at run time); a missing ``output.weight``
-means a tied head (Gemma 2 is always tied: llama.cpp never loads an ``output.weight`` for
-it and refuses a file holding one, as orkpy does); ``attn_qkv`` (+ ``.bias``) may replace
+means a tied head (Gemma and Gemma 2 are always tied: llama.cpp never loads an ``output.weight``
+for them and refuses a file holding one, as orkpy does); ``attn_qkv`` (+ ``.bias``) may replace
 ``attn_q/k/v`` in any architecture (``create_tensor_qkv``).
 
-Gemma's attention scale: ``1/sqrt(head_dim)``, except the 27B models (46 layers for
-Gemma 2, 62 for Gemma 3) where it is ``1/sqrt(n_embd // n_head)`` (gemma_pytorch's
+Gemma's attention scale: ``1/sqrt(head_dim)`` (Gemma 1 always: ``src/models/gemma.cpp`` scales Q
+by ``1/sqrtf(n_embd_head)``, the head size, 256 on the 7B model where n_embd / n_head = 192;
+Gemma 1 reads no window or soft-cap key), except the 27B models (46 layers for Gemma 2, 62
+for Gemma 3) where it is ``1/sqrt(n_embd // n_head)`` (gemma_pytorch's
 ``query_pre_attn_scalar``, as llama.cpp hard-codes it).
 
 Sliding window (llama.cpp's ``LLAMA_SWA_TYPE_STANDARD``): on a windowed layer the key at
@@ -134,6 +139,8 @@ ARCHS: Dict[str, Arch] = {a.name: a for a in (
          biases=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")),
     Arch("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", rope="neox", output_bias=True),
     Arch("qwen3", "Qwen3", rope="neox", qk_norm=True),
+    Arch("gemma", "Gemma 2B/7B, CodeGemma", rope="neox", gate_fn="gelu_tanh", norm_plus_one=True,
+         embd_scale="sqrt_n_embd", always_tied=True, rope_factors=False),
     Arch("gemma2", "Gemma 2", rope="neox", gate_fn="gelu_tanh", post_norms=True, norm_plus_one=True,
          embd_scale="sqrt_n_embd", attn_scale="gemma", big_layers=46, attn_softcap=50.0, final_softcap=30.0,
          swa="standard", swa_pattern=2, swa_default=4096, always_tied=True),

@@ -12,7 +12,8 @@ tensor name) and model directories work on it unchanged; the fp16/F32 source sta
 source of truth. Row vectors throughout: a linear ``W`` (N, K) computes ``y = x W^T + b``.
 
 Rotation (``rotate="hadamard"``), placement "fold" (the default of every architecture whose
-residual stream only passes through pre-norms: llama, qwen2, qwen3, phi3):
+residual stream only passes through pre-norms and whose head may be untied: ``not post_norms and
+not always_tied`` in :mod:`orkpy.arch`, i.e. llama, qwen2, qwen3, phi3):
 
 - each RMSNorm weight ``g`` in front of linears is folded into them (``W diag(g)``) and
   becomes ones; RMSNorm without a weight commutes with an orthogonal ``Q``
@@ -55,21 +56,23 @@ Gemma 2/3 cannot fold ``Q`` into the residual stream (placement "fold" raises
 NotImplementedError): their post-attention / post-FFN norms normalize a block's output and
 multiply it elementwise by a weight *before* it joins the residual stream; ``rms(o) diag(g)``
 followed by ``Q`` cannot be folded into ``attn_output`` / ``ffn_down`` (the norm would see the
-rotated, scaled output and its weight does not commute with ``Q``). Their default placement
-is "online" (any architecture may ask for it with ``placement="online"``): the residual stream
-stays as it is, and the *outputs* of ``attn_norm`` and ``ffn_norm`` -- the inputs of
-``attn_q/k/v`` and ``ffn_gate/up``, the only places the residual stream meets a quantized
-matmul -- are multiplied online by ``H / sqrt(D)`` (``D = n_embd``, the same fast
-Walsh-Hadamard + ``p x p`` block as the down rotation; model.h ``norm_rot``), with the random
-signs folded into the norm weights (``g * signs``) and the input linears ``W diag(signs) H /
-sqrt(D)``; the per-head V/O rotation (``heads``) is offline as above. The head (fed by
-``output_norm``) stays unrotated and tied. Cost per token and layer: two transforms of ``D``
-values, ``2 D (log2(m) + p)``: Gemma 3-270M (640 = 20 x 32) 32k multiply-adds against 5.6M for
-the layer's linears (0.6%), on the host between the norm and the matmuls -- where the host
-already is on the NPU, since it computes the norm. Smoothing's norm groups have no weight to
-fold into there (the rotation comes after the norm) and are left out; the ``attn_v`` ->
-``attn_output`` and ``ffn_up`` -> ``ffn_down`` pairs still apply. A model directory's
-manifest records the placement and loading re-applies it.
+rotated, scaled output and its weight does not commute with ``Q``). Gemma 1 folds exactly, but
+its head must stay tied (``always_tied``: llama.cpp never loads an ``output.weight`` for it, and
+orkpy refuses one, a saved model directory's ``float.gguf`` included), and a fold unties it
+(above); "fold" is refused there too. Their default placement is "online" (any architecture may
+ask for it with ``placement="online"``): the residual stream stays as it is, and the *outputs*
+of ``attn_norm`` and ``ffn_norm`` -- the inputs of ``attn_q/k/v`` and ``ffn_gate/up``, the only
+places the residual stream meets a quantized matmul -- are multiplied online by ``H / sqrt(D)``
+(``D = n_embd``, the same fast Walsh-Hadamard + ``p x p`` block as the down rotation; model.h
+``norm_rot``), with the random signs folded into the norm weights (``g * signs``) and the input
+linears ``W diag(signs) H / sqrt(D)``; the per-head V/O rotation (``heads``) is offline as
+above. The head (fed by ``output_norm``) stays unrotated and tied. Cost per token and layer: two
+transforms of ``D`` values, ``2 D (log2(m) + p)``: Gemma 3-270M (640 = 20 x 32) 32k
+multiply-adds against 5.6M for the layer's linears (0.6%), on the host between the norm and the
+matmuls -- where the host already is on the NPU, since it computes the norm. Smoothing's norm
+groups have no weight to fold into there (the rotation comes after the norm) and are left out;
+the ``attn_v`` -> ``attn_output`` and ``ffn_up`` -> ``ffn_down`` pairs still apply. A model
+directory's manifest records the placement and loading re-applies it.
 
 SmoothQuant (``smooth=alpha``, with ``stats``): per-channel scales
 ``s_j = a_j^alpha / w_j^(1 - alpha)`` (``a_j``: the RMS of the linear's input channel j on
@@ -484,8 +487,8 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
     ``placement``: where the rotation ``Q`` lives, "fold" (the residual stream, folded into
     every weight) or "online" (the outputs of attn_norm / ffn_norm rotated online, the input
     linears folded); None: "fold" where exact, "online" on Gemma 2/3, whose post-norms keep a
-    rotation out of the residual stream ("fold" is refused there). See the module doc. With
-    none of them, ``src`` itself."""
+    rotation out of the residual stream, and on Gemma 1, whose head must stay tied ("fold" is
+    refused on all three). See the module doc. With none of them, ``src`` itself."""
     if rotate is None and smooth is None and not online:
         return src
     if isinstance(src, TransformedSource):
@@ -500,7 +503,7 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
         raise ValueError(f"placement must be {' or '.join(repr(p) for p in PLACEMENTS)}, got {placement!r}")
     if rotate is not None:
         if placement is None:
-            placement = "online" if a.post_norms else "fold"
+            placement = "online" if (a.post_norms or a.always_tied) else "fold"
         info["placement"] = placement
     if rotate is not None and placement == "online":
         f = hadamard_factors(hp["n_embd"])
@@ -524,6 +527,12 @@ def rotate_source(src: Source, rotate: Optional[str] = "hadamard", seed: int = 0
                 "elementwise before it joins the residual stream, which does not commute with a rotation (an online "
                 "rotation after each post norm would be needed). Use placement='online' (the default there), which "
                 "rotates each block's inputs online after its norms.")
+        if a.always_tied:
+            raise NotImplementedError(
+                f"{src.path}: rotating the residual stream of a {hp['arch']} model unties its head (the head becomes "
+                f"E diag(g_out) Q, the embedding E Q), and a {hp['arch']} file never holds an output.weight (llama.cpp "
+                "refuses one, and so does orkpy, a saved model directory included). Use placement='online' (the "
+                "default there), which keeps the head tied.")
         q, info["construction"] = rotation(hp["n_embd"], rotate, seed)
         if heads:
             r, info["head_construction"] = rotation(hp["head_dim"], rotate, seed + 1)
