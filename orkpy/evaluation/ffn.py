@@ -15,8 +15,8 @@ Modes: ``baseline`` (per-op w8a8, float SiLU: the chain is off), ``fused``,
 its int8 x int8 product handed to the down task exactly, as two int8 digit planes: no
 product scale; 2x the down task's MACs; csrc/ork/ffn_chain.h).
 
-The gate function is the model's (``model.hparams["gate_fn"]``, :mod:`orkpy.formats.arch`): SiLU for
-llama / qwen2 / qwen3 / phi3, GELU-tanh for gemma2 / gemma3 (GeGLU). The C model
+The gate function is the model's (``model.hparams["gate_fn"]``, the ``gate_fn`` of its row in
+:mod:`orkpy.formats.arch`: SiLU, or GELU-tanh for the Gemma family, GeGLU). The C model
 hands it to the chain, so the LUT, the exact path and the prep statistics are of that
 activation; "silu" in the mode and statistic names stands for it. Nothing else changes
 for GELU: the LUT still spans the layer's gate range [-gmax, gmax] in 1024 entries and

@@ -17,8 +17,8 @@
   :func:`~orkpy.tier_map`), or an emit-map file (:meth:`~orkpy.TierMap.load`).
   The one allocation reader of the library and the CLI.
 - :func:`hparams`: the forward pass's hyper-parameters from a GGUF's metadata, for
-  every architecture of the table in :mod:`orkpy.formats.arch` (llama, qwen2, qwen3, gemma2,
-  gemma3, phi3; anything else is a ValueError listing them).
+  every architecture of the table in :mod:`orkpy.formats.arch` (``arch.SUPPORTED``; anything
+  else is a ValueError listing them).
 
 Fused tensors (``attn_qkv``, phi3's gate + up ``ffn_up``) are split when a GGUF source is
 opened: the source lists and returns the parts (``blk.<i>.attn_q.weight``, ...) in place of

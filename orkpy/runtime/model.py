@@ -1,5 +1,5 @@
-"""Models: a forward pass in C for every architecture of :mod:`orkpy.formats.arch` (llama,
-qwen2, qwen3, gemma2, gemma3, phi3) with a weight path per linear tensor.
+"""Models: a forward pass in C for every architecture of :mod:`orkpy.formats.arch`
+(``arch.SUPPORTED``) with a weight path per linear tensor.
 
 ``load_model(path, weights="gguf")`` reads a GGUF file (any architecture of the
 table; fused tensors are split when it is opened), a Hugging Face safetensors checkpoint (with
