@@ -229,3 +229,20 @@ def test_a_dummy_mode_needs_only_a_registry_row(shared, tmp_path):
     assert all(c == out["modes"] for c in out["cli_act"].values())
     assert out["cli_ppl"] == 0 and out["cli_needs_calib"] == 2
     assert "sealed" in out["late"]
+
+
+def test_ffn_chain_outlier_refusal_names_the_registry_modes(shared):
+    """The fused FFN chain refuses a gate with outlier channels and names the modes that take none,
+    read from the registry (not a list written in ffn_chain.c)."""
+    m = orkpy.load_model(shared / "models" / "stories260K" / "stories260K-F32.gguf", weights="int8")
+    names = list(m._linears)
+    gate = next(i for i, n in enumerate(names) if "ffn_gate" in n)
+    path, d = m._linears[names[gate]].to_core()
+    d = dict(d, act={"mode": "per_token", "bits": 8, "clip": 0.0, "prefix": 0,
+                     "outliers": np.array([0, 3], np.int32)})
+    m._fwd.set_linear(gate, (path, d))
+    plain = [r["name"] for r in _core.act_modes() if not r["outliers"]]
+    want = ", ".join(f"'{n}'" for n in plain[:-1]) + f" or '{plain[-1]}'"
+    assert want == "'per_token', 'per_tensor' or 'static'"
+    with pytest.raises(ValueError, match=f"use act={want} with it"):
+        m._fwd.set_ffn(0, dict(mode="fused", lut_step=0.01, s_scale=0.02, u_scale=0.02, p_scale=0.001))

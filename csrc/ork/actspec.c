@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -33,20 +34,20 @@ static ork_status range_static(const ork_act_spec *spec, const float *x, size_t 
 
 /* ----------------------------------------------------------- registry -- */
 static ork_act_mode_info g_modes[ORK_ACT_MODE_MAX] = {
-    {ORK_ACT_MODE_PER_TOKEN, "per_token", 0, range_row},
-    {ORK_ACT_MODE_PER_TENSOR, "per_tensor", ORK_ACTF_PER_TENSOR, range_tensor},
-    {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static},
-    {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row},
+    {ORK_ACT_MODE_PER_TOKEN, "per_token", 0, range_row, ORK_ACT_BITS_MASK(8)},
+    {ORK_ACT_MODE_PER_TENSOR, "per_tensor", ORK_ACTF_PER_TENSOR, range_tensor, ORK_ACT_BITS_MASK(8)},
+    {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static, ORK_ACT_BITS_MASK(8)},
+    {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row, ORK_ACT_BITS_MASK(8)},
 };
 static atomic_size_t g_nmodes = 0; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
 static pthread_once_t g_modes_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_modes_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_act_mode_register */
 
-/* the built-in rows: those written above (a row has a kernel), checked to sit at their ids */
+/* the built-in rows: those written above (a row has a kernel and serves a width), checked to sit at their ids */
 static void modes_init(void) {
     size_t n = 0;
-    while (n < ORK_ACT_MODE_MAX && g_modes[n].range && g_modes[n].id == (int)n) n++;
+    while (n < ORK_ACT_MODE_MAX && g_modes[n].range && g_modes[n].bits && g_modes[n].id == (int)n) n++;
     atomic_store(&g_nmodes, n);
 }
 
@@ -66,7 +67,24 @@ const ork_act_mode_info *ork_act_mode_find(const char *name) {
     return NULL;
 }
 
-int ork_act_bits_ok(const ork_act_mode_info *row, int bits) { return row && bits == ORK_ACT_BITS; }
+int ork_act_bits_ok(const ork_act_mode_info *row, int bits) {
+    return row && bits >= 1 && bits <= 32 && (row->bits & ORK_ACT_BITS_MASK(bits));
+}
+
+/* the widths a row serves, "8" or "4 or 8", into buf */
+static const char *bits_list(const ork_act_mode_info *row, char *buf, size_t size) {
+    size_t len = 0;
+    int last = 0;
+    buf[0] = '\0';
+    for (int b = 1; b <= 32; b++)
+        if (ork_act_bits_ok(row, b)) last = b;
+    for (int b = 1; b <= 32 && len < size; b++)
+        if (ork_act_bits_ok(row, b)) {
+            int w = snprintf(buf + len, size - len, "%s%d", !len ? "" : b == last ? " or " : ", ", b);
+            len += w > 0 ? (size_t)w : 0;
+        }
+    return buf;
+}
 
 void ork_act_mode_seal(void) { atomic_store(&g_sealed, 1); }
 
@@ -96,6 +114,7 @@ ork_status ork_act_mode_register(const char *name, unsigned flags, ork_act_range
         memcpy(row->name, name, len + 1);
         row->flags = flags;
         row->range = range;
+        row->bits = ORK_ACT_BITS_MASK(ORK_ACT_BITS);
         atomic_store(&g_nmodes, n + 1);
         *id = row->id;
     }
@@ -114,9 +133,11 @@ ork_status ork_act_clip_check(float clip, ork_err *err) {
 ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
     const ork_act_mode_info *row = ork_act_mode_get(s->mode);
     if (!row) return ork_err_set(err, ORK_EINVAL, "unknown activation mode %d", s->mode);
-    if (!ork_act_bits_ok(row, s->bits))
-        return ork_err_set(err, ORK_EINVAL, "activation mode '%s': bits must be %d, got %d", row->name, ORK_ACT_BITS,
-                           s->bits);
+    if (!ork_act_bits_ok(row, s->bits)) {
+        char widths[128];
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s': bits must be %s, got %d", row->name,
+                           bits_list(row, widths, sizeof widths), s->bits);
+    }
     if (row->flags & ORK_ACTF_STATIC) {
         ork_status st = ork_act_clip_check(s->clip, err);
         if (st) return st;
@@ -144,12 +165,15 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
     const ork_act_mode_info *row = ork_act_mode_get(spec->mode);
     const ork_quant_kernels *qk = ork_quant_kernels_active();
     for (size_t m = 0; m < M; m++) {
-        float a;
-        if (qk->absmax(x + m * K, K, &a)) {
+        float a = 0.0f;
+        if (qk->absmax(x + m * K, K, &a)) { /* a non-finite value reported: *a is unspecified (quant.h) */
             for (size_t k = 0; k < K; k++)
                 if (!isfinite(x[m * K + k]))
                     return ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
                                        isnan(x[m * K + k]) ? "NaN" : "Inf", m, k);
+            a = 0.0f; /* none found (a kernel that reported wrongly): the row's absmax, as the scalar kernel */
+            for (size_t k = 0; k < K; k++)
+                if (fabsf(x[m * K + k]) > a) a = fabsf(x[m * K + k]);
         }
         ascale[m] = a;
     }

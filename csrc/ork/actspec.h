@@ -7,8 +7,9 @@
  * ------------------------------------------------------------- the spec --
  *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers }
  *   mode        a registry row id (below); 0 is per_token
- *   bits        activation bits: 8 (the only width today; a row lists the
- *               widths it serves: ork_act_bits_ok)
+ *   bits        activation bits: one of the widths the mode's row serves
+ *               (its `bits` mask: ork_act_bits_ok); 8 for every row today,
+ *               the width of the quantizer's int8 codes
  *   clip        a static mode's range (> 0, float32, calibrated once); 0 for
  *               every other mode
  *   prefix      the first `prefix` rows of every call are quantized per row
@@ -31,6 +32,8 @@
  *               (STATIC or PER_TENSOR: rows share a range, so a prefix applies)
  *   range       the mode's kernel: the range (the value mapped to +-127) of
  *               each non-prefix row, from the rows, their absmax and the spec
+ *   bits        the activation widths it serves, ORK_ACT_BITS_MASK(b) for
+ *               each width b (the built-in rows and a registered one: 8)
  * The quantizer (ork_quantize_acts) is shared: a row with range a >=
  * ORK_QUANT_TINY has scale a / 127 and codes clamp(round_half_away(x * (127 /
  * a)), -127, 127) (the kind quantizer's codes8_rtn, so values beyond +-a
@@ -47,7 +50,7 @@
  *   1. csrc/ork/actspec.c   its kernel (an ork_act_range_fn) and its row at the
  *                           end of g_modes (id = its index; files and the API
  *                           use names; ORK_ACT_MODE_MAX bounds the table)
- *   2. orkpy/actcal.py      a line in the module doc (the modes' user
+ *   2. orkpy/runtime/actcal.py  a line in the module doc (the modes' user
  *                           documentation); its calibration only when it needs
  *                           one that does not exist yet (a static range and
  *                           outlier channels exist: ORK_ACTF_STATIC /
@@ -71,7 +74,8 @@
 
 #define ORK_ACT_MODE_MAX 8       /* rows, built-in + registered */
 #define ORK_ACT_MODE_NAME_MAX 24 /* name bytes, NUL included */
-#define ORK_ACT_BITS 8           /* the one activation width today */
+#define ORK_ACT_BITS 8           /* the width every row serves today */
+#define ORK_ACT_BITS_MASK(b) (1u << ((b) - 1)) /* width b (1..32) in a row's bits mask */
 
 enum {
     ORK_ACT_MODE_PER_TOKEN = 0,
@@ -105,6 +109,7 @@ typedef struct ork_act_mode_info {
     char name[ORK_ACT_MODE_NAME_MAX]; /* "per_token", ... */
     unsigned flags;                   /* ORK_ACTF_* */
     ork_act_range_fn range;
+    uint32_t bits;                    /* the widths it serves: ORK_ACT_BITS_MASK(b) for each */
 } ork_act_mode_info;
 
 /* The row of a mode id, or NULL. */
@@ -113,9 +118,9 @@ const ork_act_mode_info *ork_act_mode_get(int mode);
 const ork_act_mode_info *ork_act_mode_find(const char *name);
 /* Rows in the registry (ids 0 .. count-1). */
 size_t ork_act_mode_count(void);
-/* Whether a mode serves `bits`-bit activations (8 for every row today). */
+/* Whether a mode serves `bits`-bit activations (its row's bits mask; 8 for every row today). */
 int ork_act_bits_ok(const ork_act_mode_info *row, int bits);
-/* TESTS ONLY: append a row (name [a-z0-9_], flags, kernel); ORK_EINVAL if the
+/* TESTS ONLY: append a row (name [a-z0-9_], flags, kernel; serving ORK_ACT_BITS); ORK_EINVAL if the
  * name is taken, the flags are unknown, the kernel is NULL, the table is full
  * or the registry is sealed. The product never registers modes; tests use it
  * to prove a new mode needs only a row and its kernel. */

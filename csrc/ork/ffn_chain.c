@@ -2,6 +2,7 @@
 #include "ffn_chain.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,22 @@ ork_ffn_mode ork_ffn_mode_find(const char *name) {
 
 static int pos(float v) { return v > 0.0f && isfinite(v); }
 
+/* the activation modes that take no outlier channels (actspec.h registry), "'a', 'b' or 'c'", into buf */
+static const char *modes_without_outliers(char *buf, size_t size) {
+    const size_t n = ork_act_mode_count();
+    size_t len = 0, last = n;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (!(ork_act_mode_get((int)i)->flags & ORK_ACTF_OUTLIERS)) last = i;
+    for (size_t i = 0; i < n && len < size; i++) {
+        const ork_act_mode_info *r = ork_act_mode_get((int)i);
+        if (r->flags & ORK_ACTF_OUTLIERS) continue;
+        int w = snprintf(buf + len, size - len, "%s'%s'", !len ? "" : i == last ? " or " : ", ", r->name);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    return buf;
+}
+
 ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_linear *ld, const ork_ffn_params *p,
                          ork_err *err) {
     ork_status st0;
@@ -77,9 +94,11 @@ ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_l
         return ork_err_set(err, ORK_EINVAL, "unknown FFN activation %d", (int)p->act);
     if (lg->path != ORK_LIN_PACKED || lu->path != ORK_LIN_PACKED || ld->path != ORK_LIN_PACKED)
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain needs packed gate, up and down weights");
-    if (lg->act.n_outliers || lu->act.n_outliers)
+    if (lg->act.n_outliers || lu->act.n_outliers) {
+        char modes[160];
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain keeps no outlier channels apart (an int8-only path); "
-                           "use act='per_token', 'per_tensor' or 'static' with it");
+                           "use act=%s with it", modes_without_outliers(modes, sizeof modes));
+    }
     if (lg->act.mode != lu->act.mode || lg->act.bits != lu->act.bits || lg->act.clip != lu->act.clip ||
         lg->act.prefix != lu->act.prefix)
         return ork_err_set(err, ORK_EINVAL, "gate and up share the chain input, so their activation modes must agree");

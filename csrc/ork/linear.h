@@ -24,7 +24,7 @@
  * sum in double) to xx_sum[i * K + j] for every j >= i, rows m in order, and
  * the row count to *xx_count; the lower triangle is never written. Each
  * element is one sum in row order, so no thread count changes a bit. The
- * Hessian of GPTQ's rounding (orkpy.gptq).
+ * Hessian of GPTQ's rounding (orkpy.quantization.gptq).
  *
  * Activation modes of a packed linear (on the CPU kernels and through int_mm
  * alike, so an external backend stays bit-identical): the built-in rows of the

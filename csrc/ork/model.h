@@ -1,5 +1,5 @@
 /* model.h - a float32 forward pass for the decoder-only architectures of
- * orkpy's architecture table (orkpy/arch.py: llama, qwen2, qwen3, gemma2,
+ * orkpy's architecture table (orkpy/formats/arch.py: llama, qwen2, qwen3, gemma2,
  * gemma3, phi3), batched over one chunk of tokens (prefill style, causal,
  * positions 0..T-1), every linear layer on its own weight path. Each feature
  * is a flag or an optional pointer, off by default (0 / NULL), so a plain
@@ -41,7 +41,7 @@
  * ("blk.<layer>.<stem>.weight", "output.weight"). The binding exports this
  * order; imatrix results, NPU routing and FFN settings are keyed by it.
  * Architectures that store some of these fused (phi3's attn_qkv and gate+up
- * ffn_up) are split into them when loaded (orkpy/arch.py), so the order and
+ * ffn_up) are split into them when loaded (orkpy/formats/arch.py), so the order and
  * the names are the same for every architecture.
  */
 #ifndef ORK_MODEL_H
@@ -70,14 +70,14 @@ typedef struct ork_layer {
     const struct ork_ffn_params *ffn;
     /* optional: collect prep-pass statistics of the per-op FFN */
     struct ork_ffn_stats *ffn_stats;
-    /* optional online rotation of w_down's input (QuaRot; orkpy/rotate.py): each token's n_ff values
+    /* optional online rotation of w_down's input (QuaRot; orkpy/runtime/rotate.py): each token's n_ff values
      * are multiplied by kron(down_rot, H_m) before w_down, down_rot (down_rot_p x down_rot_p,
      * row-major; it carries the normalization) and H_m the unnormalized Sylvester Hadamard matrix of
      * order m = n_ff / down_rot_p, a power of two (a fast Walsh-Hadamard transform); w_down holds the
      * weight rotated to match. NULL: off. The fused FFN chain (ffn) does not apply it: both is an error. */
     const float *down_rot;
     size_t down_rot_p;
-    /* optional online rotation of the block inputs (orkpy/rotate.py, placement "online": the
+    /* optional online rotation of the block inputs (orkpy/runtime/rotate.py, placement "online": the
      * architectures whose post-norms keep a rotation out of the residual stream, Gemma 2/3): the
      * outputs of attn_norm and ffn_norm (n_embd values per token) are multiplied by
      * kron(norm_rot, H_m) exactly as down_rot multiplies w_down's input (m = n_embd / norm_rot_p, a

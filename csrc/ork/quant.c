@@ -21,7 +21,7 @@
 /* ------------------------------------------------------ kind registry -- */
 /* One row per kind: name, bits, levels. The LUT, the zero code and the
  * quantization grid are derived by ork_kind_derive when the table is first
- * used; tests re-derive the LUTs independently (orkpy/reference.py). */
+ * used; tests re-derive the LUTs independently (orkpy/kernels/reference.py). */
 static ork_kind_info g_kinds[ORK_KIND_MAX] = {
     /* bitsandbytes NF4 code values (csrc/kernels.cu nf4_dequantization_lut), exactly as float32 */
     {ORK_KIND_NF4, "nf4", 4, 16,

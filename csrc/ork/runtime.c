@@ -17,6 +17,10 @@ struct ork_runtime {
     float *astats_ch;      /* their per-channel maxima, all linears back to back */
     double **xx;           /* per linear: its input Gram matrix (K x K) or NULL (NULL when off) */
     uint64_t *xxn;
+    /* the owners of the settings (runtime.h "Owners"), allocated by a successful check */
+    void **route_owner;  /* per linear: its NPU route's */
+    void **linear_owner; /* per linear: a replacement's arrays' */
+    void **ffn_owner;    /* per layer: its FFN setting's */
 };
 
 ork_status ork_runtime_new(ork_runtime **out, ork_err *err) {
@@ -44,7 +48,27 @@ ork_layer *ork_runtime_layer(ork_runtime *rt, size_t i) { return &rt->layers[i];
 
 ork_status ork_runtime_check(ork_runtime *rt, ork_err *err) {
     rt->m.layers = rt->layers;
-    return ork_model_check(&rt->m, err);
+    ork_status st = ork_model_check(&rt->m, err);
+    if (st == ORK_OK && !rt->route_owner) {
+        const size_t n = ork_runtime_n_linears(rt), nl = rt->m.n_layer ? rt->m.n_layer : 1;
+        rt->route_owner = (void **)calloc(n, sizeof(void *));
+        rt->linear_owner = (void **)calloc(n, sizeof(void *));
+        rt->ffn_owner = (void **)calloc(nl, sizeof(void *));
+        if (!rt->route_owner || !rt->linear_owner || !rt->ffn_owner) {
+            free(rt->route_owner);
+            free(rt->linear_owner);
+            free(rt->ffn_owner);
+            rt->route_owner = rt->linear_owner = rt->ffn_owner = NULL;
+            st = ork_err_set(err, ORK_ENOMEM, "out of memory");
+        }
+    }
+    if (st != ORK_OK) rt->m.layers = NULL; /* unlinked: not a model to run or set */
+    return st;
+}
+
+/* ORK_ESTATE unless the model was checked (the setters' slots exist) */
+static ork_status checked(const ork_runtime *rt, ork_err *err) {
+    return rt->route_owner ? ORK_OK : ork_err_set(err, ORK_ESTATE, "the model is not initialised");
 }
 
 size_t ork_runtime_n_linears(const ork_runtime *rt) { return ork_model_linear_count(rt->m.n_layer); }
@@ -55,13 +79,6 @@ static ork_linear *linear_at(ork_runtime *rt, size_t i) {
 }
 
 const ork_linear *ork_runtime_linear(ork_runtime *rt, size_t i) { return linear_at(rt, i); }
-
-int ork_runtime_layer_has_ffn(ork_runtime *rt, size_t i) {
-    pthread_mutex_lock(&rt->lock);
-    int on = rt->layers[i].ffn != NULL;
-    pthread_mutex_unlock(&rt->lock);
-    return on;
-}
 
 /* ------------------------------------------------- freeing the collections -- */
 static void free_ffn_stats(ork_runtime *rt) {
@@ -97,6 +114,7 @@ static void free_gram(ork_runtime *rt) {
     rt->xxn = NULL;
 }
 
+/* stop the imatrix collection (unhook the linears) and free its buffers */
 static void free_imatrix(ork_runtime *rt) {
     const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
     for (size_t i = 0; i < n; i++) {
@@ -110,15 +128,25 @@ static void free_imatrix(ork_runtime *rt) {
     rt->x2n = NULL;
 }
 
-void ork_runtime_free(ork_runtime *rt) {
+static void release_owners(void **owners, size_t n, void (*release)(void *owner)) {
+    for (size_t i = 0; owners && release && i < n; i++)
+        if (owners[i]) release(owners[i]);
+    free(owners);
+}
+
+void ork_runtime_free(ork_runtime *rt, void (*release)(void *owner)) {
     if (!rt) return;
     free_act_stats(rt);
     free_gram(rt);
     free_ffn_stats(rt);
     free_imatrix(rt);
+    const size_t n = rt->route_owner ? ork_runtime_n_linears(rt) : 0;
     free(rt->ffn);
     free(rt->layers);
     pthread_mutex_destroy(&rt->lock);
+    release_owners(rt->route_owner, n, release); /* the model that pointed into them is gone */
+    release_owners(rt->linear_owner, n, release);
+    release_owners(rt->ffn_owner, rt->m.n_layer, release);
     free(rt);
 }
 
@@ -132,24 +160,36 @@ ork_status ork_runtime_forward(ork_runtime *rt, const int32_t *tokens, size_t T,
 }
 
 /* ------------------------------------------------------------ linears -- */
-ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, ork_err *err) {
-    pthread_mutex_lock(&rt->lock);
+static ork_status set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, void *owner, void **replaced,
+                             void **unrouted, ork_err *err) {
+    ork_status st = checked(rt, err);
+    if (st != ORK_OK) return st;
     ork_linear *l = linear_at(rt, i), tmp = *spec;
-    ork_status st = ORK_OK;
-    if (tmp.N != l->N || tmp.K != l->K) {
-        st = ork_err_set(err, ORK_EINVAL, "linear %zu is (%zu, %zu), the new spec is (%zu, %zu)", i, l->N, l->K, tmp.N,
-                         tmp.K);
-    } else {
-        tmp.bias = l->bias;
-        tmp.x2_sum = l->x2_sum;
-        tmp.x2_count = l->x2_count;
-        tmp.act_stats = l->act_stats;
-        tmp.xx_sum = l->xx_sum;
-        tmp.xx_count = l->xx_count;
-        tmp.int_mm = NULL; /* the NPU route held the old weight's values */
-        tmp.int_mm_ctx = NULL;
-        *l = tmp;
-    }
+    if (tmp.N != l->N || tmp.K != l->K)
+        return ork_err_set(err, ORK_EINVAL, "linear %zu is (%zu, %zu), the new spec is (%zu, %zu)", i, l->N, l->K,
+                           tmp.N, tmp.K);
+    tmp.bias = l->bias;
+    tmp.x2_sum = l->x2_sum;
+    tmp.x2_count = l->x2_count;
+    tmp.act_stats = l->act_stats;
+    tmp.xx_sum = l->xx_sum;
+    tmp.xx_count = l->xx_count;
+    tmp.int_mm = NULL; /* the NPU route held the old weight's values */
+    tmp.int_mm_ctx = NULL;
+    *l = tmp;
+    *replaced = rt->linear_owner[i];
+    rt->linear_owner[i] = owner;
+    *unrouted = rt->route_owner[i];
+    rt->route_owner[i] = NULL;
+    return ORK_OK;
+}
+
+ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, void *owner, void **replaced,
+                                  void **unrouted, ork_err *err) {
+    *replaced = NULL;
+    *unrouted = NULL;
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = set_linear(rt, i, spec, owner, replaced, unrouted, err);
     pthread_mutex_unlock(&rt->lock);
     return st;
 }
@@ -166,28 +206,27 @@ static ork_status routable(const ork_linear *l, size_t i, ork_err *err) {
     return ORK_OK;
 }
 
-ork_status ork_runtime_npu_routable(ork_runtime *rt, size_t i, ork_err *err) {
-    pthread_mutex_lock(&rt->lock);
-    ork_status st = routable(linear_at(rt, i), i, err);
-    pthread_mutex_unlock(&rt->lock);
-    return st;
+static ork_status set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
+                             void *owner, void **replaced, ork_err *err) {
+    ork_status st = checked(rt, err);
+    if (st != ORK_OK) return st;
+    ork_linear *l = linear_at(rt, i);
+    if (fn && (st = routable(l, i, err)) != ORK_OK) return st;
+    if (fn && (N != l->N || K != l->K))
+        return ork_err_set(err, ORK_EINVAL, "NPU weight is (%zu, %zu) but linear %zu is (%zu, %zu)", N, K, i, l->N,
+                           l->K);
+    l->int_mm = fn;
+    l->int_mm_ctx = fn ? ctx : NULL;
+    *replaced = rt->route_owner[i];
+    rt->route_owner[i] = fn ? owner : NULL;
+    return ORK_OK;
 }
 
 ork_status ork_runtime_set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
-                                  ork_err *err) {
+                                  void *owner, void **replaced, ork_err *err) {
+    *replaced = NULL;
     pthread_mutex_lock(&rt->lock);
-    ork_linear *l = linear_at(rt, i);
-    ork_status st = ORK_OK;
-    if (fn) {
-        st = routable(l, i, err);
-        if (st == ORK_OK && (N != l->N || K != l->K))
-            st = ork_err_set(err, ORK_EINVAL, "NPU weight is (%zu, %zu) but linear %zu is (%zu, %zu)", N, K, i, l->N,
-                             l->K);
-    }
-    if (st == ORK_OK) {
-        l->int_mm = fn;
-        l->int_mm_ctx = fn ? ctx : NULL;
-    }
+    ork_status st = set_int_mm(rt, i, fn, ctx, N, K, owner, replaced, err);
     pthread_mutex_unlock(&rt->lock);
     return st;
 }
@@ -210,11 +249,13 @@ static ork_status imatrix_enable(ork_runtime *rt, ork_err *err) {
     const size_t n = ork_runtime_n_linears(rt);
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += linear_at(rt, i)->K;
-    free(rt->x2);
-    free(rt->x2n);
+    free_imatrix(rt); /* unhooks the linears before their buffers go */
     rt->x2 = (double *)calloc(total ? total : 1, sizeof(double));
     rt->x2n = (uint64_t *)calloc(n ? n : 1, sizeof(uint64_t));
-    if (!rt->x2 || !rt->x2n) return ORK_ENOMEM;
+    if (!rt->x2 || !rt->x2n) {
+        free_imatrix(rt); /* none, not half of one: take sees both buffers or neither */
+        return ORK_ENOMEM;
+    }
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         ork_linear *l = linear_at(rt, i);
@@ -391,28 +432,38 @@ void ork_rt_act_stats_free(ork_rt_act_stats *t) {
 }
 
 /* ---------------------------------------------------------- FFN chain -- */
-static ork_status set_ffn(ork_runtime *rt, size_t li, const ork_ffn_params *p, ork_err *err) {
+static ork_status set_ffn(ork_runtime *rt, size_t li, const ork_ffn_params *p, void *owner, void **replaced,
+                          ork_err *err) {
+    ork_status st = checked(rt, err);
+    if (st != ORK_OK) return st;
     if (!rt->ffn && !(rt->ffn = (ork_ffn_params *)calloc(rt->m.n_layer ? rt->m.n_layer : 1, sizeof(ork_ffn_params))))
         return ORK_ENOMEM;
     ork_layer *L = &rt->layers[li];
     if (!p) {
         L->ffn = NULL;
+        memset(&rt->ffn[li], 0, sizeof rt->ffn[li]); /* its arrays go with the owner */
+        *replaced = rt->ffn_owner[li];
+        rt->ffn_owner[li] = NULL;
         return ORK_OK;
     }
     ork_ffn_params q = *p;
     q.act = rt->m.act; /* the chain's activation is the model's (ffn_chain.h) */
     ork_err e;
     e.msg[0] = '\0';
-    ork_status st = ork_ffn_check(&L->w_gate, &L->w_up, &L->w_down, &q, &e);
+    st = ork_ffn_check(&L->w_gate, &L->w_up, &L->w_down, &q, &e);
     if (st != ORK_OK) return ork_err_set(err, st, "layer %zu: %s", li, e.msg);
     rt->ffn[li] = q;
     L->ffn = &rt->ffn[li];
+    *replaced = rt->ffn_owner[li];
+    rt->ffn_owner[li] = owner;
     return ORK_OK;
 }
 
-ork_status ork_runtime_set_ffn(ork_runtime *rt, size_t layer, const ork_ffn_params *p, ork_err *err) {
+ork_status ork_runtime_set_ffn(ork_runtime *rt, size_t layer, const ork_ffn_params *p, void *owner, void **replaced,
+                               ork_err *err) {
+    *replaced = NULL;
     pthread_mutex_lock(&rt->lock);
-    ork_status st = set_ffn(rt, layer, p, err);
+    ork_status st = set_ffn(rt, layer, p, owner, replaced, err);
     pthread_mutex_unlock(&rt->lock);
     return st;
 }

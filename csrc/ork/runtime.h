@@ -12,6 +12,16 @@
  * collections on one model run one at a time. The arrays the model points
  * into belong to the caller and must outlive the runtime.
  *
+ * Owners: a setting that points into memory of the caller's objects (an NPU
+ * route: the uploaded weight; a replaced linear: its arrays; an FFN setting:
+ * its per-channel scales) names an opaque `owner` (the binding's reference
+ * that keeps them alive, or NULL). The runtime swaps the owner together with
+ * the pointer under its lock and hands back the one it replaced (`*replaced`,
+ * NULL when none), so the caller releases exactly what no setting uses any
+ * more, also when two threads change one setting at once. On an error nothing
+ * changed: *replaced is NULL and the new owner is still the caller's.
+ * ork_runtime_free hands every owner still held to `release`.
+ *
  * Collections: *_enable starts one (replacing one in progress) and hooks its
  * buffers into the linears / layers; *_take stops it and hands the buffers
  * to the caller (free them with the matching *_free), ORK_ESTATE when none
@@ -34,35 +44,38 @@ typedef struct ork_runtime ork_runtime;
 
 /* an empty model (all of ork_model zero, no layers) and its lock */
 ork_status ork_runtime_new(ork_runtime **out, ork_err *err);
-void ork_runtime_free(ork_runtime *rt); /* after every session of it was freed; NULL is a no-op */
+/* After every session of it was freed; NULL is a no-op. The model's memory first, then release(owner) for
+ * every owner a setting still holds (release NULL: the owners are only forgotten). */
+void ork_runtime_free(ork_runtime *rt, void (*release)(void *owner));
 
 /* The description, filled by the caller before ork_runtime_check and read-only after it. */
 ork_model *ork_runtime_model(ork_runtime *rt);
 /* n_layer zeroed layers (replacing any), i < n_layer the layer to fill */
 ork_status ork_runtime_alloc_layers(ork_runtime *rt, size_t n_layer, ork_err *err);
 ork_layer *ork_runtime_layer(ork_runtime *rt, size_t i);
-/* links the layers into the model and checks it (ork_model_check) */
+/* links the layers into the model and checks it (ork_model_check); on an error the model stays unlinked
+ * (model->layers NULL) and the setters below refuse it (ORK_ESTATE) */
 ork_status ork_runtime_check(ork_runtime *rt, ork_err *err);
 
 /* the linears in the forward model's order (model.h ork_model_linear) */
 size_t ork_runtime_n_linears(const ork_runtime *rt);
 const ork_linear *ork_runtime_linear(ork_runtime *rt, size_t i);
-/* 1 when layer i runs the fused FFN chain */
-int ork_runtime_layer_has_ffn(ork_runtime *rt, size_t i);
 
 /* ork_model_forward under the lock */
 ork_status ork_runtime_forward(ork_runtime *rt, const int32_t *tokens, size_t T, size_t first, float *logits,
                                int threads, ork_err *err);
 
-/* Replace linear i by `spec` of the same shape: its bias and statistics hooks are kept, its NPU
- * route dropped (it held the old weight's values). */
-ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, ork_err *err);
-/* ORK_EINVAL naming why linear i cannot run on an NPU (a float32 linear; group-wise scales) */
-ork_status ork_runtime_npu_routable(ork_runtime *rt, size_t i, ork_err *err);
-/* Route linear i's int8 matmul through fn(ctx) (an N x K weight, the linear's shape); fn NULL routes it
- * back to the CPU. */
+/* Replace linear i by `spec` of the same shape, whose arrays `owner` keeps: its bias and statistics hooks
+ * are kept, its NPU route dropped (it held the old weight's values). *replaced: the owner of the linear it
+ * replaces (NULL for the described one, which the caller's description keeps); *unrouted: the owner of the
+ * dropped route (NULL when none). */
+ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, void *owner, void **replaced,
+                                  void **unrouted, ork_err *err);
+/* Route linear i's int8 matmul through fn(ctx) (an N x K weight, the linear's shape), kept by `owner`; fn
+ * NULL (and owner NULL) routes it back to the CPU. ORK_EINVAL naming why a linear cannot run there (a
+ * float32 linear; group-wise scales) or the shapes that differ. *replaced: the previous route's owner. */
 ork_status ork_runtime_set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
-                                  ork_err *err);
+                                  void *owner, void **replaced, ork_err *err);
 
 /* imatrix: sum x^2 per input channel of every linear, and the rows counted */
 typedef struct ork_rt_imatrix {
@@ -97,9 +110,11 @@ ork_status ork_runtime_act_stats_enable(ork_runtime *rt, size_t prefix, ork_err 
 ork_status ork_runtime_act_stats_take(ork_runtime *rt, ork_rt_act_stats *out, ork_err *err);
 void ork_rt_act_stats_free(ork_rt_act_stats *t);
 
-/* Layer i's FFN on the fused chain with p (checked by ork_ffn_check; its activation is the model's, and
- * p's arrays must outlive the setting), or NULL: the per-op path. */
-ork_status ork_runtime_set_ffn(ork_runtime *rt, size_t layer, const ork_ffn_params *p, ork_err *err);
+/* Layer i's FFN on the fused chain with p (checked by ork_ffn_check; its activation is the model's; p's
+ * arrays are kept by `owner`), or NULL (and owner NULL): the per-op path. *replaced: the previous setting's
+ * owner. */
+ork_status ork_runtime_set_ffn(ork_runtime *rt, size_t layer, const ork_ffn_params *p, void *owner, void **replaced,
+                               ork_err *err);
 /* one layer's chain on normed inputs h (T, n_embd) -> y (T, n_embd) (tests, debugging) */
 ork_status ork_runtime_ffn_apply(ork_runtime *rt, size_t layer, const float *h, size_t T, float *y, ork_err *err);
 

@@ -98,12 +98,14 @@ PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg);
 /* argument helpers shared by py_npu.c and py_npu_device.c (-1 with an exception): v in [0, 2^32) named `name`;
  * the per-task tile caps max_m, max_k, max_n (0 = hardware limit); a backend by name (a ValueError listing them) */
 #include "../ork/npu/backend.h"
+#include "../ork/npu/device.h"
 int orkpy_u32_arg(long long v, const char *name, uint32_t *out);
 int orkpy_npu_caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o);
 int orkpy_npu_backend_arg(const char *s, ork_npu_backend_kind *kind);
 /* py_npu_device.c: the NPUDevice / NPUWeight / NPUJob types */
 int orkpy_npu_init(PyObject *module);
-/* the forward-pass hook of an NPUWeight (linear.h ork_int_mm_fn); -1 + exception if obj is not a live NPUWeight */
-int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K);
+/* the core weight of an NPUWeight (no lock: its hook and liveness come from ork_npu_dweight_hook, called
+ * without the GIL), or NULL with a TypeError if obj is not one */
+ork_npu_dweight *orkpy_npu_weight_of(PyObject *obj);
 
 #endif

@@ -230,7 +230,8 @@ static PyObject *py_register_kind_for_tests(PyObject *self, PyObject *args) {
 }
 
 /* act_modes() -> [dict(name, id, static, per_tensor, outliers, bits)]: the activation mode
- * registry (actspec.h), in id order. Exporting it seals the registry. */
+ * registry (actspec.h), in id order; bits the tuple of widths the row serves (its mask). Exporting it
+ * seals the registry. */
 static PyObject *py_act_modes(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -240,10 +241,20 @@ static PyObject *py_act_modes(PyObject *self, PyObject *unused) {
     for (size_t i = 0; out && i < n; i++) {
         const ork_act_mode_info *r = ork_act_mode_get((int)i);
         if (!r) continue;
-        PyObject *row = Py_BuildValue("{s:s,s:i,s:O,s:O,s:O,s:(i)}", "name", r->name, "id", r->id, "static",
-                                      (r->flags & ORK_ACTF_STATIC) ? Py_True : Py_False, "per_tensor",
-                                      (r->flags & ORK_ACTF_PER_TENSOR) ? Py_True : Py_False, "outliers",
-                                      (r->flags & ORK_ACTF_OUTLIERS) ? Py_True : Py_False, "bits", ORK_ACT_BITS);
+        PyObject *bits = PyList_New(0); /* the widths the row serves, ascending */
+        for (int b = 1; bits && b <= 32; b++) {
+            if (!ork_act_bits_ok(r, b)) continue;
+            PyObject *v = PyLong_FromLong(b);
+            if (!v || PyList_Append(bits, v) < 0) Py_CLEAR(bits);
+            Py_XDECREF(v);
+        }
+        PyObject *bt = bits ? PyList_AsTuple(bits) : NULL;
+        Py_XDECREF(bits);
+        PyObject *row = bt ? Py_BuildValue("{s:s,s:i,s:O,s:O,s:O,s:N}", "name", r->name, "id", r->id, "static",
+                                           (r->flags & ORK_ACTF_STATIC) ? Py_True : Py_False, "per_tensor",
+                                           (r->flags & ORK_ACTF_PER_TENSOR) ? Py_True : Py_False, "outliers",
+                                           (r->flags & ORK_ACTF_OUTLIERS) ? Py_True : Py_False, "bits", bt)
+                           : NULL;
         if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);
         Py_XDECREF(row);
     }

@@ -55,27 +55,21 @@ PyObject *orkpy_fwd_pass_result(int bad, ork_status st, const ork_err *err, PyAr
     return bad < 0 ? NULL : orkpy_raise(st, err);
 }
 
+/* a setting's owner (runtime.h "Owners"): a reference the binding handed the runtime */
+static void release_owner(void *owner) { Py_DECREF((PyObject *)owner); }
+
 static void fwd_dealloc(FwdObject *self) {
-    const size_t n_layer = self->m ? self->m->n_layer : 0, n = self->rt ? ork_runtime_n_linears(self->rt) : 0;
-    ork_runtime_free(self->rt); /* first: the model points into what the references below keep */
-    if (self->ffn_keep) {
-        for (size_t i = 0; i < n_layer; i++) Py_XDECREF(self->ffn_keep[i]);
-        PyMem_Free(self->ffn_keep);
-    }
-    if (self->npu_keep) {
-        for (size_t i = 0; i < n; i++) Py_XDECREF(self->npu_keep[i]);
-        PyMem_Free(self->npu_keep);
-    }
+    ork_runtime_free(self->rt, release_owner); /* first: the model points into what the references keep */
     Py_XDECREF(self->keep);
     Py_XDECREF(self->maps);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* float32 C-contiguous array with ndim dims, kept alive by self */
-static const float *keep_f32(FwdObject *self, PyObject *obj, int ndim, const char *name, npy_intp *dims) {
+/* float32 C-contiguous array with ndim dims, kept alive by the list `keep` */
+static const float *keep_f32(PyObject *keep, PyObject *obj, int ndim, const char *name, npy_intp *dims) {
     PyArrayObject *a = orkpy_as_exact(obj, NPY_FLOAT32, ndim, name);
     if (!a) return NULL;
-    if (PyList_Append(self->keep, (PyObject *)a) < 0) {
+    if (PyList_Append(keep, (PyObject *)a) < 0) {
         Py_DECREF(a);
         return NULL;
     }
@@ -123,10 +117,11 @@ static PyObject *packed_item(PyObject *d, const char *key, const char *name) {
     return v;
 }
 
-/* ("f32", w) or ("packed", {kind, store, bscale, N, K, group, act}): LinearSpec.to_core() (orkpy/model.py).
+/* ("f32", w) or ("packed", {kind, store, bscale, N, K, group, act}): LinearSpec.to_core()
+ * (orkpy/runtime/linear.py); its arrays are appended to the list `keep`.
  * group 0 or a group size below K with bscale (N, G) (linear.h); act the activation spec's dict, read by
  * orkpy_act_spec_from_py (coerce.c), or None for per token */
-static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const char *name) {
+static int parse_linear(PyObject *keep, PyObject *spec, ork_linear *l, const char *name) {
     static const char *const keys[] = {"kind", "store", "bscale", "N", "K", "group", "act", NULL};
     memset(l, 0, sizeof *l);
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) {
@@ -139,7 +134,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
     if (strcmp(path, "f32") == 0) {
         npy_intp dims[2];
         l->path = ORK_LIN_F32;
-        if (!(l->w = keep_f32(self, arg, 2, name, dims))) return -1;
+        if (!(l->w = keep_f32(keep, arg, 2, name, dims))) return -1;
         l->N = (size_t)dims[0];
         l->K = (size_t)dims[1];
         return 0;
@@ -167,7 +162,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
     }
     PyArrayObject *store = orkpy_as_store(store_o, ki, N, K, name);
     if (!store) return -1;
-    int r = PyList_Append(self->keep, (PyObject *)store);
+    int r = PyList_Append(keep, (PyObject *)store);
     Py_DECREF(store);
     if (r < 0) return -1;
     l->store = PyArray_DATA(store);
@@ -180,7 +175,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
     const size_t G = group && group < K ? ork_group_count((size_t)K, (size_t)group) : 1;
     l->group = G > 1 ? (size_t)group : 0;
     npy_intp bd[2] = {0, 1};
-    if (!(l->bscale = keep_f32(self, bscale_o, G > 1 ? 2 : 1, name, bd))) return -1;
+    if (!(l->bscale = keep_f32(keep, bscale_o, G > 1 ? 2 : 1, name, bd))) return -1;
     if (bd[0] != N || (size_t)bd[1] != G) {
         PyErr_Format(PyExc_ValueError, "%s: bscale has shape (%zd, %zd), expected (%zd, %zu)", name,
                      (Py_ssize_t)bd[0], (Py_ssize_t)bd[1], N, G);
@@ -189,7 +184,7 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
     PyObject *act_o = PyDict_GetItemString(arg, "act"), *act_keep = NULL;
     if (orkpy_act_spec_from_py(act_o ? act_o : Py_None, (size_t)K, &l->act, &act_keep, name) < 0) return -1;
     if (act_keep) {
-        r = PyList_Append(self->keep, act_keep);
+        r = PyList_Append(keep, act_keep);
         Py_DECREF(act_keep);
         if (r < 0) return -1;
     }
@@ -216,14 +211,14 @@ static int parse_linear(FwdObject *self, PyObject *spec, ork_linear *l, const ch
 static const float *opt_vec(FwdObject *self, PyObject *d, const char *key) {
     PyObject *v = PyDict_GetItemString(d, key);
     if (!v || v == Py_None) return NULL;
-    return keep_f32(self, v, 1, key, NULL);
+    return keep_f32(self->keep, v, 1, key, NULL);
 }
 
 /* an optional 1-D float32 array of exactly n entries (NULL, no error, when absent or None) */
 static const float *opt_vec_n(FwdObject *self, PyObject *v, const char *what, size_t layer, size_t n) {
     if (!v || v == Py_None) return NULL;
     npy_intp dims[1];
-    const float *p = keep_f32(self, v, 1, what, dims);
+    const float *p = keep_f32(self->keep, v, 1, what, dims);
     if (p && (size_t)dims[0] != n) {
         PyErr_Format(PyExc_ValueError, "layer %zu: %s has %zd entries, expected %zu", layer, what, (Py_ssize_t)dims[0], n);
         return NULL;
@@ -299,14 +294,14 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
     }
     npy_intp ed[2];
     if (emb != Py_None) { /* None: the lookup reads the head's rows (a tied model, model.h) */
-        if (!(m->tok_embd = keep_f32(self, emb, 2, "tok_embd", ed))) return -1;
+        if (!(m->tok_embd = keep_f32(self->keep, emb, 2, "tok_embd", ed))) return -1;
         if ((size_t)ed[0] != m->n_vocab || (size_t)ed[1] != m->n_embd) {
             PyErr_SetString(PyExc_ValueError, "tok_embd shape does not match (n_vocab, n_embd)");
             return -1;
         }
     }
-    if (!(m->out_norm = keep_f32(self, onorm, 1, "out_norm", NULL))) return -1;
-    if (parse_linear(self, out, &m->output, "output") < 0) return -1;
+    if (!(m->out_norm = keep_f32(self->keep, onorm, 1, "out_norm", NULL))) return -1;
+    if (parse_linear(self->keep, out, &m->output, "output") < 0) return -1;
     m->output.bias = opt_vec_n(self, out_bias, "output_bias", m->n_layer, m->output.N);
     if (PyErr_Occurred()) return -1;
     m->rope_freqs = opt_vec_n(self, rope_freqs, "rope_freqs", 0, m->n_rot / 2);
@@ -337,7 +332,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         PyObject *rot = PyDict_GetItemString(d, "ffn_down.rot");
         if (rot && rot != Py_None) { /* the online down rotation's p x p block (model.h) */
             npy_intp dims[2];
-            if (!(L->down_rot = keep_f32(self, rot, 2, "ffn_down.rot", dims))) return -1;
+            if (!(L->down_rot = keep_f32(self->keep, rot, 2, "ffn_down.rot", dims))) return -1;
             if (dims[0] != dims[1]) {
                 PyErr_Format(PyExc_ValueError, "layer %zu: ffn_down.rot must be square, got %zd x %zd", i,
                              (Py_ssize_t)dims[0], (Py_ssize_t)dims[1]);
@@ -348,7 +343,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
         PyObject *nrot = PyDict_GetItemString(d, "norm.rot");
         if (nrot && nrot != Py_None) { /* the online block-input rotation's p x p block (model.h) */
             npy_intp dims[2];
-            if (!(L->norm_rot = keep_f32(self, nrot, 2, "norm.rot", dims))) return -1;
+            if (!(L->norm_rot = keep_f32(self->keep, nrot, 2, "norm.rot", dims))) return -1;
             if (dims[0] != dims[1]) {
                 PyErr_Format(PyExc_ValueError, "layer %zu: norm.rot must be square, got %zd x %zd", i,
                              (Py_ssize_t)dims[0], (Py_ssize_t)dims[1]);
@@ -366,7 +361,7 @@ static int fwd_init(FwdObject *self, PyObject *args, PyObject *kw) {
                 PyErr_Format(PyExc_KeyError, "layer %zu is missing '%s'", i, key);
                 return -1;
             }
-            if (parse_linear(self, spec, ork_layer_linear(L, j), key) < 0) return -1;
+            if (parse_linear(self->keep, spec, ork_layer_linear(L, j), key) < 0) return -1;
             if (linear_bias(self, d, ork_layer_linear(L, j), key, i) < 0) return -1;
         }
     }
@@ -570,8 +565,6 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
     PyObject *h_obj;
     if (!PyArg_ParseTuple(args, "nO:ffn_apply", &li, &h_obj) || orkpy_fwd_ready(self) < 0) return NULL;
     if (li < 0 || (size_t)li >= self->m->n_layer) return PyErr_Format(PyExc_IndexError, "layer %zd out of range", li);
-    if (!ork_runtime_layer_has_ffn(self->rt, (size_t)li))
-        return PyErr_Format(PyExc_ValueError, "layer %zd has no FFN chain set", li);
     PyArrayObject *h = orkpy_as_exact(h_obj, NPY_FLOAT32, 2, "h");
     if (!h) return NULL;
     if ((size_t)PyArray_DIM(h, 1) != self->m->n_embd || PyArray_DIM(h, 0) < 1) {
@@ -601,39 +594,43 @@ static PyObject *fwd_ffn_apply(FwdObject *self, PyObject *args) {
 }
 
 /* set_npu(index, NPUWeight or None): run linear `index` (linear_names order)
- * through an NPU backend; the weight must hold that linear's int8 values */
+ * through an NPU backend; the weight must hold that linear's int8 values. The route holds a reference to
+ * the weight (the runtime's owner of the route, swapped with it under the model's lock); the one it
+ * replaces is released. The device check (its lock) and the route (the model's) run without the GIL. */
 static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;
     PyObject *wo;
     if (!PyArg_ParseTuple(args, "nO:set_npu", &idx, &wo) || orkpy_fwd_ready(self) < 0) return NULL;
     const size_t n = ork_runtime_n_linears(self->rt);
     if (idx < 0 || (size_t)idx >= n) return PyErr_Format(PyExc_IndexError, "linear index %zd outside [0, %zu)", idx, n);
-    if (!self->npu_keep && !(self->npu_keep = PyMem_Calloc(n, sizeof(PyObject *)))) return PyErr_NoMemory();
+    ork_npu_dweight *w = NULL;
+    if (wo != Py_None && !(w = orkpy_npu_weight_of(wo))) return NULL;
+    PyObject *owner = w ? wo : NULL;
+    void *replaced = NULL;
     ork_int_mm_fn fn = NULL;
     void *ctx = NULL;
     size_t N = 0, K = 0;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
-    if (wo != Py_None) {
-        Py_BEGIN_ALLOW_THREADS
-        st = ork_runtime_npu_routable(self->rt, (size_t)idx, &err);
-        Py_END_ALLOW_THREADS
-        if (st != ORK_OK) return orkpy_raise(st, &err);
-        if (orkpy_npu_weight_hook(wo, &fn, &ctx, &N, &K) < 0) return NULL;
-    }
+    Py_XINCREF(owner);
     Py_BEGIN_ALLOW_THREADS
-    st = ork_runtime_set_int_mm(self->rt, (size_t)idx, fn, ctx, N, K, &err);
+    st = w ? ork_npu_dweight_hook(w, &fn, &ctx, &N, &K, &err) : ORK_OK;
+    if (st == ORK_OK) st = ork_runtime_set_int_mm(self->rt, (size_t)idx, fn, ctx, N, K, owner, &replaced, &err);
     Py_END_ALLOW_THREADS
-    if (st != ORK_OK) return orkpy_raise(st, &err);
-    Py_XINCREF(wo != Py_None ? wo : NULL);
-    Py_XSETREF(self->npu_keep[idx], wo != Py_None ? wo : NULL); /* the route's weight; the previous one released */
+    if (st != ORK_OK) {
+        Py_XDECREF(owner);
+        return orkpy_raise(st, &err);
+    }
+    Py_XDECREF((PyObject *)replaced);
     Py_RETURN_NONE;
 }
 
 /* set_linear(index, spec): replace linear `index` (linear_names order) by another spec of the
- * same shape (parse_linear's (path, value)); its bias, statistics hooks and NPU route are kept / cleared
- * as they were set up (the NPU route is dropped: it held the old weight's values) */
+ * same shape (parse_linear's (path, value)); its bias and statistics hooks are kept, its NPU route is
+ * dropped (it held the old weight's values). The new linear's arrays live in a list that is the
+ * runtime's owner of the linear: the linear it replaces is released with its arrays (those of the
+ * described linears stay in `keep`), as is the dropped route's weight. */
 static PyObject *fwd_set_linear(FwdObject *self, PyObject *args) {
     Py_ssize_t idx;
     PyObject *spec;
@@ -643,15 +640,25 @@ static PyObject *fwd_set_linear(FwdObject *self, PyObject *args) {
     ork_linear tmp;
     char name[32];
     snprintf(name, sizeof name, "linear %zd", idx);
-    if (parse_linear(self, spec, &tmp, name) < 0) return NULL;
+    PyObject *owner = PyList_New(0);
+    if (!owner) return NULL;
+    if (parse_linear(owner, spec, &tmp, name) < 0) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    void *replaced = NULL, *unrouted = NULL;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_runtime_set_linear(self->rt, (size_t)idx, &tmp, &err);
+    st = ork_runtime_set_linear(self->rt, (size_t)idx, &tmp, owner, &replaced, &unrouted, &err);
     Py_END_ALLOW_THREADS
-    if (st != ORK_OK) return orkpy_raise(st, &err);
-    if (self->npu_keep) Py_CLEAR(self->npu_keep[idx]);
+    if (st != ORK_OK) {
+        Py_DECREF(owner);
+        return orkpy_raise(st, &err);
+    }
+    Py_XDECREF((PyObject *)replaced);
+    Py_XDECREF((PyObject *)unrouted);
     Py_RETURN_NONE;
 }
 
@@ -662,8 +669,6 @@ static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nO:set_ffn", &li, &d) || orkpy_fwd_ready(self) < 0) return NULL;
     if (li < 0 || (size_t)li >= self->m->n_layer)
         return PyErr_Format(PyExc_IndexError, "layer %zd out of range (model has %zu)", li, self->m->n_layer);
-    if (!self->ffn_keep && !(self->ffn_keep = PyMem_Calloc(self->m->n_layer, sizeof(PyObject *))))
-        return PyErr_NoMemory();
     ork_ffn_params p;
     memset(&p, 0, sizeof p);
     PyArrayObject *ch_arr = NULL;
@@ -703,14 +708,16 @@ static PyObject *fwd_set_ffn(FwdObject *self, PyObject *args) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
+    void *replaced = NULL;
+    /* ch_arr (or NULL) becomes the setting's owner; the one it replaces is released */
     Py_BEGIN_ALLOW_THREADS
-    st = ork_runtime_set_ffn(self->rt, (size_t)li, d == Py_None ? NULL : &p, &err);
+    st = ork_runtime_set_ffn(self->rt, (size_t)li, d == Py_None ? NULL : &p, ch_arr, &replaced, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         Py_XDECREF(ch_arr);
         return orkpy_raise(st, &err);
     }
-    if (d != Py_None) Py_XSETREF(self->ffn_keep[li], (PyObject *)ch_arr); /* the previous array (if any) is released */
+    Py_XDECREF((PyObject *)replaced);
     Py_RETURN_NONE;
 }
 

@@ -1,7 +1,9 @@
 /* py_model.h - the ForwardModel object, shared by py_model.c (description, forward, settings),
  * py_collect.c (the statistics collections) and py_session.c (decode sessions). The state lives
  * in the core's runtime (csrc/ork/runtime.h: the model, its lock, the collections' buffers, the FFN
- * settings); the object holds the Python references the model points into. */
+ * settings, the NPU routes); the object holds the Python references the model points into. The binding
+ * never waits for the model's lock with the GIL held: every runtime call that locks runs between
+ * Py_BEGIN_ALLOW_THREADS and Py_END_ALLOW_THREADS. */
 #ifndef ORKPY_PY_MODEL_H
 #define ORKPY_PY_MODEL_H
 
@@ -13,10 +15,10 @@ typedef struct {
     PyObject_HEAD
     ork_runtime *rt; /* NULL until initialised */
     ork_model *m;    /* the runtime's model (read-only once initialised) */
-    PyObject *keep;  /* list of arrays the structs point into */
-    PyObject **ffn_keep; /* per layer: the array behind its FFN setting's s_scale_ch (owned references) */
-    PyObject **npu_keep; /* per linear (model.h order): the NPUWeight it runs on, or NULL */
-    PyObject *maps;      /* list of the distinct MappedFiles the kept arrays view (checked around a pass) */
+    PyObject *keep;  /* list of the arrays the description points into */
+    PyObject *maps;  /* list of the distinct MappedFiles the kept arrays view (checked around a pass) */
+    /* the settings' references (an NPU route's NPUWeight, a replaced linear's arrays, an FFN setting's
+     * s_scale_ch) are the runtime's owners (runtime.h "Owners"), swapped with the settings under its lock */
 } FwdObject;
 
 /* every file the model's arrays map still unchanged (docs/security.md), else -1 with FormatError */

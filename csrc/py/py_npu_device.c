@@ -20,7 +20,11 @@
 /* ---------------------------------------------------------- NPUDevice --- *
  * The objects wrap the core's device, weights and jobs (csrc/ork/npu/device.h), which own the
  * lock, the buffers, the job cache and the fake kernel; each object keeps what it borrows alive
- * (a weight its device, a job its device and weights) and every core call runs without the GIL. */
+ * (a weight its device, a job its device and weights). Every core call that takes the device's
+ * lock runs without the GIL (a device runs one matmul at a time, for up to timeout_ms: a thread
+ * waiting for it must not stop the interpreter), and the binding checks nothing the core checks
+ * under its lock (a closed device, a weight of another device); with the GIL held it only reads
+ * what a weight or job was made with (device.h: no lock). */
 typedef struct {
     PyObject_HEAD
     ork_npu_device *d;
@@ -78,9 +82,10 @@ static void dev_dealloc(DevObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* 0 when the device is open, else -1 with "the NPU device is closed" */
+/* 0 when the object holds a core device (it was initialised), else -1 with "the NPU device is closed"; whether
+ * the device is still open is the core's check, made under its lock by every call */
 static int dev_check(DevObject *self) {
-    if (self->d && ork_npu_device_is_open(self->d)) return 0;
+    if (self->d) return 0;
     PyErr_SetString(PyExc_ValueError, "the NPU device is closed");
     return -1;
 }
@@ -176,7 +181,6 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
     PyObject *wo, *ao;
     if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
     WeightObject *w = (WeightObject *)wo;
-    if (!ork_npu_dweight_on(w->w, self->d)) return PyErr_Format(PyExc_ValueError, "the weight belongs to another NPU device");
     uint32_t N, K;
     ork_npu_dweight_shape(w->w, &N, &K);
     PyArrayObject *a = NULL, *c = NULL;
@@ -267,22 +271,27 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
     ork_npu_dev_info i;
     ork_err err;
     err.msg[0] = 0;
-    if (!self->d) return PyErr_Format(PyExc_ValueError, "the NPU device is closed");
-    ork_status st = ork_npu_device_info(self->d, &i, &err);
-    if (st) return orkpy_raise(st, &err);
+    if (dev_check(self)) return NULL;
+    ork_npu_fake_report *rep = (ork_npu_fake_report *)PyMem_RawMalloc(sizeof *rep);
+    if (!rep) return PyErr_NoMemory();
+    ork_status st;
+    int fake;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_npu_device_info(self->d, &i, &err);
+    fake = st == ORK_OK && ork_npu_device_fake_report(self->d, rep);
+    Py_END_ALLOW_THREADS
     PyObject *r = NULL, *f = NULL, *result = NULL;
-    ork_npu_fake_report *rep = NULL;
+    if (st) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
     r = Py_BuildValue("{s:s,s:s,s:s,s:K,s:K,s:K,s:K,s:K,s:I}", "backend", i.backend, "node", i.node, "sys", i.sys,
                       "submits", (unsigned long long)i.submits, "plans", (unsigned long long)i.plans, "tasks",
                       (unsigned long long)i.tasks, "bytes_to_device",
                       (unsigned long long)i.bytes_to_device, "bytes_from_device", (unsigned long long)i.bytes_from_device,
                       "timeout_ms", ork_npu_device_timeout_ms(self->d));
     if (!r) goto done;
-    if (!(rep = (ork_npu_fake_report *)PyMem_Malloc(sizeof *rep))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (ork_npu_device_fake_report(self->d, rep)) {
+    if (fake) {
         const ork_npu_fake_stats *s = &rep->stats;
         f = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s,s:s}", "ioctls", (unsigned long long)s->ioctls, "submits",
                           (unsigned long long)s->submits, "tasks", (unsigned long long)s->tasks, "refused",
@@ -294,7 +303,7 @@ static PyObject *dev_info(DevObject *self, PyObject *unused) {
     result = r;
     r = NULL;
 done:
-    PyMem_Free(rep);
+    PyMem_RawFree(rep);
     Py_XDECREF(r);
     Py_XDECREF(f);
     return result;
@@ -420,7 +429,6 @@ static void job_dealloc(JobObject *self) {
 
 /* run(inputs: sequence of n int8 (M, K_i)) -> list of n int32 (M, N_i), one submit */
 static PyObject *job_run(JobObject *self, PyObject *arg) {
-    if (!ork_npu_djob_live(self->j)) return PyErr_Format(PyExc_ValueError, "the NPU device of the job is closed");
     const uint32_t n = ork_npu_djob_n(self->j), M = ork_npu_djob_M(self->j);
     PyObject *seq = PySequence_Fast(arg, "inputs must be a sequence of int8 (M, K) arrays"), *outs = NULL, *result = NULL;
     if (!seq) return NULL;
@@ -504,23 +512,12 @@ static PyTypeObject JobType = {
     .tp_getset = job_getset,
 };
 
-int orkpy_npu_weight_hook(PyObject *obj, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K) {
+ork_npu_dweight *orkpy_npu_weight_of(PyObject *obj) {
     if (!PyObject_TypeCheck(obj, &WeightType)) {
         PyErr_SetString(PyExc_TypeError, "expected an orkpy._core.NPUWeight");
-        return -1;
+        return NULL;
     }
-    WeightObject *w = (WeightObject *)obj;
-    if (!ork_npu_dweight_on(w->w, w->owner->d)) {
-        PyErr_SetString(PyExc_ValueError, "the NPU weight's device is closed");
-        return -1;
-    }
-    uint32_t n, k;
-    ork_npu_dweight_shape(w->w, &n, &k);
-    *fn = ork_npu_dweight_int_mm;
-    *ctx = w->w;
-    *N = n;
-    *K = k;
-    return 0;
+    return ((WeightObject *)obj)->w;
 }
 
 int orkpy_npu_init(PyObject *module) {

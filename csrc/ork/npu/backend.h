@@ -59,7 +59,7 @@ typedef struct ork_npu_sys {
 const ork_npu_sys *ork_npu_sys_linux(const char **why);
 
 /* The backends: ork_npu_backend_names[kind] is the name the binding and the
- * Python layer use (orkpy.npu.BACKENDS is this table). */
+ * Python layer use (orkpy.runtime.npu.BACKENDS is this table). */
 typedef enum { ORK_NPU_BE_EMU = 0, ORK_NPU_BE_RKNPU = 1, ORK_NPU_BE_ROCKET = 2 } ork_npu_backend_kind;
 #define ORK_NPU_BE_COUNT 3
 extern const char *const ork_npu_backend_names[ORK_NPU_BE_COUNT];

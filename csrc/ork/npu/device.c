@@ -29,7 +29,7 @@ ork_status ork_npu_test_kernel_open(ork_npu_backend_kind kind, const ork_npu_tes
         return ork_err_set(err, ORK_EUNAVAIL,
                            "npu: fake_kernel is test machinery that the shipped extension does not contain: build "
                            "tests/npu_fake (tests/cbuild.py build_fake_kernel) and load it with "
-                           "orkpy.npu.load_fake_kernel(path) first");
+                           "orkpy.runtime.npu.load_fake_kernel(path) first");
     ork_status st = t->open(kind, fake, sys, err);
     if (st == ORK_OK) *k = t;
     return st;
@@ -44,7 +44,9 @@ ork_status ork_npu_test_kernel_open(ork_npu_backend_kind kind, const ork_npu_tes
 struct ork_npu_dweight {
     ork_npu_device *dev;
     ork_npu_weight w;
-    int live; /* 0 once the device closed (its buffer is gone) */
+    uint32_t N, K, addr; /* as uploaded: set before the weight is handed out, never written after (read without */
+    uint64_t nbytes;     /* the lock; a close zeroes w.bo under it) */
+    int live;            /* 0 once the device closed (its buffer is gone) */
     /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by the device's lock, freed
      * before w (release, and the device's close) */
     ork_npu_job jobs[ORK_NPU_JOB_CACHE_SLOTS];
@@ -53,6 +55,8 @@ struct ork_npu_dweight {
 struct ork_npu_djob {
     ork_npu_device *dev;
     ork_npu_job j;
+    uint32_t n, M, tasks; /* as planned: set before the job is handed out, never written after (read without */
+    uint64_t cmd_bytes;   /* the lock; a close zeroes j under it) */
     int live;
 };
 
@@ -197,6 +201,10 @@ static ork_status finish_upload(ork_npu_device *d, ork_npu_dweight *w, ork_statu
                                 ork_err *err) {
     if (st == ORK_OK) {
         w->live = 1;
+        w->N = w->w.N;
+        w->K = w->w.K;
+        w->addr = w->w.bo.dma;
+        w->nbytes = w->w.bo.size;
         if (list_add((void ***)&d->weights, &d->n_weights, &d->cap_weights, w) < 0) {
             ork_npu_weight_free(d->dev, &w->w);
             st = ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
@@ -268,12 +276,28 @@ int ork_npu_dweight_on(ork_npu_dweight *w, ork_npu_device *d) {
     return ok;
 }
 
-void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K) {
-    *N = w->w.N;
-    *K = w->w.K;
+ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K,
+                                ork_err *err) {
+    *fn = NULL;
+    *ctx = NULL;
+    *N = *K = 0;
+    pthread_mutex_lock(&w->dev->lock);
+    const int ok = w->live && w->dev->dev;
+    pthread_mutex_unlock(&w->dev->lock);
+    if (!ok) return ork_err_set(err, ORK_EINVAL, "the NPU weight's device is closed");
+    *fn = ork_npu_dweight_int_mm;
+    *ctx = w;
+    *N = w->N;
+    *K = w->K;
+    return ORK_OK;
 }
-uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w) { return w->w.bo.dma; }
-uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w) { return w->w.bo.size; }
+
+void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K) {
+    *N = w->N;
+    *K = w->K;
+}
+uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w) { return w->addr; }
+uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w) { return w->nbytes; }
 
 int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SLOTS]) {
     int n = 0;
@@ -319,6 +343,10 @@ ork_status ork_npu_device_job(ork_npu_device *d, ork_npu_dweight *const *w, uint
             st = ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
         } else {
             j->live = 1;
+            j->n = j->j.n;
+            j->M = j->j.M;
+            j->tasks = j->j.chain.n_tasks;
+            j->cmd_bytes = j->j.chain.cmd_bytes;
         }
     }
     pthread_mutex_unlock(&d->lock);
@@ -357,10 +385,10 @@ int ork_npu_djob_live(ork_npu_djob *j) {
     pthread_mutex_unlock(&j->dev->lock);
     return live;
 }
-uint32_t ork_npu_djob_n(const ork_npu_djob *j) { return j->j.n; }
-uint32_t ork_npu_djob_M(const ork_npu_djob *j) { return j->j.M; }
-uint32_t ork_npu_djob_tasks(const ork_npu_djob *j) { return j->j.chain.n_tasks; }
-uint64_t ork_npu_djob_cmd_bytes(const ork_npu_djob *j) { return j->j.chain.cmd_bytes; }
+uint32_t ork_npu_djob_n(const ork_npu_djob *j) { return j->n; }
+uint32_t ork_npu_djob_M(const ork_npu_djob *j) { return j->M; }
+uint32_t ork_npu_djob_tasks(const ork_npu_djob *j) { return j->tasks; }
+uint64_t ork_npu_djob_cmd_bytes(const ork_npu_djob *j) { return j->cmd_bytes; }
 /* The cached job of weight w at M rows (made here on first use while a slot is free), or *job = NULL:
  * plan per call. With the device lock held and the device open. */
 static ork_status weight_job(ork_npu_device *d, ork_npu_dweight *w, uint32_t M, ork_npu_job **job, ork_err *err) {

@@ -3,9 +3,14 @@
  * the per-weight job cache of the forward pass's hook; and the test-only
  * hook through which the tests hand the core a fake kernel driver.
  *
- * Thread safety: every function takes the device's lock (a pthread mutex)
- * itself, so callers (the binding, with the GIL released; the forward pass's
- * hook, from any thread) never lock. Lifetimes: a weight and a job belong to
+ * Thread safety: every function that reads or changes the device's state
+ * takes the device's lock (a pthread mutex) itself, so callers (the binding,
+ * with the GIL released; the forward pass's hook, from any thread) never lock;
+ * a caller that must not wait (the binding holding the GIL) calls them without
+ * the GIL. What a weight or a job was made with (shape, address, sizes, row
+ * count) is fixed before it is handed out: those getters take no lock, return
+ * the values as made also after a close, and may be called with the GIL held.
+ * Lifetimes: a weight and a job belong to
  * their device and are released by their owner (the binding's objects, which
  * keep the device alive until then); closing the device frees every device
  * buffer at once, and a released weight or job afterwards frees host memory
@@ -80,7 +85,7 @@ ork_status ork_npu_device_open(ork_npu_backend_kind kind, int fake, uint32_t emu
 void ork_npu_device_close(ork_npu_device *d);
 void ork_npu_device_free(ork_npu_device *d); /* after every weight and job was released; NULL is a no-op */
 int ork_npu_device_is_open(ork_npu_device *d);
-uint32_t ork_npu_device_timeout_ms(const ork_npu_device *d);
+uint32_t ork_npu_device_timeout_ms(const ork_npu_device *d); /* as opened (no lock) */
 /* counters (backend "closed" once closed); ORK_EINVAL "the NPU device is closed" when closed without a fake */
 ork_status ork_npu_device_info(ork_npu_device *d, ork_npu_dev_info *info, ork_err *err);
 
@@ -105,6 +110,12 @@ ork_status ork_npu_device_upload_store(ork_npu_device *d, ork_kind kind, const v
 void ork_npu_dweight_release(ork_npu_dweight *w);
 /* 1 when w is live on d (d open and w not freed by a close) */
 int ork_npu_dweight_on(ork_npu_dweight *w, ork_npu_device *d);
+/* The forward pass's hook of w (ork_npu_dweight_int_mm below, ctx = w) and its shape, to route a linear
+ * through (runtime.h ork_runtime_set_int_mm); ORK_EINVAL "the NPU weight's device is closed" when w is not
+ * live. A close after the call ends the route's forwards with ORK_EINVAL (ork_npu_dweight_int_mm). */
+ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K,
+                                ork_err *err);
+/* as uploaded (no lock) */
 void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K);
 uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w);    /* 32-bit NPU address */
 uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w);  /* device buffer bytes */
@@ -123,6 +134,7 @@ ork_status ork_npu_djob_run(ork_npu_djob *j, const int8_t *const *A, const size_
                             ork_err *err);
 void ork_npu_djob_release(ork_npu_djob *j); /* NULL is a no-op */
 int ork_npu_djob_live(ork_npu_djob *j);     /* 0 once its device closed */
+/* as planned (no lock) */
 uint32_t ork_npu_djob_n(const ork_npu_djob *j);
 uint32_t ork_npu_djob_M(const ork_npu_djob *j);
 uint32_t ork_npu_djob_tasks(const ork_npu_djob *j);
