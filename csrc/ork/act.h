@@ -2,8 +2,8 @@
  * definition for the per-op forward pass (model.c) and the fused FFN chain's
  * lookup tables (ffn_chain.c).
  *
- *   ORK_ACT_SILU       silu(z) = z / (1 + exp(-z))                  (llama, qwen2/3, phi3)
- *   ORK_ACT_GELU_TANH  gelu(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))   (gemma2/3)
+ *   ORK_ACT_SILU       silu(z) = z / (1 + exp(-z))                  (the gate_fn of most rows of orkpy/formats/arch.py)
+ *   ORK_ACT_GELU_TANH  gelu(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))   (the Gemma family)
  *
  * FFN output = act(x Wg^T) * (x Wu^T), then Wd. Float32 arithmetic, libm expf/tanhf.
  */

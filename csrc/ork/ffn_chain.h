@@ -1,8 +1,8 @@
 /* ffn_chain.h - an exact CPU model of the RK3588 NPU's fused int8 SwiGLU
  * chain, its ablations, and the statistics of the calibration ("prep") pass.
  *
- * The gate activation is the model's (act.h: SiLU for llama / qwen / phi3,
- * GELU-tanh for gemma2/3, GeGLU); "silu" below (and in the mode names
+ * The gate activation is the model's (act.h: SiLU, or GELU-tanh for the
+ * Gemma family, GeGLU); "silu" below (and in the mode names
  * exact_silu, fp32_silu_out, the |silu| statistics) stands for that activation,
  * act(z) = ork_act_apply(p->act, z). Everything else is the same for both: the
  * LUT spans [-gmax, gmax] with 1024 nearest entries and its int16 scale is

@@ -1,6 +1,5 @@
 /* model.h - a float32 forward pass for the decoder-only architectures of
- * orkpy's architecture table (orkpy/formats/arch.py: llama, qwen2, qwen3, gemma2,
- * gemma3, phi3), batched over one chunk of tokens (prefill style, causal,
+ * orkpy's architecture table (orkpy/formats/arch.py, arch.SUPPORTED), batched over one chunk of tokens (prefill style, causal,
  * positions 0..T-1), every linear layer on its own weight path. Each feature
  * is a flag or an optional pointer, off by default (0 / NULL), so a plain
  * Llama description runs the plain Llama arithmetic.
