@@ -1,11 +1,6 @@
 /* coerce.c - argument coercion shared by every binding file: arrays are
  * checked for dtype and ndim, then cast/copied to the core's layout. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -160,11 +155,7 @@ int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject
     ork_status st = ork_act_spec_check(spec, K, &err);
     if (st != ORK_OK) {
         Py_XDECREF(o);
-        PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
-        if (msg) {
-            orkpy_raise_text(st, msg);
-            Py_DECREF(msg);
-        }
+        orkpy_raise_named(st, name, &err);
         return -1;
     }
     *keep = (PyObject *)o;

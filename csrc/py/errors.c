@@ -77,6 +77,15 @@ PyObject *orkpy_raise_text(ork_status st, PyObject *text) {
     return NULL;
 }
 
+PyObject *orkpy_raise_named(ork_status st, const char *name, const ork_err *err) {
+    PyObject *text = PyUnicode_FromFormat("%s: %s", name, (err && err->msg[0]) ? err->msg : ork_status_name(st));
+    if (text) {
+        PyErr_SetObject(exception_for(st), text);
+        Py_DECREF(text);
+    }
+    return NULL;
+}
+
 PyObject *orkpy_raise(ork_status st, const ork_err *err) {
     const char *msg = (err && err->msg[0]) ? err->msg : ork_status_name(st);
     if (st == ORK_ENOMEM && !(err && err->msg[0])) return PyErr_NoMemory();

@@ -13,5 +13,7 @@ int orkpy_errors_init(PyObject *module);
 PyObject *orkpy_raise(ork_status st, const ork_err *err);
 /* The same with a ready message (e.g. one that names a file); returns NULL. */
 PyObject *orkpy_raise_text(ork_status st, PyObject *text);
+/* The same with err's message after "name: " (the linear, file or argument it is about); returns NULL. */
+PyObject *orkpy_raise_named(ork_status st, const char *name, const ork_err *err);
 
 #endif

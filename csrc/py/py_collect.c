@@ -2,12 +2,7 @@
  * matrices, activation statistics and FFN statistics. Their buffers, hooks and lifecycle live in the
  * core's runtime (csrc/ork/runtime.h); here the arguments are coerced, the core is called without the
  * GIL and what a take hands over is copied into NumPy arrays. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,12 +1,7 @@
 /* py_gguf.c - binding of the GGUF parser: turns a validated ork_gguf into
  * Python objects. Values are built through the core's visitor, so only bytes
  * the parser has accepted are ever read. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <string.h>
 

@@ -1,11 +1,6 @@
 /* py_gptq.c - binding of GPTQ rounding (csrc/ork/gptq.h). Same shape as every
  * binding: parse, coerce, release the GIL, call the core, map the status. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <string.h>
 

@@ -3,12 +3,7 @@
  * slicing like mmap.mmap, plus check(): FormatError naming the file when it
  * changed while mapped. The mapping lives until the last buffer export (e.g.
  * a NumPy view) is released and the object is collected. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <errno.h>
 #include <structmember.h>

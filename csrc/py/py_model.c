@@ -3,12 +3,7 @@
  * runtime (csrc/ork/runtime.h: it owns the model, its lock, the collections' buffers and the FFN
  * and NPU settings), with the arrays kept alive by the object. The collections are bound in
  * py_collect.c, the decode sessions in py_session.c. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -198,11 +193,7 @@ static int parse_linear(PyObject *keep, PyObject *spec, ork_linear *l, const cha
     if (st == ORK_OK) st = ork_pack_check_gscales(l->bscale, (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
     if (st == ORK_OK) st = ork_linear_check_act(l, &err);
     if (st != ORK_OK) {
-        PyObject *msg = PyUnicode_FromFormat("%s: %s", name, err.msg);
-        if (msg) {
-            orkpy_raise_text(st, msg);
-            Py_DECREF(msg);
-        }
+        orkpy_raise_named(st, name, &err);
         return -1;
     }
     return 0;
@@ -763,10 +754,6 @@ static PyTypeObject FwdType = {
 
 int orkpy_model_init(PyObject *module) {
     if (PyType_Ready(&FwdType) < 0) return -1;
-    Py_INCREF(&FwdType);
-    if (PyModule_AddObject(module, "ForwardModel", (PyObject *)&FwdType) < 0) {
-        Py_DECREF(&FwdType);
-        return -1;
-    }
+    if (PyModule_AddObjectRef(module, "ForwardModel", (PyObject *)&FwdType) < 0) return -1;
     return orkpy_session_init(module);
 }

@@ -4,12 +4,7 @@
  * the NPUDevice / NPUWeight / NPUJob objects are in py_npu_device.c. Same shape as every
  * binding (module.c): parse, coerce, release the GIL, call the core, map the
  * status; every function that holds references ends at one cleanup label. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <string.h>
 

@@ -3,12 +3,7 @@
  * planned-once jobs, the forward pass's per-weight job cache and the fake kernel of the tests.
  * Same shape as every binding (module.c): parse, coerce, release the GIL, call the core, map the
  * status; every function that holds references ends at one cleanup label. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include <string.h>
 
@@ -522,20 +517,8 @@ ork_npu_dweight *orkpy_npu_weight_of(PyObject *obj) {
 
 int orkpy_npu_init(PyObject *module) {
     if (PyType_Ready(&DevType) < 0 || PyType_Ready(&WeightType) < 0 || PyType_Ready(&JobType) < 0) return -1;
-    Py_INCREF(&DevType);
-    if (PyModule_AddObject(module, "NPUDevice", (PyObject *)&DevType) < 0) {
-        Py_DECREF(&DevType);
-        return -1;
-    }
-    Py_INCREF(&WeightType);
-    if (PyModule_AddObject(module, "NPUWeight", (PyObject *)&WeightType) < 0) {
-        Py_DECREF(&WeightType);
-        return -1;
-    }
-    Py_INCREF(&JobType);
-    if (PyModule_AddObject(module, "NPUJob", (PyObject *)&JobType) < 0) {
-        Py_DECREF(&JobType);
-        return -1;
-    }
+    if (PyModule_AddObjectRef(module, "NPUDevice", (PyObject *)&DevType) < 0) return -1;
+    if (PyModule_AddObjectRef(module, "NPUWeight", (PyObject *)&WeightType) < 0) return -1;
+    if (PyModule_AddObjectRef(module, "NPUJob", (PyObject *)&JobType) < 0) return -1;
     return 0;
 }

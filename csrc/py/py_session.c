@@ -2,12 +2,7 @@
  * which it keeps alive. Every call goes through the model's runtime (csrc/ork/runtime.h), which takes
  * the model's lock (a session and the model's forwards, settings and other sessions never run at
  * once); eval checks the model's mapped files around the step like forward. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NO_IMPORT_ARRAY
-#define PY_ARRAY_UNIQUE_SYMBOL orkpy_ARRAY_API
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#include "numpy_api.h"
 
 #include "bindings.h"
 #include "errors.h"
@@ -139,10 +134,6 @@ static PyTypeObject SessType = {
 
 int orkpy_session_init(PyObject *module) {
     if (PyType_Ready(&SessType) < 0) return -1;
-    Py_INCREF(&SessType);
-    if (PyModule_AddObject(module, "Session", (PyObject *)&SessType) < 0) {
-        Py_DECREF(&SessType);
-        return -1;
-    }
+    if (PyModule_AddObjectRef(module, "Session", (PyObject *)&SessType) < 0) return -1;
     return 0;
 }
