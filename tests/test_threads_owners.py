@@ -124,3 +124,32 @@ def test_set_linear_releases_the_linear_it_replaces(shared):
         held = [r - b for r, b in zip(_refs(arrays), base)]
         assert held == [int(j == i) for j in range(3)], held
         assert np.array_equal(m.forward(toks, threads=1), ref)
+
+
+def test_refused_settings_and_a_freed_model_hold_nothing(shared):
+    """A setting the core refuses after the binding took the new object's reference gives it back,
+    and a model that goes away releases what its settings held (a routed weight, the FFN chain's
+    s_scale_ch)."""
+    m = orkpy.load_model(shared / ST, weights="int8")
+    spec = next(iter(m._linears.values()))
+    d = npu.Device("emu")
+    w = d.upload(spec.packed_weight())
+    n_ff = m.hparams["n_ff"]
+    ch = np.full(n_ff, 0.01, np.float32)
+    base_w, base_ch = sys.getrefcount(w), sys.getrefcount(ch)
+    last = len(m._linears) - 1                      # output.weight: another shape than linear 0
+    with pytest.raises(ValueError):
+        m._fwd.set_npu(last, w)                     # refused by the core: wrong shape for that linear
+    with pytest.raises(ValueError):
+        m._fwd.set_ffn(0, dict(mode="per_channel_out", lut_step=0.01, s_scale=0.02, u_scale=0.02, p_scale=0.001,
+                               s_scale_ch=ch[:-1]))  # refused: s_scale_ch is not n_ff long
+    assert (sys.getrefcount(w), sys.getrefcount(ch)) == (base_w, base_ch)
+    m._fwd.set_npu(0, w)
+    m._fwd.set_ffn(0, dict(mode="per_channel_out", lut_step=0.01, s_scale=0.02, u_scale=0.02, p_scale=0.001,
+                           s_scale_ch=ch))
+    assert (sys.getrefcount(w), sys.getrefcount(ch)) == (base_w + 1, base_ch + 1)
+    del m
+    import gc
+    gc.collect()
+    assert (sys.getrefcount(w), sys.getrefcount(ch)) == (base_w, base_ch)
+    d.close()
