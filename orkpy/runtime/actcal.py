@@ -360,9 +360,9 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
 
 def linear_act(act: str, name: str, calib: Optional[ActCalibration], method: str, k: int, where: str,
                K: int, prefix: Optional[int] = None) -> Dict[str, Any]:
-    """``LinearSpec.from_packed``'s keywords for one packed linear: ``{"act": resolve(...)}`` of the
+    """``LinearSpec.from_packed``'s keywords for one packed linear: ``{"act_spec": resolve(...)}`` of the
     spec ``ActSpec.parse(act, method, k, prefix)`` (the legacy form of :func:`resolve`)."""
-    return {"act": resolve(ActSpec.parse(act, method, k, prefix), name, calib, K, where)}
+    return {"act_spec": resolve(ActSpec.parse(act, method, k, prefix), name, calib, K, where)}
 
 
 def as_calibration(obj: Union[ActCalibration, StrPath, None]) -> Optional[ActCalibration]:
