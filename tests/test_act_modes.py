@@ -303,7 +303,7 @@ def test_the_c_door_checks_activation_settings(stories):
                           bscale=good.bscale, act_spec=spec)
     for bad, msg in ((unchecked("static", clip=float("nan")), "static activation range nan"),
                      (unchecked("per_token_outliers", channels=(9, 2)), "strictly increasing"),
-                     (unchecked("per_token", bits=4), "bits must be 8, got 4"),
+                     (unchecked("per_token", bits=5), "bits must be 4 or 8, got 5"),
                      (unchecked("per_tensor", clip=2.0), "takes no static range")):
         with pytest.raises(ValueError, match=f"output: .*{msg}"):
             orkpy.runtime.model.Model(m.path, m.hparams, {**m.linears, "output.weight": bad}, src.tensor, src.meta, src.tied,

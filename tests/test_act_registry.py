@@ -27,7 +27,7 @@ def test_mode_table_is_the_one_source():
     assert [r["id"] for r in rows] == [0, 1, 2, 3]
     assert [(r["static"], r["per_tensor"], r["outliers"]) for r in rows] == [
         (False, False, False), (False, True, False), (True, False, False), (False, False, True)]
-    assert all(r["bits"] == (8,) for r in rows)
+    assert all(r["bits"] == (4, 8) for r in rows)  # int8, and the int4 of a w4a4 linear
     assert orkpy.runtime.actcal.ACT_MODES == orkpy.kernels.packed.ACTIVATION_MODES == orkpy.ACT_MODES
     assert [n for n, i in ACT_MODE_INFO.items() if i.calibrated] == ["static", "per_token_outliers"]
     with pytest.raises(ValueError, match="sealed"):
@@ -45,7 +45,7 @@ def test_product_never_registers_modes():
 # ------------------------------------------------------------------ ActSpec --
 def test_actspec_checks_once_with_clear_errors():
     assert ActSpec() == ActSpec("per_token", 8, "mse", None, 8) and hash(ActSpec()) == hash(ActSpec())
-    for kw, msg in (({"mode": "dynamic"}, "act must be one of 'per_token'"), ({"bits": 4}, "act bits must be one of"),
+    for kw, msg in (({"mode": "dynamic"}, "act must be one of 'per_token'"), ({"bits": 5}, "act bits must be one of"),
                     ({"bits": True}, "act bits"), ({"method": "p99"}, "act_method must be one of"),
                     ({"prefix": -1}, "act_prefix must be an int >= 0"), ({"n_outliers": 0}, "act_outliers"),
                     ({"mode": "per_tensor", "clip": 2.0}, "clip= is a static range"),
@@ -99,8 +99,8 @@ def test_matmul_takes_a_spec_or_the_keywords(rng):
 
 
 @pytest.mark.parametrize("act, msg", [
-    ({"mode": "per_token", "bits": 4}, "bits must be 8, got 4"),
-    ({"mode": "per_tensor", "bits": 16}, "bits must be 8, got 16"),
+    ({"mode": "per_token", "bits": 5}, "bits must be 4 or 8, got 5"),
+    ({"mode": "per_tensor", "bits": 16}, "bits must be 4 or 8, got 16"),
     ({"mode": "static", "clip": float("nan")}, "static activation range nan"),
     ({"mode": "static", "clip": 0.0}, "static activation range 0"),
     ({"mode": "static", "clip": 1e-60}, "underflows float32"),

@@ -10,6 +10,7 @@
 
 #include "cpu.h"
 #include "quant.h"
+#include "quant_scalar.h"
 
 /* ------------------------------------------------------------ kernels -- */
 static ork_status range_row(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r, ork_err *err) {
@@ -34,10 +35,11 @@ static ork_status range_static(const ork_act_spec *spec, const float *x, size_t 
 
 /* ----------------------------------------------------------- registry -- */
 static ork_act_mode_info g_modes[ORK_ACT_MODE_MAX] = {
-    {ORK_ACT_MODE_PER_TOKEN, "per_token", 0, range_row, ORK_ACT_BITS_MASK(8)},
-    {ORK_ACT_MODE_PER_TENSOR, "per_tensor", ORK_ACTF_PER_TENSOR, range_tensor, ORK_ACT_BITS_MASK(8)},
-    {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static, ORK_ACT_BITS_MASK(8)},
-    {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row, ORK_ACT_BITS_MASK(8)},
+#define BITS_4_8 (ORK_ACT_BITS_MASK(4) | ORK_ACT_BITS_MASK(8))
+    {ORK_ACT_MODE_PER_TOKEN, "per_token", 0, range_row, BITS_4_8},
+    {ORK_ACT_MODE_PER_TENSOR, "per_tensor", ORK_ACTF_PER_TENSOR, range_tensor, BITS_4_8},
+    {ORK_ACT_MODE_STATIC, "static", ORK_ACTF_STATIC, range_static, BITS_4_8},
+    {ORK_ACT_MODE_PER_TOKEN_OUTLIERS, "per_token_outliers", ORK_ACTF_OUTLIERS, range_row, BITS_4_8},
 };
 static atomic_size_t g_nmodes = 0; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
@@ -145,6 +147,11 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
         return ork_err_set(err, ORK_EINVAL, "activation mode '%s' takes no static range (got %g): only a static mode "
                            "does", row->name, (double)s->clip);
     }
+    if (s->search != 0 && s->search != 1)
+        return ork_err_set(err, ORK_EINVAL, "activation range search must be 0 or 1, got %d", s->search);
+    if (s->search && (s->bits >= 8 || (row->flags & (ORK_ACTF_STATIC | ORK_ACTF_PER_TENSOR))))
+        return ork_err_set(err, ORK_EINVAL, "activation mode '%s' at %d bits takes no range search (per-row modes "
+                           "below 8 bits only)", row->name, s->bits);
     if (s->n_outliers && !s->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
     for (size_t j = 0; j < s->n_outliers; j++) {
         int32_t o = s->outliers[j];
@@ -158,6 +165,31 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
 }
 
 /* ---------------------------------------------------------- quantizer -- */
+/* squared error of one row at range c on a grid of +-qmax (the quantizer's arithmetic, scalar) */
+static double row_err(const float *x, size_t K, float c, float qmax) {
+    const float inv = qmax / c, s = c / qmax;
+    double e = 0.0;
+    for (size_t k = 0; k < K; k++) {
+        float q = ork_clamp_lim(ork_round_half_away(x[k] * inv), qmax);
+        float d = x[k] - q * s;
+        e += (double)d * (double)d;
+    }
+    return e;
+}
+
+/* the searched range of one row (actspec.h "search") */
+static float row_search(const float *x, size_t K, float a, float qmax) {
+    float best = a;
+    double be = row_err(x, K, a, qmax);
+    for (int i = 1; i < ORK_ACT_SEARCH_N; i++) {
+        float c = a * (1.0f - (float)i / 40.0f);
+        if (!(c >= ORK_QUANT_TINY)) break;
+        double e = row_err(x, K, c, qmax);
+        if (e < be) be = e, best = c;
+    }
+    return best;
+}
+
 ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
                              float *ascale, ork_err *err) {
     ork_status st = ork_act_spec_check(spec, K, err);
@@ -177,11 +209,12 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
         }
         ascale[m] = a;
     }
-    const size_t p = spec->prefix < M ? spec->prefix : M; /* prefix rows keep their absmax */
+    const size_t p = spec->prefix < M ? spec->prefix : M; /* prefix rows keep their absmax, at 8 bits */
     if (M > p && (st = row->range(spec, x + p * K, M - p, K, ascale + p, err))) return st;
-    const float qmax = (float)((1 << (spec->bits - 1)) - 1); /* 127 */
+    const float qmax = (float)((1 << (spec->bits - 1)) - 1); /* 127, or 7 at 4 bits */
+    const float qmax8 = (float)((1 << (ORK_ACT_BITS - 1)) - 1);
     for (size_t m = 0; m < M; m++) {
-        float a = ascale[m];
+        float a = ascale[m], qm = m < p ? qmax8 : qmax;
         int8_t *q = xq + m * ldq;
         memset(q + K, 0, ldq - K);
         if (!(a >= ORK_QUANT_TINY)) {
@@ -189,8 +222,9 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
             memset(q, 0, K);
             continue;
         }
-        ascale[m] = a / qmax;
-        qk->codes8_rtn(x + m * K, K, qmax / a, qmax, q);
+        if (spec->search && m >= p) a = row_search(x + m * K, K, a, qm);
+        ascale[m] = a / qm;
+        qk->codes8_rtn(x + m * K, K, qm / a, qm, q);
     }
     return ORK_OK;
 }

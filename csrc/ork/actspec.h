@@ -5,20 +5,34 @@
  * (act.h is another thing: the FFN's gate activation, SiLU / GELU.)
  *
  * ------------------------------------------------------------- the spec --
- *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers }
+ *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers, search }
  *   mode        a registry row id (below); 0 is per_token
  *   bits        activation bits: one of the widths the mode's row serves
- *               (its `bits` mask: ork_act_bits_ok); 8 for every row today,
- *               the width of the quantizer's int8 codes
+ *               (its `bits` mask: ork_act_bits_ok): 8 (codes in [-127, 127])
+ *               or 4 (codes in [-7, 7], the NPU's int4 x int4 mode, a w4a4
+ *               linear's: docs/w4a4.md); the codes are int8 either way
  *   clip        a static mode's range (> 0, float32, calibrated once); 0 for
  *               every other mode
  *   prefix      the first `prefix` rows of every call are quantized per row
- *               whatever the mode (and left out of the rows the mode's range
- *               sees); the forward pass passes positions, so these are the
- *               sequence's first positions (linear.h "prefix")
+ *               at 8 bits whatever the mode and width (and left out of the
+ *               rows the mode's range sees); the forward pass passes
+ *               positions, so these are the sequence's first positions
+ *               (linear.h "prefix"): the attention sink, whose massive
+ *               activations no 4-bit grid serves, stays int8 in a w4a4
+ *               linear (its product is int8 x the int4 weight codes: on a
+ *               device the host's, once, at prefill)
  *   outliers    n_outliers input channels (strictly increasing, < K) kept out
  *               of the int8 product and added in float (linear.h "outliers");
  *               allowed with every mode
+ *   search      0: a row's range is the mode's; 1 (modes whose rows each have
+ *               their own range, i.e. neither STATIC nor PER_TENSOR; bits < 8):
+ *               each non-prefix row's range is searched to minimise its own
+ *               squared quantization error: candidates c_i = a * (1 - i/40),
+ *               i = 0..ORK_ACT_SEARCH_N-1 (a the mode's range), each scored as
+ *               sum_k (double)(x - q*s)^2 with the quantizer's codes q and step
+ *               s = c / qmax (float32, k in order); the first strictly smaller
+ *               error replaces the best, so ties keep the larger range and the
+ *               result is never worse than absmax. Scalar, so every ISA agrees.
  * ork_act_spec_check is the one validator (ORK_EINVAL naming the problem);
  * ORK_ACT_SPEC_INIT is the per-token default.
  *
@@ -74,7 +88,8 @@
 
 #define ORK_ACT_MODE_MAX 8       /* rows, built-in + registered */
 #define ORK_ACT_MODE_NAME_MAX 24 /* name bytes, NUL included */
-#define ORK_ACT_BITS 8           /* the width every row serves today */
+#define ORK_ACT_BITS 8           /* the default width (a registered row serves it) */
+#define ORK_ACT_SEARCH_N 20      /* range candidates of a searched row: 1.0 .. 0.525 of its range */
 #define ORK_ACT_BITS_MASK(b) (1u << ((b) - 1)) /* width b (1..32) in a row's bits mask */
 
 enum {
@@ -95,9 +110,10 @@ typedef struct ork_act_spec {
     size_t prefix;           /* leading rows quantized per row */
     const int32_t *outliers; /* n_outliers channels computed in float, strictly increasing, < K */
     size_t n_outliers;
+    int search;              /* 1: per-row range search (bits < 8, per-row modes), see above */
 } ork_act_spec;
 
-#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0}
+#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0, 0}
 
 /* A mode's kernel: r[0..M) holds the absmax (finite) of rows x[0..M) (stride K) on
  * entry and their ranges on return. The prefix rows are not among them. */
@@ -118,7 +134,7 @@ const ork_act_mode_info *ork_act_mode_get(int mode);
 const ork_act_mode_info *ork_act_mode_find(const char *name);
 /* Rows in the registry (ids 0 .. count-1). */
 size_t ork_act_mode_count(void);
-/* Whether a mode serves `bits`-bit activations (its row's bits mask; 8 for every row today). */
+/* Whether a mode serves `bits`-bit activations (its row's bits mask: 4 and 8 for the built-in rows). */
 int ork_act_bits_ok(const ork_act_mode_info *row, int bits);
 /* TESTS ONLY: append a row (name [a-z0-9_], flags, kernel; serving ORK_ACT_BITS); ORK_EINVAL if the
  * name is taken, the flags are unknown, the kernel is NULL, the table is full

@@ -38,8 +38,10 @@ static ork_kind_info g_kinds[ORK_KIND_MAX] = {
     /* uniform symmetric 5-bit and 6-bit codes, int8 in memory: [-15, 15], [-31, 31] */
     {ORK_KIND_INT5, "int5", 8, 0, {0}, 15, 5},
     {ORK_KIND_INT6, "int6", 8, 0, {0}, 31, 6},
+    /* uniform symmetric 4-bit integer codes [-7, 7], multiplied with 4-bit activations (the NPU's int4 mode) */
+    {ORK_KIND_W4A4, "w4a4", 8, 0, {0}, 7, 4, 4},
 };
-static atomic_size_t g_nkinds = 5; /* rows published (a row is complete before the count covers it) */
+static atomic_size_t g_nkinds = 6; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
 static pthread_once_t g_kinds_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_kinds_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_kind_register */
@@ -48,6 +50,9 @@ ork_status ork_kind_derive(ork_kind_info *row, ork_err *err) {
     memset(row->lut, 0, sizeof row->lut);
     memset(&row->grid, 0, sizeof row->grid);
     row->zero_code = 0;
+    if (row->act_bits == 0) row->act_bits = 8;
+    if (row->act_bits != 8 && row->act_bits != 4)
+        return ork_err_set(err, ORK_EINVAL, "kind '%s': act_bits must be 4 or 8, got %d", row->name, row->act_bits);
     if (row->bits == 8) {
         if (row->nlev != 0) return ork_err_set(err, ORK_EINVAL, "kind '%s': an 8-bit kind has no levels", row->name);
         if (row->store_bits < 2 || row->store_bits > 8 || row->qmax != (1 << (row->store_bits - 1)) - 1)

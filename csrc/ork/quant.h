@@ -45,6 +45,13 @@
  *   a file stores store_bits per code (O8N1 version 4, docs/o4n1.md), so their
  *   bytes per weight are 6/8 and 5/8 of int8's on disk (the NPU reads int8 from
  *   DRAM: on the board they cost int8's bandwidth).
+ *   w4a4 (ORK_KIND_W4A4, qmax 7, store_bits 4, act_bits 4) is the same family
+ *   with 4-bit integer codes: unlike the int4 codebook (whose LUT levels
+ *   round(k*127/7) are not a multiple of one step), dequant = code * s
+ *   exactly, so the NPU's int4 x int4 -> int16 mode can multiply its codes
+ *   with 4-bit activation codes (act_bits 4: its linears quantize their input
+ *   to [-7, 7], actspec.h). In memory its codes are int8 like int5 / int6;
+ *   on the NPU two codes per byte (docs/w4a4.md).
  *
  * Rows: absmax a == 0 (or a < ORK_QUANT_TINY, documented as zero) gives
  * s = 0, every code = the zero level, and dequantizes to exact zeros.
@@ -130,7 +137,8 @@ typedef enum ork_kind {
     ORK_KIND_INT4 = 1,
     ORK_KIND_INT8 = 2,
     ORK_KIND_INT5 = 3, /* uniform 5-bit: codes in [-15, 15], computed as int8 */
-    ORK_KIND_INT6 = 4  /* uniform 6-bit: codes in [-31, 31], computed as int8 */
+    ORK_KIND_INT6 = 4, /* uniform 6-bit: codes in [-31, 31], computed as int8 */
+    ORK_KIND_W4A4 = 5  /* uniform 4-bit integer codes in [-7, 7] for the NPU's int4 x int4 mode (act_bits 4) */
 } ork_kind;
 
 #define ORK_QUANT_TINY 1e-30f /* rows with absmax below this are zero rows */
@@ -168,7 +176,9 @@ typedef struct ork_kind_info {
     int nlev;                     /* 4-bit: number of levels (2..16); 8-bit: 0 */
     float levels[16];             /* 4-bit: nominal levels, ascending, in [-1, 1] */
     int qmax;                     /* 8-bit: the largest |code|, 2^(store_bits-1) - 1 (127, 31, 15); 4-bit: 127 */
-    int store_bits;               /* bits per code in a file (docs/o4n1.md): 4, or 8 / 6 / 5 for 8-bit kinds */
+    int store_bits;               /* bits per code in a file (docs/o4n1.md): 4, or 8 / 6 / 5 / 4 for 8-bit kinds */
+    int act_bits;                 /* the activation width its linears multiply (8; 4: w4a4, the NPU's int4 x int4
+                                     mode, docs/w4a4.md); 0 in a row means 8 (ork_kind_derive) */
     /* derived from levels (ork_kind_derive), never written by hand: */
     int8_t lut[16];               /* 4-bit: round_half_away(levels[c] * 127), 0 for c >= nlev */
     uint8_t zero_code;            /* 4-bit: the code of level 0.0 (zero rows, padding nibbles) */

@@ -199,10 +199,10 @@ static PyObject *py_kinds(PyObject *self, PyObject *unused) {
             }
         }
         if (k->bits != 4 || (lev && lut))
-            row = Py_BuildValue("{s:s,s:i,s:i,s:i,s:O,s:O,s:i,s:i,s:i}", "name", k->name, "id", (int)k->id, "bits", k->bits,
+            row = Py_BuildValue("{s:s,s:i,s:i,s:i,s:O,s:O,s:i,s:i,s:i,s:i}", "name", k->name, "id", (int)k->id, "bits", k->bits,
                                 "nlev", k->nlev, "levels", lev ? (PyObject *)lev : Py_None, "lut",
                                 lut ? (PyObject *)lut : Py_None, "zero_code", (int)k->zero_code, "qmax", k->qmax,
-                                "store_bits", k->store_bits);
+                                "store_bits", k->store_bits, "act_bits", k->act_bits);
         Py_XDECREF(lev);
         Py_XDECREF(lut);
         if (!row || PyList_Append(out, row) < 0) Py_CLEAR(out);

@@ -34,11 +34,14 @@ CLI_KEYS = {
     "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
     "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
-    "target_bpw": "allocation.target_bpw", "kind": "allocation.kind", "group_size": "allocation.group_size",
+    "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "kind": "allocation.kind", "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
     "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
     "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
 }
+# what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
+# activations need and GPTQ (docs/w4a4.md)
+NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq"}
 _CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer"}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
 CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
@@ -57,6 +60,18 @@ def _given_options(args):
     return {d for d, v in vars(ns).items() if v is not unset}
 
 
+def _online_rotation_fits(args):
+    """Whether SOURCE's n_ff has a Hadamard order (the online down rotation; stories260K's 172 has none).
+    An unreadable source says yes: quantize_model then names what is wrong with it."""
+    from ..formats.source import open_source
+    from ..runtime.rotate import hadamard_factors
+    try:
+        n_ff = open_source(args.source, getattr(args, "meta", None)).hp.get("n_ff")
+    except Exception:  # noqa: BLE001 - reported by the quantization itself
+        return True
+    return not isinstance(n_ff, int) or hadamard_factors(n_ff) is not None
+
+
 def recipe_from_args(args):
     """The recipe (orkpy.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
     model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
@@ -70,6 +85,13 @@ def recipe_from_args(args):
         if hasattr(args, dest) and (given is None or dest in given):
             sec, key = path.split(".")
             d[sec][key] = _CLI_CONVERT.get(dest, lambda v: v)(getattr(args, dest))
+    if getattr(args, "npu_bits", None) is not None:  # the W4A4 machinery is --npu-bits' default
+        typed, base_d, default_d = _given_options(args) or set(), base.to_dict(), Recipe().to_dict()
+        for dest, value in NPU_DEFAULTS.items():  # unless typed, or set by the --recipe file
+            sec, key = CLI_KEYS[dest].split(".")
+            if dest not in typed and base_d[sec][key] == default_d[sec][key] and \
+                    (dest != "rotate_online" or _online_rotation_fits(args)):
+                d[sec][key] = value
     try:
         return Recipe.from_dict(d)
     except RecipeError as e:
@@ -87,9 +109,11 @@ def _cmd_quantize(args):
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
         raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
                               "(no manifest.json); --overwrite replaces only a model directory")
-    if (args.alloc is None) == (recipe.allocation.target_bpw is None):
-        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map) and --target-bpw (a size)"
-                         + (" (or the recipe's allocation.target_bpw)" if args.recipe is not None else ""))
+    chosen = (recipe.allocation.target_bpw is not None) + (recipe.allocation.npu_bits is not None)
+    if (args.alloc is not None) + chosen != 1:
+        raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map), --target-bpw (a size) and "
+                         "--npu-bits (an NPU budget)"
+                         + (" (or the recipe's allocation.target_bpw / npu_bits)" if args.recipe is not None else ""))
     if args.emit_map:
         _check_output_path(args.emit_map, "--emit-map")
     meta = _meta_arg(args, args.source, fallback=args.alloc if (args.alloc or "").endswith(".gguf") else None,
@@ -192,6 +216,11 @@ def add_quantize(sub):
     s.add_argument("--target-bpw", type=float, default=None, metavar="X",
                    help=f"choose the tiers ({', '.join(DEFAULT_OPTIONS)}) for X bits per linear weight from "
                         "sensitivities measured on --calib, instead of --alloc (default: off)")
+    s.add_argument("--npu-bits", type=float, default=None, metavar="X",
+                   help="choose W4A4 (the NPU's int4 x int4 mode) or W8A8 per input group for X NPU bits per weight "
+                        "on average (4: every linear W4A4, 8: every linear W8A8) from sensitivities measured on "
+                        "--calib, instead of --alloc; unless given otherwise also --rotate hadamard --rotate-online "
+                        "--method gptq (docs/w4a4.md) (default: off)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

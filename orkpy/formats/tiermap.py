@@ -68,7 +68,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._core import FormatError
 from .._io import atomic_write
@@ -80,14 +80,21 @@ _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
 
 
+def _tier_of(info: Any) -> str:
+    """The tier a kind row runs: ``int<store_bits>``, or the kind's own name when its linears multiply
+    narrower activations than int8 (``act_bits`` < 8: ``w4a4``, the NPU's int4 x int4 mode)."""
+    return f"int{info.store_bits}" if info.act_bits == 8 else info.name
+
+
 def _integer_tiers() -> Dict[str, Optional[str]]:
     """{integer tier: the kind that runs it}, widest first, from the kind registry (the one place tiers
     are made): a kind stored in b bits per code (``store_bits``) runs the tier ``int<b>``; a kind with
     integer codes (int8, int6, int5) has its tier to itself, and the 4-bit codebooks (nf4, int4, ...)
-    share ``int4``, whose kind each call chooses (None here; ``int4_kind=`` / ``kind=``)."""
+    share ``int4``, whose kind each call chooses (None here; ``int4_kind=`` / ``kind=``). A kind with
+    narrower activations (``act_bits`` 4: ``w4a4``) runs the tier named after it, last."""
     out: Dict[str, Optional[str]] = {}
-    for k, info in sorted(KIND_INFO.items(), key=lambda kv: -kv[1].store_bits):
-        tier = f"int{info.store_bits}"
+    for k, info in sorted(KIND_INFO.items(), key=lambda kv: (kv[1].act_bits != 8, -kv[1].store_bits)):
+        tier = _tier_of(info)
         codebook = info.levels is not None
         if tier in out and (not codebook or out[tier] is not None):
             raise RuntimeError(f"kind {k!r} stores {info.store_bits}-bit codes like another kind: the tier {tier} "
@@ -98,14 +105,21 @@ def _integer_tiers() -> Dict[str, Optional[str]]:
 
 #: integer tier -> the kind that runs it (None: the 4-bit codebook tier, its kind chosen per call)
 TIER_KINDS: Dict[str, Optional[str]] = _integer_tiers()
-#: The integer tiers, widest first ("int8", "int6", "int5", "int4"), derived from the kind registry.
+#: The integer tiers, widest first ("int8", "int6", "int5", "int4"), then "w4a4" (4-bit weights and
+#: activations: the NPU's int4 mode), derived from the kind registry.
 INT_TIERS: Tuple[str, ...] = tuple(TIER_KINDS)
-#: The base tiers; the integer ones may carry a group size: "int4-g32".
+#: The base tiers; the integer ones may carry a group size: "int4-g32" (not w4a4: the NPU's int4 mode
+#: returns one accumulator per output).
 TIERS: Tuple[str, ...] = INT_TIERS + ("float",)
 #: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed): the
 #: kind registry's ``store_bits`` of the kinds that run it.
-TIER_BITS: Dict[str, int] = {t: int(t[3:]) for t in INT_TIERS}
-_GROUPED = re.compile(f"({'|'.join(INT_TIERS)})-g([1-9][0-9]{{1,3}})")
+TIER_BITS: Dict[str, int] = {t: (KIND_INFO[k].store_bits if k else 4) for t, k in TIER_KINDS.items()}
+#: Activation bits of each integer tier (8; 4 for w4a4): what its linears' inputs are quantized to.
+TIER_ACT_BITS: Dict[str, int] = {t: (KIND_INFO[k].act_bits if k else 8) for t, k in TIER_KINDS.items()}
+#: Bits per weight the NPU reads per token for each tier: int4 codebooks, int5 and int6 are inflated to
+#: int8 in NPU memory (8); w4a4's codes are 4 bits there (the int4 x int4 mode). ``float``: 0 (host).
+NPU_BITS: Dict[str, int] = {**{t: (4 if TIER_ACT_BITS[t] == 4 else 8) for t in INT_TIERS}, "float": 0}
+_GROUPED = re.compile(f"({'|'.join(t for t in INT_TIERS if TIER_ACT_BITS[t] == 8)})-g([1-9][0-9]{{1,3}})")
 #: The tiers ``embeddings=`` / ``output=`` (and ``orkpy tier-map --embeddings / --output-tier``) take.
 OVERRIDES = ("by_type", "int8", "int4", "float")
 
@@ -118,8 +132,8 @@ def tier_kind(tier: str, int4_kind: str = "nf4") -> Optional[str]:
 
 
 def kind_tier(kind: str) -> str:
-    """The integer tier a kind runs (``int<store_bits>``: nf4 -> int4, int6 -> int6)."""
-    return f"int{KIND_INFO[kind].store_bits}"
+    """The integer tier a kind runs (``int<store_bits>``: nf4 -> int4, int6 -> int6; w4a4 -> w4a4)."""
+    return _tier_of(KIND_INFO[kind])
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})  # ggml types that hold float values
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"

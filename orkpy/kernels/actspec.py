@@ -5,7 +5,7 @@ to the kernels (csrc/ork/actspec.h is the contract).
 
 - ``mode``: a registered activation mode (:data:`ACT_MODES`, from the C registry
   ``_core.act_modes()``: ``per_token``, ``per_tensor``, ``static``, ``per_token_outliers``);
-- ``bits``: activation bits (8; the registry row lists the widths a mode serves);
+- ``bits``: activation bits (8 or 4; the registry row lists the widths a mode serves);
 - ``method``: how a static mode's range is calibrated (``"mse"`` or ``"max"``,
   :mod:`orkpy.runtime.actcal`);
 - ``prefix``: the sequence positions quantized per token with a mode whose rows share a range
@@ -13,7 +13,11 @@ to the kernels (csrc/ork/actspec.h is the contract).
 - ``n_outliers``: how many outlier channels a mode that keeps them takes from the calibration;
 
 and, for one linear (a *resolved* spec, :func:`orkpy.runtime.actcal.resolve`), ``clip`` (the static
-range, float32) and ``channels`` (the outlier input channels, strictly increasing). The
+range, float32), ``channels`` (the outlier input channels, strictly increasing) and ``search`` (the
+per-row range search of a 4-bit per-row mode: each token's range minimises its own squared error,
+csrc/ork/actspec.h). ``bits`` is 8 (codes in [-127, 127]) or 4 (codes in [-7, 7]: a ``w4a4``
+linear's, the NPU's int4 x int4 mode; a linear runs the smaller of the spec's and its kind's
+``act_bits``, docs/w4a4.md). The
 model-level spec (``load_model(act=ActSpec(...))``) leaves ``clip`` and ``channels`` None.
 Every check lives in ``__post_init__`` (ValueError naming the field); the C core checks the
 spec it receives once more (``ork_act_spec_check``). :meth:`ActSpec.parse` turns the legacy
@@ -100,6 +104,7 @@ class ActSpec:
     n_outliers: int = DEFAULT_OUTLIERS
     clip: Optional[float] = None
     channels: Optional[Tuple[int, ...]] = None
+    search: Optional[bool] = None
 
     def __post_init__(self) -> None:
         info = mode_info(self.mode)
@@ -130,7 +135,13 @@ class ActSpec:
             if a.size and (a.min() < 0 or a.max() >= 2 ** 31 or np.any(np.diff(a) <= 0)):
                 raise ValueError(f"outlier channels must be strictly increasing and >= 0, got {a.tolist()[:10]}")
             ch = tuple(int(c) for c in a)
-        for name, v in (("bits", int(self.bits)), ("n_outliers", int(self.n_outliers)), ("clip", clip),
+        if self.search is not None:
+            if not isinstance(self.search, (bool, np.bool_)):
+                raise ValueError(f"search must be a bool (the per-row range search), got {self.search!r}")
+            if self.search and (int(self.bits) >= 8 or info.shares_rows):
+                raise ValueError(f"search=True is the per-row range search of a mode whose rows have their own "
+                                 f"range, below 8 bits (mode {self.mode!r}, bits {self.bits})")
+        for name, v in (("search", None if self.search is None else bool(self.search)), ("bits", int(self.bits)), ("n_outliers", int(self.n_outliers)), ("clip", clip),
                         ("channels", ch), ("prefix", None if self.prefix is None else int(self.prefix))):
             object.__setattr__(self, name, v)
 
@@ -157,7 +168,7 @@ class ActSpec:
     def to_core(self) -> Dict[str, Any]:
         """The argument the C binding reads (csrc/py/coerce.c ``orkpy_act_spec_from_py``)."""
         return {"mode": self.mode, "bits": self.bits, "clip": 0.0 if self.clip is None else self.clip,
-                "prefix": self.prefix or 0, "outliers": self.outlier_array()}
+                "prefix": self.prefix or 0, "outliers": self.outlier_array(), "search": bool(self.search)}
 
     # ------------------------------------------------------- conversion --
     @classmethod

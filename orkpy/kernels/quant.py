@@ -31,7 +31,9 @@ class KindInfo:
     ``levels`` the nominal float levels and ``zero_code`` the code of level
     0.0 (4-bit kinds; None / 0 for int8); ``id`` the O4N1/O8N1 header field;
     ``qmax`` the largest |code| of an 8-bit kind (127 int8, 31 int6, 15 int5; 127 for
-    4-bit kinds: the LUT's range); ``store_bits`` the bits per code in a file (4, 8, 6, 5)."""
+    4-bit kinds: the LUT's range); ``store_bits`` the bits per code in a file (4, 8, 6, 5); ``act_bits``
+    the activation width its linears multiply: 8, or 4 for ``w4a4`` (integer codes in [-7, 7] for the
+    NPU's int4 x int4 mode, docs/w4a4.md)."""
 
     name: str
     id: int
@@ -41,12 +43,13 @@ class KindInfo:
     zero_code: int
     qmax: int = 127
     store_bits: int = 8
+    act_bits: int = 8
 
 
 def _kind_info(row: Dict[str, Any]) -> KindInfo:
     return KindInfo(row["name"], row["id"], row["bits"], None if row["levels"] is None else _readonly(row["levels"]),
                     None if row["lut"] is None else _readonly(row["lut"]), row["zero_code"], row["qmax"],
-                    row["store_bits"])
+                    row["store_bits"], row["act_bits"])
 
 
 #: The kind registry, in id order: every kind list in orkpy (and every CLI choice) derives from it.

@@ -116,14 +116,14 @@ class Rounded(NamedTuple):
 
 
 def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
-    """Read the source and, unless ``allocation.target_bpw`` chooses the tiers later, the
-    allocation oracle (checked to fit the source)."""
+    """Read the source and, unless ``allocation.target_bpw`` or ``allocation.npu_bits`` chooses the
+    tiers later, the allocation oracle (checked to fit the source)."""
     a = recipe.allocation
-    if a.target_bpw is not None:
+    if a.target_bpw is not None or a.npu_bits is not None:
         src = open_source(inputs.source, inputs.meta)
         return Opened(src, linear_names(src.hp), None, None)
     if inputs.alloc is None:
-        raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= is given")
+        raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= or npu_bits= is given")
     allocation = read_allocation(inputs.alloc, a.threshold, a.fallback)
     src = open_source(inputs.source, inputs.meta if inputs.meta is not None else allocation.gguf)
     names = linear_names(src.hp)
@@ -142,11 +142,22 @@ def transform_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, No
 
 def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, run: RunOptions) -> Allocated:
     """The oracle's tiers, or the tiers :func:`orkpy.quantization.alloc.target_allocation` chooses for
-    ``allocation.target_bpw`` (sensitivities measured on the transformed source)."""
+    ``allocation.target_bpw``, or :func:`orkpy.quantization.npu_alloc.npu_allocation` for
+    ``allocation.npu_bits`` (sensitivities measured on the transformed source)."""
     if opened.tiers is not None and opened.allocation is not None:
         return Allocated(opened.tiers, opened.allocation, None)
-    from .alloc import DEFAULT_OPTIONS, target_allocation
     a = recipe.allocation
+    if a.npu_bits is not None:
+        from .npu_alloc import npu_allocation
+        assert inputs.calib is not None  # Recipe.check_inputs
+        tm, report = npu_allocation(src, inputs.calib, a.npu_bits, recipe.activation, a.target_ctx, a.target_chunks,
+                                    run.threads, run.progress)
+        n8 = sum(1 for t in report["groups"].values() if t == "int8")
+        run.log(f"npu_bits {a.npu_bits:g}: {report['npu_bpw']:.3f} NPU bits per weight "
+                f"({report['npu_bytes'] / 1e6:.2f} MB per token), {n8} of {len(report['groups'])} input groups W8A8, "
+                "the rest W4A4")
+        return Allocated(tm, read_allocation(tm, a.threshold), report)
+    from .alloc import DEFAULT_OPTIONS, target_allocation
     assert a.target_bpw is not None and inputs.calib is not None  # Recipe.check_inputs
     tm, report = target_allocation(src, inputs.calib, a.target_bpw, tuple(a.target_options or DEFAULT_OPTIONS), a.kind,
                                    inputs.imatrix, a.target_ctx, a.target_chunks, run.threads, run.progress)

@@ -262,6 +262,8 @@ class AllocationSpec(_Section):
     target_bpw: Optional[float] = _key(None, _optional(_real(0.0, 32.0, True, False)),
                                        "choose the tiers for this many bits per linear weight")
     target_options: Optional[Tuple[str, ...]] = _key(None, _tiers, "the tiers target_bpw chooses from")
+    npu_bits: Optional[float] = _key(None, _optional(_real(4.0, 8.0, False, False)),
+                                     "choose W4A4 / W8A8 per input group for this many NPU bits per weight (4..8)")
     target_chunks: int = _key(2, _int(1), "chunks of the sensitivity measurement")
     target_ctx: int = _key(256, _int(1), "tokens per chunk of the sensitivity measurement")
     kind: str = _key("nf4", _choice(FOUR_BIT_KINDS, " (the int4 tier's codebook)"), "the int4 tier's codebook")
@@ -269,6 +271,12 @@ class AllocationSpec(_Section):
     tied_lookup: str = _key("float", _choice(TIED_LOOKUPS), "a tied model's embedding lookup")
 
     def _cross(self) -> None:
+        if self.npu_bits is not None and self.target_bpw is not None:
+            raise RecipeError("allocation.npu_bits", "allocation.npu_bits (NPU bytes per token) and "
+                              "allocation.target_bpw (file bytes) each choose the tiers: give one")
+        if self.npu_bits is not None and self.group_size:
+            raise RecipeError("allocation.group_size", "allocation.npu_bits chooses w4a4 / int8 per channel (the NPU's "
+                              "int4 mode returns one accumulator per output); allocation.group_size does not apply")
         if self.target_bpw is not None and self.group_size:
             raise RecipeError("allocation.group_size", "allocation.target_bpw chooses each linear's group size itself "
                               "(allocation.target_options); allocation.group_size applies to an oracle allocation")
@@ -385,6 +393,7 @@ class Recipe:
         """The key that needs a calibration text (None: the recipe runs without one)."""
         t, a, r = self.transform, self.allocation, self.rounding
         for key, on in (("transform.smooth", t.smooth is not None), ("allocation.target_bpw", a.target_bpw is not None),
+                        ("allocation.npu_bits", a.npu_bits is not None),
                         ("rounding.method", r.method == "gptq"), ("rounding.awq", r.awq),
                         ("activation.mode", self.activation.info.calibrated)):
             if on:
@@ -395,18 +404,22 @@ class Recipe:
         """The checks between the recipe and its inputs (an allocation oracle, a calibration text),
         run before any file is read."""
         a, r = self.allocation, self.rounding
+        if a.npu_bits is not None and alloc_given:
+            raise RecipeError("allocation.npu_bits", "give either alloc= (an allocation oracle) or "
+                              "allocation.npu_bits (an NPU budget), not both")
         if a.target_bpw is not None and alloc_given:
             raise RecipeError("allocation.target_bpw", "give either alloc= (an allocation oracle) or "
                               "allocation.target_bpw (a size), not both")
-        if a.target_bpw is None and not alloc_given:
+        if a.target_bpw is None and a.npu_bits is None and not alloc_given:
             raise RecipeError("allocation.target_bpw", "alloc= is required (a mixed GGUF, an emit-map or a TierMap) "
-                              "unless allocation.target_bpw is given")
+                              "unless allocation.target_bpw or allocation.npu_bits is given")
         if calib_given:
             return
         why = {"transform.smooth": "transform.smooth needs calib= (the migration scales come from calibration "
                                    "activations)",
                "allocation.target_bpw": "allocation.target_bpw needs calib= (the text its sensitivities are measured "
                                         "on)",
+               "allocation.npu_bits": "allocation.npu_bits needs calib= (the text its sensitivities are measured on)",
                "rounding.method": f"rounding.method={r.method!r} needs calib= (a calibration text or token ids, not "
                                   "the scored text)",
                "rounding.awq": "rounding.awq=True needs calib= (a calibration text or token ids, not the scored text)",
@@ -515,6 +528,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "calib_ctx": ("calibration", "ctx"), "calib_chunks": ("calibration", "chunks"),
     "threshold": ("allocation", "threshold"), "fallback": ("allocation", "fallback"),
     "target_bpw": ("allocation", "target_bpw"), "target_options": ("allocation", "target_options"),
+    "npu_bits": ("allocation", "npu_bits"),
     "target_chunks": ("allocation", "target_chunks"), "target_ctx": ("allocation", "target_ctx"),
     "kind": ("allocation", "kind"), "group_size": ("allocation", "group_size"),
     "tied_lookup": ("allocation", "tied_lookup"),

@@ -56,8 +56,11 @@ from .._core import FormatError
 from .._io import atomic_write, counted
 from .._typing import StrPath
 # the activation modes (the C registry), the range methods and the defaults live with the spec
+from ..kernels.quant import KIND_INFO
 from ..kernels.actspec import ACT_METHODS, ACT_MODES, DEFAULT_OUTLIERS, DEFAULT_PREFIX, ActSpec, mode_info
 
+#: the key of a linear's MSE range on the 4-bit grid (+-7 steps), what method "mse" takes at 4 bits
+MSE4 = "mse4"
 #: outlier channels per linear in a saved calibration (``DEFAULT_OUTLIERS``: the default ``k``)
 SAVED_OUTLIERS = 64
 FILE = "act_scales.json"
@@ -86,9 +89,11 @@ def _sawtooth_integral(u: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.where(k >= 1, 1.0 / 24.0 + (k - 1.0) / 12.0 + (r ** 3 + 0.125) / 3.0, u ** 3 / 3.0)
 
 
-def range_mse(count: ArrayLike, sums: ArrayLike, sums2: ArrayLike, clips: ArrayLike) -> NDArray[np.float64]:
+def range_mse(count: ArrayLike, sums: ArrayLike, sums2: ArrayLike, clips: ArrayLike,
+              qmax: int = 127) -> NDArray[np.float64]:
     """Total squared error of quantizing the histogrammed values with each static range of
-    ``clips`` (see module doc): saturation above the range, rounding below it."""
+    ``clips`` on a grid of ``+-qmax`` steps (see module doc): saturation above the range,
+    rounding below it."""
     edges = hist_edges()
     n = np.asarray(count, np.float64)
     s1 = np.asarray(sums, np.float64)
@@ -97,7 +102,7 @@ def range_mse(count: ArrayLike, sums: ArrayLike, sums2: ArrayLike, clips: ArrayL
     lo, hi = edges[:-1][keep], edges[1:][keep]
     n, s1, s2 = n[keep], s1[keep], s2[keep]
     c = np.asarray(clips, np.float64).reshape(-1, 1)
-    d = c / 127.0
+    d = c / float(qmax)
     above = np.maximum(s2 - 2.0 * c * s1 + n * c * c, 0.0)  # exact: every value of the bin saturates
     span_hi = np.where(np.isfinite(hi), hi, lo * 2.0)      # the open last bin: its values taken within [lo, 2 lo)
     top = np.clip(c, lo, span_hi)                          # [lo, top): the part of the bin below the range
@@ -110,15 +115,16 @@ def range_mse(count: ArrayLike, sums: ArrayLike, sums2: ArrayLike, clips: ArrayL
     return out
 
 
-def mse_clip(stats: Mapping[str, Any]) -> float:
-    """The MSE-optimal static range of one linear's statistics (see module doc), float32."""
+def mse_clip(stats: Mapping[str, Any], qmax: int = 127) -> float:
+    """The MSE-optimal static range of one linear's statistics (see module doc) on a grid of
+    ``+-qmax`` steps (127: int8; 7: the 4-bit activations of a w4a4 linear), float32."""
     amax = float(stats["absmax"])
     if not amax > 0:
         return 0.0
     ratios = 2.0 ** (-np.arange(GRID_OCTAVES * GRID_PER_OCTAVE + 1) / GRID_PER_OCTAVE)
     clips = np.float32(amax) * ratios.astype(np.float32)
     clips = clips[clips >= np.float32(1e-30)]
-    err = range_mse(stats["count"], stats["sum"], stats["sum2"], clips.astype(np.float64))
+    err = range_mse(stats["count"], stats["sum"], stats["sum2"], clips.astype(np.float64), qmax)
     best = 0
     for i in range(1, len(err)):  # the largest range wins ties
         if err[i] < err[best]:
@@ -149,7 +155,8 @@ class ActCalibration:
     def __init__(self, ranges: Mapping[str, Mapping[str, float]], channels: Mapping[str, ArrayLike],
                  channel_absmax: Mapping[str, ArrayLike], info: Optional[Mapping[str, Any]] = None,
                  clipped: Optional[Mapping[str, Mapping[str, float]]] = None) -> None:
-        self.ranges = {n: {m: float(np.float32(r[m])) for m in ACT_METHODS} for n, r in ranges.items()}
+        self.ranges = {n: {m: float(np.float32(r[m])) for m in ACT_METHODS + (MSE4,) if m in r or m != MSE4}
+                       for n, r in ranges.items()}
         self.channels = {n: np.asarray(channels[n], np.int32) for n in ranges}
         self.channel_absmax = {n: np.asarray(channel_absmax[n], np.float32) for n in ranges}
         self.info = dict(info or {})
@@ -185,7 +192,7 @@ class ActCalibration:
     # ------------------------------------------------------------ files --
     def to_json(self) -> Dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "info": self.info,
-                "linears": {n: {"max": r["max"], "mse": r["mse"], "clipped": self.clipped.get(n, {}),
+                "linears": {n: {**{m: r[m] for m in ACT_METHODS + (MSE4,) if m in r}, "clipped": self.clipped.get(n, {}),
                                 "outliers": [int(c) for c in self.channels[n]],
                                 "outlier_absmax": [float(a) for a in self.channel_absmax[n]]}
                             for n, r in self.ranges.items()}}
@@ -228,6 +235,11 @@ class ActCalibration:
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v >= 0):
                     raise bad(f"{n!r}: {m!r} = {v!r:.40} is not a finite number >= 0")
                 r[m] = float(v)
+            if MSE4 in ent:
+                v = ent[MSE4]
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v >= 0):
+                    raise bad(f"{n!r}: {MSE4!r} = {v!r:.40} is not a finite number >= 0")
+                r[MSE4] = float(v)
             ch, am = ent.get("outliers"), ent.get("outlier_absmax")
             if not (isinstance(ch, list) and all(type(c) is int for c in ch) and len(set(ch)) == len(ch)
                     and all(0 <= c < 2 ** 31 for c in ch)):
@@ -292,7 +304,7 @@ def from_stats(stats: Mapping[str, Mapping[str, Any]], info: Optional[Mapping[st
             raise ValueError(f"no activations reached {name!r} during calibration")
         amax = float(np.float32(s["absmax"]))
         mse = mse_clip(s)
-        ranges[name] = {"max": amax, "mse": mse}
+        ranges[name] = {"max": amax, "mse": mse, MSE4: mse_clip(s, 7)}
         clipped[name] = {"mse": clipped_share(s, mse)}
         ch = np.asarray(s["ch_absmax"], np.float32)
         order = np.argsort(-ch, kind="stable")[: min(n_outliers, len(ch))]
@@ -318,17 +330,23 @@ def calibrate_activations(model: Any, text_or_tokens: Union[str, ArrayLike], n_c
     return from_stats(stats, info, n_outliers)
 
 
-def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, where: str) -> ActSpec:
-    """The activation spec of one packed linear (``K`` inputs) from the model's: what its mode's
-    registry row asks of the calibration (a static mode: the range by ``spec.method``; a mode
-    with outlier channels: the ``spec.n_outliers`` of largest calibration |x|, increasing) and
-    its prefix (rows sharing a range: ``spec.prefix``, default the calibration's for a static
-    mode and 0 for a dynamic one; 0 otherwise, and on the head, which runs on other rows).
-    ValueError naming ``where`` and the linear when the calibration cannot provide them."""
+def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, where: str,
+            kind: Optional[str] = None) -> ActSpec:
+    """The activation spec of one packed linear (``K`` inputs, weight ``kind``) from the model's: its
+    width (``bits``: the smaller of the spec's and the kind's ``act_bits``, so a ``w4a4`` linear takes
+    4-bit activations), what its mode's registry row asks of the calibration (a static mode: the
+    range by ``spec.method``, on the 4-bit grid at 4 bits; a mode with outlier channels: the
+    ``spec.n_outliers`` of largest calibration |x|, increasing), its prefix (rows sharing a range,
+    and every mode at 4 bits: ``spec.prefix``, default the calibration's for a static mode,
+    ``DEFAULT_PREFIX`` for a dynamic one at 4 bits (the attention sink stays int8) and 0 otherwise;
+    0 on the head, which runs on other rows) and, at 4 bits with method "mse" in a per-row mode,
+    the per-row range search (``search``). ValueError naming ``where`` and the linear when the
+    calibration cannot provide them."""
     info = spec.info
     if spec.clip is not None or spec.channels is not None:
         raise ValueError(f"{where}: a model's ActSpec leaves clip and channels to the calibration (they are one "
                          "linear's settings)")
+    bits = spec.bits if kind is None else min(spec.bits, KIND_INFO[kind].act_bits)
     clip: Optional[float] = None
     channels: Optional[Tuple[int, ...]] = None
     if info.calibrated:
@@ -343,7 +361,11 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
             raise ValueError(f"{where}: the activation calibration's channels for {name!r} exceed its K = {K} (made "
                              "for another model?)")
         if info.static:
-            clip = calib.ranges[name][spec.method]
+            key = MSE4 if bits < 8 and spec.method == "mse" else spec.method
+            if key not in calib.ranges[name]:
+                raise ValueError(f"{where}: the activation calibration has no 4-bit range for {name!r} (made before "
+                                 "w4a4 existed: calibrate again)")
+            clip = calib.ranges[name][key]
             if not clip > 0:
                 raise ValueError(f"{where}: {name!r} saw only zeros during calibration: no static range")
         if info.outliers:
@@ -352,10 +374,11 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
                 raise ValueError(f"{where}: act_outliers = {k} but the calibration kept {len(ch)} channels for {name!r}")
             channels = tuple(int(c) for c in np.sort(ch[:k]))
     prefix = 0
-    if info.shares_rows and name != "output.weight":
-        default = calib.prefix if (info.static and calib is not None) else 0
+    if (info.shares_rows or bits < 8) and name != "output.weight":
+        default = calib.prefix if (info.static and calib is not None) else (DEFAULT_PREFIX if bits < 8 else 0)
         prefix = default if spec.prefix is None else spec.prefix
-    return replace(spec, clip=clip, channels=channels, prefix=prefix)
+    search = bits < 8 and spec.method == "mse" and not info.shares_rows
+    return replace(spec, bits=bits, clip=clip, channels=channels, prefix=prefix, search=search)
 
 
 def linear_act(act: str, name: str, calib: Optional[ActCalibration], method: str, k: int, where: str,

@@ -532,7 +532,7 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
         w = src.linear(n)
         if paths[n] in ("fp32", "gguf"):
             return LinearSpec.f32(n, w), paths[n]
-        how = resolve(spec, n, cal, w.shape[1], where)
+        how = resolve(spec, n, cal, w.shape[1], where, paths[n])
         packed = pack(quantize(w, paths[n], threads=nthreads))
         del w
         src.release(caches=False)  # packed: the float pages it was read from go back (the values stay the file's)
@@ -609,7 +609,7 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec, None] = None,
                 raise FormatError(f"{d.float_file}: no tensor {tensor!r} of shape {shape} for the float linear {n!r}")
             return LinearSpec.f32(n, src.tensor(tensor)), "gguf"
         pw = d.packed(n)
-        return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where)), pw.kind
+        return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, pw.kind)), pw.kind
     m = build_model(src, linear, path, hp)
     m.manifest = d.manifest
     return m

@@ -1,0 +1,197 @@
+"""Allocation to a budget of NPU weight bytes per token: W4A4 or W8A8 per input group, chosen by
+measured sensitivity (docs/w4a4.md).
+
+On the RK3588 the NPU reads every weight of every linear once per decoded token, and reads what its
+multiplier takes: int8 for every 8-bit-activation tier (int8; int4 codebooks, int5 and int6 are
+inflated to int8 in NPU memory), 4 bits for ``w4a4`` (the int4 x int4 -> int16 mode). So the cost
+that matters is :func:`npu_nbytes` (``orkpy.formats.tiermap.NPU_BITS``), not the file's bytes, and
+``npu_bits`` is the average NPU bits per weight of the packed linears (4: every linear W4A4; 8:
+every linear W8A8).
+
+The unit of choice is an *input group*: the linears that read one input (a block's ``attn_q`` /
+``attn_k`` / ``attn_v``; ``ffn_gate`` / ``ffn_up``; ``attn_output``, ``ffn_down`` and the head
+alone): they share one activation quantization, and on the NPU one chained job.
+
+Sensitivity (:func:`group_sensitivities`): the model with every group at the high option (W8A8),
+and for each group in turn that group alone at the low option (W4A4, its linears swapped in with
+:meth:`orkpy.Model.swap_linear`): the mean KL divergence of its next-token distributions against
+the float model's on ``chunks`` chunks of calibration text, less the high model's own. One forward
+pass per group (SmolLM2-135M: 121 groups), measured end to end, so the activations' error and the
+weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
+:func:`orkpy.quantization.alloc.choose` on (NPU bytes, measured KL increase): upgrades to W8A8
+taken greedily by KL saved per NPU byte while the budget allows.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .._io import progress_bar
+from ..formats.tiermap import NPU_BITS, split_tier
+from .alloc import _log_softmax, choose, mean_kl
+
+#: the tiers an NPU allocation chooses from, cheapest first
+NPU_OPTIONS = ("w4a4", "int8")
+_GROUP = re.compile(r"^(blk\.\d+\.)(attn_q|attn_k|attn_v|ffn_gate|ffn_up)(\.weight)$")
+_GROUP_OF = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
+             "ffn_up": "ffn_gate_up"}
+
+
+def npu_nbytes(tier: str, N: int, K: int) -> int:
+    """Weight bytes the NPU reads per token for an (N, K) linear at ``tier``: N and K padded to the
+    NPU's alignment (32; N to 64 in the int4 mode) times the tier's NPU bits (8, or 4 for w4a4); a
+    float linear runs on the host (0). The per-channel scales stay with the host's output scaling."""
+    base = split_tier(tier)[0]
+    bits = NPU_BITS[base]
+    if bits == 0:
+        return 0
+    Np = -(-N // (64 if bits == 4 else 32)) * (64 if bits == 4 else 32)
+    Kp = -(-K // 32) * 32
+    return Np * Kp * bits // 8
+
+
+def input_group(name: str) -> str:
+    """The input group of a linear (see module doc): ``blk.3.attn_qkv.weight`` for q / k / v, ..."""
+    m = _GROUP.match(name)
+    return f"{m.group(1)}{_GROUP_OF[m.group(2)]}{m.group(3)}" if m else name
+
+
+def input_groups(names: Sequence[str]) -> Dict[str, List[str]]:
+    """{group: its linears}, groups in the order of their first linear."""
+    out: Dict[str, List[str]] = {}
+    for n in names:
+        out.setdefault(input_group(n), []).append(n)
+    return out
+
+
+def npu_budget(shapes: Mapping[str, Tuple[int, int]], npu_bits: float) -> int:
+    """NPU bytes per token of ``shapes`` ({linear: (N, K)}) at ``npu_bits`` bits per weight on
+    average: the W8A8 bytes (padding included) times ``npu_bits / 8``."""
+    if isinstance(npu_bits, bool) or not isinstance(npu_bits, (int, float)) or not math.isfinite(npu_bits) \
+            or not 4 <= npu_bits <= 8:
+        raise ValueError(f"npu_bits must be a number of NPU bits per weight in [4, 8] (4: every linear W4A4, 8: "
+                         f"every linear W8A8), got {npu_bits!r}")
+    full = sum(npu_nbytes("int8", N, K) for N, K in shapes.values())
+    return int(full * float(npu_bits) / 8)
+
+
+def group_sensitivities(hi: Any, lo: Mapping[str, Any], batch: Sequence[NDArray[Any]],
+                        ref_logp: Sequence[NDArray[np.float64]], threads: Optional[int] = None,
+                        progress: bool = True) -> Dict[str, Any]:
+    """{"base": the high model's mean KL, "kl": {group: KL increase with that group at the low
+    option}} (module doc). ``hi``: an :class:`orkpy.Model` with every linear at the high option;
+    ``lo``: {linear: LinearSpec at the low option}; ``batch``: the calibration chunks;
+    ``ref_logp``: the float model's log-probabilities on them."""
+    names = [n for n in hi.linears if n in lo]
+    groups = input_groups(names)
+    base = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
+    out: Dict[str, float] = {}
+    bar = progress_bar(len(groups), "npu-sensitivity", progress, "group")
+    try:
+        for g, members in groups.items():
+            old = {n: hi.swap_linear(n, lo[n]) for n in members}
+            try:
+                kl = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
+            finally:
+                for n in members:
+                    hi.swap_linear(n, old[n])
+            out[g] = max(kl - base, 0.0)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"base": base, "kl": out}
+
+
+def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, float], npu_bits: float,
+               options: Sequence[str] = NPU_OPTIONS) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """({linear: tier}, report): every group at the low option (``options[0]``, estimated KL
+    ``kl[group]``) or the high one (``options[1]``, 0), at most ``npu_budget(shapes, npu_bits)`` NPU
+    bytes per token at the least summed KL. The report: budget, bytes, NPU bits per weight, the
+    estimate and each group's tier. NPU bits per weight (``npu_bpw``) are 8 x the NPU bytes over the
+    W8A8 bytes of the same linears (both padded as the NPU stores them)."""
+    lo, hi = options
+    budget = npu_budget(shapes, npu_bits)
+    groups = input_groups(list(shapes))
+    costs = {}
+    for g, members in groups.items():
+        b = {t: sum(npu_nbytes(t, *shapes[n]) for n in members) for t in options}
+        costs[g] = {lo: (b[lo], float(kl.get(g, 0.0))), hi: (b[hi], 0.0)}
+    if npu_bits >= 8:
+        pick = {g: hi for g in groups}
+    elif npu_bits <= 4:
+        pick = {g: lo for g in groups}  # every group low (its N padding to 64 may pass 4 bits by a hair)
+    else:
+        pick = choose(costs, budget)
+    tiers = {n: pick[g] for g, members in groups.items() for n in members}
+    nbytes = sum(costs[g][pick[g]][0] for g in groups)
+    full = sum(npu_nbytes(hi, N, K) for N, K in shapes.values())
+    rep = {"npu_bits": float(npu_bits), "budget": budget, "npu_bytes": nbytes, "npu_bpw": 8.0 * nbytes / max(full, 1),
+           "estimate": sum(costs[g][pick[g]][1] for g in groups), "groups": pick,
+           "kl": {g: float(kl.get(g, 0.0)) for g in groups}}
+    return tiers, rep
+
+
+def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx: int = 256, chunks: int = 2,
+                   threads: Optional[int] = None, progress: bool = True) -> Tuple[Any, Dict[str, Any]]:
+    """(TierMap, report): W4A4 / W8A8 for every linear of ``src`` (a Source, already transformed) at
+    ``npu_bits`` NPU bits per weight (module doc). The sensitivities are measured with round-to-nearest
+    weights of both options in the activation spec ``act`` (default per token) on ``chunks`` chunks of
+    ``n_ctx`` tokens of ``calib``; 4 and 8 need no measurement. The budget is checked first."""
+    from ..formats.tiermap import EMBEDDING, TierEntry, TierMap
+    from ..kernels.actspec import ActSpec
+    from ..kernels.packed import pack
+    from ..kernels.quant import quantize
+    from ..runtime.actcal import calibrate_activations, resolve
+    from ..runtime.model import LinearSpec, build_model, float_model, linear_names
+
+    names = list(linear_names(src.hp))
+    all_shapes = src.shapes()
+    shapes = {n: (int(all_shapes[src.tensor_name(n)][0]), int(all_shapes[src.tensor_name(n)][1])) for n in names}
+    npu_budget(shapes, npu_bits)  # the argument's check, before any work
+    spec = ActSpec() if act is None else act
+    kl: Dict[str, float] = {}
+    sens: Dict[str, Any] = {"base": None, "kl": kl, "n_ctx": int(n_ctx), "chunks": 0}
+    if 4 < npu_bits < 8:
+        fm = float_model(src)
+        n_chunk, it = fm.chunks(fm.tokens(calib), n_ctx, chunks)
+        batch = list(it)
+        ref_lp = reference_logprobs(fm, batch, threads)
+        cal = calibrate_activations(fm, calib, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False) \
+            if spec.info.calibrated else None
+        del fm
+        where = "npu_bits allocation"
+
+        def spec_of(n: str, kind: str) -> Any:
+            pw = pack(quantize(src.linear(n), kind, threads=threads))
+            return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, kind))
+        lo = {n: spec_of(n, NPU_OPTIONS[0]) for n in names}
+        hi = build_model(src, lambda n: (spec_of(n, NPU_OPTIONS[1]), NPU_OPTIONS[1]))
+        sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
+        del hi, lo
+    tiers, rep = choose_npu(shapes, sens["kl"], npu_bits)
+    entries: Dict[str, TierEntry] = {}
+    for n in names:
+        t = src.tensor_name(n)
+        entries[t] = TierEntry(tiers[n], src.type_of(t), tuple(int(d) for d in all_shapes[t]))
+    if EMBEDDING in all_shapes and EMBEDDING not in entries:
+        entries[EMBEDDING] = TierEntry("float", src.type_of(EMBEDDING), tuple(int(d) for d in all_shapes[EMBEDDING]))
+    tm = TierMap(entries, source=f"npu_bits={float(npu_bits):g}", tied=bool(src.tied))
+    rep.update({"tiers": tiers, "sensitivity": sens})
+    return tm, rep
+
+
+def reference_logprobs(model: Any, batch: Sequence[NDArray[Any]], threads: Optional[int] = None
+                       ) -> List[NDArray[np.float64]]:
+    """The log-probabilities of ``model`` (the float model) on each chunk of ``batch``."""
+    return [_log_softmax(model.forward(c, threads=threads)) for c in batch]
+
+
+__all__ = ["NPU_OPTIONS", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
+           "npu_budget",
+           "npu_nbytes", "reference_logprobs"]
