@@ -10,7 +10,9 @@ model):
 
   rk-llama recipe   rk-llama.cpp's W4A4_HADAMARD reproduced: one randomized Hadamard per linear input
                     (orkpy's rotation), per-TENSOR int4 weight scales, round to nearest, per-tensor dynamic
-                    int4 activations (no search, no int8 sink)
+                    int4 activations (no search, no int8 sink); ", per-token acts": the same weights with
+                    per-token absmax int4 activations (the kinder reading of its recipe: at decode, one
+                    token per call, the two agree)
   w4a4 rtn          per-channel int4 weights (absmax), per-token int4 activations with the range search,
                     the first position (attention sink) int8
   w4a4 gptq         the same with GPTQ-rounded weights (Gram matrices of the rotated float model on the
@@ -149,8 +151,9 @@ def run_model(a, name):
         return m
 
     if "baseline" in a.rows:
-        row("rk-llama recipe (w4a4)", {n: orkpy.pack(per_tensor_w4(src.linear(n))) for n in names},
-            ActSpec("per_tensor", prefix=0))
+        base4 = {n: orkpy.pack(per_tensor_w4(src.linear(n))) for n in names}
+        row("rk-llama recipe (w4a4)", base4, ActSpec("per_tensor", prefix=0))
+        row("rk-llama recipe, per-token acts", base4, ActSpec(method="max", prefix=0))
     if "rtn" in a.rows:
         row("w4a4 rtn, per-token", {n: orkpy.pack(orkpy.quantize(src.linear(n), "w4a4")) for n in names}, ActSpec())
     q4 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks,
