@@ -11,9 +11,10 @@
  * |u * a| <= 15 * 8 = 120, so a maddubs pair is within 240 and the two of a
  * 64-code block within 480: 64 blocks (a slice of 4096 k) sum to at most
  * 30720 in an int16 lane, then widen to int32 (madd) and drop 8 * sum(a).
- * Weight rows are taken 8 at a time for one activation row (decode), 4 at a
- * time for two. Nothing is allocated: a slice of two expanded rows is 8 KB
- * of stack. */
+ * Activation rows are taken 4 at a time against 2 weight rows, then 2
+ * against 4, and a last single row (decode's M = 1) against 8 (the expanded
+ * rows are maddubs's memory operands). Nothing is allocated: a slice of four
+ * expanded rows is 16 KB of stack. */
 #if defined(__x86_64__) || defined(__i386__)
 #ifndef __AVX2__
 #error "i4_avx2.c must be compiled with -mavx2"
@@ -59,10 +60,10 @@ static int32_t expand_a(const uint8_t *row, size_t nfull, int half, int8_t *ax) 
 
 /* one 64-code block of MT activation rows (expanded) against NR weight rows: s[r][j] += the
  * int16 pair sums of u * a */
-ALWAYS_INLINE void block_step(const int8_t *ax, int MT, const uint8_t *w, size_t rb, int NR, int half, __m256i s[2][8]) {
+ALWAYS_INLINE void block_step(const int8_t *ax, int MT, const uint8_t *w, size_t rb, int NR, int half, __m256i s[4][8]) {
     const __m256i m0f = _mm256_set1_epi8(0x0F), x88 = _mm256_set1_epi8((char)0x88);
-    __m256i xl[2], xh[2];
-#pragma GCC unroll 2
+    __m256i xl[4], xh[4];
+#pragma GCC unroll 4
     for (int r = 0; r < MT; r++) {
         xl[r] = _mm256_load_si256((const __m256i *)(ax + r * AX_ROW));
         xh[r] = _mm256_load_si256((const __m256i *)(ax + r * AX_ROW + 32));
@@ -71,7 +72,7 @@ ALWAYS_INLINE void block_step(const int8_t *ax, int MT, const uint8_t *w, size_t
     for (int j = 0; j < NR; j++) {
         const __m256i W = _mm256_xor_si256(load_block(w + j * rb, half), x88);
         const __m256i lo = _mm256_and_si256(W, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(W, 4), m0f);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int r = 0; r < MT; r++)
             s[r][j] = _mm256_add_epi16(s[r][j], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[r]),
                                                                  _mm256_maddubs_epi16(hi, xh[r])));
@@ -81,8 +82,8 @@ ALWAYS_INLINE void block_step(const int8_t *ax, int MT, const uint8_t *w, size_t
 /* acc[r * ldc + j] += the slice's sum of activation row r (ax, asum) with weight row j, r < MT, j < NR */
 ALWAYS_INLINE void tile(const int8_t *ax, const int32_t *asum, int MT, const uint8_t *w, size_t rb, int NR,
                         size_t nfull, int half, int32_t *acc, size_t ldc) {
-    __m256i s[2][8];
-#pragma GCC unroll 2
+    __m256i s[4][8];
+#pragma GCC unroll 4
     for (int r = 0; r < MT; r++)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) s[r][j] = _mm256_setzero_si256();
@@ -95,8 +96,8 @@ ALWAYS_INLINE void tile(const int8_t *ax, const int32_t *asum, int MT, const uin
 
 static void mm_avx2(const uint8_t *a, size_t M, const uint8_t *w, size_t N, size_t Kp, int32_t *acc, size_t ldc) {
     const size_t rb = Kp / 2, full = Kp / 64, nblk = (Kp + 63) / 64; /* Kp % 64 is 0 or 32 */
-    _Alignas(32) int8_t ax[2 * AX_ROW];
-    int32_t asum[2];
+    _Alignas(32) int8_t ax[4 * AX_ROW];
+    int32_t asum[4];
     for (size_t m = 0; m < M; m++)
         for (size_t n = 0; n < N; n++) acc[m * ldc + n] = 0;
     for (size_t b0 = 0; b0 < nblk; b0 += SLICE) {
@@ -104,19 +105,22 @@ static void mm_avx2(const uint8_t *a, size_t M, const uint8_t *w, size_t N, size
         const int half = b0 + nb > full;
         const size_t nfull = nb - (size_t)half;
         const uint8_t *ws = w + b0 * 32;
-        for (size_t m0 = 0; m0 < M; m0 += 2) {
+        for (size_t m0 = 0; m0 < M;) {
             int32_t *o = acc + m0 * ldc;
             size_t n = 0;
-            if (M - m0 >= 2) {
-                asum[0] = expand_a(a + m0 * rb + b0 * 32, nfull, half, ax);
-                asum[1] = expand_a(a + (m0 + 1) * rb + b0 * 32, nfull, half, ax + AX_ROW);
+            const size_t mt = M - m0 >= 4 ? 4 : M - m0 >= 2 ? 2 : 1;
+            for (size_t r = 0; r < mt; r++) asum[r] = expand_a(a + (m0 + r) * rb + b0 * 32, nfull, half, ax + r * AX_ROW);
+            if (mt == 4) {
+                for (; n + 2 <= N; n += 2) tile(ax, asum, 4, ws + n * rb, rb, 2, nfull, half, o + n, ldc);
+                for (; n < N; n++) tile(ax, asum, 4, ws + n * rb, rb, 1, nfull, half, o + n, ldc);
+            } else if (mt == 2) {
                 for (; n + 4 <= N; n += 4) tile(ax, asum, 2, ws + n * rb, rb, 4, nfull, half, o + n, ldc);
                 for (; n < N; n++) tile(ax, asum, 2, ws + n * rb, rb, 1, nfull, half, o + n, ldc);
             } else {
-                asum[0] = expand_a(a + m0 * rb + b0 * 32, nfull, half, ax);
                 for (; n + 8 <= N; n += 8) tile(ax, asum, 1, ws + n * rb, rb, 8, nfull, half, o + n, ldc);
                 for (; n < N; n++) tile(ax, asum, 1, ws + n * rb, rb, 1, nfull, half, o + n, ldc);
             }
+            m0 += mt;
         }
     }
 }

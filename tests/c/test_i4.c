@@ -45,7 +45,7 @@ static int naive_equal(const int8_t *a, size_t M, const int8_t *w, size_t N, siz
 static void compare_table(const ork_i4_kernels *kv) {
     printf("comparing %s against scalar\n", kv->isa);
     const size_t Ks[] = {1, 31, 32, 64, 96, 480, 481, 992, 4096, 4127, 4160, 8224, 12345};
-    const size_t Ms[] = {1, 2, 3, 5};
+    const size_t Ms[] = {1, 2, 3, 4, 5, 9}; /* the AVX2 kernel takes rows 4, 2 and 1 at a time */
     const size_t Ns[] = {1, 4, 7, 8, 9, 33};
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
