@@ -9,7 +9,7 @@
  * cpu.c knows no kernel family: each family picks its own table from
  * ork_cpu_isa() and the feature answers below (ork_quant_kernels_for in
  * quant_ref.c, ork_matmul_kernels_for in matmul_ref.c, ork_gemm_f32_kernels_for
- * in gemm_f32_ref.c, ork_attn_kernels_for in attn_ref.c).
+ * in gemm_f32_ref.c, ork_attn_kernels_for in attn_ref.c, ork_i4_kernels_for in i4_ref.c).
  */
 #ifndef ORK_CPU_H
 #define ORK_CPU_H

@@ -48,6 +48,15 @@ PyObject *orkpy_f16_to_f32(PyObject *self, PyObject *arg);
 struct tagPyArrayObject *orkpy_as_store(PyObject *obj, const ork_kind_info *k, Py_ssize_t N, Py_ssize_t K,
                                         const char *name);
 
+/* py_i4.c: the int4 x int4 matmul contract (csrc/ork/i4.h). i4_layout(K) -> dict(Kp, row_bytes, kchunk,
+ * n_chunks, max_k); i4_pack(codes int8 (rows, K)) -> uint8 (rows, Kp/2); i4_unpack(packed, K) -> int8 (rows, K);
+ * mm_i4(a, w, K, threads=0) -> int32 (M, N); mm_i4_partials(a, w, K) -> int16 (n_chunks, M, N) */
+PyObject *orkpy_i4_layout(PyObject *self, PyObject *arg);
+PyObject *orkpy_i4_pack(PyObject *self, PyObject *arg);
+PyObject *orkpy_i4_unpack(PyObject *self, PyObject *args);
+PyObject *orkpy_mm_i4(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *orkpy_mm_i4_partials(PyObject *self, PyObject *args, PyObject *kw);
+
 /* py_gptq.c: gptq(w, gram, kind, damp, block, rows, group, static_groups, threads) -> (codes, scales);
  * gptq_factor(h, threads) -> U, the upper Cholesky factor of inv(h) (csrc/ork/gptq.h) */
 PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw);

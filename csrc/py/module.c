@@ -24,6 +24,7 @@
 #include "../ork/quant.h"
 #include "../ork/gemm_f32.h" /* the kernel families whose tables capabilities() names */
 #include "../ork/pack.h"
+#include "../ork/i4.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -331,7 +332,7 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
 #else
         "other";
 #endif
-    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O,s:O,s:O},s:i,s:s,s:s,s:s}", "isa",
+    return Py_BuildValue("{s:s,s:N,s:O,s:s,s:{s:O,s:O,s:O,s:O,s:O,s:O},s:i,s:s,s:s,s:s,s:s}", "isa",
                          ork_isa_name(ork_cpu_isa()), "available", avail, "forced_scalar",
                          ork_cpu_forced_scalar() ? Py_True : Py_False, "arch", arch, "cpu_features",
                          "avx2", (f & ORK_CPU_AVX2) ? Py_True : Py_False, "fma",
@@ -342,7 +343,7 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused) {
                          (f & ORK_CPU_AVX512) ? Py_True : Py_False, "default_threads",
                          ork_pool_default_threads(), "quant_kernels",
                          ork_quant_kernels_active()->isa, "gemm_f32_kernels", ork_gemm_f32_kernels_active()->isa,
-                         "matmul_kernels", ork_matmul_kernels_active()->isa);
+                         "matmul_kernels", ork_matmul_kernels_active()->isa, "i4_kernels", ork_i4_kernels_active()->isa);
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
@@ -493,6 +494,14 @@ static PyMethodDef core_methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))orkpy_matmul, METH_VARARGS | METH_KEYWORDS,
      "matmul(store, kind, N, K, bscale, x, act=None, threads=0, group=0) -> float32 (M, N); act: an activation "
      "spec dict (ActSpec.to_core()), None = per token"},
+    {"i4_layout", orkpy_i4_layout, METH_O,
+     "i4_layout(K) -> dict(Kp, row_bytes, kchunk, n_chunks, max_k): the int4 x int4 storage and chunking (i4.h)"},
+    {"i4_pack", orkpy_i4_pack, METH_O, "i4_pack(codes int8 (rows, K) in [-8, 7]) -> uint8 (rows, Kp/2): the NPU's int4 rows"},
+    {"i4_unpack", orkpy_i4_unpack, METH_VARARGS, "i4_unpack(packed uint8 (rows, Kp/2), K) -> int8 codes (rows, K)"},
+    {"mm_i4", (PyCFunction)(void (*)(void))orkpy_mm_i4, METH_VARARGS | METH_KEYWORDS,
+     "mm_i4(a, w, K, threads=0) -> int32 (M, N): the int4 x int4 product of packed rows, int16 chunks of 480 k"},
+    {"mm_i4_partials", (PyCFunction)(void (*)(void))orkpy_mm_i4_partials, METH_VARARGS | METH_KEYWORDS,
+     "mm_i4_partials(a, w, K) -> int16 (n_chunks, M, N): the scalar _ref's int16 sum of each chunk"},
     {"packed_header", (PyCFunction)(void (*)(void))orkpy_packed_header, METH_VARARGS | METH_KEYWORDS,
      "packed_header(kind, N, K) -> 64-byte O4N1/O8N1 header"},
     {"packed_parse", orkpy_packed_parse, METH_O, "packed_parse(buffer) -> dict; validates an O4N1/O8N1 file"},

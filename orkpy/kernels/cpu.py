@@ -27,7 +27,8 @@ def capabilities() -> Dict[str, Any]:
     avx512, unless ``ORKPY_NO_AVX512=1``) and ``matmul_kernels`` (the int8 /
     4-bit matmul table: under "avx2" it is "avx2vnni" where the CPU has avx512vl +
     avx512vnni, unless ``ORKPY_NO_VNNI=1``; under "neon" "neondot" with the dot-product
-    extension). Every table gives bit-identical results.
+    extension) and ``i4_kernels`` (the int4 x int4 matmul of :mod:`orkpy.kernels.int4`: the ISA's table).
+    Every table gives bit-identical results.
     """
     caps = _core.capabilities()
     caps["force_scalar_env"] = FORCE_SCALAR_ENV
