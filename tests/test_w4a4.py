@@ -212,3 +212,24 @@ class _Args:
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
         self.no_llama, self.work, self.json_out = True, str(work), None
+
+
+# ------------------------------------------------- the CPU model is the contract --
+def test_w4a4_linear_accumulators_are_the_int4_contract():
+    """The CPU model of a W4A4 linear (int8 kernels on int8-held codes) and the nibble-packed int4
+    kernel (orkpy.kernels.int4, the NPU's bytes and chunked int16 sums) give the same int32, and the
+    int16 partials add up to it."""
+    from orkpy.kernels import int4
+    rng = np.random.default_rng(6)
+    for M, K, N in ((1, 576, 64), (5, 1536, 96), (3, 481, 40)):
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        q = orkpy.quantize(w, "w4a4")
+        pw = orkpy.pack(q)
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        a = np.abs(x).max(axis=1, keepdims=True)
+        xq = np.clip(_round_half_away(x * (np.float32(7) / a)), -7, 7).astype(np.int8)
+        acc = pw.matmul_int(xq)
+        np.testing.assert_array_equal(acc, int4.mm_i4(xq, q.codes))
+        part = int4.mm_i4_partials(xq, q.codes)
+        np.testing.assert_array_equal(part.astype(np.int32).sum(axis=0), acc)
+        assert part.shape[0] == -(-(-(-K // 32) * 32) // int4.KCHUNK)
