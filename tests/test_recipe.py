@@ -129,7 +129,7 @@ def test_malformed_json_names_key_and_line(tmp_path, line, key, msg):
     ('{"activation": {\n"mode": "dynamic"}}', "activation.mode", 2, "activation.mode must be one of"),
     ('{"activation": {\n"n_outliers": 0}}', "activation.n_outliers", 2, "activation.n_outliers must be a positive int"),
     ('{"activation": {\n"prefix": -1}}', "activation.prefix", 2, "activation.prefix must be an int >= 0"),
-    ('{"activation": {\n"bits": 4}}', "activation.bits", 2, "activation.bits must be one of [8]"),
+    ('{"activation": {\n"bits": 5}}', "activation.bits", 2, "activation.bits must be one of [4, 8]"),
     ('{\n"version": 2}', "version", 2, "version must be 1"),
     ('{"transform": 3}', "transform", 1, "must be a table"),
     ('{\n"rounding": {},\n"allocaton": {}}', "allocaton", 3, "did you mean 'allocation'?"),
@@ -327,6 +327,9 @@ FLAG_CASES = {
     "threshold": (["--threshold", "4"], "allocation.threshold", 4.0),
     "literal_types": (["--literal-types"], "allocation.fallback", "literal"),
     "target_bpw": (["--target-bpw", "4.5"], "allocation.target_bpw", 4.5),
+    # --npu-bits also sets the W4A4 machinery (rotations, GPTQ) unless given: here given, so only its key changes
+    "npu_bits": (["--rotate", "hadamard", "--rotate-online", "--method", "gptq", "--npu-bits", "5"],
+                 "allocation.npu_bits", 5.0),
     "kind": (["--kind", "int4"], "allocation.kind", "int4"),
     "group_size": (["--group-size", "64"], "allocation.group_size", 64),
     "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),

@@ -34,7 +34,8 @@ CLI_KEYS = {
     "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
     "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
-    "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "kind": "allocation.kind", "group_size": "allocation.group_size",
+    "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "kind": "allocation.kind",
+    "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
     "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
     "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
@@ -179,7 +180,7 @@ def add_quantize(sub):
                                   "double-quant, said loudly)")
     s.add_argument("--alloc", default=None,
                    help="a llama.cpp mixed GGUF (its types only) or an emit-map file (default: none; required unless "
-                        "--target-bpw)")
+                        "--target-bpw or --npu-bits)")
     s.add_argument("--meta", metavar="GGUF", default=None,
                    help=_META_HELP + " (default: the --alloc GGUF; required for a safetensors SOURCE with an "
                                      "emit-map --alloc)")

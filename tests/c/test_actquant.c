@@ -253,8 +253,19 @@ static void spec_check(void) {
     ork_err err;
     ork_act_spec s = ORK_ACT_SPEC_INIT;
     CHECK(ork_act_spec_check(&s, K, &err) == ORK_OK, "the default spec: %s", err.msg);
+    s.bits = 4; /* the int4 activations of a w4a4 linear */
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_OK, "bits 4");
+    s.search = 1;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_OK, "bits 4 with the per-row range search");
+    s.bits = 8;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "takes no range search"), "search at 8: %s",
+          err.msg);
+    s.search = 2;
     s.bits = 4;
-    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "bits must be 8, got 4"), "bits 4: %s",
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "must be 0 or 1"), "search 2: %s", err.msg);
+    s.search = 0;
+    s.bits = 5;
+    CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "bits must be 4 or 8, got 5"), "bits 5: %s",
           err.msg);
     s.bits = 0;
     CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL, "bits 0 (a zeroed spec is not a valid one)");
@@ -275,7 +286,7 @@ static void spec_check(void) {
     CHECK(ork_act_spec_check(&s, K, &err) == ORK_EINVAL && strstr(err.msg, "missing"), "NULL channels");
     const ork_act_mode_info *r = ork_act_mode_find("per_token_outliers");
     CHECK(r && r->id == ORK_ACT_MODE_PER_TOKEN_OUTLIERS && (r->flags & ORK_ACTF_OUTLIERS) && ork_act_bits_ok(r, 8) &&
-              !ork_act_bits_ok(r, 4) && ork_act_mode_get(ORK_ACT_MODE_STATIC)->flags == ORK_ACTF_STATIC,
+              ork_act_bits_ok(r, 4) && !ork_act_bits_ok(r, 5) && ork_act_mode_get(ORK_ACT_MODE_STATIC)->flags == ORK_ACTF_STATIC,
           "the built-in rows");
 }
 
