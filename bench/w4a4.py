@@ -18,6 +18,8 @@ model):
   w4a4 gptq         the same with GPTQ-rounded weights (Gram matrices of the rotated float model on the
                     calibration text); "static" = one calibrated 4-bit range per linear (mse4), sink int8
   w8a8 gptq         int8 weights (GPTQ), per-token int8 activations: the 8-bit NPU mode
+  head w8a8         every block linear W4A4 (as "w4a4 gptq"), the head W8A8: QuaRot and SpinQuant keep the
+                    head in 16 bits, llama.cpp's Q4_0 puts it in Q6_K
   mix X             W4A4 / W8A8 per input group at <= X NPU bits per weight, chosen by measured
                     sensitivity (orkpy.quantization.npu_alloc: one forward per group on --sens-chunks
                     chunks of the calibration text), each group's weights as in the w4a4 / w8a8 gptq rows
@@ -164,6 +166,8 @@ def run_model(a, name):
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}
     m8 = row("w8a8 gptq, per-token", q8, ActSpec())
+    head = "output.weight"
+    row("w4a4 gptq, head w8a8", {n: (q8[n] if n == head else q4[n]) for n in names}, ActSpec())
     # the mixed allocation: sensitivities on the calibration text (not the scored one)
     t = time.time()
     toks = fm.tokens(calib)
