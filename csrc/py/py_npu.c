@@ -206,7 +206,8 @@ done:
     return result;
 }
 
-/* shapes: a sequence of (M, K, N) -> a chain with the same caps for every matmul */
+/* shapes: a sequence of (M, K, N) or (M, K, N, precision) -> a chain with the same caps for every matmul
+ * (a shape without its own precision takes prec) */
 static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn, const char *prec, ork_npu_chain *c) {
     ork_npu_plan_opts o;
     if (orkpy_npu_caps_arg(mm, mk, mn, &o) || orkpy_npu_prec_arg(prec, &o)) return -1;
@@ -223,15 +224,17 @@ static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long long M, K, N;
+        const char *pi = prec;
         PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(it)) {
-            PyErr_SetString(PyExc_TypeError, "each shape must be a tuple (M, K, N)");
+            PyErr_SetString(PyExc_TypeError, "each shape must be a tuple (M, K, N) or (M, K, N, precision)");
             goto done;
         }
-        if (!PyArg_ParseTuple(it, "LLL;each shape must be (M, K, N)", &M, &K, &N) ||
-            orkpy_u32_arg(M, "M", &d[i]) || orkpy_u32_arg(K, "K", &d[n + i]) || orkpy_u32_arg(N, "N", &d[2 * n + i]))
-            goto done;
         op[i] = o;
+        if (!PyArg_ParseTuple(it, "LLL|z;each shape must be (M, K, N) or (M, K, N, precision)", &M, &K, &N, &pi) ||
+            orkpy_u32_arg(M, "M", &d[i]) || orkpy_u32_arg(K, "K", &d[n + i]) || orkpy_u32_arg(N, "N", &d[2 * n + i]) ||
+            orkpy_npu_prec_arg(pi, &op[i]))
+            goto done;
     }
     ork_err err;
     err.msg[0] = 0;
@@ -258,7 +261,8 @@ PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw) {
     if (!(parts = PyList_New(c.n))) goto done;
     for (uint32_t i = 0; i < c.n; i++) {
         const ork_npu_plan *p = &c.plans[i];
-        PyObject *row = Py_BuildValue("{s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K}", "M", p->M, "K", p->K, "N", p->N,
+        PyObject *row = Py_BuildValue("{s:s,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K}", "precision",
+                                      p->prec == ORK_NPU_PREC_INT4 ? "int4" : "int8", "M", p->M, "K", p->K, "N", p->N,
                                       "n_tasks", p->n_tasks, "in_off", (unsigned long long)c.in_at[i], "out_off",
                                       (unsigned long long)c.out_at[i], "cmd_off", (unsigned long long)c.cmd_at[i],
                                       "in_bytes", (unsigned long long)p->in_bytes, "out_bytes",

@@ -104,12 +104,12 @@ def int4_register_facts():
 
 def chain_plan(shapes, *, max_m=0, max_k=0, max_n=0, precision="int8"):
     """The layout of a chained job (csrc/ork/npu/plan.h, "chains"): the
-    matmuls ``shapes`` [(M, K, N), ...] planned one after another in one
+    matmuls ``shapes`` [(M, K, N) or (M, K, N, precision), ...] planned one after another in one
     command, input and output buffer. A dict with n_tasks (all of them, one
     submit), in_bytes / out_bytes / cmd_bytes and ``parts``: per matmul its
     n_tasks and the offsets of its regions (in_off, out_off, cmd_off; each
-    region holds that matmul's own plan() layout). Every matmul of the chain
-    has ``precision``."""
+    region holds that matmul's own plan() layout). A shape without its own
+    precision has ``precision``."""
     return _core.npu_chain_plan([tuple(s) for s in shapes], max_m, max_k, max_n, precision)
 
 

@@ -39,7 +39,7 @@ static const ork_npu_reg_fact int4_facts[] = {
      "unverified: the int8 rule on the feature's bytes (an int4 code is half a byte)"},
     {"CNA_WEIGHT_SIZE0", "WEIGHT_BYTES", -1, "K * N / 2",
      "public field meaning (bytes: Mesa registers.xml); unverified: int4 weights packed two codes per byte"},
-    {"CNA_WEIGHT_SIZE1", "WEIGHT_BYTES_PER_KERNEL", -1, "K / 2", "as WEIGHT_BYTES"},
+    {"CNA_WEIGHT_SIZE1", "WEIGHT_BYTES_PER_KERNEL", -1, "K / 2", "unverified: as WEIGHT_BYTES"},
     {"CNA_DMA_CON1 / DMA_CON2", "LINE_STRIDE / SURF_STRIDE", -1, "4 / M - 4 (as int8)",
      "unverified: a 16-byte atom holds 32 int4 codes as it holds 16 int8 (RKNN's A layouts (K/32, M, 32) vs (K/16, M, 16))"},
     {"CORE_MISC_CFG", "QD_EN", 0, "", "unverified: as int8 (only fp16 sets it in the captures)"},
