@@ -303,7 +303,7 @@ def goal_check(name, maps, res, args):
                 continue
             lab, r = ok[0]
             need = cost.schedule(lab).on()
-            print(f"{head} met from '{lab.strip()}' ({r['ms']:.1f} ms, {r['tok_s']:.1f} tok/s); it assumes "
+            print(f"{head} met from '{lab}' ({r['ms']:.1f} ms, {r['tok_s']:.1f} tok/s); it assumes "
                   f"{', '.join(need) or 'nothing beyond today'} and {bw:g} GB/s streamed")
 
 

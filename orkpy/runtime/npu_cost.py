@@ -311,9 +311,10 @@ def token_cost(d, pmap, a: Assumptions, chain: Callable = None) -> Dict:
 SCHEDULES: Sequence[Tuple[str, Dict]] = (
     ("separate matmuls (Device.matmul today)", dict(chain_jobs=False)),
     ("Job chains between host round trips (today)", {}),
-    ("+ async submit", dict(async_submit=True)),
+    ("today + async submit", dict(async_submit=True)),
     ("+ NPU norm/SwiGLU, out_cvt, resident acts", dict(out_cvt=True, resident_acts=True, npu_elementwise=True)),
-    ("  + async submit", dict(out_cvt=True, resident_acts=True, npu_elementwise=True, async_submit=True)),
+    ("NPU norm/SwiGLU row + async submit", dict(out_cvt=True, resident_acts=True, npu_elementwise=True,
+                                                async_submit=True)),
     ("+ NPU attention: one submit per token", dict(out_cvt=True, resident_acts=True, npu_elementwise=True,
                                                   npu_attention=True)),
     ("best: all of the above, 3 cores, async", dict(out_cvt=True, resident_acts=True, npu_elementwise=True,
