@@ -349,3 +349,11 @@ def test_plan_commands_chain_int4_tasks():
     assert st["tasks"] == 4
     assert np.array_equal(npu.layout("unpack_output", M, K, N, bufs[3][1], precision="int4"), ref(a, b))
     assert re.search("int4", npu.matmul_w4a4.__doc__)
+
+
+def test_cli_npu_plan_int4(capsys):
+    from orkpy.cli import main
+    assert main(["npu-plan", "1", "6144", "2048", "--precision", "int4", "--limit", "2", "--dump"]) == 0
+    out = capsys.readouterr().out
+    assert "int4 matmul" in out and "13 task(s) (m 1 x k 13 x n 1)" in out and "... 11 more" in out
+    assert out.count("OP_EN.PC_OPERATION_ENABLE") == 13
