@@ -29,7 +29,8 @@ def codes(rng, *shape):
 
 
 def edges(rng, M, K, N):
-    """Random codes with a row of -8, a row of 7 and a column of -8 (the largest products)."""
+    """Random codes with the edges: an activation row of -8 and one of 7, a weight row of -8 and one of
+    7 / -7 halves (the largest products: 64, -56, 49)."""
     a, b = codes(rng, M, K), codes(rng, N, K)
     a[0] = -8
     b[0] = -8
@@ -37,6 +38,7 @@ def edges(rng, M, K, N):
         a[-1] = 7
     if N > 1:
         b[-1, : K // 2] = 7
+        b[-1, K // 2:] = -7
     return a, b
 
 
