@@ -2,9 +2,26 @@
 bytes every int8 x int8 -> int32 matmul moves, the decode rate that traffic
 allows at a given DRAM bandwidth (a roofline ESTIMATE, not a measurement: no
 board here), next to RKLLM's published RK3588 figures, and the host cost of
-planning + emitting the register commands of one token.
+planning + emitting the register commands of one token; then the token's cost
+(W8A8 / W4A4 / mixed) for Qwen3-1.7B, Qwen2.5-1.5B, SmolLM2-135M and
+Gemma-3-270M under the cost model's named assumptions.
 
     python bench/npu_plan.py [--gguf PATH] [--repeat 50] [--bandwidth 33.8 25 20] [--groups 128 32]
+                             [--models qwen3-1.7b qwen2.5-1.5b smollm2-135m gemma3-270m]
+                             [--mix 5.0 | --alloc FILE] [--cost-bandwidth 33.8 25.8] [--task-us 0]
+                             [--sections plan roofline grouped timing submits cost]
+
+Token cost (--sections cost; orkpy.runtime.npu_cost, docs/npu.md "The token's cost"): per model
+and precision map -- W8A8 (every linear int8), W4A4 (every linear int4 x int4 -> int16, K tiles of
+<= 480 codes summed in int32) and a mixed map (--alloc FILE: JSON {tensor name: "w4a4" | "int8" |
+"float"}; else --mix BITS: the stand-in rule npu_cost.mix_map, W8A8 for attn_v, the first and last
+layer, ffn_down, ... while the average stays <= BITS NPU bits per weight) -- the NPU bytes, tasks
+and submits per token and the ESTIMATE ms / tok/s for each schedule of npu_cost.SCHEDULES, from
+today's (Job chains between host round trips: Qwen3-1.7B W8A8 1724 MB/token at 33.8 GB/s + 113
+submits x 0.218 ms = 75.6 ms, 13.2 tok/s) to the best the stated assumptions allow, with every
+assumption's value, status and source printed, and the project's goal checked (mixed <= 5.0 NPU
+bits/weight at >= 25 tok/s on the Qwen3-1.7B and Qwen2.5-1.5B shapes): which rows meet it, and the
+assumptions each needs.
 
 Bytes per matmul = weights (w_bytes) + packed input (in_bytes) + int32 output
 (out_bytes) + register commands (cmd_bytes), from orkpy.runtime.npu.plan(). Only the
@@ -42,6 +59,7 @@ import time
 import numpy as np
 
 import orkpy.runtime.npu as npu
+import orkpy.runtime.npu_cost as cost
 from orkpy.evaluation.testing import best_time
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
@@ -219,15 +237,135 @@ def grouped_plan(sh, groups, bw, prefill=512):
     return out
 
 
-def main():
+SECTIONS = ("plan", "roofline", "grouped", "timing", "submits", "cost")
+# the project's goal: mixed <= 5.0 NPU bits/weight at >= 1.5 x 16.7 (RKLLM's Qwen2.5-1.5B w8a8) = 25 tok/s, <= 40 ms
+GOAL_MODELS, GOAL_BITS, GOAL_TOK_S = ("qwen3-1.7b", "qwen2.5-1.5b"), 5.0, 25.0
+
+
+def precision_maps(args, name, d):
+    """[(label, precision map, note)]: W8A8, W4A4 and the mixed map (--alloc FILE or the --mix rule)."""
+    out = [("W8A8", cost.uniform_map(d, "int8"), "every linear int8 x int8 -> int32"),
+           ("W4A4", cost.uniform_map(d, "w4a4"), "every linear int4 x int4 -> int16, K tiles <= 480, int32 sums")]
+    if args.alloc:
+        pm = cost.read_alloc(args.alloc, d)
+        cpu = sum(v == "float" for v in pm.values())
+        out.append((f"mixed {os.path.basename(args.alloc)}", pm, f"--alloc {args.alloc}"
+                    + (f"; {cpu} float linears on the host (their cost not modelled)" if cpu else "")))
+    else:
+        pm, taken = cost.mix_map(d, args.mix)
+        downs = sum(t.startswith("ffn_down of") for t in taken)
+        rest = [t for t in taken if not t.startswith("ffn_down of")]
+        out.append((f"mixed {args.mix:g}", pm, f"stand-in rule (npu_cost.mix_map; no measured sensitivities yet): "
+                    f"W8A8 for {', '.join(rest[:2])}, ffn_down of {downs} layers"
+                    + (f", {', '.join(rest[2:])}" if rest[2:] else "") + ", W4A4 elsewhere"))
+    return out
+
+
+def cost_table(name, d, maps, args):
+    """One model's token-cost tables (module doc); returns {(map label, schedule label, GB/s): cost dict}."""
+    res = {}
+    for bw in args.cost_bandwidth:
+        for lab, _ in cost.SCHEDULES:
+            a = cost.schedule(lab, bandwidth_gbs=bw, task_us=args.task_us)
+            for mlab, pm, _ in maps:
+                res[(mlab, lab, bw)] = cost.token_cost(d, pm, a)
+    for bw in args.cost_bandwidth:
+        hdr = f"  {'schedule at ' + format(bw, 'g') + ' GB/s':<46}{'submits':>9}" + "".join(
+            f"{m + ' ms':>16}{'tok/s':>7}" for m, _, _ in maps)
+        print(hdr)
+        print("  " + "-" * (len(hdr) - 2))
+        for lab, _ in cost.SCHEDULES:
+            subs = sorted({res[(m, lab, bw)]["submits"] for m, _, _ in maps})
+            cells = "".join(f"{res[(m, lab, bw)]['ms']:>16.2f}{res[(m, lab, bw)]['tok_s']:>7.2f}" for m, _, _ in maps)
+            print(f"  {lab:<46}{'/'.join(map(str, subs)):>9}{cells}")
+        print()
+    bw0, today = args.cost_bandwidth[0], cost.SCHEDULES[1][0]
+    for mlab, pm, note in maps:
+        r = res[(mlab, today, bw0)]
+        print(f"  {mlab}: {r['bits']:.2f} NPU bits/weight, {r['bytes'] / 1e6:.1f} MB/token today (weights "
+              f"{r['w_bytes'] / 1e6:.1f}, in {r['in_bytes'] / 1e6:.2f}, out {r['out_bytes'] / 1e6:.2f}, commands "
+              f"{r['cmd_bytes'] / 1e6:.2f}), {r['tasks']} tasks, {r['submits']} submits; "
+              f"{r['t_bytes_ms']:.2f} ms bytes + {r['t_submit_ms']:.2f} ms submits; {note}")
+    return res
+
+
+def goal_check(name, maps, res, args):
+    """Which rows meet the goal (mixed <= 5.0 NPU bits/weight at >= 25 tok/s), and what they assume."""
+    for mlab, pm, _ in maps[2:]:
+        bits = res[(mlab, cost.SCHEDULES[1][0], args.cost_bandwidth[0])]["bits"]
+        for bw in args.cost_bandwidth:
+            ok = [(lab, res[(mlab, lab, bw)]) for lab, _ in cost.SCHEDULES if res[(mlab, lab, bw)]["tok_s"] >= GOAL_TOK_S]
+            floor = res[(mlab, cost.SCHEDULES[-1][0], bw)]["t_bytes_ms"]
+            head = (f"  GOAL {name} ({mlab}, {bits:.2f} <= {GOAL_BITS:g} bits: {'yes' if bits <= GOAL_BITS else 'NO'}) "
+                    f"at {bw:g} GB/s, >= {GOAL_TOK_S:g} tok/s (<= {1e3 / GOAL_TOK_S:.1f} ms):")
+            if not ok:
+                print(f"{head} NOT met by any schedule (the bytes alone take {floor:.1f} ms)")
+                continue
+            lab, r = ok[0]
+            need = cost.schedule(lab).on()
+            print(f"{head} met from '{lab}' ({r['ms']:.1f} ms, {r['tok_s']:.1f} tok/s); it assumes "
+                  f"{', '.join(need) or 'nothing beyond today'} and {bw:g} GB/s streamed")
+
+
+def cost_section(args):
+    """The token-cost section (module doc) for every --models entry."""
+    print("ESTIMATE: the token's cost on the RK3588 NPU, decode M = 1 (no board here: planner bytes and tasks + "
+          "the named assumptions of orkpy.runtime.npu_cost; ms = bytes / bandwidth + submits x (0.218 ms - hidden) "
+          "+ tasks x task_us / cores)")
+    for name in args.models:
+        d = cost.MODELS[name]
+        print(f"{name}: hidden {d['hidden']}, ffn {d['ffn']}, {d['layers']} layers, {d['n_head']} q / "
+              f"{d['n_head_kv']} kv heads x {d['head_dim']}, vocab {d['vocab']}, tied head (published config)")
+        maps = precision_maps(args, name, d)
+        res = cost_table(name, d, maps, args)
+        if name in GOAL_MODELS or args.alloc:
+            goal_check(name, maps, res, args)
+        print()
+    best = cost.schedule(len(cost.SCHEDULES) - 1, bandwidth_gbs=args.cost_bandwidth[0], task_us=args.task_us)
+    print("  assumptions (value in the best row; each schedule row switches on what its label adds):")
+    for key, val, status, src in cost.describe(best):
+        print(f"    {key:<16}{str(val):>7}  {status:<18}{src}")
+    d0 = cost.MODELS[args.models[0]]
+    t = [cost.token_cost(d0, cost.uniform_map(d0, p), cost.Assumptions())["tasks"] for p in ("int8", "w4a4")]
+    print(f"  task_us is unknown (0 here unless --task-us): each us per task adds tasks / cores us per token "
+          f"({args.models[0]}: {t[0]} W8A8 / {t[1]} W4A4 tasks per token -- int4's 480-code K tiles multiply them)")
+    print("  not modelled: the host's own work per round trip (attention, norms, quantizing and unpacking "
+          "activations) and the CPU cost of float linears; the NPU's compute at M = 1 (bytes dominate)")
+    print()
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=DEFAULT_GGUF, help="Qwen3 GGUF to read dimensions from")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--bandwidth", type=float, nargs="+", default=[33.8, 25.0, 20.0], help="GB/s")
     ap.add_argument("--groups", type=int, nargs="*", default=[128, 32], help="group sizes of the grouped plan")
-    args = ap.parse_args()
-    t_start = time.perf_counter()
+    ap.add_argument("--models", nargs="+", default=list(cost.MODELS), choices=sorted(cost.MODELS),
+                    help="models of the token-cost section (published configs)")
+    mix = ap.add_mutually_exclusive_group()
+    mix.add_argument("--mix", type=float, default=5.0, help="NPU bits/weight budget of the stand-in mixed map")
+    mix.add_argument("--alloc", help="JSON {tensor name: w4a4 | int8 | float}: the mixed map (one model)")
+    ap.add_argument("--cost-bandwidth", type=float, nargs="+", default=[33.8, 25.8], help="GB/s of the cost tables")
+    ap.add_argument("--task-us", type=float, default=0.0, help="assumed cost of each task inside a chain, us")
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    args = ap.parse_args(argv)
+    if args.alloc and len(args.models) != 1:
+        ap.error("--alloc names one model's tensors: give exactly one --models")
+    return args
 
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    if set(args.sections) - {"cost"}:
+        qwen3_sections(args)
+    if "cost" in args.sections:
+        cost_section(args)
+    print(f"total runtime {time.perf_counter() - t_start:.1f} s")
+
+
+def qwen3_sections(args):
+    """The Qwen3-1.7B W8A8 sections (module doc): plan, roofline, grouped, timing, submits."""
     d, src = model_dims(args.gguf)
     print("Qwen3-1.7B decode (M=1) on the RK3588 NPU planner, int8 x int8 -> int32")
     print(f"dims: {src}")
@@ -251,8 +389,10 @@ def main():
         calls += cnt
         tasks += p["n_tasks"] * cnt
         macs += p["macs"] * cnt
-        print(f"{name:<16}{K:>6}{N:>8}{p['n_tasks']:>6}{p['cmd_bytes'] // 8:>8}{p['w_bytes']:>15,}"
-              f"{p['in_bytes']:>9,}{p['out_bytes']:>11,}{p['cmd_bytes']:>9,}{per:>15,}{cnt:>5}{per * cnt / 1e6:>10.2f}")
+        if "plan" in args.sections:
+            print(f"{name:<16}{K:>6}{N:>8}{p['n_tasks']:>6}{p['cmd_bytes'] // 8:>8}{p['w_bytes']:>15,}"
+                  f"{p['in_bytes']:>9,}{p['out_bytes']:>11,}{p['cmd_bytes']:>9,}{per:>15,}{cnt:>5}"
+                  f"{per * cnt / 1e6:>10.2f}")
     total = sum(tot.values())
     print("-" * len(hdr))
     print(f"{'per token':<16}{'':>14}{tasks:>6}{tot['cmd_bytes'] // 8:>8,}{tot['w_bytes']:>15,}"
@@ -261,7 +401,18 @@ def main():
     print(f"  {calls} matmul calls ({tasks} NPU tasks) per token; weights are {tot['w_bytes'] / total:.2%} of the "
           f"bytes; {macs / 1e9:.3f} GMAC/token")
     print()
+    if "roofline" in args.sections:
+        roofline(args, total, macs, calls)
+    bw0 = args.bandwidth[0]
+    if "grouped" in args.sections:
+        grouped_plan(sh, args.groups, bw0)
+    t_emit = timing(args, d, sh, total, calls) if "timing" in args.sections else 0.0
+    if "submits" in args.sections:
+        submit_table(d, sh, bw0, args.repeat, t_emit)
 
+
+def roofline(args, total, macs, calls):
+    """The bandwidth-bound estimate and RKLLM's published figures (module doc)."""
     print("ESTIMATE: bandwidth bound, no compute/submit overhead (bytes/token above / DRAM bandwidth; "
           "not measured, no board here)")
     print(f"  33.8 GB/s = RK3588 theoretical: LPDDR4x-4224 (DMC 2112 MHz) x 64 bit (docs/npu.md, "
@@ -288,9 +439,12 @@ def main():
           "streaming from the Qwen2.5 1.5B figure: compare with the 25 GB/s row)")
     print()
 
-    grouped_plan(sh, args.groups, bw0)
 
-    # ---- planner + command emission, one token's matmuls, against a host copy of one layer's weights
+def timing(args, d, sh, total, calls):
+    """Planner + command emission of one token's matmuls, against a host copy of one layer's
+    weights; returns the plan + emit time of one token (seconds)."""
+    bw0 = args.bandwidth[0]
+
     def plan_all():
         for _, K, N, cnt in sh:
             for _ in range(cnt):
@@ -321,8 +475,7 @@ def main():
     print(f"  ('x est. token' = fraction of the {bw0:g} GB/s bandwidth-bound token time, {s_roof * 1e3:.2f} ms; "
           f"host here is {os.uname().machine}, not the RK3588's A76)")
     print()
-    submit_table(d, sh, bw0, args.repeat, t_emit)
-    print(f"total runtime {time.perf_counter() - t_start:.1f} s")
+    return t_emit
 
 
 if __name__ == "__main__":

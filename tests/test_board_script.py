@@ -2,6 +2,7 @@
 kernels (--fake): exit status, fixtures, and the no-device path."""
 import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -18,8 +19,15 @@ SCRIPT = pathlib.Path(__file__).resolve().parent / "board" / "run_board.py"
 
 
 def run(*args, timeout=300):
+    """The script in a subprocess that imports the orkpy these tests import (a worktree or a checkout
+    other than the installed one: the script's own folder comes first on its sys.path)."""
+    import orkpy
+
+    env = dict(os.environ)
+    root = str(pathlib.Path(orkpy.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def load_script():
@@ -106,3 +114,43 @@ def test_mismatch_exits_1(tmp_path, monkeypatch, capsys):
     assert call["n_diff"] == 1 and call["first_diff"] == {"m": 3, "n": 31, "got": call["first_diff"]["want"] + 1,
                                                           "want": call["first_diff"]["want"]}
     assert fx["results"]["rocket"]["equal_emu"] is False
+
+
+def test_int4_step_runs_first_and_names_the_unverified_values(tmp_path, monkeypatch, capsys):
+    """The int4 step comes before every int8 shape, prints the unverified register table, runs the int4
+    goldens on emu and both fake kernels against the CPU model and writes their fixtures; --int4 only
+    runs just it; a device that disagrees fails the run and says the int4 path is not confirmed."""
+    out = tmp_path / "fx"
+    r = run("--fake", "--quick", "--int4", "only", "--out", out, "--calls", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = r.stdout
+    assert "int4 x int4 -> int16 FIRST" in text and "IN_PRECISION" in text and "unverified" in text
+    mod = load_script()
+    info = json.loads((out / "board-run.json").read_text())
+    assert info["shapes"] == [] and info["int4"]["ok"] is True
+    assert [s["name"] for s in info["int4"]["shapes"]] == [f"int4_{M}x{K}x{N}" for M, K, N in mod.INT4_GOLDEN]
+    assert info["int4"]["unverified_registers"] == npu.int4_register_facts()
+    fx = json.loads((out / "int4_37x2048x100.json").read_text())
+    assert fx["precision"] == "int4" and fx["plan"]["nk"] == 5 and fx["commands"]["emulated_equal_reference"]
+    assert all(res["ok"] for res in fx["results"].values()) and set(fx["results"]) == {"emu", "rknpu", "rocket"}
+    q = np.fromfile(out / fx["commands"]["bin"], dtype="<u8")
+    again = npu.plan_commands(37, 2048, 100, 0x00100000, 0x10000000, 0x20000000, 0x30000000, precision="int4")
+    assert np.array_equal(q, again)
+    a_list, b = mod.int4_inputs(fx["seed"], 37, 2048, 100, 1)
+    assert mod.sha256(b) == fx["b_sha256"] and b.min() == -8 and b.max() == 7
+
+    real = npu.Device.matmul
+
+    def wrong_int4(self, a, w, **kw):
+        c = real(self, a, w, **kw)
+        if self.backend == "rknpu" and a.max() <= 7 and a.min() >= -8:
+            c = c.copy()
+            c[0, 0] += 1
+        return c
+
+    monkeypatch.setattr(npu.Device, "matmul", wrong_int4)
+    rc = mod.main(["--fake", "--quick", "--int4", "only", "--backend", "rknpu", "--out", str(tmp_path / "bad"),
+                   "--calls", "1"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "int4 NOT CONFIRMED" in text and "MISMATCH vs the CPU model" in text
+    assert text.index("int4 x int4 -> int16 FIRST") < text.index("FAILED: int4_4x64x64")

@@ -72,6 +72,8 @@ def test_limits(args):
 
 def test_bad_dtype():
     with pytest.raises(ValueError, match="dtype"):
+        npu.matmul_task(4, 64, 32, 0, 0, 0, "bf16")
+    with pytest.raises(ValueError, match="N % 64"):  # int4 kernels come in groups of 64
         npu.matmul_task(4, 64, 32, 0, 0, 0, "int4")
 
 

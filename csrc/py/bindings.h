@@ -90,6 +90,8 @@ PyObject *orkpy_layer_linears(PyObject *self, PyObject *unused);
 /* py_npu.c */
 PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_names(PyObject *self, PyObject *args);
+/* npu_int4_facts() -> the int4 task's register values and what each rests on (regcmd.h) */
+PyObject *orkpy_npu_int4_facts(PyObject *self, PyObject *unused);
 PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw);
@@ -105,11 +107,14 @@ PyObject *orkpy_npu_backends(PyObject *self, PyObject *unused);
 /* npu_pc_amount(body_qwords) -> PC_REGISTER_AMOUNTS for a task body (regcmd.h) */
 PyObject *orkpy_npu_pc_amount(PyObject *self, PyObject *arg);
 /* argument helpers shared by py_npu.c and py_npu_device.c (-1 with an exception): v in [0, 2^32) named `name`;
- * the per-task tile caps max_m, max_k, max_n (0 = hardware limit); a backend by name (a ValueError listing them) */
+ * the per-task tile caps max_m, max_k, max_n (0 = hardware limit), the precision; a backend by name (a ValueError
+ * listing them) */
 #include "../ork/npu/backend.h"
 #include "../ork/npu/device.h"
 int orkpy_u32_arg(long long v, const char *name, uint32_t *out);
 int orkpy_npu_caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o);
+/* precision "int8" (or NULL) / "int4" into o (after orkpy_npu_caps_arg, which zeroes o) */
+int orkpy_npu_prec_arg(const char *s, ork_npu_plan_opts *o);
 int orkpy_npu_backend_arg(const char *s, ork_npu_backend_kind *kind);
 /* py_npu_device.c: the NPUDevice / NPUWeight / NPUJob types */
 int orkpy_npu_init(PyObject *module);

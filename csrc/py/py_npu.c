@@ -24,7 +24,10 @@ PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw) {
     ork_npu_matmul_desc d;
     if (strcmp(dt, "int8") == 0) d.dtype = ORK_NPU_INT8_INT32;
     else if (strcmp(dt, "fp16") == 0) d.dtype = ORK_NPU_FP16_FP32;
-    else return PyErr_Format(PyExc_ValueError, "dtype must be 'int8' (-> int32) or 'fp16' (-> fp32), got '%s'", dt);
+    else if (strcmp(dt, "int4") == 0) d.dtype = ORK_NPU_INT4_INT16;
+    else
+        return PyErr_Format(PyExc_ValueError, "dtype must be 'int8' (-> int32), 'fp16' (-> fp32) or 'int4' (-> int16), got "
+                            "'%s'", dt);
     if (M > 0xffffffffULL || K > 0xffffffffULL || N > 0xffffffffULL || in_a > 0xffffffffULL || w_a > 0xffffffffULL ||
         out_a > 0xffffffffULL)
         return PyErr_Format(PyExc_ValueError, "sizes and NPU addresses must fit in 32 bits");
@@ -50,6 +53,24 @@ PyObject *orkpy_npu_matmul_task(PyObject *self, PyObject *args, PyObject *kw) {
 done:
     Py_XDECREF(a);
     return result;
+}
+
+/* npu_int4_facts() -> [dict(register, field, value (None: see formula), formula, basis)] (regcmd.h) */
+PyObject *orkpy_npu_int4_facts(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    size_t n;
+    const ork_npu_reg_fact *f = ork_npu_int4_facts(&n);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *v = f[i].value < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(f[i].value);
+        PyObject *row = v ? Py_BuildValue("{s:s,s:s,s:N,s:s,s:s}", "register", f[i].reg, "field", f[i].field, "value", v,
+                                          "formula", f[i].formula, "basis", f[i].basis)
+                          : NULL;
+        if (!row) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, (Py_ssize_t)i, row);
+    }
+    return out;
 }
 
 PyObject *orkpy_npu_names(PyObject *self, PyObject *args) {
@@ -78,16 +99,32 @@ int orkpy_u32_arg(long long v, const char *name, uint32_t *out) {
     return 0;
 }
 
-/* the per-task tile caps max_m, max_k, max_n (0 = hardware limit) */
+/* the per-task tile caps max_m, max_k, max_n (0 = hardware limit); the precision int8 */
 int orkpy_npu_caps_arg(long long mm, long long mk, long long mn, ork_npu_plan_opts *o) {
+    memset(o, 0, sizeof *o);
     return orkpy_u32_arg(mm, "max_m", &o->max_m) || orkpy_u32_arg(mk, "max_k", &o->max_k) || orkpy_u32_arg(mn, "max_n", &o->max_n) ? -1
                                                                                                               : 0;
 }
 
-static int make_plan(long long M, long long K, long long N, long long mm, long long mk, long long mn, ork_npu_plan *p) {
+/* precision "int8" (None too) or "int4" -> o->precision */
+int orkpy_npu_prec_arg(const char *s, ork_npu_plan_opts *o) {
+    if (!s || !strcmp(s, "int8")) o->precision = ORK_NPU_PREC_INT8;
+    else if (!strcmp(s, "int4")) o->precision = ORK_NPU_PREC_INT4;
+    else {
+        PyErr_Format(PyExc_ValueError, "precision must be 'int8' (int8 x int8 -> int32) or 'int4' (int4 x int4 -> int16 "
+                     "tiles), got '%s'", s);
+        return -1;
+    }
+    return 0;
+}
+
+static int make_plan(long long M, long long K, long long N, long long mm, long long mk, long long mn, const char *prec,
+                     ork_npu_plan *p) {
     uint32_t m, k, n;
     ork_npu_plan_opts o;
-    if (orkpy_u32_arg(M, "M", &m) || orkpy_u32_arg(K, "K", &k) || orkpy_u32_arg(N, "N", &n) || orkpy_npu_caps_arg(mm, mk, mn, &o)) return -1;
+    if (orkpy_u32_arg(M, "M", &m) || orkpy_u32_arg(K, "K", &k) || orkpy_u32_arg(N, "N", &n) ||
+        orkpy_npu_caps_arg(mm, mk, mn, &o) || orkpy_npu_prec_arg(prec, &o))
+        return -1;
     ork_err err;
     err.msg[0] = 0;
     ork_status st = ork_npu_plan_make(m, k, n, &o, p, &err);
@@ -98,15 +135,16 @@ static int make_plan(long long M, long long K, long long N, long long mm, long l
     return 0;
 }
 
-#define PLAN_KW "M", "K", "N", "max_m", "max_k", "max_n"
+#define PLAN_KW "M", "K", "N", "max_m", "max_k", "max_n", "precision"
 
 PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {PLAN_KW, NULL};
     long long M, K, N, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLL|LLL:npu_plan", kwlist, &M, &K, &N, &mm, &mk, &mn)) return NULL;
+    const char *prec = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLL|LLLz:npu_plan", kwlist, &M, &K, &N, &mm, &mk, &mn, &prec)) return NULL;
     ork_npu_plan p;
-    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    if (make_plan(M, K, N, mm, mk, mn, prec, &p)) return NULL;
     PyObject *tasks = NULL, *result = NULL;
     if (!(tasks = PyList_New(p.n_tasks))) goto done;
     for (uint32_t t = 0; t < p.n_tasks; t++) {
@@ -118,7 +156,8 @@ PyObject *orkpy_npu_plan(PyObject *self, PyObject *args, PyObject *kw) {
         if (!row) goto done;
         PyList_SET_ITEM(tasks, t, row);
     }
-    result = Py_BuildValue("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:O}", "M", p.M, "K", p.K, "N", p.N,
+    result = Py_BuildValue("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:O}", "precision",
+                           p.prec == ORK_NPU_PREC_INT4 ? "int4" : "int8", "out_esz", p.out_esz, "M", p.M, "K", p.K, "N", p.N,
                            "Kp", p.Kp, "Np", p.Np, "nm", p.nm, "nk", p.nk, "nn", p.nn, "n_tasks", p.n_tasks, "in_bytes",
                            (unsigned long long)p.in_bytes, "w_bytes", (unsigned long long)p.w_bytes, "out_bytes",
                            (unsigned long long)p.out_bytes, "cmd_bytes", (unsigned long long)p.cmd_bytes, "macs",
@@ -131,17 +170,19 @@ done:
 
 PyObject *orkpy_npu_plan_emit(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"M", "K", "N", "cmd_addr", "in_addr", "w_addr", "out_addr", "max_m", "max_k", "max_n", NULL};
+    static char *kwlist[] = {"M", "K", "N", "cmd_addr", "in_addr", "w_addr", "out_addr", "max_m", "max_k", "max_n",
+                             "precision", NULL};
     long long M, K, N, ca, ia, wa, oa, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLLLLL|LLL:npu_plan_emit", kwlist, &M, &K, &N, &ca, &ia, &wa, &oa, &mm,
-                                     &mk, &mn))
+    const char *prec = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLLLLL|LLLz:npu_plan_emit", kwlist, &M, &K, &N, &ca, &ia, &wa, &oa, &mm,
+                                     &mk, &mn, &prec))
         return NULL;
     uint32_t c, i, w, o;
     if (orkpy_u32_arg(ca, "cmd_addr", &c) || orkpy_u32_arg(ia, "in_addr", &i) || orkpy_u32_arg(wa, "w_addr", &w) ||
         orkpy_u32_arg(oa, "out_addr", &o))
         return NULL;
     ork_npu_plan p;
-    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    if (make_plan(M, K, N, mm, mk, mn, prec, &p)) return NULL;
     npy_intp n = (npy_intp)(p.cmd_bytes / 8);
     PyArrayObject *a = NULL;
     PyObject *result = NULL;
@@ -165,10 +206,11 @@ done:
     return result;
 }
 
-/* shapes: a sequence of (M, K, N) -> a chain with the same caps for every matmul */
-static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn, ork_npu_chain *c) {
+/* shapes: a sequence of (M, K, N) or (M, K, N, precision) -> a chain with the same caps for every matmul
+ * (a shape without its own precision takes prec) */
+static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn, const char *prec, ork_npu_chain *c) {
     ork_npu_plan_opts o;
-    if (orkpy_npu_caps_arg(mm, mk, mn, &o)) return -1;
+    if (orkpy_npu_caps_arg(mm, mk, mn, &o) || orkpy_npu_prec_arg(prec, &o)) return -1;
     PyObject *seq = PySequence_Fast(shapes, "shapes must be a sequence of (M, K, N)");
     if (!seq) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -182,15 +224,17 @@ static int make_chain(PyObject *shapes, long long mm, long long mk, long long mn
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         long long M, K, N;
+        const char *pi = prec;
         PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(it)) {
-            PyErr_SetString(PyExc_TypeError, "each shape must be a tuple (M, K, N)");
+            PyErr_SetString(PyExc_TypeError, "each shape must be a tuple (M, K, N) or (M, K, N, precision)");
             goto done;
         }
-        if (!PyArg_ParseTuple(it, "LLL;each shape must be (M, K, N)", &M, &K, &N) ||
-            orkpy_u32_arg(M, "M", &d[i]) || orkpy_u32_arg(K, "K", &d[n + i]) || orkpy_u32_arg(N, "N", &d[2 * n + i]))
-            goto done;
         op[i] = o;
+        if (!PyArg_ParseTuple(it, "LLL|z;each shape must be (M, K, N) or (M, K, N, precision)", &M, &K, &N, &pi) ||
+            orkpy_u32_arg(M, "M", &d[i]) || orkpy_u32_arg(K, "K", &d[n + i]) || orkpy_u32_arg(N, "N", &d[2 * n + i]) ||
+            orkpy_npu_prec_arg(pi, &op[i]))
+            goto done;
     }
     ork_err err;
     err.msg[0] = 0;
@@ -207,16 +251,18 @@ done:
 /* npu_chain_plan(shapes, max_m, max_k, max_n) -> dict: n_tasks, buffer sizes, per-matmul regions */
 PyObject *orkpy_npu_chain_plan(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"shapes", "max_m", "max_k", "max_n", NULL};
+    static char *kwlist[] = {"shapes", "max_m", "max_k", "max_n", "precision", NULL};
     PyObject *shapes, *parts = NULL, *result = NULL;
     long long mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:npu_chain_plan", kwlist, &shapes, &mm, &mk, &mn)) return NULL;
+    const char *prec = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLLz:npu_chain_plan", kwlist, &shapes, &mm, &mk, &mn, &prec)) return NULL;
     ork_npu_chain c;
-    if (make_chain(shapes, mm, mk, mn, &c)) return NULL;
+    if (make_chain(shapes, mm, mk, mn, prec, &c)) return NULL;
     if (!(parts = PyList_New(c.n))) goto done;
     for (uint32_t i = 0; i < c.n; i++) {
         const ork_npu_plan *p = &c.plans[i];
-        PyObject *row = Py_BuildValue("{s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K}", "M", p->M, "K", p->K, "N", p->N,
+        PyObject *row = Py_BuildValue("{s:s,s:I,s:I,s:I,s:I,s:K,s:K,s:K,s:K,s:K,s:K}", "precision",
+                                      p->prec == ORK_NPU_PREC_INT4 ? "int4" : "int8", "M", p->M, "K", p->K, "N", p->N,
                                       "n_tasks", p->n_tasks, "in_off", (unsigned long long)c.in_at[i], "out_off",
                                       (unsigned long long)c.out_at[i], "cmd_off", (unsigned long long)c.cmd_at[i],
                                       "in_bytes", (unsigned long long)p->in_bytes, "out_bytes",
@@ -236,16 +282,18 @@ done:
 /* npu_chain_emit(shapes, cmd_addr, in_addr, w_addrs, out_addr, max_m, max_k, max_n) -> uint64 commands */
 PyObject *orkpy_npu_chain_emit(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"shapes", "cmd_addr", "in_addr", "w_addrs", "out_addr", "max_m", "max_k", "max_n", NULL};
+    static char *kwlist[] = {"shapes", "cmd_addr", "in_addr", "w_addrs", "out_addr", "max_m", "max_k", "max_n",
+                             "precision", NULL};
     PyObject *shapes, *wobj, *wseq = NULL;
     long long ca, ia, oa, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLOL|LLL:npu_chain_emit", kwlist, &shapes, &ca, &ia, &wobj, &oa, &mm, &mk,
-                                     &mn))
+    const char *prec = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLLOL|LLLz:npu_chain_emit", kwlist, &shapes, &ca, &ia, &wobj, &oa, &mm, &mk,
+                                     &mn, &prec))
         return NULL;
     uint32_t c_a, i_a, o_a;
     if (orkpy_u32_arg(ca, "cmd_addr", &c_a) || orkpy_u32_arg(ia, "in_addr", &i_a) || orkpy_u32_arg(oa, "out_addr", &o_a)) return NULL;
     ork_npu_chain c;
-    if (make_chain(shapes, mm, mk, mn, &c)) return NULL;
+    if (make_chain(shapes, mm, mk, mn, prec, &c)) return NULL;
     PyArrayObject *a = NULL;
     PyObject *result = NULL;
     uint32_t *wa = NULL;
@@ -289,14 +337,14 @@ done:
  * "unpack_input", "pack_weights" (B int8 (N,K)), "unpack_weights", "unpack_output" (uint8 -> int32 (M,N)) */
 PyObject *orkpy_npu_layout(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"op", "M", "K", "N", "array", "max_m", "max_k", "max_n", NULL};
-    const char *op;
+    static char *kwlist[] = {"op", "M", "K", "N", "array", "max_m", "max_k", "max_n", "precision", NULL};
+    const char *op, *prec = NULL;
     long long M, K, N, mm = 0, mk = 0, mn = 0;
     PyObject *obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLLLO|LLL:npu_layout", kwlist, &op, &M, &K, &N, &obj, &mm, &mk, &mn))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLLLO|LLLz:npu_layout", kwlist, &op, &M, &K, &N, &obj, &mm, &mk, &mn, &prec))
         return NULL;
     ork_npu_plan p;
-    if (make_plan(M, K, N, mm, mk, mn, &p)) return NULL;
+    if (make_plan(M, K, N, mm, mk, mn, prec, &p)) return NULL;
     PyArrayObject *in = NULL, *out = NULL;
     PyObject *result = NULL;
     ork_err err;

@@ -103,14 +103,16 @@ static PyObject *finish_upload(WeightObject *w, ork_status st, const ork_err *er
     return (PyObject *)w;
 }
 
-/* upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight */
+/* upload(B int8 (N, K), max_m=0, max_k=0, max_n=0, precision="int8") -> NPUWeight */
 static PyObject *dev_upload(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"B", "max_m", "max_k", "max_n", NULL};
+    static char *kwlist[] = {"B", "max_m", "max_k", "max_n", "precision", NULL};
     PyObject *obj;
     long long mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLL:upload", kwlist, &obj, &mm, &mk, &mn) || dev_check(self)) return NULL;
+    const char *prec = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|LLLz:upload", kwlist, &obj, &mm, &mk, &mn, &prec) || dev_check(self))
+        return NULL;
     ork_npu_plan_opts o;
-    if (orkpy_npu_caps_arg(mm, mk, mn, &o)) return NULL;
+    if (orkpy_npu_caps_arg(mm, mk, mn, &o) || orkpy_npu_prec_arg(prec, &o)) return NULL;
     PyArrayObject *b = NULL;
     PyObject *result = NULL;
     if (!(b = orkpy_as_exact(obj, NPY_INT8, 2, "B"))) goto done;
@@ -330,7 +332,7 @@ static PyObject *dev_close(DevObject *self, PyObject *unused) {
 
 static PyMethodDef dev_methods[] = {
     {"upload", (PyCFunction)(void (*)(void))dev_upload, METH_VARARGS | METH_KEYWORDS,
-     "upload(B int8 (N, K), max_m=0, max_k=0, max_n=0) -> NPUWeight resident on the device"},
+     "upload(B int8 (N, K), max_m=0, max_k=0, max_n=0, precision='int8') -> NPUWeight resident on the device"},
     {"upload_packed", (PyCFunction)(void (*)(void))dev_upload_packed, METH_VARARGS | METH_KEYWORDS,
      "upload_packed(kind, store, lut, N, K, ...) -> NPUWeight from a PackedWeight tile store"},
     {"matmul", (PyCFunction)dev_matmul, METH_VARARGS, "matmul(weight, A int8 (M, K)) -> int32 (M, N)"},

@@ -122,12 +122,14 @@ def _cmd_npu_dump(args):
 def _cmd_npu_plan(args):
     from ..runtime.npu import dump, plan, plan_commands
 
-    caps = dict(max_m=args.max_m, max_k=args.max_k, max_n=args.max_n)
+    caps = dict(max_m=args.max_m, max_k=args.max_k, max_n=args.max_n, precision=args.precision)
     p = plan(args.M, args.K, args.N, **caps)
     if args.json:
         print(json.dumps(p, indent=1))
         return 0
-    print(f"int8 matmul ({args.M} x {args.K}) x ({args.K} x {args.N}) -> int32: {p['n_tasks']} task(s) "
+    what = ("int4 matmul ({M} x {K}) x ({K} x {N}) -> int16 K tiles of <= 480, summed in int32"
+            if args.precision == "int4" else "int8 matmul ({M} x {K}) x ({K} x {N}) -> int32")
+    print(f"{what.format(M=args.M, K=args.K, N=args.N)}: {p['n_tasks']} task(s) "
           f"(m {p['nm']} x k {p['nk']} x n {p['nn']}), {p['cmd_bytes'] // 8} command qwords")
     print(f"buffers: input {p['in_bytes']} B, weights {p['w_bytes']} B, output {p['out_bytes']} B, "
           f"commands {p['cmd_bytes']} B; {p['macs']} MACs on the NPU")
@@ -165,13 +167,15 @@ def add_npu_dump(sub):
 
 
 def add_npu_plan(sub):
-    s = sub.add_parser("npu-plan", help="how an int8 matmul is split into NPU tasks (and its command stream)")
+    s = sub.add_parser("npu-plan", help="how an int8 (or int4) matmul is split into NPU tasks (and its command stream)")
     s.add_argument("M", type=_positive_int, help="rows of the activations")
     s.add_argument("K", type=_positive_int, help="inputs (the contracted dimension)")
     s.add_argument("N", type=_positive_int, help="outputs")
     for cap in ("max_m", "max_k", "max_n"):
         s.add_argument("--" + cap.replace("_", "-"), dest=cap, type=int, default=0,
                        help="lower per-task cap, to force chains in tests (default: 0, the hardware limit)")
+    s.add_argument("--precision", choices=("int8", "int4"), default="int8",
+                   help="int8 x int8 -> int32 (default) or int4 x int4 -> int16 tiles (W4A4; docs/npu.md)")
     s.add_argument("--limit", type=_positive_int, default=20, help="tasks listed")
     s.add_argument("--dump", action="store_true", help="also print the chained command listing")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -1,6 +1,7 @@
-"""The RK3588 NPU layer: int8 x int8 -> int32 matmuls planned into tasks,
-packed into the NPU's layouts, encoded as PC-chained register commands and
-run by a backend:
+"""The RK3588 NPU layer: int8 x int8 -> int32 matmuls (and int4 x int4 ->
+int16 tiles combined in int32: ``precision="int4"``, :func:`matmul_w4a4`)
+planned into tasks, packed into the NPU's layouts, encoded as PC-chained
+register commands and run by a backend:
 
   ``emu``     a strict emulator of the command stream (any machine);
   ``rknpu``   the vendor kernel driver (/dev/dri/*, driver "rknpu");
@@ -71,43 +72,63 @@ def available():
     return [b for b in BACKENDS if b not in bad]
 
 
-def plan(M, K, N, *, max_m=0, max_k=0, max_n=0):
-    """The task split of an (M, K) x (K, N) int8 matmul: a dict with n_tasks,
-    nm / nk / nn tiles, buffer sizes (in_bytes, w_bytes, out_bytes,
-    cmd_bytes), macs and the per-task list. max_* lower the per-task caps
-    (to force chains in tests)."""
-    return _core.npu_plan(M, K, N, max_m, max_k, max_n)
+#: The precisions of a plan: "int8" (int8 x int8 -> int32) and "int4" (int4 x int4 -> int16 per K tile of at
+#: most INT4_MAX_KT codes, the tiles' int16 blocks summed on the host in int32; csrc/ork/npu/plan.h, "int4").
+PRECISIONS = ("int8", "int4")
+#: The largest K tile of an int4 plan: 480 x 8 x 8 = 30720 <= 32767, so no int16 partial overflows for any codes.
+INT4_MAX_KT = 480
 
 
-def plan_commands(M, K, N, cmd_addr, in_addr, w_addr, out_addr, *, max_m=0, max_k=0, max_n=0):
+def plan(M, K, N, *, max_m=0, max_k=0, max_n=0, precision="int8"):
+    """The task split of an (M, K) x (K, N) matmul: a dict with precision,
+    n_tasks, nm / nk / nn tiles, buffer sizes (in_bytes, w_bytes, out_bytes,
+    cmd_bytes), out_esz (bytes per output element: 4, int4: 2), macs and the
+    per-task list. max_* lower the per-task caps (to force chains in tests).
+    ``precision="int4"``: K tiles of at most :data:`INT4_MAX_KT`, N in 64s,
+    half-byte operands, int16 output blocks."""
+    return _core.npu_plan(M, K, N, max_m, max_k, max_n, precision)
+
+
+def plan_commands(M, K, N, cmd_addr, in_addr, w_addr, out_addr, *, max_m=0, max_k=0, max_n=0, precision="int8"):
     """uint64 command buffer of a whole plan (tasks chained through their PC tails)."""
-    return _core.npu_plan_emit(M, K, N, cmd_addr, in_addr, w_addr, out_addr, max_m, max_k, max_n)
+    return _core.npu_plan_emit(M, K, N, cmd_addr, in_addr, w_addr, out_addr, max_m, max_k, max_n, precision)
 
 
-def chain_plan(shapes, *, max_m=0, max_k=0, max_n=0):
+def int4_register_facts():
+    """The int4 x int4 -> int16 task's register values that no public source gives, from the one
+    table in csrc/ork/npu/regcmd.c: [dict(register, field, value (None when a formula), formula,
+    basis)]. Every row is unverified until tests/board/run_board.py's int4 step passes on a board
+    (docs/npu.md, "int4 register values")."""
+    return _core.npu_int4_facts()
+
+
+def chain_plan(shapes, *, max_m=0, max_k=0, max_n=0, precision="int8"):
     """The layout of a chained job (csrc/ork/npu/plan.h, "chains"): the
-    matmuls ``shapes`` [(M, K, N), ...] planned one after another in one
+    matmuls ``shapes`` [(M, K, N) or (M, K, N, precision), ...] planned one after another in one
     command, input and output buffer. A dict with n_tasks (all of them, one
     submit), in_bytes / out_bytes / cmd_bytes and ``parts``: per matmul its
     n_tasks and the offsets of its regions (in_off, out_off, cmd_off; each
-    region holds that matmul's own plan() layout)."""
-    return _core.npu_chain_plan([tuple(s) for s in shapes], max_m, max_k, max_n)
+    region holds that matmul's own plan() layout). A shape without its own
+    precision has ``precision``."""
+    return _core.npu_chain_plan([tuple(s) for s in shapes], max_m, max_k, max_n, precision)
 
 
-def chain_commands(shapes, cmd_addr, in_addr, w_addrs, out_addr, *, max_m=0, max_k=0, max_n=0):
+def chain_commands(shapes, cmd_addr, in_addr, w_addrs, out_addr, *, max_m=0, max_k=0, max_n=0, precision="int8"):
     """uint64 command buffer of a chained job: every matmul's tasks chained
     through their PC tails, the last task of matmul i linked to the first of
     matmul i + 1 (one submit of chain_plan()["n_tasks"] tasks). ``w_addrs``:
     one weight buffer address per matmul."""
     return _core.npu_chain_emit([tuple(s) for s in shapes], cmd_addr, in_addr, list(w_addrs), out_addr, max_m, max_k,
-                                max_n)
+                                max_n, precision)
 
 
-def layout(op, M, K, N, array, *, max_m=0, max_k=0, max_n=0):
+def layout(op, M, K, N, array, *, max_m=0, max_k=0, max_n=0, precision="int8"):
     """Operand layouts of a plan: op is pack_input (A (M, K) int8 -> uint8),
     pack_weights (B (N, K) int8 -> uint8), unpack_input, unpack_weights,
-    unpack_output (uint8 -> int32 (M, N), K tiles summed)."""
-    return _core.npu_layout(op, M, K, N, array, max_m, max_k, max_n)
+    unpack_output (uint8 -> int32 (M, N), K tiles summed). ``precision="int4"``:
+    A and B hold codes in [-8, 7] (anything else is a ValueError naming it),
+    packed two per byte (even k in the low nibble); the output blocks are int16."""
+    return _core.npu_layout(op, M, K, N, array, max_m, max_k, max_n, precision)
 
 
 def emulate(buffers, first_addr, amount, task_number=1):
@@ -142,14 +163,20 @@ class Device:
         self.backend = backend
         self._dev = _core.NPUDevice(backend, fake_kernel, emu_base, timeout_ms)
 
-    def upload(self, b, *, max_m=0, max_k=0, max_n=0):
+    def upload(self, b, *, max_m=0, max_k=0, max_n=0, precision="int8"):
         """b: an int8 (N, K) array or a PackedWeight (its int8 values: the
-        codes of int8, the LUT values of nf4/int4; scales stay on the host)."""
+        codes of int8, the LUT values of nf4/int4; scales stay on the host).
+        ``precision="int4"``: b is an int8 array of codes in [-8, 7], resident
+        in the int4 layout; matmuls with it take int8 activation codes in
+        [-8, 7] and return the exact int32 product (int16 K tiles summed)."""
         from ..kernels.packed import PackedWeight
 
         if isinstance(b, PackedWeight):
+            if precision != "int8":
+                raise ValueError(f"a PackedWeight uploads at precision 'int8' (its int8 values), not {precision!r}; "
+                                 "pass its int8 codes as an array for int4")
             return self._upload_store(b.kind, b.store, *b.shape, max_m=max_m, max_k=max_k, max_n=max_n)
-        return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n)
+        return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n, precision)
 
     def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0):
         """A packed tile store of ``kind`` (N, K) (pack.h layout) -> NPUWeight."""
@@ -274,6 +301,20 @@ def matmul(a, b, backend="emu"):
     return dev.matmul(a, b)
 
 
+def matmul_w4a4(a, b, backend="emu", **caps):
+    """int32 (M, N) = a (M, K) x b (N, K), both int8 arrays of int4 codes in [-8, 7], through the
+    NPU's int4 x int4 -> int16 mode: planned with ``precision="int4"`` (K tiles of at most
+    :data:`INT4_MAX_KT` codes, so no int16 partial overflows), each K tile's int16 block summed on
+    the host in int32 -- exactly ``a.astype(int64) @ b.astype(int64).T``. Through the strict
+    emulator by default (one shared device per backend, as :func:`matmul`); ``caps``: max_m /
+    max_k / max_n. The CPU int4 kernel is checked against this."""
+    with _default_lock:
+        dev = _default.get(backend)
+        if dev is None:
+            dev = _default[backend] = Device(backend)
+    return dev.matmul(a, dev.upload(b, precision="int4", **caps))
+
+
 def use_npu(model, device="emu", *, kinds=KINDS):
     """Run a model's packed linear layers of the given kinds through an NPU
     backend (the weights' int8 values are uploaded once). Output stays
@@ -284,7 +325,9 @@ def use_npu(model, device="emu", *, kinds=KINDS):
 
 def matmul_task(M, K, N, in_addr, w_addr, out_addr, dtype="int8"):
     """uint64[108]: the register commands of one stand-alone matmul task
-    (``dtype`` "int8" = int8 x int8 -> int32, "fp16" = fp16 x fp16 -> fp32)."""
+    (``dtype`` "int8" = int8 x int8 -> int32, "fp16" = fp16 x fp16 -> fp32,
+    "int4" = int4 x int4 -> int16, whose unverified values are
+    :func:`int4_register_facts`)."""
     return _core.npu_matmul_task(dtype, M, K, N, in_addr, w_addr, out_addr)
 
 

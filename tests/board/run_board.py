@@ -5,6 +5,19 @@ and in NumPy, compared bit for bit; fixtures saved for later comparison.
 
     python tests/board/run_board.py [--backend {rknpu,rocket,all}] [--out DIR]
                                     [--quick] [--fake] [--allow-missing]
+                                    [--int4 {first,only,skip}]
+
+FIRST, before any int8 shape, the int4 step (--int4 first, the default): the
+int4 x int4 -> int16 task's register values that no public source gives (one
+table, csrc/ork/npu/regcmd.c; orkpy.runtime.npu.int4_register_facts(); the
+table "int4 register values" of docs/npu.md) are printed, and the int4 golden
+shapes (codes in [-8, 7], rows and columns of -8 / 7 included; K tiles of at
+most 480 codes whose int16 blocks the host sums in int32) run on emu and every
+device backend against the CPU model (NumPy int64 a @ b.T). Until this step
+passes on a board, the int4 path is not trusted: a mismatch fails the run
+(exit 1) and names the unverified values; its fixtures (int4_<M>x<K>x<N>.json,
+.regcmd.bin) hold what is needed to find the right ones. --int4 only runs
+just that step, --int4 skip leaves it out.
 
 For every shape (seeded random int8 operands over the full range -128..127):
   - NumPy reference (float64 matmul, exact here: |sums| <= 128*128*8192 < 2**53),
@@ -57,6 +70,9 @@ GOLDEN = [
     (544, 4096, 512, 0),
 ]
 QUICK_MACS = 1 << 27  # --quick: shapes with at most this many MACs
+# (M, K, N) of the int4 step: one task, K = 480 (the largest tile), K = 481 (two tiles, one of 32 codes
+# padded), a chain of 5 K tiles with M = 37 and N not a multiple of 64
+INT4_GOLDEN = [(4, 64, 64), (1, 480, 64), (4, 481, 128), (37, 2048, 100)]
 
 # fixed NPU addresses for the fixture's command buffer (in/w/out as in npu/golden-matmul-regcmd.txt)
 FIXED = {"cmd": 0x00100000, "in": 0x10000000, "w": 0x20000000, "out": 0x30000000}
@@ -118,15 +134,27 @@ def reference(a, b, chunk=1024):
     return out
 
 
-def emulate_fixture(cmd, a, b, M, K, N, max_n, p):
+def int4_inputs(seed, M, K, N, calls):
+    """int4 codes in [-8, 7] as int8 arrays (activations [a_i] (M, K), weights b (N, K)), with the extreme
+    products in every call: a row of -8 and a row of 7, a weight row of -8 and one of 7."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(-8, 8, (N, K), dtype=np.int8)
+    b[0], b[-1] = -8, 7
+    a = [rng.integers(-8, 8, (M, K), dtype=np.int8) for _ in range(calls)]
+    for x in a:
+        x[0], x[-1] = -8, 7
+    return a, b
+
+
+def emulate_fixture(cmd, a, b, M, K, N, max_n, p, precision="int8"):
     """Run the fixture's command buffer through the strict emulator on packed a, b."""
     cb = np.ascontiguousarray(cmd).view(np.uint8).copy()
-    pa = np.array(npu.layout("pack_input", M, K, N, a, max_n=max_n), dtype=np.uint8)
-    pb = np.array(npu.layout("pack_weights", M, K, N, b, max_n=max_n), dtype=np.uint8)
+    pa = np.array(npu.layout("pack_input", M, K, N, a, max_n=max_n, precision=precision), dtype=np.uint8)
+    pb = np.array(npu.layout("pack_weights", M, K, N, b, max_n=max_n, precision=precision), dtype=np.uint8)
     out = np.zeros(p["out_bytes"], np.uint8)
     npu.emulate([(FIXED["cmd"], cb), (FIXED["in"], pa), (FIXED["w"], pb), (FIXED["out"], out)], FIXED["cmd"],
                 npu.pc_amount(104), p["n_tasks"])
-    return npu.layout("unpack_output", M, K, N, out, max_n=max_n)
+    return npu.layout("unpack_output", M, K, N, out, max_n=max_n, precision=precision)
 
 
 def device_info(dev):
@@ -142,12 +170,12 @@ def fake_tasks(dev):
     return fk.get("tasks") if isinstance(fk, dict) else None
 
 
-def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
+def run_backend(label, dev, a_list, b, max_n, refs, timeout_note, precision="int8"):
     """Upload b once, run every activation; a result dict."""
     r = {"label": label, "calls": []}
     try:
         t0 = time.perf_counter()
-        w = dev.upload(b, max_n=max_n)
+        w = dev.upload(b, max_n=max_n, precision=precision)
         r["upload_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         r["w_addr"] = f"0x{w.npu_address:08x}"
         info0 = dev.info()
@@ -180,6 +208,67 @@ def run_backend(label, dev, a_list, b, max_n, refs, timeout_note):
     return r
 
 
+def run_int4(args, devs, labels):
+    """The int4 step (module doc): the unverified register table printed, every INT4_GOLDEN shape on emu
+    and each device against the CPU model, fixtures written. Returns (ok, per-shape summary, files)."""
+    facts = npu.int4_register_facts()
+    print("int4 x int4 -> int16 FIRST: the register values no public source gives (csrc/ork/npu/regcmd.c; "
+          "docs/npu.md 'int4 register values') -- the int4 path is trusted only once this step passes on a board:")
+    for f in facts:
+        val = f["value"] if f["value"] is not None else f["formula"]
+        print(f"  {f['register'] + '.' + f['field']:<50} = {val!s:<28} "
+              f"{'unverified' if 'unverified' in f['basis'] else 'public'}")
+    summary, written, all_ok = [], [], True
+    for idx, (M, K, N) in enumerate(INT4_GOLDEN):
+        name = f"int4_{M}x{K}x{N}"
+        seed = args.seed + 1000 + idx
+        p = npu.plan(M, K, N, precision="int4")
+        a_list, b = int4_inputs(seed, M, K, N, args.calls)
+        refs = [(x.astype(np.int64) @ b.astype(np.int64).T).astype(np.int32) for x in a_list]  # the CPU model
+        cmd = np.asarray(npu.plan_commands(M, K, N, FIXED["cmd"], FIXED["in"], FIXED["w"], FIXED["out"],
+                                           precision="int4"), dtype=np.uint64)
+        try:
+            fixture_ok, fixture_err = bool(np.array_equal(emulate_fixture(cmd, a_list[0], b, M, K, N, 0, p, "int4"),
+                                                          refs[0])), None
+        except Exception as e:
+            fixture_ok, fixture_err = False, f"{type(e).__name__}: {e}"
+        results = {be: run_backend(labels[be], dev, a_list, b, 0, refs, f" (--timeout-ms {args.timeout_ms})", "int4")
+                   for be, dev in devs.items()}
+        ok = fixture_ok and all(r["ok"] for r in results.values())
+        for i, (be, r) in enumerate(results.items()):
+            col = f"{name:<26}{p['n_tasks']:>6}" if i == 0 else f"{'':<26}{'':>6}"
+            state = ("ERROR " + r["error"]) if "error" in r else ("ok" if r["ok"] else "MISMATCH vs the CPU model")
+            print(f"{col}  {r['label']:<14}{state}")
+            for j, c in enumerate(r["calls"]):
+                if not c["equal_reference"]:
+                    print(f"{'':<34}call {j}: {json.dumps({k: v for k, v in c.items() if k != 'sha256'})}")
+        print(f"{'':<34}{'fixture cmds':<14}{'ok' if fixture_ok else 'MISMATCH ' + (fixture_err or '')}")
+        fixture = {"name": name, "precision": "int4", "M": M, "K": K, "N": N, "seed": seed,
+                   "inputs": "int4_inputs(seed, M, K, N, calls): codes in [-8, 7] with -8 / 7 rows",
+                   "a_sha256": [sha256(x) for x in a_list], "b_sha256": sha256(b),
+                   "plan": {k: v for k, v in p.items() if k != "tasks"}, "tasks": p["tasks"],
+                   "unverified_registers": facts,
+                   "commands": {"addresses": {k: f"0x{v:08x}" for k, v in FIXED.items()},
+                                "qwords": [f"{int(q):016x}" for q in cmd], "sha256": sha256(cmd.astype("<u8")),
+                                "bin": name + ".regcmd.bin", "emulated_equal_reference": fixture_ok,
+                                **({"emulate_error": fixture_err} if fixture_err else {})},
+                   "output": "int32 (M, N) = the int16 K-tile blocks summed on the host, SHA-256 of its bytes",
+                   "reference_sha256": [out_sha256(r) for r in refs],
+                   "results": {be: {**{k: v for k, v in r.items() if k != "label"},
+                                    "fake": bool(args.fake and be != "emu")} for be, r in results.items()},
+                   "ok": ok}
+        write_atomic(os.path.join(args.out, name + ".regcmd.bin"), cmd.astype("<u8").tobytes())
+        write_json(os.path.join(args.out, name + ".json"), fixture)
+        written += [name + ".json", name + ".regcmd.bin"]
+        summary.append({"name": name, "n_tasks": p["n_tasks"], "ok": ok})
+        all_ok = all_ok and ok
+    if not all_ok:
+        print("int4 NOT CONFIRMED: at least one int4 shape differs from the CPU model; the unverified register "
+              "values above (docs/npu.md) do not all hold on this board -- the int4 path must not be used")
+    print()
+    return all_ok, summary, written
+
+
 def build_fake_kernel():
     """The fake kernel library built from tests/npu_fake (tests/cbuild.py) into a temporary directory."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,6 +295,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=20240601, help="base seed; shape i uses seed + i")
     ap.add_argument("--calls", type=int, default=2, help="activations run per uploaded weight")
     ap.add_argument("--timeout-ms", type=int, default=10000)
+    ap.add_argument("--int4", choices=("first", "only", "skip"), default="first",
+                    help="the int4 step (unverified register values): first (default), only, or skip")
     args = ap.parse_args(argv)
     if args.calls < 1:
         ap.error("--calls must be >= 1")
@@ -225,7 +316,8 @@ def main(argv=None):
               f"Use --fake to exercise the fake kernels, or --allow-missing to exit 0.", file=sys.stderr)
         return 0 if args.allow_missing else 2
 
-    shapes = [(i, s) for i, s in enumerate(GOLDEN) if not args.quick or s[0] * s[1] * s[2] <= QUICK_MACS]
+    shapes = [(i, s) for i, s in enumerate(GOLDEN) if (not args.quick or s[0] * s[1] * s[2] <= QUICK_MACS)
+              and args.int4 != "only"]
     os.makedirs(args.out, exist_ok=True)
     mode = "fake kernel" if args.fake else "device"
     devs = {"emu": npu.Device("emu", timeout_ms=args.timeout_ms)}
@@ -237,18 +329,24 @@ def main(argv=None):
             open_errors[b] = f"{type(e).__name__}: {e}"
     labels = {b: b + ("(fake)" if args.fake and b != "emu" else "") for b in ["emu"] + backends}
 
+    n4 = 0 if args.int4 == "skip" else len(INT4_GOLDEN)
     print(f"orkpy {getattr(orkpy, '__version__', '?')} NPU board check: {', '.join(backends)} ({mode}) vs emu vs "
-          f"NumPy (float64); {len(shapes)} shape(s), {args.calls} call(s) each, seed {args.seed}; out {args.out}")
-    hdr = (f"{'shape':<26}{'tasks':>6}  {'backend':<14}{'upload ms':>11}{'matmul ms':>11}  {'vs numpy':<9}"
-           f"{'vs emu':<8}{'sha256':<14}")
-    print(hdr)
-    print("-" * len(hdr))
+          f"NumPy (float64); {n4} int4 shape(s) first, then {len(shapes)} int8 shape(s), {args.calls} call(s) each, "
+          f"seed {args.seed}; out {args.out}")
     for b, e in open_errors.items():
         print(f"{'(open)':<26}{'':>6}  {labels[b]:<14}{'':>22}  ERROR {e}")
+    hdr = (f"{'shape':<26}{'tasks':>6}  {'backend':<14}{'upload ms':>11}{'matmul ms':>11}  {'vs numpy':<9}"
+           f"{'vs emu':<8}{'sha256':<14}")
 
     all_ok = not open_errors
     summary = []
     written = []
+    int4_ok, int4_summary = True, []
+    if n4:
+        int4_ok, int4_summary, written = run_int4(args, devs, labels)
+        all_ok = all_ok and int4_ok
+    print(hdr)
+    print("-" * len(hdr))
     for idx, (M, K, N, max_n) in shapes:
         name = shape_name(M, K, N, max_n)
         seed = args.seed + idx
@@ -333,12 +431,15 @@ def main(argv=None):
         "mode": mode, "backends": backends, "unavailable": missing, "open_errors": open_errors,
         "devices": {b: device_info(d) for b, d in devs.items()},
         "shapes": summary, "files": written, "ok": all_ok,
+        "int4": {"step": args.int4, "shapes": int4_summary, "ok": int4_ok,
+                 "unverified_registers": npu.int4_register_facts()},
     }
     for d in devs.values():
         d.close()
     write_json(os.path.join(args.out, "board-run.json"), run)
     print("-" * len(hdr))
-    bad = [s["name"] for s in summary if not s["ok"]] + [f"open {b}" for b in open_errors]
+    bad = ([s["name"] for s in int4_summary if not s["ok"]] + [s["name"] for s in summary if not s["ok"]]
+           + [f"open {b}" for b in open_errors])
     print(f"{'ALL EQUAL' if all_ok else 'FAILED: ' + ', '.join(bad)}; fixtures in {args.out}")
     return 0 if all_ok else 1
 

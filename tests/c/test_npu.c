@@ -27,8 +27,9 @@ static int8_t rnd8(void) {
 static int matmul_ok(ork_npu_dev *dev, uint32_t M, uint32_t K, uint32_t N, const ork_npu_plan_opts *o) {
     int8_t *A = malloc((size_t)M * K), *B = malloc((size_t)N * K);
     int32_t *C = malloc((size_t)M * N * 4);
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = rnd8();
-    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = rnd8();
+    const int i4 = o && o->precision == ORK_NPU_PREC_INT4; /* int4 codes in [-8, 7], the first row all -8 */
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = i4 ? (int8_t)(i < K ? -8 : (rnd8() & 15) - 8) : rnd8();
+    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = i4 ? (int8_t)(i < K ? -8 : (rnd8() & 15) - 8) : rnd8();
     ork_npu_weight w;
     ork_err e;
     e.msg[0] = 0;
@@ -51,6 +52,7 @@ static int matmul_ok(ork_npu_dev *dev, uint32_t M, uint32_t K, uint32_t N, const
 static void pipeline(void) {
     static const uint32_t shapes[][6] = {{1, 64, 32, 0, 0, 0},     {4, 100, 50, 0, 0, 0},   {5, 8192, 64, 0, 0, 0},
                                          {64, 300, 70, 16, 64, 32}, {1, 9000, 96, 0, 0, 0}, {13, 200, 130, 4, 32, 32}};
+    static const uint32_t i4shapes[][6] = {{1, 481, 64, 0, 0, 0}, {37, 2048, 100, 0, 0, 0}, {9, 700, 130, 4, 64, 64}};
     for (int b = 0; b < 3; b++) {
         ork_fake_kernel *fk = NULL;
         const ork_npu_sys *sys = NULL;
@@ -65,8 +67,13 @@ static void pipeline(void) {
         CHECK(st == ORK_OK, "open backend %d: %s", b, e.msg);
         if (st) continue;
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            ork_npu_plan_opts o = {shapes[i][3], shapes[i][4], shapes[i][5]};
+            ork_npu_plan_opts o = {shapes[i][3], shapes[i][4], shapes[i][5], ORK_NPU_PREC_INT8};
             CHECK(matmul_ok(dev, shapes[i][0], shapes[i][1], shapes[i][2], &o), "backend %d shape %zu", b, i);
+        }
+        /* int4 x int4 -> int16 tiles (K <= 480 per task), summed in int32: -8 x -8 over K = 2048 is 131072 */
+        for (size_t i = 0; i < sizeof i4shapes / sizeof i4shapes[0]; i++) {
+            ork_npu_plan_opts o = {i4shapes[i][3], i4shapes[i][4], i4shapes[i][5], ORK_NPU_PREC_INT4};
+            CHECK(matmul_ok(dev, i4shapes[i][0], i4shapes[i][1], i4shapes[i][2], &o), "backend %d int4 shape %zu", b, i);
         }
         ork_npu_dev_close(dev);
         if (fk) {

@@ -11,8 +11,24 @@
 #include "uapi.h"
 
 #define PAGE 4096u
-/* no task can produce it: |acc| <= 8192 * 128 * 128 = 2^27 within one task */
+/* no task can produce them: |acc| <= 8192 * 128 * 128 = 2^27 within an int8 task, an int4 task's int16
+ * partials lie in [-26880, 30720] (K tiles of at most 480 codes, plan.h) */
 #define OUT_SENTINEL ((int32_t)0x7ffffff5)
+#define OUT_SENTINEL16 ((int16_t)0x7fff)
+
+/* the sentinel fill of one matmul's output region, and whether a task's block still holds it */
+static void fill_sentinels(const ork_npu_plan *p, uint8_t *o) {
+    for (uint64_t i = 0; p->out_esz == 4 && i < p->out_bytes / 4; i++) ((int32_t *)(void *)o)[i] = OUT_SENTINEL;
+    for (uint64_t i = 0; p->out_esz == 2 && i < p->out_bytes / 2; i++) ((int16_t *)(void *)o)[i] = OUT_SENTINEL16;
+}
+static int unwritten(const ork_npu_plan *p, const ork_npu_task_desc *d, const uint8_t *o) {
+    const uint64_t n = (uint64_t)d->Mp * d->Nt;
+    for (uint64_t j = 0; j < n; j++)
+        if (p->out_esz == 4 ? ((const int32_t *)(const void *)(o + d->out_off))[j] == OUT_SENTINEL
+                            : ((const int16_t *)(const void *)(o + d->out_off))[j] == OUT_SENTINEL16)
+            return 1;
+    return 0;
+}
 
 typedef struct {
     uint32_t dma;
@@ -493,8 +509,7 @@ static ork_status run_chain(ork_npu_dev *dev, const ork_npu_chain *c, const ork_
         if ((st = ork_npu_pack_input(&c->plans[i], A[i], lda[i], in->cpu + c->in_at[i], err))) return st;
     if ((st = to_device(dev, in, c->in_bytes, err))) return st;
     if (dev->kind != ORK_NPU_BE_EMU) { /* sentinels: a job the kernel dropped must not return stale results */
-        int32_t *o = (int32_t *)(void *)out->cpu;
-        for (uint64_t i = 0; i < c->out_bytes / 4; i++) o[i] = OUT_SENTINEL;
+        for (uint32_t i = 0; i < c->n; i++) fill_sentinels(&c->plans[i], out->cpu + c->out_at[i]);
         if ((st = to_device(dev, out, c->out_bytes, err))) return st;
     }
     if ((st = submit(dev, c, cmd, in, out, w, timeout_ms, err)) ||
@@ -502,15 +517,11 @@ static ork_status run_chain(ork_npu_dev *dev, const ork_npu_chain *c, const ork_
         return st;
     for (uint32_t i = 0, t0 = 0; i < c->n; t0 += c->plans[i].n_tasks, i++) {
         const ork_npu_plan *p = &c->plans[i];
-        for (uint32_t t = 0; dev->kind != ORK_NPU_BE_EMU && t < p->n_tasks; t++) {
-            const ork_npu_task_desc *d = &p->tasks[t];
-            const int32_t *o = (const int32_t *)(const void *)(out->cpu + c->out_at[i] + d->out_off);
-            for (uint64_t j = 0; j < (uint64_t)d->Mp * d->Nt; j++)
-                if (o[j] == OUT_SENTINEL)
-                    return ork_err_set(err, ORK_ENPU, "npu: the %s job reported success but task %u of %u did not "
-                                       "write its output (the driver dropped the job?)", kind_name(dev->kind), t0 + t,
-                                       c->n_tasks);
-        }
+        for (uint32_t t = 0; dev->kind != ORK_NPU_BE_EMU && t < p->n_tasks; t++)
+            if (unwritten(p, &p->tasks[t], out->cpu + c->out_at[i]))
+                return ork_err_set(err, ORK_ENPU, "npu: the %s job reported success but task %u of %u did not "
+                                   "write its output (the driver dropped the job?)", kind_name(dev->kind), t0 + t,
+                                   c->n_tasks);
         if ((st = ork_npu_unpack_output(p, out->cpu + c->out_at[i], C[i], err))) return st;
     }
     return ORK_OK;

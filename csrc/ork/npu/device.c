@@ -285,6 +285,8 @@ ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ct
     const int ok = w->live && w->dev->dev;
     pthread_mutex_unlock(&w->dev->lock);
     if (!ok) return ork_err_set(err, ORK_EINVAL, "the NPU weight's device is closed");
+    if (w->w.opts.precision != ORK_NPU_PREC_INT8) /* set at upload, never written after */
+        return ork_err_set(err, ORK_EINVAL, "an int4 NPU weight cannot serve a model linear (its int_mm takes int8 codes)");
     *fn = ork_npu_dweight_int_mm;
     *ctx = w;
     *N = w->N;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan.h" /* ORK_NPU_INT4_MAX_KT (a macro: emu.c links no planner) */
 #include "regcmd.h"
 
 #define NREG ORK_NPU_TASK_BODY
@@ -49,22 +50,82 @@ static uint32_t get(const reg_set *s, const regfile *f, uint32_t t, uint32_t r) 
     return i >= 0 ? f->val[i] : 0;
 }
 
-static ork_status execute(const ork_npu_mem *mem, const reg_set *s, const regfile *f, uint32_t task_addr,
+/* int4 x int4 -> int16 (plan.h "int4"; docs/npu.md): feature (K/32, M, 32) and weights (N/64, K/32, 64, 32)
+ * nibbles, even k in the low nibble; output (N/8, M, 8) int16. The products of one output are summed in int16
+ * on the NPU in an order no public source gives: the task is an error unless EVERY order stays inside int16,
+ * i.e. the positive products sum to <= 32767 and the negative ones to >= -32768 (the planner's K tiles of at
+ * most 480 codes always do: 480 * 64 = 30720). */
+static int nib(const uint8_t *b, size_t i, uint32_t k) {
+    const int v = k & 1u ? b[i] >> 4 : b[i] & 15;
+    return v >= 8 ? v - 16 : v;
+}
+
+static ork_status execute_int4(const ork_npu_mem *mem, const ork_npu_matmul_desc *d, uint32_t t, uint32_t task_addr,
+                               ork_err *err) {
+    const uint32_t M = d->M, K = d->K, N = d->N;
+    const uint8_t *fe = (const uint8_t *)mem->map(mem->ctx, d->in_addr, (uint64_t)M * K / 2);
+    const uint8_t *we = (const uint8_t *)mem->map(mem->ctx, d->w_addr, (uint64_t)N * K / 2);
+    int16_t *out = (int16_t *)mem->map(mem->ctx, d->out_addr, (uint64_t)M * N * 2);
+    if (!fe || !we || !out)
+        return ork_err_set(err, ORK_ENPUCMD,
+                           "npu emu: task %u at 0x%08x reads or writes outside the mapped buffers (%s at 0x%08x)", t,
+                           task_addr, !fe ? "feature" : !we ? "weights" : "output",
+                           !fe ? d->in_addr : !we ? d->w_addr : d->out_addr);
+    int8_t *A = (int8_t *)malloc((size_t)M * K), *B = (int8_t *)malloc((size_t)N * K);
+    if (!A || !B) {
+        free(A);
+        free(B);
+        return ork_err_set(err, ORK_ENOMEM, "npu emu: out of memory");
+    }
+    for (uint32_t m = 0; m < M; m++)
+        for (uint32_t k = 0; k < K; k++) A[(size_t)m * K + k] = (int8_t)nib(fe, ((size_t)(k / 32) * M + m) * 16 + (k % 32) / 2, k);
+    for (uint32_t n = 0; n < N; n++)
+        for (uint32_t k = 0; k < K; k++)
+            B[(size_t)n * K + k] =
+                (int8_t)nib(we, (((size_t)(n / 64) * (K / 32) + k / 32) * 64 + n % 64) * 16 + (k % 32) / 2, k);
+    ork_status st = ORK_OK;
+    for (uint32_t m = 0; m < M && !st; m++)
+        for (uint32_t n = 0; n < N; n++) {
+            const int8_t *a = A + (size_t)m * K, *bw = B + (size_t)n * K;
+            int32_t pos = 0, neg = 0; /* |each| <= 8192 * 64: no int32 overflow */
+            for (uint32_t k = 0; k < K; k++) {
+                const int32_t v = (int32_t)a[k] * bw[k];
+                if (v > 0) pos += v;
+                else neg += v;
+            }
+            if (pos > 32767 || neg < -32768) {
+                st = ork_err_set(err, ORK_ENPUCMD,
+                                 "npu emu: task %u at 0x%08x (int4 x int4 -> int16, %ux%ux%u): the products of output "
+                                 "(m %u, n %u) sum to %d positive / %d negative, outside int16 in some summation order "
+                                 "(the planner's int4 K tiles are at most %u codes: %u x 64 <= 32767)",
+                                 t, task_addr, M, K, N, m, n, pos, neg, ORK_NPU_INT4_MAX_KT, ORK_NPU_INT4_MAX_KT);
+                break;
+            }
+            out[((size_t)(n / 8) * M + m) * 8 + n % 8] = (int16_t)(pos + neg);
+        }
+    free(A);
+    free(B);
+    return st;
+}
+
+static ork_status execute(const ork_npu_mem *mem, const reg_set *s, const regfile *f, uint32_t t, uint32_t task_addr,
                           ork_npu_emu_stats *stats, ork_err *err) {
     char b1[32];
     for (size_t i = 0; i < s->n; i++)
         if (!f->set[i])
             return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x enables the op without writing %s", task_addr,
                                nm(s->target[i], s->reg[i], b1, sizeof b1));
-    /* decode the shape and addresses, then demand the exact body for them */
+    /* decode the precision, shape and addresses, then demand the exact body for them */
     ork_npu_matmul_desc d;
-    d.dtype = ORK_NPU_INT8_INT32;
+    const uint32_t in_prec = (get(s, f, ORK_NPU_CNA, 0x100c) >> 4) & 7u;
+    d.dtype = in_prec == ork_npu_int4.in_prec ? ORK_NPU_INT4_INT16 : ORK_NPU_INT8_INT32; /* else refused below */
     d.M = get(s, f, ORK_NPU_CNA, 0x1020) & 0x7ffu;
     d.K = get(s, f, ORK_NPU_CNA, 0x1024) & 0xffffu;
     d.N = get(s, f, ORK_NPU_CNA, 0x1038) & 0x3fffu;
     d.in_addr = get(s, f, ORK_NPU_CNA, 0x1070);
     d.w_addr = get(s, f, ORK_NPU_CNA, 0x1110);
     d.out_addr = get(s, f, ORK_NPU_DPU, 0x4020);
+    const char *mode = d.dtype == ORK_NPU_INT4_INT16 ? "int4 x int4 -> int16" : "int8 x int8 -> int32";
     uint64_t want[ORK_NPU_TASK_QWORDS];
     ork_err e2;
     if (ork_npu_matmul_task(&d, want, &e2) != ORK_OK)
@@ -74,15 +135,17 @@ static ork_status execute(const ork_npu_mem *mem, const reg_set *s, const regfil
         int j = find_reg(s, ork_npu_target(want[i]), ork_npu_reg(want[i]));
         if (j < 0 || f->val[j] != ork_npu_value(want[i]))
             return ork_err_set(err, ORK_ENPUCMD,
-                               "npu emu: task at 0x%08x: %s = 0x%08x, but the modelled int8 x int8 -> int32 matmul "
+                               "npu emu: task at 0x%08x: %s = 0x%08x, but the modelled %s matmul "
                                "%ux%ux%u needs 0x%08x",
                                task_addr, nm(ork_npu_target(want[i]), ork_npu_reg(want[i]), b1, sizeof b1),
-                               j < 0 ? 0 : f->val[j], d.M, d.K, d.N, ork_npu_value(want[i]));
+                               j < 0 ? 0 : f->val[j], mode, d.M, d.K, d.N, ork_npu_value(want[i]));
     }
     if ((d.in_addr | d.w_addr | d.out_addr) & 0xfu) /* orkpy aligns to 64; unaligned DMA is not modelled */
         return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x: operand address not 16-byte aligned (feature "
                            "0x%08x, weights 0x%08x, output 0x%08x)", task_addr, d.in_addr, d.w_addr, d.out_addr);
     const uint32_t M = d.M, K = d.K, N = d.N;
+    if (stats) stats->macs += (uint64_t)M * K * N;
+    if (d.dtype == ORK_NPU_INT4_INT16) return execute_int4(mem, &d, t, task_addr, err);
     const int8_t *fe = (const int8_t *)mem->map(mem->ctx, d.in_addr, (uint64_t)M * K);
     const int8_t *we = (const int8_t *)mem->map(mem->ctx, d.w_addr, (uint64_t)N * K);
     int32_t *out = (int32_t *)mem->map(mem->ctx, d.out_addr, (uint64_t)M * N * 4);
@@ -114,7 +177,6 @@ static ork_status execute(const ork_npu_mem *mem, const reg_set *s, const regfil
     }
     free(A);
     free(B);
-    if (stats) stats->macs += (uint64_t)M * K * N;
     return ORK_OK;
 }
 
@@ -166,7 +228,7 @@ ork_status ork_npu_emu_run(const ork_npu_mem *mem, uint32_t first_addr, uint32_t
                 if (!armed)
                     return ork_err_set(err, ORK_ENPUCMD, "npu emu: task at 0x%08x: op-enable without the 0x0041 marker before it",
                                        addr);
-                ork_status st = execute(mem, &s, &f, addr, stats, err);
+                ork_status st = execute(mem, &s, &f, t, addr, stats, err);
                 if (st) return st;
                 done = 1;
                 continue;

@@ -9,10 +9,17 @@
  *    executes the programmed operation; then, while tasks remain
  *    (task_number, as PC_TASK_CONTROL), continues at PC_BASE_ADDRESS with
  *    PC_REGISTER_AMOUNTS from the task's tail;
- *  - CNA + CORE + DPU in one mode: int8 x int8 -> int32 1x1 direct
+ *  - CNA + CORE + DPU in two modes: int8 x int8 -> int32 1x1 direct
  *    convolution with feature cube H = M, W = 1, C = K (NC1HWC2, C2 = 16),
  *    weights (N/32, K/32, 32, 32), output NC1HWC2 int32 (C2 = 4), with all of
- *    BS / BN / EW / output conversion bypassed (regcmd.h's body).
+ *    BS / BN / EW / output conversion bypassed (regcmd.h's body); and the
+ *    same body in int4 x int4 -> int16 (the task's CNA_CONV_CON1 precision is
+ *    regcmd.h's int4 code): feature (K/32, M, 32), weights (N/64, K/32, 64, 32)
+ *    nibbles (even k low), output (N/8, M, 8) int16 (plan.h "int4"). An int4
+ *    task is exact and strict: it is an ORK_ENPUCMD error naming the task
+ *    unless every output's positive products sum to <= 32767 and its
+ *    negative ones to >= -32768 (then no summation order leaves int16; the
+ *    planner's K tiles of at most 480 codes always satisfy it).
  * Strict: every register must be one the body writes, and every value must
  * be the one the body writes for the decoded shape (a register outside the
  * model, a different constant, an inconsistent size field, a missing

@@ -33,7 +33,13 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
                            ORK_NPU_MAX_K);
     if (N > ORK_NPU_MAX_N || M > ORK_NPU_MAX_TOTAL_M)
         return ork_err_set(err, ORK_EINVAL, "npu matmul: M = %u or N = %u is too large for one plan", M, N);
-    uint32_t max_m = ORK_NPU_MAX_M, max_k = ORK_NPU_MAX_KT, max_n = ORK_NPU_MAX_NT;
+    const ork_npu_precision prec = opts ? opts->precision : ORK_NPU_PREC_INT8;
+    if (prec != ORK_NPU_PREC_INT8 && prec != ORK_NPU_PREC_INT4)
+        return ork_err_set(err, ORK_EINVAL, "npu plan: unknown precision %d", (int)prec);
+    const int i4 = prec == ORK_NPU_PREC_INT4;
+    /* N unit: int8 kernels come in groups of 32, int4 in groups of 64 (RKNN's native B layouts) */
+    const uint32_t nu = i4 ? 64u : 32u, bits = i4 ? 4u : 8u;
+    uint32_t max_m = ORK_NPU_MAX_M, max_k = i4 ? ORK_NPU_INT4_MAX_KT : ORK_NPU_MAX_KT, max_n = ORK_NPU_MAX_NT;
     if (opts) {
         if (opts->max_m) max_m = opts->max_m < max_m ? opts->max_m : max_m;
         if (opts->max_k) max_k = opts->max_k < max_k ? opts->max_k : max_k;
@@ -41,18 +47,18 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
     }
     max_m &= ~3u;
     max_k &= ~31u;
-    max_n &= ~31u;
-    if (max_m < 4 || max_k < 32 || max_n < 32)
-        return ork_err_set(err, ORK_EINVAL, "npu plan: tile caps must be at least M 4, K 32, N 32");
-    const uint32_t Kp = (K + 31u) & ~31u, Np = (N + 31u) & ~31u;
-    const uint32_t KB = Kp / 32, NB = Np / 32;
+    max_n -= max_n % nu;
+    if (max_m < 4 || max_k < 32 || max_n < nu)
+        return ork_err_set(err, ORK_EINVAL, "npu plan: tile caps must be at least M 4, K 32, N %u", nu);
+    const uint32_t Kp = (K + 31u) & ~31u, Np = (N + nu - 1) / nu * nu;
+    const uint32_t KB = Kp / 32, NB = Np / nu;
     const uint32_t nk = (Kp + max_k - 1) / max_k, nn = (Np + max_n - 1) / max_n;
     const uint32_t kt_max = split_size(KB, nk, 0) * 32;
     uint32_t nm, G = 0;
     if (M == 1) {
         nm = 1;
     } else {
-        uint32_t cap = ORK_NPU_FEATURE_BYTES / kt_max;
+        uint32_t cap = (uint32_t)((uint64_t)ORK_NPU_FEATURE_BYTES * 8 / ((uint64_t)kt_max * bits)); /* CBUF in bytes */
         if (cap > max_m) cap = max_m;
         cap &= ~3u;
         if (cap < 4) return ork_err_set(err, ORK_EINVAL, "npu plan: no M tile fits the feature banks");
@@ -63,6 +69,9 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
     if (nt64 > (1u << 20)) return ork_err_set(err, ORK_EINVAL, "npu plan: %llu tasks is too many", (unsigned long long)nt64);
     p->tasks = (ork_npu_task_desc *)calloc((size_t)nt64, sizeof *p->tasks);
     if (!p->tasks) return ork_err_set(err, ORK_ENOMEM, "npu plan: out of memory for %llu tasks", (unsigned long long)nt64);
+    p->prec = prec;
+    p->bits = bits;
+    p->out_esz = i4 ? 2u : 4u;
     p->M = M;
     p->K = K;
     p->N = N;
@@ -72,7 +81,7 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
     p->nk = nk;
     p->nn = nn;
     p->n_tasks = (uint32_t)nt64;
-    /* input blocks (mi, ki), weight blocks (ni, ki) */
+    /* input blocks (mi, ki), weight blocks (ni, ki); bytes = codes * bits / 8 */
     uint64_t in_off = 0, w_off = 0, out_off = 0;
     uint64_t *in_at = (uint64_t *)calloc((size_t)nm * nk, sizeof(uint64_t));
     uint64_t *w_at = (uint64_t *)calloc((size_t)nn * nk, sizeof(uint64_t));
@@ -86,13 +95,13 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
         uint32_t Mp = M == 1 ? 1 : split_size(G, nm, mi) * 4;
         for (uint32_t ki = 0; ki < nk; ki++) {
             in_at[(size_t)mi * nk + ki] = in_off;
-            in_off = align_up(in_off + (uint64_t)Mp * split_size(KB, nk, ki) * 32);
+            in_off = align_up(in_off + (uint64_t)Mp * split_size(KB, nk, ki) * 32 * bits / 8);
         }
     }
     for (uint32_t ni = 0; ni < nn; ni++)
         for (uint32_t ki = 0; ki < nk; ki++) {
             w_at[(size_t)ni * nk + ki] = w_off;
-            w_off = align_up(w_off + (uint64_t)split_size(NB, nn, ni) * 32 * split_size(KB, nk, ki) * 32);
+            w_off = align_up(w_off + (uint64_t)split_size(NB, nn, ni) * nu * split_size(KB, nk, ki) * 32 * bits / 8);
         }
     size_t t = 0;
     for (uint32_t mi = 0; mi < nm; mi++) {
@@ -107,15 +116,15 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
                 d->Mp = Mp;
                 d->k0 = split_start(KB, nk, ki) * 32;
                 d->Kt = split_size(KB, nk, ki) * 32;
-                d->n0 = split_start(NB, nn, ni) * 32;
-                d->Nt = split_size(NB, nn, ni) * 32;
+                d->n0 = split_start(NB, nn, ni) * nu;
+                d->Nt = split_size(NB, nn, ni) * nu;
                 d->mi = mi;
                 d->ki = ki;
                 d->ni = ni;
                 d->in_off = in_at[(size_t)mi * nk + ki];
                 d->w_off = w_at[(size_t)ni * nk + ki];
                 d->out_off = out_off;
-                out_off = align_up(out_off + (uint64_t)Mp * d->Nt * 4);
+                out_off = align_up(out_off + (uint64_t)Mp * d->Nt * p->out_esz);
                 d->cmd_off = (uint64_t)t * ORK_NPU_TASK_QWORDS * 8;
                 p->macs += (uint64_t)Mp * d->Kt * d->Nt;
             }
@@ -148,8 +157,9 @@ ork_status ork_npu_plan_emit(const ork_npu_plan *p, uint32_t cmd_addr, uint32_t 
         return st;
     for (uint32_t t = 0; t < p->n_tasks; t++) {
         const ork_npu_task_desc *d = &p->tasks[t];
-        ork_npu_matmul_desc m = {ORK_NPU_INT8_INT32, d->Mp, d->Kt, d->Nt, in_addr + (uint32_t)d->in_off,
-                            w_addr + (uint32_t)d->w_off, out_addr + (uint32_t)d->out_off};
+        ork_npu_matmul_desc m = {p->prec == ORK_NPU_PREC_INT4 ? ORK_NPU_INT4_INT16 : ORK_NPU_INT8_INT32,
+                                 d->Mp, d->Kt, d->Nt, in_addr + (uint32_t)d->in_off, w_addr + (uint32_t)d->w_off,
+                                 out_addr + (uint32_t)d->out_off};
         uint64_t *q = cmds + (size_t)t * ORK_NPU_TASK_QWORDS;
         if ((st = ork_npu_matmul_task(&m, q, err))) return st;
         if (t + 1 < p->n_tasks &&
@@ -251,6 +261,23 @@ ork_status ork_npu_chain_emit(const ork_npu_chain *c, uint32_t cmd_addr, uint32_
 }
 
 /* ------------------------------------------------------------ layouts --- */
+/* int4 (plan.h, "int4"): two codes per byte, the even k in the low nibble */
+static size_t in4_byte(uint32_t Mp, uint32_t m, uint32_t k) { return ((size_t)(k / 32) * Mp + m) * 16 + (k % 32) / 2; }
+static size_t w4_byte(uint32_t Kt, uint32_t n, uint32_t k) {
+    return (((size_t)(n / 64) * (Kt / 32) + k / 32) * 64 + n % 64) * 16 + (k % 32) / 2;
+}
+static void put4(uint8_t *b, size_t i, uint32_t k, int8_t v) {
+    const uint8_t u = (uint8_t)v & 15u;
+    b[i] = k & 1u ? (uint8_t)((b[i] & 0x0fu) | u << 4) : (uint8_t)((b[i] & 0xf0u) | u);
+}
+static int8_t get4(const uint8_t *b, size_t i, uint32_t k) {
+    const int v = k & 1u ? b[i] >> 4 : b[i] & 15;
+    return (int8_t)(v >= 8 ? v - 16 : v);
+}
+static ork_status bad_code(ork_err *err, const char *what, const char *ax, uint32_t row, uint32_t k, int v) {
+    return ork_err_set(err, ORK_EINVAL, "npu %s: int4 code %d at (%s %u, k %u) is outside [-8, 7]", what, v, ax, row, k);
+}
+
 static size_t in_index(uint32_t Mp, uint32_t m, uint32_t k) { return ((size_t)(k / 16) * Mp + m) * 16 + k % 16; }
 
 ork_status ork_npu_pack_input(const ork_npu_plan *p, const int8_t *A, size_t lda, uint8_t *buf, ork_err *err) {
@@ -263,6 +290,13 @@ ork_status ork_npu_pack_input(const ork_npu_plan *p, const int8_t *A, size_t lda
         uint32_t kend = d->k0 + d->Kt < p->K ? d->k0 + d->Kt : p->K;
         for (uint32_t m = 0; m < d->Mt; m++) {
             const int8_t *row = A + (size_t)(d->m0 + m) * lda;
+            if (p->prec == ORK_NPU_PREC_INT4) {
+                for (uint32_t k = d->k0; k < kend; k++) {
+                    if (row[k] < -8 || row[k] > 7) return bad_code(err, "pack_input", "m", d->m0 + m, k, row[k]);
+                    put4((uint8_t *)blk, in4_byte(d->Mp, m, k - d->k0), k - d->k0, row[k]);
+                }
+                continue;
+            }
             for (uint32_t k = d->k0; k < kend; k++) blk[in_index(d->Mp, m, k - d->k0)] = row[k];
         }
     }
@@ -277,7 +311,10 @@ ork_status ork_npu_unpack_input(const ork_npu_plan *p, const uint8_t *buf, int8_
         const int8_t *blk = (const int8_t *)buf + d->in_off;
         uint32_t kend = d->k0 + d->Kt < p->K ? d->k0 + d->Kt : p->K;
         for (uint32_t m = 0; m < d->Mt; m++)
-            for (uint32_t k = d->k0; k < kend; k++) A[(size_t)(d->m0 + m) * p->K + k] = blk[in_index(d->Mp, m, k - d->k0)];
+            for (uint32_t k = d->k0; k < kend; k++)
+                A[(size_t)(d->m0 + m) * p->K + k] = p->prec == ORK_NPU_PREC_INT4
+                                                        ? get4((const uint8_t *)blk, in4_byte(d->Mp, m, k - d->k0), k - d->k0)
+                                                        : blk[in_index(d->Mp, m, k - d->k0)];
     }
     return ORK_OK;
 }
@@ -297,6 +334,13 @@ ork_status ork_npu_pack_weights(const ork_npu_plan *p, const int8_t *B, size_t l
         uint32_t kend = d->k0 + d->Kt < p->K ? d->k0 + d->Kt : p->K;
         for (uint32_t n = d->n0; n < nend; n++) {
             const int8_t *row = B + (size_t)n * ldb;
+            if (p->prec == ORK_NPU_PREC_INT4) {
+                for (uint32_t k = d->k0; k < kend; k++) {
+                    if (row[k] < -8 || row[k] > 7) return bad_code(err, "pack_weights", "n", n, k, row[k]);
+                    put4((uint8_t *)blk, w4_byte(d->Kt, n - d->n0, k - d->k0), k - d->k0, row[k]);
+                }
+                continue;
+            }
             for (uint32_t k = d->k0; k < kend; k++) blk[w_index(d->Kt, n - d->n0, k - d->k0)] = row[k];
         }
     }
@@ -312,7 +356,10 @@ ork_status ork_npu_unpack_weights(const ork_npu_plan *p, const uint8_t *buf, int
         uint32_t nend = d->n0 + d->Nt < p->N ? d->n0 + d->Nt : p->N;
         uint32_t kend = d->k0 + d->Kt < p->K ? d->k0 + d->Kt : p->K;
         for (uint32_t n = d->n0; n < nend; n++)
-            for (uint32_t k = d->k0; k < kend; k++) B[(size_t)n * p->K + k] = blk[w_index(d->Kt, n - d->n0, k - d->k0)];
+            for (uint32_t k = d->k0; k < kend; k++)
+                B[(size_t)n * p->K + k] = p->prec == ORK_NPU_PREC_INT4
+                                              ? get4((const uint8_t *)blk, w4_byte(d->Kt, n - d->n0, k - d->k0), k - d->k0)
+                                              : blk[w_index(d->Kt, n - d->n0, k - d->k0)];
     }
     return ORK_OK;
 }
@@ -320,6 +367,9 @@ ork_status ork_npu_unpack_weights(const ork_npu_plan *p, const uint8_t *buf, int
 ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, const void *store, const int8_t lut[16],
                                       uint8_t *buf, ork_err *err) {
     if (!p || !store || !buf) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: bad arguments");
+    if (p->prec != ORK_NPU_PREC_INT8)
+        return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: an int4 plan takes int8 codes (pack_weights), not a "
+                           "packed store");
     const ork_kind_info *ki = ork_kind_get(kind);
     if (!ki) return ork_err_set(err, ORK_EINVAL, "npu pack_weights_store: unknown kind");
     const int is4 = ki->bits == 4;
@@ -352,13 +402,17 @@ ork_status ork_npu_unpack_output(const ork_npu_plan *p, const uint8_t *buf, int3
     for (uint32_t t = 0; t < p->n_tasks; t++) {
         const ork_npu_task_desc *d = &p->tasks[t];
         const int32_t *blk = (const int32_t *)(const void *)(buf + d->out_off);
+        const int16_t *b16 = (const int16_t *)(const void *)(buf + d->out_off);
         uint32_t nend = d->n0 + d->Nt < p->N ? d->n0 + d->Nt : p->N;
         for (uint32_t m = 0; m < d->Mt; m++) {
             int32_t *row = C + (size_t)(d->m0 + m) * p->N;
             for (uint32_t n = d->n0; n < nend; n++) {
                 uint32_t j = n - d->n0;
-                /* int32 sum of the K tiles, wrapping arithmetic done unsigned (never overflows for K <= MAX_K) */
-                row[n] = (int32_t)((uint32_t)row[n] + (uint32_t)blk[((size_t)(j / 4) * d->Mp + m) * 4 + j % 4]);
+                /* int32 sum of the K tiles, wrapping arithmetic done unsigned (never overflows for K <= MAX_K);
+                 * int4 plans: int16 blocks (N/8, M, 8) */
+                int32_t v = p->prec == ORK_NPU_PREC_INT4 ? (int32_t)b16[((size_t)(j / 8) * d->Mp + m) * 8 + j % 8]
+                                                         : blk[((size_t)(j / 4) * d->Mp + m) * 4 + j % 4];
+                row[n] = (int32_t)((uint32_t)row[n] + (uint32_t)v);
             }
         }
     }

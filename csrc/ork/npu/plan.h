@@ -1,10 +1,15 @@
-/* plan.h - planning an int8 x int8 -> int32 matmul on the RK3588 NPU:
- * splitting into tasks within the per-task limits, the operand layouts of
- * every task's buffers, and emitting the PC-chained register commands.
+/* plan.h - planning an int8 x int8 -> int32 (or int4 x int4 -> int16)
+ * matmul on the RK3588 NPU: splitting into tasks within the per-task limits,
+ * the operand layouts of every task's buffers, and emitting the PC-chained
+ * register commands.
  *
  * ---------------------------------------------------------------- problem --
  *   C[m][n] = sum_k A[m][k] * B[n][k]      A (M, K) int8, B (N, K) int8, C int32
  * (B is a weight matrix with one row per output channel, as PackedWeight.)
+ * The precision (ork_npu_plan_opts.precision) is int8 unless the caller asks
+ * for int4; everything below is the int8 plan, the int4 plan ("int4" at the
+ * end) changes the tile rules and the layouts, never the problem: A and B are
+ * still int8 arrays (holding codes in [-8, 7]) and C is still int32.
  *
  * ------------------------------------------------------- per-task limits --
  * One task is the 1x1 direct convolution of regcmd.h with H = Mt, W = 1,
@@ -41,6 +46,23 @@
  *           PC_REGISTER_AMOUNTS = ork_npu_pc_amount(104)); the last task ends
  *           the chain. Padding lanes (k >= K, n >= N, m >= M) are zero in the
  *           operands, so they add nothing.
+ *
+ * ------------------------------------------------------------------ int4 --
+ * The NPU's int4 x int4 -> int16 mode (RKNN_INT4_MM_INT4_TO_INT16). Codes in
+ * [-8, 7] (orkpy's quantizers emit [-7, 7]; packers refuse anything else).
+ * Integer contract: K is split into tiles of at most ORK_NPU_INT4_MAX_KT = 480
+ * codes (a multiple of 32): |a * b| <= 64, so 480 * 64 = 30720 <= 32767 and
+ * no partial sum of a task leaves int16, for any codes and in any summation
+ * order; each task writes its K tile's int16 block and the host sums the
+ * blocks in int32 (exact: K * 64 < 2^31). Kt % 32 == 0, Nt % 64 == 0 (Np =
+ * round64(N)), Nt <= 8192. CBUF capacity is counted in bytes: an int4 code is
+ * half a byte, so Mt * Kt / 2 <= 11 banks (twice the rows of int8 at the
+ * same Kt). Layouts (RKNN's native int4 layouts, rknn_matmul_api.h; two
+ * codes per byte, the even k in the low nibble: docs/npu.md, unverified):
+ *   input   blk[((k / 32) * Mp_t + m) * 16 + (k % 32) / 2], (K/32, M, 32) nibbles
+ *   weights blk[(((n / 64) * (Kt / 32) + k / 32) * 64 + n % 64) * 16 + (k % 32) / 2],
+ *           (N/64, K/32, 64, 32) nibbles
+ *   output  blk[((n / 8) * Mp_t + m) * 8 + n % 8] int16, (N/8, M, 8)
  */
 #ifndef ORK_NPU_PLAN_H
 #define ORK_NPU_PLAN_H
@@ -60,19 +82,26 @@
 #define ORK_NPU_FEATURE_BYTES (11u * 32768u)
 #define ORK_NPU_ALIGN 64u
 
+#define ORK_NPU_INT4_MAX_KT 480u /* 480 * 8 * 8 = 30720 <= 32767: no int16 partial can overflow */
+
+typedef enum { ORK_NPU_PREC_INT8 = 0, ORK_NPU_PREC_INT4 = 1 } ork_npu_precision;
+
 typedef struct ork_npu_plan_opts {
-    uint32_t max_m, max_k, max_n; /* 0 = the hardware limit; else lower caps (rounded to 4 / 32) */
+    uint32_t max_m, max_k, max_n; /* 0 = the hardware limit; else lower caps (rounded to 4 / 32, int4 N: 64) */
+    ork_npu_precision precision;  /* 0 = int8 x int8 -> int32; ORK_NPU_PREC_INT4: int4 x int4 -> int16 tiles */
 } ork_npu_plan_opts;
 
 typedef struct ork_npu_task_desc {
     uint32_t m0, Mt, Mp; /* rows [m0, m0 + Mt) of A, Mp >= Mt rows in the task (1 or % 4) */
     uint32_t k0, Kt;     /* K slice [k0, k0 + Kt), Kt % 32 == 0 (may cover padding) */
-    uint32_t n0, Nt;     /* N slice, Nt % 32 == 0 */
+    uint32_t n0, Nt;     /* N slice, Nt % 32 == 0 (int4: % 64) */
     uint32_t mi, ki, ni; /* tile indices */
     uint64_t in_off, w_off, out_off, cmd_off; /* byte offsets in the four buffers */
 } ork_npu_task_desc;
 
 typedef struct ork_npu_plan {
+    ork_npu_precision prec;
+    uint32_t bits, out_esz; /* bits per operand code (8, 4), bytes per output element (4, 2) */
     uint32_t M, K, N, Kp, Np;
     uint32_t nm, nk, nn, n_tasks;
     uint64_t in_bytes, w_bytes, out_bytes, cmd_bytes;
@@ -121,6 +150,9 @@ ork_status ork_npu_chain_emit(const ork_npu_chain *c, uint32_t cmd_addr, uint32_
                               uint32_t out_addr, uint64_t *cmds, ork_err *err);
 
 /* ------------------------------------------------------------ layouts --- */
+/* Every layout follows the plan's precision; an int4 packer refuses a code
+ * outside [-8, 7] (ORK_EINVAL naming it) and an int4 plan refuses a packed
+ * store (int4 weights come from int8 codes). */
 /* A (M, K) int8 with row stride lda -> the input buffer (in_bytes). */
 ork_status ork_npu_pack_input(const ork_npu_plan *p, const int8_t *A, size_t lda, uint8_t *buf, ork_err *err);
 /* B (N, K) int8 with row stride ldb -> the weight buffer (w_bytes). */
@@ -129,7 +161,8 @@ ork_status ork_npu_pack_weights(const ork_npu_plan *p, const int8_t *B, size_t l
  * 4-bit store is inflated through lut (the int8 values the CPU kernels use). */
 ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, const void *store, const int8_t lut[16],
                                       uint8_t *buf, ork_err *err);
-/* The output buffer -> C (M, N) int32 row-major (K tiles summed). */
+/* The output buffer -> C (M, N) int32 row-major (K tiles summed in int32;
+ * int4 plans: the int16 blocks widened). */
 ork_status ork_npu_unpack_output(const ork_npu_plan *p, const uint8_t *buf, int32_t *C, ork_err *err);
 /* Inverse layouts, for round-trip tests and debugging. */
 ork_status ork_npu_unpack_input(const ork_npu_plan *p, const uint8_t *buf, int8_t *A, ork_err *err);

@@ -7,6 +7,52 @@
 #define CBUF_BANKS 12u
 #define CBUF_BANK_BYTES 32768u
 
+/* ---------------------------------------- int4 values (regcmd.h): UNVERIFIED --
+ * No public source gives these; each is listed in docs/npu.md ("int4 register
+ * values") and checked first by tests/board/run_board.py. Change them here only. */
+#define INT4_PREC 6u       /* int4 precision code: a guess among the codes no public stream uses */
+#define INT16_PREC 1u      /* int16: NVDLA's code (RK keeps NVDLA's int8 0 and fp16 2) */
+#define INT16_SIZE_E 1u    /* int16 output: as fp16's (2-byte elements, C2 = 8) */
+#define INT16_SURF_MUL 2u  /* likewise (size_e = SURFACE_ADD multiplier - 1 in every capture) */
+#define INT4_CODES_PER_ENTRY 128u /* 64 feature bytes per CBUF entry, as int8 (64 codes) and fp16 (32) */
+
+const ork_npu_int4_regs ork_npu_int4 = {INT4_PREC, INT4_PREC, INT16_PREC, INT16_SIZE_E, INT16_SURF_MUL,
+                                        INT4_CODES_PER_ENTRY};
+
+#define UNVERIFIED_CODE "unverified: no public stream or register database gives an int4 code (public: int8 0, fp16 2, " \
+                        "int32 4, fp32 5); a guess"
+static const ork_npu_reg_fact int4_facts[] = {
+    {"CNA_CONV_CON1", "IN_PRECISION", INT4_PREC, "", UNVERIFIED_CODE},
+    {"CNA_CONV_CON1", "PROC_PRECISION", INT4_PREC, "", UNVERIFIED_CODE},
+    {"CORE_MISC_CFG", "PROC_PRECISION", INT4_PREC, "", UNVERIFIED_CODE},
+    {"DPU_DATA_FORMAT", "IN_PRECISION", INT4_PREC, "", UNVERIFIED_CODE},
+    {"DPU_DATA_FORMAT", "PROC_PRECISION", INT4_PREC, "", UNVERIFIED_CODE},
+    {"DPU_DATA_FORMAT", "OUT_PRECISION", INT16_PREC, "",
+     "unverified: NVDLA's int16 code (RK keeps NVDLA's int8 0 and fp16 2); no RK stream with an int16 output is public"},
+    {"DPU_BS_OW_CFG", "SIZE_E_0/1/2", INT16_SIZE_E, "",
+     "unverified: int32 7, fp32 3, fp16 1 in the captures (= SURFACE_ADD multiplier - 1); int16 taken as fp16 "
+     "(2-byte elements, output C2 = 8: RKNN's int16 C layout (N/8, M, 8))"},
+    {"DPU_SURFACE_ADD", "multiplier", INT16_SURF_MUL, "", "unverified: as SIZE_E (fp16's 2)"},
+    {"CNA_CBUF_CON1", "DATA_ENTRIES", -1, "ceil(K / 128)",
+     "unverified: int8 ceil(K / 64), fp16 ceil(K / 32) (generator, captures) = 64 feature bytes per entry, kept for int4"},
+    {"CNA_CBUF_CON0", "DATA_BANK / WEIGHT_BANK", -1, "ceil(M * K / 2 / 32768), 12 - DATA_BANK",
+     "unverified: the int8 rule on the feature's bytes (an int4 code is half a byte)"},
+    {"CNA_WEIGHT_SIZE0", "WEIGHT_BYTES", -1, "K * N / 2",
+     "public field meaning (bytes: Mesa registers.xml); unverified: int4 weights packed two codes per byte"},
+    {"CNA_WEIGHT_SIZE1", "WEIGHT_BYTES_PER_KERNEL", -1, "K / 2", "unverified: as WEIGHT_BYTES"},
+    {"CNA_DMA_CON1 / DMA_CON2", "LINE_STRIDE / SURF_STRIDE", -1, "4 / M - 4 (as int8)",
+     "unverified: a 16-byte atom holds 32 int4 codes as it holds 16 int8 (RKNN's A layouts (K/32, M, 32) vs (K/16, M, 16))"},
+    {"CORE_MISC_CFG", "QD_EN", 0, "", "unverified: as int8 (only fp16 sets it in the captures)"},
+    {"operands", "nibble order", -1, "low nibble = even k",
+     "unverified for the hardware: rk-llama.cpp packs its RKNN_INT4_MM_INT4_TO_INT16 operands low nibble first "
+     "(runs on boards); whether librknnrt hands them to the NPU unchanged is not public"},
+};
+
+const ork_npu_reg_fact *ork_npu_int4_facts(size_t *n) {
+    *n = sizeof int4_facts / sizeof int4_facts[0];
+    return int4_facts;
+}
+
 typedef struct {
     uint32_t target, reg;
     const char *name;
@@ -80,24 +126,27 @@ ork_status ork_npu_task_tail(uint64_t out[4], uint32_t next_addr, uint32_t next_
 
 ork_status ork_npu_matmul_task(const ork_npu_matmul_desc *d, uint64_t out[ORK_NPU_TASK_QWORDS], ork_err *err) {
     if (!d || !out) return ork_err_set(err, ORK_EINVAL, "npu_matmul_task: NULL argument");
-    const int fp16 = d->dtype == ORK_NPU_FP16_FP32;
-    if (d->dtype != ORK_NPU_INT8_INT32 && !fp16) return ork_err_set(err, ORK_EINVAL, "unknown NPU matmul dtype");
-    const uint32_t M = d->M, K = d->K, N = d->N, esz = fp16 ? 2 : 1;
-    if (M == 0 || K == 0 || N == 0 || !(M == 1 || M % 4 == 0) || K % 32 || N % (fp16 ? 16u : 32u) || K > 8192 ||
-        N > 8192 || M > 2047)
+    const int fp16 = d->dtype == ORK_NPU_FP16_FP32, int4 = d->dtype == ORK_NPU_INT4_INT16;
+    if (d->dtype != ORK_NPU_INT8_INT32 && !fp16 && !int4) return ork_err_set(err, ORK_EINVAL, "unknown NPU matmul dtype");
+    const uint32_t M = d->M, K = d->K, N = d->N, bits = fp16 ? 16 : int4 ? 4 : 8, nal = fp16 ? 16 : int4 ? 64 : 32;
+    if (M == 0 || K == 0 || N == 0 || !(M == 1 || M % 4 == 0) || K % 32 || N % nal || K > 8192 || N > 8192 || M > 2047)
         return ork_err_set(err, ORK_EINVAL,
                            "matmul %ux%ux%u outside this task's limits (M = 1 or M %% 4 == 0, M < 2048; K %% 32 == 0; "
-                           "N %% %u == 0; K, N <= 8192)", M, K, N, fp16 ? 16u : 32u);
-    uint64_t feature_bytes = (uint64_t)M * K * esz;
+                           "N %% %u == 0; K, N <= 8192)", M, K, N, nal);
+    uint64_t feature_bytes = (uint64_t)M * K * bits / 8;
     uint32_t data_bank = (uint32_t)((feature_bytes + CBUF_BANK_BYTES - 1) / CBUF_BANK_BYTES);
     if (data_bank > CBUF_BANKS - 1)
         return ork_err_set(err, ORK_EINVAL, "feature data of %ux%u needs %u CBUF banks (at most 11)", M, K, data_bank);
-    if ((uint64_t)K * esz > CBUF_BANK_BYTES)
+    if ((uint64_t)K * bits / 8 > CBUF_BANK_BYTES)
         return ork_err_set(err, ORK_EINVAL, "one kernel of K = %u does not fit a CBUF bank", K);
     const uint32_t weight_bank = CBUF_BANKS - data_bank;
-    const uint32_t in_prec = fp16 ? 2 : 0, proc_prec = in_prec, out_prec = fp16 ? 5 : 4; /* precision enum */
-    const uint32_t out_size_e = fp16 ? 3 : 7, surf_mul = fp16 ? 4 : 8;
-    const uint32_t entries = fp16 ? (K + 31) / 32 : (K + 63) / 64;
+    /* precision enum: int8 0, fp16 2, int32 4, fp32 5 (public); int4 / int16: ork_npu_int4 (unverified) */
+    const uint32_t in_prec = fp16 ? 2 : int4 ? ork_npu_int4.in_prec : 0;
+    const uint32_t proc_prec = fp16 ? 2 : int4 ? ork_npu_int4.proc_prec : 0;
+    const uint32_t out_prec = fp16 ? 5 : int4 ? ork_npu_int4.out_prec : 4;
+    const uint32_t out_size_e = fp16 ? 3 : int4 ? ork_npu_int4.size_e : 7, surf_mul = fp16 ? 4 : int4 ? ork_npu_int4.surf_mul : 8;
+    const uint32_t per_entry = fp16 ? 32 : int4 ? ork_npu_int4.codes_per_entry : 64, entries = (K + per_entry - 1) / per_entry;
+    const uint32_t kbytes = K * bits / 8;
     size_t n = 0;
 #define E(t, r, v) out[n++] = ork_npu_qword((t), (r), (uint32_t)(v))
     E(ORK_NPU_DPU, 0x4004, 0xe); /* S_POINTER: pp mode, executer/pointer ping-pong */
@@ -108,8 +157,8 @@ ork_status ork_npu_matmul_task(const ork_npu_matmul_desc *d, uint64_t out[ORK_NP
     E(ORK_NPU_CNA, 0x1024, (K - 1) << 16 | K);                   /* DATA_SIZE1: channels */
     E(ORK_NPU_CNA, 0x1028, 1);                                   /* DATA_SIZE2: output width */
     E(ORK_NPU_CNA, 0x102c, M);                                   /* DATA_SIZE3: atomics */
-    E(ORK_NPU_CNA, 0x1030, K * N * esz);                         /* WEIGHT_SIZE0: bytes */
-    E(ORK_NPU_CNA, 0x1034, K * esz);                             /* WEIGHT_SIZE1: bytes per kernel */
+    E(ORK_NPU_CNA, 0x1030, kbytes * N);                          /* WEIGHT_SIZE0: bytes */
+    E(ORK_NPU_CNA, 0x1034, kbytes);                              /* WEIGHT_SIZE1: bytes per kernel */
     E(ORK_NPU_CNA, 0x1038, 1u << 24 | 1u << 16 | N);             /* WEIGHT_SIZE2: 1x1 kernels, N */
     E(ORK_NPU_CNA, 0x1040, weight_bank << 4 | data_bank);        /* CBUF_CON0 */
     E(ORK_NPU_CNA, 0x1044, entries);                             /* CBUF_CON1: data entries */
