@@ -245,7 +245,9 @@ GOAL_MODELS, GOAL_BITS, GOAL_TOK_S = ("qwen3-1.7b", "qwen2.5-1.5b"), 5.0, 25.0
 def precision_maps(args, name, d):
     """[(label, precision map, note)]: W8A8, W4A4 and the mixed map (--alloc FILE or the --mix rule)."""
     out = [("W8A8", cost.uniform_map(d, "int8"), "every linear int8 x int8 -> int32"),
-           ("W4A4", cost.uniform_map(d, "w4a4"), "every linear int4 x int4 -> int16, K tiles <= 480, int32 sums")]
+           ("W4A4", cost.uniform_map(d, "w4a4"), "every linear int4 x int4 -> int16, K tiles <= 480, int32 sums"),
+           ("W4A8", cost.uniform_map(d, "w4a8"), "every linear int4 weights x int8 activations as two int4 digits "
+                                                  "(two rows per token on the int4 mode)")]
     if args.alloc:
         pm = cost.read_alloc(args.alloc, d)
         cpu = sum(v == "float" for v in pm.values())
@@ -258,6 +260,9 @@ def precision_maps(args, name, d):
         out.append((f"mixed {args.mix:g}", pm, f"stand-in rule (npu_cost.mix_map; no measured sensitivities yet): "
                     f"W8A8 for {', '.join(rest[:2])}, ffn_down of {downs} layers"
                     + (f", {', '.join(rest[2:])}" if rest[2:] else "") + ", W4A4 elsewhere"))
+        pm8, _ = cost.mix_map(d, args.mix, "w4a8")
+        out.append((f"mix{args.mix:g} w4a8", pm8, "the same rule with W4A8 (digits) in place of W4A4 (the choice of "
+                    "bench/w4a4.py's measured allocation: same bytes)"))
     return out
 
 

@@ -20,9 +20,11 @@ model):
   w8a8 gptq         int8 weights (GPTQ), per-token int8 activations: the 8-bit NPU mode
   head w8a8         every block linear W4A4 (as "w4a4 gptq"), the head W8A8: QuaRot and SpinQuant keep the
                     head in 16 bits, llama.cpp's Q4_0 puts it in Q6_K
-  mix X             W4A4 / W8A8 per input group at <= X NPU bits per weight, chosen by measured
-                    sensitivity (orkpy.quantization.npu_alloc: one forward per group on --sens-chunks
-                    chunks of the calibration text), each group's weights as in the w4a4 / w8a8 gptq rows
+  w4a8              the w4a4 gptq weights with int8 activations (codes to +-119) run as two int4 digits per
+                    activation on the int4 mode: 4 NPU bits per weight, two rows per token
+  mix X (options)   W4A4 / W8A8 (and W4A8) per input group at <= X NPU bits per weight, chosen by measured
+                    sensitivity (orkpy.quantization.npu_alloc: one forward per group and option on
+                    --sens-chunks chunks of the calibration text), each group's weights as in the rows above
 
 NPU MB: the weight bytes the NPU reads per token (int8: 1 byte, w4a4: half; llama.cpp's formats as the
 NPU would run them today: inflated to int8); file MB: the packed linears as stored.
@@ -158,11 +160,13 @@ def run_model(a, name):
         row("rk-llama recipe, per-token acts", base4, ActSpec(method="max", prefix=0))
     if "rtn" in a.rows:
         row("w4a4 rtn, per-token", {n: orkpy.pack(orkpy.quantize(src.linear(n), "w4a4")) for n in names}, ActSpec())
-    q4 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks,
-                                                      progress=False).items()}
+    q4t = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False)
+    q4 = {n: orkpy.pack(q) for n, q in q4t.items()}
     row("w4a4 gptq, per-token", q4, ActSpec())
     if "static" in a.rows:
         row("w4a4 gptq, static", q4, ActSpec("static"))
+    q4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None)) for n, q in q4t.items()}
+    row("w4a8 gptq (int8 acts as 2 digits)", q4d, ActSpec())
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}
     m8 = row("w8a8 gptq, per-token", q8, ActSpec())
@@ -174,20 +178,20 @@ def run_model(a, name):
     _, it = fm.chunks(toks, ctx, a.sens_chunks)
     batch = list(it)
     ref_lp = npu_alloc.reference_logprobs(fm, batch)
-    lo = {n: LinearSpec.from_packed(n, q4[n], act_spec=resolve(ActSpec(), n, cal, q4[n].K, "bench", "w4a4"))
-          for n in names}
+    packs = {"w4a4": q4, "w4a8": q4d, "int8": q8}
+    lo = {t: {n: LinearSpec.from_packed(n, packs[t][n], act_spec=resolve(ActSpec(), n, cal, packs[t][n].K, "bench", t))
+              for n in names} for t in ("w4a4", "w4a8")}
     sens = npu_alloc.group_sensitivities(m8, lo, batch, ref_lp, progress=False)
-    print(f"# sensitivities: {len(sens['kl'])} groups in {time.time() - t:.0f} s (W8A8 base KL {sens['base']:.5f})",
-          flush=True)
-    allocs = {}
-    for bits in a.npu_bits:
-        tiers, rep = npu_alloc.choose_npu(shapes, sens["kl"], bits)
-        mixed = {n: (q4[n] if tiers[n] == "w4a4" else q8[n]) for n in names}
-        row(f"mix <= {bits:g} NPU bits", mixed, ActSpec())
-        rows[-1]["alloc"] = rep
-        allocs[bits] = rep
-        n8 = [g for g, tt in rep["groups"].items() if tt == "int8"]
-        print(f"#   W8A8 groups ({len(n8)} of {len(rep['groups'])}): " + ", ".join(n8[:40]), flush=True)
+    print(f"# sensitivities: {len(sens['kl']['w4a4'])} groups x 2 options in {time.time() - t:.0f} s (W8A8 base KL "
+          f"{sens['base']:.5f})", flush=True)
+    for options in (("w4a4", "int8"), ("w4a4", "w4a8", "int8")):
+        for bits in a.npu_bits:
+            tiers, rep = npu_alloc.choose_npu(shapes, sens["kl"], bits, options)
+            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)})", {n: packs[tiers[n]][n] for n in names}, ActSpec())
+            rows[-1]["alloc"] = rep
+            cnt = {t: [g for g, tt in rep["groups"].items() if tt == t] for t in options}
+            print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(rep["groups"]))
+                  + " groups; int8: " + ", ".join(cnt["int8"][:30]), flush=True)
     if a.json_out:
         with open(a.json_out.replace("{model}", name), "w") as f:
             json.dump({"model": name, "rotation": rot, "text": text_f, "calib": calib_f, "chunks": a.chunks,

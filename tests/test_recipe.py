@@ -330,6 +330,7 @@ FLAG_CASES = {
     # --npu-bits also sets the W4A4 machinery (rotations, GPTQ) unless given: here given, so only its key changes
     "npu_bits": (["--rotate", "hadamard", "--rotate-online", "--method", "gptq", "--npu-bits", "5"],
                  "allocation.npu_bits", 5.0),
+    "npu_tiers": (["--npu-tiers", "w4a4", "int8"], "allocation.npu_options", ("w4a4", "int8")),
     "kind": (["--kind", "int4"], "allocation.kind", "int4"),
     "group_size": (["--group-size", "64"], "allocation.group_size", 64),
     "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),

@@ -24,10 +24,11 @@ def _choices(argv, dest):
 # ------------------------------------------------------------------ kinds --
 def test_kind_table_is_the_one_source():
     rows = _core.kinds()
-    assert [r["name"] for r in rows] == list(orkpy.KINDS) == ["nf4", "int4", "int8", "int5", "int6", "w4a4"]
-    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4, 5]  # the O4N1/O8N1 header ids
-    assert [(r["qmax"], r["store_bits"]) for r in rows] == [(127, 4), (127, 4), (127, 8), (15, 5), (31, 6), (7, 4)]
-    assert [r["act_bits"] for r in rows] == [8, 8, 8, 8, 8, 4]  # w4a4: the NPU's int4 x int4 mode
+    assert [r["name"] for r in rows] == list(orkpy.KINDS) == ["nf4", "int4", "int8", "int5", "int6", "w4a4", "w4a8"]
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # the O4N1/O8N1 header ids
+    assert [(r["qmax"], r["store_bits"]) for r in rows] == [(127, 4), (127, 4), (127, 8), (15, 5), (31, 6), (7, 4),
+                                                            (7, 4)]
+    assert [r["act_bits"] for r in rows] == [8, 8, 8, 8, 8, 4, 8]  # w4a4 / w4a8: the NPU's int4 x int4 mode
     four = tuple(r["name"] for r in rows if r["bits"] == 4)
     assert orkpy.kernels.quant.FOUR_BIT_KINDS == four
     for r in rows:
@@ -51,25 +52,27 @@ def test_tiers_derive_from_the_kind_registry():
     (orkpy/formats/tiermap.py); the model directory, load_model's paths and the allocator's options follow."""
     from orkpy import alloc, modeldir, tiermap
     rows = _core.kinds()
-    def tier_of(r):  # int<store_bits>; a kind with narrower activations (w4a4) runs the tier named after it
-        return f"int{r['store_bits']}" if r["act_bits"] == 8 else r["name"]
+    def tier_of(r):  # int<store_bits>; a kind the NPU runs in its int4 mode (integer codes in 4 bits) its own
+        return r["name"] if r["levels"] is None and r["store_bits"] == 4 else f"int{r['store_bits']}"
     want = {tier_of(r): (None if r["levels"] is not None else r["name"]) for r in rows}
-    assert tiermap.TIER_KINDS == want == {"int8": "int8", "int6": "int6", "int5": "int5", "int4": None, "w4a4": "w4a4"}
-    assert tiermap.TIERS == ("int8", "int6", "int5", "int4", "w4a4", "float")
-    assert tiermap.TIER_BITS == {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "w4a4": 4}
+    assert tiermap.TIER_KINDS == want == {"int8": "int8", "int6": "int6", "int5": "int5", "int4": None, "w4a4": "w4a4",
+                                          "w4a8": "w4a8"}
+    assert tiermap.TIERS == ("int8", "int6", "int5", "int4", "w4a8", "w4a4", "float")
+    assert tiermap.TIER_BITS == {"int8": 8, "int6": 6, "int5": 5, "int4": 4, "w4a8": 4, "w4a4": 4}
+    assert tiermap.NPU_BITS == {"int8": 8, "int6": 8, "int5": 8, "int4": 8, "w4a8": 4, "w4a4": 4, "float": 0}
     for r in rows:
         assert tiermap.kind_tier(r["name"]) == tier_of(r)
     for t in tiermap.INT_TIERS:
         kind = tiermap.tier_kind(t, "int4")
         assert orkpy.runtime.model.tier_path(t, "int4") == kind and kind in orkpy.runtime.model.PATHS
         assert modeldir._tier_ok(t)
-        if tiermap.TIER_ACT_BITS[t] == 8:  # w4a4: per channel only (one accumulator per output on the NPU)
+        if t not in tiermap.NPU_INT4_TIERS:  # w4a4 / w4a8: per channel only (one accumulator per output on the NPU)
             assert tiermap.split_tier(f"{t}-g64") == (t, 64) and modeldir._tier_ok(f"{t}-g64")
         else:
             assert not modeldir._tier_ok(f"{t}-g64")
     assert orkpy.runtime.model.tier_path("int4-g32", "nf4") == "nf4" and orkpy.runtime.model.tier_path("float") == "gguf"
     assert not modeldir._tier_ok("int3") and not modeldir._tier_ok("float-g32")
-    assert {tiermap.split_tier(t)[0] for t in alloc.DEFAULT_OPTIONS} == set(tiermap.INT_TIERS) - {"w4a4"}
+    assert {tiermap.split_tier(t)[0] for t in alloc.DEFAULT_OPTIONS} == set(tiermap.INT_TIERS) - {"w4a4", "w4a8"}
 
 def test_registry_is_sealed_once_exported():
     _core.kinds()
@@ -185,7 +188,7 @@ def test_a_dummy_kind_needs_only_a_registry_row(shared, tmp_path):
     assert r.returncode == 0, r.stderr
     import json
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["id"] == 6 and out["kinds"] == ["nf4", "int4", "int8", "int5", "int6", "w4a4", "test4"]
+    assert out["id"] == 7 and out["kinds"] == ["nf4", "int4", "int8", "int5", "int6", "w4a4", "w4a8", "test4"]
     assert out["four"] == ["nf4", "int4", "test4"] and out["cli_kind"] == out["four"]
     assert out["zero_code"] == 4 and out["lut"] == out["ref_lut"] and out["lut"][4] == 0 and out["lut"][9:] == [0] * 7
     assert out["zero_row"] == [4 | 4 << 4] * 39  # zero rows hold the row's zero code, not 7
@@ -196,9 +199,9 @@ def test_a_dummy_kind_needs_only_a_registry_row(shared, tmp_path):
     for key in ("quant_vs_reference", "sr_same_on_scalar", "dequant_vs_reference", "matmul_int_exact",
                 "codes_roundtrip", "load_matmul_same", "npu_same"):
         assert out[key] is True, key
-    assert out["file"] == ["test4", "O4N1", 6]
+    assert out["file"] == ["test4", "O4N1", 7]
     assert out["model"] == [True, 5 * 7 + 1, True]  # every linear on the emulated NPU, same logits
-    assert out["tiers"] == [["int8", "int6", "int5", "int4", "w4a4", "float"], "int4", "test4"]  # no tier of its own
+    assert out["tiers"] == [["int8", "int6", "int5", "int4", "w4a8", "w4a4", "float"], "int4", "test4"]  # no tier of its own
     assert out["model_dir"] == [0, [["int4", "test4"], ["int4-g32", "test4"]], True, True]
     assert "sealed" in out["late"]
 

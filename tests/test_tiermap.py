@@ -26,7 +26,7 @@ def test_qwen3_q4km_counts_equal_the_file(qwen):
     with orkpy.GGUFFile(p) as g:
         assert tm.counts_by_type() == dict(collections.Counter(t.type for t in g.tensors))
     assert tm.counts_by_type() == {"Q4_K": 168, "Q6_K": 29, "F32": 113}
-    assert tm.counts_by_tier() == {"int8": 29, "int6": 0, "int5": 0, "int4": 168, "w4a4": 0, "float": 113}
+    assert tm.counts_by_tier() == {"int8": 29, "int6": 0, "int5": 0, "int4": 168, "w4a8": 0, "w4a4": 0, "float": 113}
     assert tm.tied
 
 
@@ -96,7 +96,7 @@ def test_int8_share_by_result_bytes():
     tm = orkpy.TierMap({"a": TierEntry("int8", "Q6_K", (10, 64)), "b": TierEntry("int4", "Q4_K", (10, 64)),
                         "n": TierEntry("float", "F32", (64,))})
     a, b = 32 * 64 + 40, 32 * 32 + 40          # packed storage: rows padded to the 32-row tile, scales
-    assert tm.result_bytes() == {"int8": a, "int6": 0, "int5": 0, "int4": b, "w4a4": 0}
+    assert tm.result_bytes() == {"int8": a, "int6": 0, "int5": 0, "int4": b, "w4a8": 0, "w4a4": 0}
     assert tm.int8_share() == pytest.approx(a / (a + b))
 
 
@@ -104,9 +104,9 @@ def test_int6_int5_tiers_count_their_bits():
     tm = orkpy.TierMap({"a": TierEntry("int6", "Q6_K", (10, 64)), "b": TierEntry("int5-g32", "Q5_K", (10, 64)),
                         "c": TierEntry("int8", "Q8_0", (10, 64))})
     a, b, c = 32 * 64 * 6 // 8 + 40, 32 * 64 * 5 // 8 + 2 * 10 * 2, 32 * 64 + 40  # 6 / 5 bits per code; f16 groups
-    assert tm.result_bytes() == {"int8": c, "int6": a, "int5": b, "int4": 0, "w4a4": 0}
+    assert tm.result_bytes() == {"int8": c, "int6": a, "int5": b, "int4": 0, "w4a8": 0, "w4a4": 0}
     assert orkpy.formats.tiermap.packed_nbytes("int5-g32", 10, 64) == b
-    assert tm.counts_by_tier() == {"int8": 1, "int6": 1, "int5": 1, "int4": 0, "w4a4": 0, "float": 0}
+    assert tm.counts_by_tier() == {"int8": 1, "int6": 1, "int5": 1, "int4": 0, "w4a8": 0, "w4a4": 0, "float": 0}
     assert tm.int8_share() == pytest.approx(c / (a + b + c))
     with pytest.raises(ValueError, match="unknown tier"):
         orkpy.formats.tiermap.split_tier("int7")

@@ -94,6 +94,21 @@ def test_range_search_never_worse_than_absmax_and_clips_outliers():
         ActSpec(bits=8, search=True)
 
 
+def test_range_search_is_the_same_on_every_isa():
+    x = _acts(M=33, K=1000)
+    w = np.random.default_rng(7).standard_normal((48, x.shape[1])).astype(np.float32)
+    pw = orkpy.pack(orkpy.quantize(w, "w4a4"))
+    spec = ActSpec(bits=4, search=True, prefix=1)
+    with orkpy.use_isa("scalar"):
+        want = pw.matmul(x, act=spec)
+    for isa in ("avx2", "neon", "auto"):
+        try:
+            with orkpy.use_isa(isa):
+                np.testing.assert_array_equal(pw.matmul(x, act=spec), want, err_msg=isa)
+        except orkpy.UnavailableError:
+            continue
+
+
 def test_prefix_rows_stay_int8_at_four_bits():
     x = _acts(M=3)
     w = np.eye(x.shape[1], dtype=np.float32)
@@ -148,14 +163,21 @@ def test_input_groups_and_the_knapsack():
     assert list(g) == ["blk.0.attn_qkv.weight", "blk.0.attn_output.weight", "blk.0.ffn_gate_up.weight",
                        "blk.0.ffn_down.weight", "output.weight"]
     shapes = {n: (64, 64) for n in names}
-    kl = {"blk.0.attn_qkv.weight": 0.01, "blk.0.attn_output.weight": 0.5, "blk.0.ffn_gate_up.weight": 0.02,
-          "blk.0.ffn_down.weight": 0.3, "output.weight": 0.001}
-    tiers, rep = npu_alloc.choose_npu(shapes, kl, 5.0)
+    kl4 = {"blk.0.attn_qkv.weight": 0.01, "blk.0.attn_output.weight": 0.5, "blk.0.ffn_gate_up.weight": 0.02,
+           "blk.0.ffn_down.weight": 0.3, "output.weight": 0.001}
+    kl = {"w4a4": kl4}
+    tiers, rep = npu_alloc.choose_npu(shapes, kl, 5.0, ("w4a4", "int8"))
     assert rep["npu_bytes"] <= rep["budget"]
     assert tiers["blk.0.attn_output.weight"] == "int8" and tiers["blk.0.ffn_down.weight"] == "int8"
     assert tiers["blk.0.attn_q.weight"] == tiers["blk.0.attn_k.weight"] == tiers["blk.0.attn_v.weight"] == "w4a4"
-    assert set(npu_alloc.choose_npu(shapes, kl, 4)[0].values()) == {"w4a4"}
-    assert set(npu_alloc.choose_npu(shapes, kl, 8)[0].values()) == {"int8"}
+    assert set(npu_alloc.choose_npu(shapes, kl, 4, ("w4a4", "int8"))[0].values()) == {"w4a4"}
+    assert set(npu_alloc.choose_npu(shapes, kl, 8, ("w4a4", "int8"))[0].values()) == {"int8"}
+    # with w4a8 (same bytes as w4a4): each 4-bit group takes the option of the smaller measured loss
+    kl["w4a8"] = {g: v / 3 if "ffn" in g else v * 2 for g, v in kl4.items()}
+    t3, _ = npu_alloc.choose_npu(shapes, kl, 4, npu_alloc.NPU_OPTIONS)
+    assert t3["blk.0.ffn_up.weight"] == "w4a8" and t3["blk.0.attn_q.weight"] == "w4a4"
+    with pytest.raises(ValueError, match="int8 last"):
+        npu_alloc.check_options(("int8", "w4a4"))
 
 
 # ----------------------------------------------------- stories260K end to end --
@@ -169,13 +191,13 @@ def test_cli_npu_bits_end_to_end(tmp_path):
                         "--calib-chunks", "1", "--calib-ctx", "128", "--no-progress", "-o", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "npu_bits 5" in r.stderr and "W8A8" in r.stderr
+    assert "npu_bits 5" in r.stderr and "input groups:" in r.stderr
     man = json.loads((out / "manifest.json").read_text())
     assert man["recipe"]["allocation"]["npu_bits"] == 5.0
     assert man["recipe"]["rounding"]["method"] == "gptq" and man["recipe"]["transform"]["rotate"] == "hadamard"
     m = orkpy.load_model(out)
     kinds = {s.kind for s in m.linears.values()}
-    assert kinds == {"w4a4", "int8"}
+    assert kinds <= {"w4a4", "w4a8", "int8"} and "int8" in kinds and kinds & {"w4a4", "w4a8"}
     nb = {k: sum(npu_alloc.npu_nbytes(s.kind, s.N, s.K) for s in m.linears.values() if s.kind == k) for k in kinds}
     full = sum(npu_alloc.npu_nbytes("int8", s.N, s.K) for s in m.linears.values())
     assert sum(nb.values()) <= full * 5 / 8
@@ -216,9 +238,9 @@ class _Args:
 
 # ------------------------------------------------- the CPU model is the contract --
 def test_w4a4_linear_accumulators_are_the_int4_contract():
-    """The CPU model of a W4A4 linear (int8 kernels on int8-held codes) and the nibble-packed int4
-    kernel (orkpy.kernels.int4, the NPU's bytes and chunked int16 sums) give the same int32, and the
-    int16 partials add up to it."""
+    """The CPU model of a W4A4 linear (int8 kernels on int8-held codes), the nibble-packed int4 kernel
+    (orkpy.kernels.int4, the NPU's bytes and chunked int16 sums) and the NPU emulator's int4 x int4 ->
+    int16 tasks (orkpy.runtime.npu.matmul_w4a4) give the same int32, and the int16 partials add up to it."""
     from orkpy.kernels import int4
     rng = np.random.default_rng(6)
     for M, K, N in ((1, 576, 64), (5, 1536, 96), (3, 481, 40)):
@@ -230,6 +252,41 @@ def test_w4a4_linear_accumulators_are_the_int4_contract():
         xq = np.clip(_round_half_away(x * (np.float32(7) / a)), -7, 7).astype(np.int8)
         acc = pw.matmul_int(xq)
         np.testing.assert_array_equal(acc, int4.mm_i4(xq, q.codes))
+        np.testing.assert_array_equal(acc, orkpy.runtime.npu.matmul_w4a4(xq, q.codes))  # the emulator's int4 tasks
         part = int4.mm_i4_partials(xq, q.codes)
         np.testing.assert_array_equal(part.astype(np.int32).sum(axis=0), acc)
         assert part.shape[0] == -(-(-(-K // 32) * 32) // int4.KCHUNK)
+
+
+def test_w4a8_runs_int8_activations_as_two_int4_digits():
+    """A w4a8 linear: int4 weight codes, int8 activations; on the NPU's int4 mode each activation is two
+    int4 digits (two rows), and the combined int32 is exactly the CPU model's int8 x code product."""
+    from orkpy.kernels import int4
+    k = KIND_INFO["w4a8"]
+    assert (k.qmax, k.store_bits, k.act_bits) == (7, 4, 8) and NPU_BITS["w4a8"] == 4 and TIER_ACT_BITS["w4a8"] == 8
+    x8 = np.arange(-119, 120, dtype=np.int8).reshape(1, -1)  # the codes of digits=True
+    h, lo = int4.split_digits(x8)
+    assert h.min() >= -8 and h.max() <= 7 and lo.min() >= -8 and lo.max() <= 7
+    np.testing.assert_array_equal(16 * h.astype(np.int16) + lo, x8)
+    rng = np.random.default_rng(8)
+    for M, K, N in ((1, 576, 64), (4, 1536, 40), (2, 8192, 32)):
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        q = orkpy.quantize(w, "w4a8")
+        xq = rng.integers(-119, 120, (M, K)).astype(np.int8)
+        xq[0, :16] = -119
+        want = orkpy.pack(q).matmul_int(xq)
+        np.testing.assert_array_equal(want, xq.astype(np.int64) @ q.codes.astype(np.int64).T)
+        np.testing.assert_array_equal(int4.mm_i4_digits(xq, q.codes), want)
+        dig = orkpy.runtime.npu.matmul_w4a4(np.concatenate(int4.split_digits(xq)), q.codes)  # the emulator
+        np.testing.assert_array_equal(dig[:M].astype(np.int64) * 16 + dig[M:], want)
+    r = resolve(ActSpec(), "blk.0.ffn_down.weight", None, 64, "test", "w4a8")
+    assert r.bits == 8 and r.digits and not r.search and r.prefix == 0
+    assert not resolve(ActSpec(), "blk.0.ffn_down.weight", None, 64, "test", "int8").digits
+    x = np.random.default_rng(9).standard_normal((3, 64)).astype(np.float32)
+    pw = orkpy.pack(orkpy.quantize(np.eye(64, dtype=np.float32), "int8"))
+    y = pw.matmul(x, act=r)     # the step is absmax / 119: codes reach +-119, never beyond
+    a = np.abs(x).max(axis=1, keepdims=True)
+    np.testing.assert_allclose(y, np.clip(_round_half_away(x * (np.float32(119) / a)), -119, 119) * (a / 119),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="digits"):
+        ActSpec(bits=4, digits=True)

@@ -10,7 +10,6 @@
 
 #include "cpu.h"
 #include "quant.h"
-#include "quant_scalar.h"
 
 /* ------------------------------------------------------------ kernels -- */
 static ork_status range_row(const ork_act_spec *spec, const float *x, size_t M, size_t K, float *r, ork_err *err) {
@@ -152,6 +151,9 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
     if (s->search && (s->bits >= 8 || (row->flags & (ORK_ACTF_STATIC | ORK_ACTF_PER_TENSOR))))
         return ork_err_set(err, ORK_EINVAL, "activation mode '%s' at %d bits takes no range search (per-row modes "
                            "below 8 bits only)", row->name, s->bits);
+    if (s->digits != 0 && (s->digits != 1 || s->bits != 8))
+        return ork_err_set(err, ORK_EINVAL, "activation digits must be 0, or 1 with 8-bit activations (got %d at %d "
+                           "bits)", s->digits, s->bits);
     if (s->n_outliers && !s->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
     for (size_t j = 0; j < s->n_outliers; j++) {
         int32_t o = s->outliers[j];
@@ -165,26 +167,27 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
 }
 
 /* ---------------------------------------------------------- quantizer -- */
-/* squared error of one row at range c on a grid of +-qmax (the quantizer's arithmetic, scalar) */
-static double row_err(const float *x, size_t K, float c, float qmax) {
-    const float inv = qmax / c, s = c / qmax;
+/* squared error of one row at range c on a grid of +-qmax: the quantizer's own codes (into q, K bytes),
+ * then sum_k (x - q * s)^2 in double, k in order */
+static double row_err(const ork_quant_kernels *qk, const float *x, size_t K, float c, float qmax, int8_t *q) {
+    const float s = c / qmax;
+    qk->codes8_rtn(x, K, qmax / c, qmax, q);
     double e = 0.0;
     for (size_t k = 0; k < K; k++) {
-        float q = ork_clamp_lim(ork_round_half_away(x[k] * inv), qmax);
-        float d = x[k] - q * s;
+        float d = x[k] - (float)q[k] * s;
         e += (double)d * (double)d;
     }
     return e;
 }
 
-/* the searched range of one row (actspec.h "search") */
-static float row_search(const float *x, size_t K, float a, float qmax) {
+/* the searched range of one row (actspec.h "search"); q: K bytes of scratch */
+static float row_search(const ork_quant_kernels *qk, const float *x, size_t K, float a, float qmax, int8_t *q) {
     float best = a;
-    double be = row_err(x, K, a, qmax);
+    double be = row_err(qk, x, K, a, qmax, q);
     for (int i = 1; i < ORK_ACT_SEARCH_N; i++) {
         float c = a * (1.0f - (float)i / 40.0f);
         if (!(c >= ORK_QUANT_TINY)) break;
-        double e = row_err(x, K, c, qmax);
+        double e = row_err(qk, x, K, c, qmax, q);
         if (e < be) be = e, best = c;
     }
     return best;
@@ -211,8 +214,9 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
     }
     const size_t p = spec->prefix < M ? spec->prefix : M; /* prefix rows keep their absmax, at 8 bits */
     if (M > p && (st = row->range(spec, x + p * K, M - p, K, ascale + p, err))) return st;
-    const float qmax = (float)((1 << (spec->bits - 1)) - 1); /* 127, or 7 at 4 bits */
-    const float qmax8 = (float)((1 << (ORK_ACT_BITS - 1)) - 1);
+    /* 127, or 7 at 4 bits; 119 with digits */
+    const float qmax = spec->digits ? (float)ORK_ACT_DIGITS_QMAX : (float)((1 << (spec->bits - 1)) - 1);
+    const float qmax8 = spec->digits ? (float)ORK_ACT_DIGITS_QMAX : (float)((1 << (ORK_ACT_BITS - 1)) - 1);
     for (size_t m = 0; m < M; m++) {
         float a = ascale[m], qm = m < p ? qmax8 : qmax;
         int8_t *q = xq + m * ldq;
@@ -222,7 +226,7 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
             memset(q, 0, K);
             continue;
         }
-        if (spec->search && m >= p) a = row_search(x + m * K, K, a, qm);
+        if (spec->search && m >= p) a = row_search(qk, x + m * K, K, a, qm, q);
         ascale[m] = a / qm;
         qk->codes8_rtn(x + m * K, K, qm / a, qm, q);
     }

@@ -5,7 +5,7 @@
  * (act.h is another thing: the FFN's gate activation, SiLU / GELU.)
  *
  * ------------------------------------------------------------- the spec --
- *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers, search }
+ *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers, search, digits }
  *   mode        a registry row id (below); 0 is per_token
  *   bits        activation bits: one of the widths the mode's row serves
  *               (its `bits` mask: ork_act_bits_ok): 8 (codes in [-127, 127])
@@ -29,10 +29,16 @@
  *               each non-prefix row's range is searched to minimise its own
  *               squared quantization error: candidates c_i = a * (1 - i/40),
  *               i = 0..ORK_ACT_SEARCH_N-1 (a the mode's range), each scored as
- *               sum_k (double)(x - q*s)^2 with the quantizer's codes q and step
- *               s = c / qmax (float32, k in order); the first strictly smaller
- *               error replaces the best, so ties keep the larger range and the
- *               result is never worse than absmax. Scalar, so every ISA agrees.
+ *               sum_k (double)(x - q*s)^2 with the quantizer's codes q (its
+ *               codes8_rtn kernel, bit-exact on every ISA) and step s = c / qmax
+ *               (float32, the sum in k order); the first strictly smaller error
+ *               replaces the best, so ties keep the larger range and the result
+ *               is never worse than absmax; every ISA chooses the same range.
+ *   digits      1 (bits 8 only): the codes stop at +-ORK_ACT_DIGITS_QMAX = 119
+ *               (step range / 119), so each splits into two int4 digits
+ *               x = 16 h + l, h, l in [-8, 7] (16 * 7 + 7 = 119): a w4a8
+ *               linear's activations, two rows of the NPU's int4 mode
+ *               (quant.h, docs/w4a4.md); prefix rows too
  * ork_act_spec_check is the one validator (ORK_EINVAL naming the problem);
  * ORK_ACT_SPEC_INIT is the per-token default.
  *
@@ -111,9 +117,11 @@ typedef struct ork_act_spec {
     const int32_t *outliers; /* n_outliers channels computed in float, strictly increasing, < K */
     size_t n_outliers;
     int search;              /* 1: per-row range search (bits < 8, per-row modes), see above */
+    int digits;              /* 1: int8 codes in [-119, 119], two int4 digits each (bits 8), see above */
 } ork_act_spec;
 
-#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0, 0}
+#define ORK_ACT_DIGITS_QMAX 119 /* 16 * 7 + 7: the largest code two int4 digits make symmetrically */
+#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0, 0, 0}
 
 /* A mode's kernel: r[0..M) holds the absmax (finite) of rows x[0..M) (stride K) on
  * entry and their ranges on return. The prefix rows are not among them. */

@@ -40,8 +40,10 @@ static ork_kind_info g_kinds[ORK_KIND_MAX] = {
     {ORK_KIND_INT6, "int6", 8, 0, {0}, 31, 6},
     /* uniform symmetric 4-bit integer codes [-7, 7], multiplied with 4-bit activations (the NPU's int4 mode) */
     {ORK_KIND_W4A4, "w4a4", 8, 0, {0}, 7, 4, 4},
+    /* the same codes with int8 activations, run on the int4 mode as two int4 digits per activation */
+    {ORK_KIND_W4A8, "w4a8", 8, 0, {0}, 7, 4, 8},
 };
-static atomic_size_t g_nkinds = 6; /* rows published (a row is complete before the count covers it) */
+static atomic_size_t g_nkinds = 7; /* rows published (a row is complete before the count covers it) */
 static atomic_int g_sealed = 0;
 static pthread_once_t g_kinds_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_kinds_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises ork_kind_register */

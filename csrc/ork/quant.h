@@ -52,6 +52,12 @@
  *   with 4-bit activation codes (act_bits 4: its linears quantize their input
  *   to [-7, 7], actspec.h). In memory its codes are int8 like int5 / int6;
  *   on the NPU two codes per byte (docs/w4a4.md).
+ *   w4a8 (ORK_KIND_W4A8) stores the same codes and keeps int8 activations
+ *   (act_bits 8): on the NPU each int8 activation x = 16 h + l is split into
+ *   two int4 digits h = floor((x + 8) / 16), l = x - 16 h (both in [-8, 7]),
+ *   two rows of the int4 x int4 mode, combined 16 acc_h + acc_l in int32 --
+ *   exactly the int8 x code product the CPU kernels compute, at 4 NPU bits
+ *   per weight (docs/w4a4.md "W4A8 by digits").
  *
  * Rows: absmax a == 0 (or a < ORK_QUANT_TINY, documented as zero) gives
  * s = 0, every code = the zero level, and dequantizes to exact zeros.
@@ -138,7 +144,8 @@ typedef enum ork_kind {
     ORK_KIND_INT8 = 2,
     ORK_KIND_INT5 = 3, /* uniform 5-bit: codes in [-15, 15], computed as int8 */
     ORK_KIND_INT6 = 4, /* uniform 6-bit: codes in [-31, 31], computed as int8 */
-    ORK_KIND_W4A4 = 5  /* uniform 4-bit integer codes in [-7, 7] for the NPU's int4 x int4 mode (act_bits 4) */
+    ORK_KIND_W4A4 = 5, /* uniform 4-bit integer codes in [-7, 7] for the NPU's int4 x int4 mode (act_bits 4) */
+    ORK_KIND_W4A8 = 6  /* the same codes with int8 activations: two int4 digits per activation on the NPU */
 } ork_kind;
 
 #define ORK_QUANT_TINY 1e-30f /* rows with absmax below this are zero rows */

@@ -100,7 +100,7 @@ int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what) {
 /* ------------------------------------------------- activation spec -- */
 
 int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name) {
-    static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", "search", NULL};
+    static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", "search", "digits", NULL};
     const ork_act_spec init = ORK_ACT_SPEC_INIT;
     *spec = init;
     *keep = NULL;
@@ -140,6 +140,11 @@ int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject
         int t = PyObject_IsTrue(v);
         if (t < 0) return -1;
         spec->search = t;
+    }
+    if ((v = PyDict_GetItemString(obj, "digits")) && v != Py_None) {
+        int t = PyObject_IsTrue(v);
+        if (t < 0) return -1;
+        spec->digits = t;
     }
     if ((v = PyDict_GetItemString(obj, "prefix")) && v != Py_None) {
         Py_ssize_t p = PyLong_AsSsize_t(v);

@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..quantization.alloc import DEFAULT_OPTIONS
+from ..quantization.npu_alloc import NPU_OPTIONS
 from ..quantization.recipe import METHODS, TIED_LOOKUPS
 from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_common_args, _add_transform_args,
                       _check_output_path, _meta_arg, _positive_int, _threshold, _warn_ctx,
@@ -34,7 +35,8 @@ CLI_KEYS = {
     "rotate": "transform.rotate", "rotate_online": "transform.rotate_online", "smooth": "transform.smooth",
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
     "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
-    "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "kind": "allocation.kind",
+    "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "npu_tiers": "allocation.npu_options",
+    "kind": "allocation.kind",
     "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
     "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
@@ -43,7 +45,7 @@ CLI_KEYS = {
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
 # activations need and GPTQ (docs/w4a4.md)
 NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq"}
-_CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer"}
+_CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
 CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
                             "overwrite", "no_progress", "recipe"})
@@ -218,10 +220,14 @@ def add_quantize(sub):
                    help=f"choose the tiers ({', '.join(DEFAULT_OPTIONS)}) for X bits per linear weight from "
                         "sensitivities measured on --calib, instead of --alloc (default: off)")
     s.add_argument("--npu-bits", type=float, default=None, metavar="X",
-                   help="choose W4A4 (the NPU's int4 x int4 mode) or W8A8 per input group for X NPU bits per weight "
-                        "on average (4: every linear W4A4, 8: every linear W8A8) from sensitivities measured on "
+                   help="choose W4A4 / W4A8 (the NPU's int4 x int4 mode) or W8A8 per input group for X NPU bits per "
+                        "weight on average (4: every linear at 4 bits, 8: every linear W8A8; --npu-tiers) from "
+                        "sensitivities measured on "
                         "--calib, instead of --alloc; unless given otherwise also --rotate hadamard --rotate-online "
                         "--method gptq (docs/w4a4.md) (default: off)")
+    s.add_argument("--npu-tiers", nargs="+", choices=NPU_OPTIONS, default=list(NPU_OPTIONS), metavar="TIER",
+                   help="the tiers --npu-bits chooses from, int8 last: w4a4 (4-bit activations), w4a8 (int8 "
+                        "activations as two int4 digits; 4 NPU bits too), int8 (default: w4a4 w4a8 int8)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

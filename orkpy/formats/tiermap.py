@@ -80,10 +80,16 @@ _GGML_NAMES = frozenset(v["name"] for v in GGML_TYPES.values())
 
 
 
+def _npu_int4(info: Any) -> bool:
+    """Whether the NPU multiplies a kind's codes in its int4 x int4 mode: integer codes stored in 4 bits
+    (``w4a4``, ``w4a8``; a 4-bit codebook is inflated to int8 instead)."""
+    return info.levels is None and info.store_bits == 4
+
+
 def _tier_of(info: Any) -> str:
-    """The tier a kind row runs: ``int<store_bits>``, or the kind's own name when its linears multiply
-    narrower activations than int8 (``act_bits`` < 8: ``w4a4``, the NPU's int4 x int4 mode)."""
-    return f"int{info.store_bits}" if info.act_bits == 8 else info.name
+    """The tier a kind row runs: ``int<store_bits>``, or the kind's own name for a kind the NPU runs in its
+    int4 mode (``w4a4``: 4-bit activations; ``w4a8``: int8 activations as two int4 digits)."""
+    return info.name if _npu_int4(info) else f"int{info.store_bits}"
 
 
 def _integer_tiers() -> Dict[str, Optional[str]]:
@@ -91,9 +97,9 @@ def _integer_tiers() -> Dict[str, Optional[str]]:
     are made): a kind stored in b bits per code (``store_bits``) runs the tier ``int<b>``; a kind with
     integer codes (int8, int6, int5) has its tier to itself, and the 4-bit codebooks (nf4, int4, ...)
     share ``int4``, whose kind each call chooses (None here; ``int4_kind=`` / ``kind=``). A kind with
-    narrower activations (``act_bits`` 4: ``w4a4``) runs the tier named after it, last."""
+    NPU runs in its int4 mode (``w4a8``, ``w4a4``) runs the tier named after it, last."""
     out: Dict[str, Optional[str]] = {}
-    for k, info in sorted(KIND_INFO.items(), key=lambda kv: (kv[1].act_bits != 8, -kv[1].store_bits)):
+    for k, info in sorted(KIND_INFO.items(), key=lambda kv: (_npu_int4(kv[1]), -kv[1].store_bits, -kv[1].act_bits)):
         tier = _tier_of(info)
         codebook = info.levels is not None
         if tier in out and (not codebook or out[tier] is not None):
@@ -105,21 +111,23 @@ def _integer_tiers() -> Dict[str, Optional[str]]:
 
 #: integer tier -> the kind that runs it (None: the 4-bit codebook tier, its kind chosen per call)
 TIER_KINDS: Dict[str, Optional[str]] = _integer_tiers()
-#: The integer tiers, widest first ("int8", "int6", "int5", "int4"), then "w4a4" (4-bit weights and
-#: activations: the NPU's int4 mode), derived from the kind registry.
+#: The integer tiers, widest first ("int8", "int6", "int5", "int4"), then the NPU's int4-mode tiers "w4a8"
+#: and "w4a4" (docs/w4a4.md), derived from the kind registry.
 INT_TIERS: Tuple[str, ...] = tuple(TIER_KINDS)
-#: The base tiers; the integer ones may carry a group size: "int4-g32" (not w4a4: the NPU's int4 mode
-#: returns one accumulator per output).
+#: The base tiers; the integer ones may carry a group size: "int4-g32" (not w4a4 / w4a8: the NPU's int4
+#: mode returns one accumulator per output).
 TIERS: Tuple[str, ...] = INT_TIERS + ("float",)
 #: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed): the
 #: kind registry's ``store_bits`` of the kinds that run it.
 TIER_BITS: Dict[str, int] = {t: (KIND_INFO[k].store_bits if k else 4) for t, k in TIER_KINDS.items()}
 #: Activation bits of each integer tier (8; 4 for w4a4): what its linears' inputs are quantized to.
 TIER_ACT_BITS: Dict[str, int] = {t: (KIND_INFO[k].act_bits if k else 8) for t, k in TIER_KINDS.items()}
+#: The tiers the NPU runs in its int4 x int4 mode ("w4a8", "w4a4"): per channel only.
+NPU_INT4_TIERS: Tuple[str, ...] = tuple(t for t, k in TIER_KINDS.items() if k and _npu_int4(KIND_INFO[k]))
 #: Bits per weight the NPU reads per token for each tier: int4 codebooks, int5 and int6 are inflated to
-#: int8 in NPU memory (8); w4a4's codes are 4 bits there (the int4 x int4 mode). ``float``: 0 (host).
-NPU_BITS: Dict[str, int] = {**{t: (4 if TIER_ACT_BITS[t] == 4 else 8) for t in INT_TIERS}, "float": 0}
-_GROUPED = re.compile(f"({'|'.join(t for t in INT_TIERS if TIER_ACT_BITS[t] == 8)})-g([1-9][0-9]{{1,3}})")
+#: int8 in NPU memory (8); w4a4's and w4a8's codes are 4 bits there (the int4 mode). ``float``: 0 (host).
+NPU_BITS: Dict[str, int] = {**{t: (4 if t in NPU_INT4_TIERS else 8) for t in INT_TIERS}, "float": 0}
+_GROUPED = re.compile(f"({'|'.join(t for t in INT_TIERS if t not in NPU_INT4_TIERS)})-g([1-9][0-9]{{1,3}})")
 #: The tiers ``embeddings=`` / ``output=`` (and ``orkpy tier-map --embeddings / --output-tier``) take.
 OVERRIDES = ("by_type", "int8", "int4", "float")
 

@@ -15,7 +15,9 @@ to the kernels (csrc/ork/actspec.h is the contract).
 and, for one linear (a *resolved* spec, :func:`orkpy.runtime.actcal.resolve`), ``clip`` (the static
 range, float32), ``channels`` (the outlier input channels, strictly increasing) and ``search`` (the
 per-row range search of a 4-bit per-row mode: each token's range minimises its own squared error,
-csrc/ork/actspec.h). ``bits`` is 8 (codes in [-127, 127]) or 4 (codes in [-7, 7]: a ``w4a4``
+csrc/ork/actspec.h) and ``digits`` (8-bit codes stopping at +-119, so each is two int4 digits: a
+``w4a8`` linear's, the NPU's int4 mode at two rows per token). ``bits`` is 8 (codes in [-127, 127]) or
+4 (codes in [-7, 7]: a ``w4a4``
 linear's, the NPU's int4 x int4 mode; a linear runs the smaller of the spec's and its kind's
 ``act_bits``, docs/w4a4.md). The
 model-level spec (``load_model(act=ActSpec(...))``) leaves ``clip`` and ``channels`` None.
@@ -105,6 +107,7 @@ class ActSpec:
     clip: Optional[float] = None
     channels: Optional[Tuple[int, ...]] = None
     search: Optional[bool] = None
+    digits: Optional[bool] = None
 
     def __post_init__(self) -> None:
         info = mode_info(self.mode)
@@ -141,7 +144,13 @@ class ActSpec:
             if self.search and (int(self.bits) >= 8 or info.shares_rows):
                 raise ValueError(f"search=True is the per-row range search of a mode whose rows have their own "
                                  f"range, below 8 bits (mode {self.mode!r}, bits {self.bits})")
-        for name, v in (("search", None if self.search is None else bool(self.search)), ("bits", int(self.bits)), ("n_outliers", int(self.n_outliers)), ("clip", clip),
+        if self.digits is not None:
+            if not isinstance(self.digits, (bool, np.bool_)):
+                raise ValueError(f"digits must be a bool (int8 codes in [-119, 119], two int4 digits), got {self.digits!r}")
+            if self.digits and int(self.bits) != 8:
+                raise ValueError(f"digits=True splits 8-bit activations into two int4 digits: bits must be 8, got {self.bits}")
+        for name, v in (("search", None if self.search is None else bool(self.search)),
+                        ("digits", None if self.digits is None else bool(self.digits)), ("bits", int(self.bits)), ("n_outliers", int(self.n_outliers)), ("clip", clip),
                         ("channels", ch), ("prefix", None if self.prefix is None else int(self.prefix))):
             object.__setattr__(self, name, v)
 
@@ -168,7 +177,8 @@ class ActSpec:
     def to_core(self) -> Dict[str, Any]:
         """The argument the C binding reads (csrc/py/coerce.c ``orkpy_act_spec_from_py``)."""
         return {"mode": self.mode, "bits": self.bits, "clip": 0.0 if self.clip is None else self.clip,
-                "prefix": self.prefix or 0, "outliers": self.outlier_array(), "search": bool(self.search)}
+                "prefix": self.prefix or 0, "outliers": self.outlier_array(), "search": bool(self.search),
+                "digits": bool(self.digits)}
 
     # ------------------------------------------------------- conversion --
     @classmethod

@@ -95,3 +95,29 @@ def mm_i4_partials(a_codes: ArrayLike, w_codes: ArrayLike) -> NDArray[np.int16]:
     chunk c over k in [c * KCHUNK, min(Kp, (c + 1) * KCHUNK)); their int32 sum is mm_i4's result."""
     a, w, K = _operands(a_codes, w_codes)
     return _core.mm_i4_partials(a, w, K)
+
+
+def split_digits(x8: ArrayLike) -> Tuple[NDArray[np.int8], NDArray[np.int8]]:
+    """Two int4 digits of int8 activation codes in [-119, 119] (``ActSpec.digits``): ``x = 16 h + l`` with
+    ``h = floor((x + 8) / 16)`` and ``l = x - 16 h``, both in [-8, 7] -- how a w4a8 linear runs its int8
+    activations on the NPU's int4 mode (two rows per token; docs/w4a4.md "W4A8 by digits"). Two digits
+    reach [-136, 119], so the codes stop at +-119."""
+    x = np.asarray(x8)
+    if x.ndim != 2 or not np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
+        raise ValueError("x8 must be a 2-D integer array of int8 activation codes")
+    if x.size and (int(x.min()) < -136 or int(x.max()) > 119):
+        raise ValueError("x8 must hold codes in [-136, 119] (two int4 digits; orkpy's are in [-119, 119])")
+    xi = x.astype(np.int16)
+    h = np.floor_divide(xi + 8, 16)
+    return h.astype(np.int8), (xi - 16 * h).astype(np.int8)
+
+
+def mm_i4_digits(x8: ArrayLike, w_codes: ArrayLike, threads: Optional[int] = None) -> NDArray[np.int32]:
+    """int8 activation codes (M, K) times int4 weight codes (N, K) through the int4 mode: the two digit
+    rows of :func:`split_digits` in one :func:`mm_i4` of 2M rows, combined ``16 acc_h + acc_l`` in
+    int32 -- exactly ``x8 @ w.T`` (|acc| <= K * 128 * 8 fits int32 for K < 2^21)."""
+    h, lo = split_digits(x8)
+    M = h.shape[0]
+    acc = mm_i4(np.concatenate([h, lo]), w_codes, threads)
+    out: NDArray[np.int32] = (acc[:M].astype(np.int64) * 16 + acc[M:]).astype(np.int32)
+    return out

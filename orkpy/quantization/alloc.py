@@ -41,7 +41,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .._io import progress_bar
 from ..kernels.quant import FOUR_BIT_KINDS, quantize
-from ..formats.tiermap import EMBEDDING, INT_TIERS, TIER_ACT_BITS, TierEntry, TierMap, packed_nbytes, split_tier, tier_kind
+from ..formats.tiermap import EMBEDDING, INT_TIERS, NPU_INT4_TIERS, TierEntry, TierMap, packed_nbytes, split_tier, tier_kind
 
 
 
@@ -50,8 +50,8 @@ def _default_options() -> Tuple[str, ...]:
     128 / 64 / 32 inputs, the ones between with those groups, int8 per channel."""
     out: List[str] = []
     for t in reversed(INT_TIERS):
-        if TIER_ACT_BITS[t] != 8:
-            continue  # w4a4 (4-bit activations, the NPU's int4 mode): orkpy.quantization.npu_alloc's choice
+        if t in NPU_INT4_TIERS:
+            continue  # w4a4 / w4a8 (the NPU's int4 mode): orkpy.quantization.npu_alloc's choice
         if t in ("int4", "int8"):
             out.append(t)
         if t != "int8":

@@ -178,7 +178,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    target_ctx: int = 256, tied_lookup: str = "float", gptq_sequential: bool = False,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
-                   npu_bits: Optional[float] = None, recipe: Optional[Recipe] = None) -> QuantizedModel:
+                   npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
+                   recipe: Optional[Recipe] = None) -> QuantizedModel:
     """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`; see
     docs/recipes.md for every key) says; float-tier linears stay float.
 
@@ -221,7 +222,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
         act_prefix=act_prefix, method=method, awq=awq, group_size=group_size, target_bpw=target_bpw,
         target_options=target_options, target_chunks=target_chunks, target_ctx=target_ctx, tied_lookup=tied_lookup,
         gptq_sequential=gptq_sequential, fallback=fallback, clip_search=clip_search,
-        rotate_placement=rotate_placement, npu_bits=npu_bits))
+        rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options)))
     recipe.check_inputs(alloc is not None, calib is not None)
     if output is not None and os.path.lexists(output) and not overwrite:  # before any work
         raise FileExistsError(f"{os.path.abspath(os.fspath(output))} exists (pass overwrite=True to replace it)")

@@ -1,9 +1,10 @@
-"""Allocation to a budget of NPU weight bytes per token: W4A4 or W8A8 per input group, chosen by
-measured sensitivity (docs/w4a4.md).
+"""Allocation to a budget of NPU weight bytes per token: W4A4, W4A8 (int8 activations as two int4
+digits) or W8A8 per input group, chosen by measured sensitivity (docs/w4a4.md).
 
 On the RK3588 the NPU reads every weight of every linear once per decoded token, and reads what its
 multiplier takes: int8 for every 8-bit-activation tier (int8; int4 codebooks, int5 and int6 are
-inflated to int8 in NPU memory), 4 bits for ``w4a4`` (the int4 x int4 -> int16 mode). So the cost
+inflated to int8 in NPU memory), 4 bits for ``w4a4`` and ``w4a8`` (the int4 x int4 -> int16 mode;
+w4a8 runs each int8 activation as two int4 digits, two rows per token). So the cost
 that matters is :func:`npu_nbytes` (``orkpy.formats.tiermap.NPU_BITS``), not the file's bytes, and
 ``npu_bits`` is the average NPU bits per weight of the packed linears (4: every linear W4A4; 8:
 every linear W8A8).
@@ -13,11 +14,11 @@ The unit of choice is an *input group*: the linears that read one input (a block
 alone): they share one activation quantization, and on the NPU one chained job.
 
 Sensitivity (:func:`group_sensitivities`): the model with every group at the high option (W8A8),
-and for each group in turn that group alone at the low option (W4A4, its linears swapped in with
+and for each group and each low option in turn that group alone at the option (its linears swapped in with
 :meth:`orkpy.Model.swap_linear`): the mean KL divergence of its next-token distributions against
 the float model's on ``chunks`` chunks of calibration text, less the high model's own. One forward
-pass per group (SmolLM2-135M: 121 groups), measured end to end, so the activations' error and the
-weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
+pass per group and low option (SmolLM2-135M: 121 groups), measured end to end, so the activations'
+error and the weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
 :func:`orkpy.quantization.alloc.choose` on (NPU bytes, measured KL increase): upgrades to W8A8
 taken greedily by KL saved per NPU byte while the budget allows.
 """
@@ -34,8 +35,9 @@ from .._io import progress_bar
 from ..formats.tiermap import NPU_BITS, split_tier
 from .alloc import _log_softmax, choose, mean_kl
 
-#: the tiers an NPU allocation chooses from, cheapest first
-NPU_OPTIONS = ("w4a4", "int8")
+#: the tiers an NPU allocation chooses from, the high one last: w4a4 (4-bit activations) and w4a8 (int8
+#: activations as two int4 digits) at 4 NPU bits per weight, int8 (W8A8) at 8
+NPU_OPTIONS = ("w4a4", "w4a8", "int8")
 _GROUP = re.compile(r"^(blk\.\d+\.)(attn_q|attn_k|attn_v|ffn_gate|ffn_up)(\.weight)$")
 _GROUP_OF = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
              "ffn_up": "ffn_gate_up"}
@@ -79,66 +81,64 @@ def npu_budget(shapes: Mapping[str, Tuple[int, int]], npu_bits: float) -> int:
     return int(full * float(npu_bits) / 8)
 
 
-def group_sensitivities(hi: Any, lo: Mapping[str, Any], batch: Sequence[NDArray[Any]],
+def group_sensitivities(hi: Any, lo: Mapping[str, Mapping[str, Any]], batch: Sequence[NDArray[Any]],
                         ref_logp: Sequence[NDArray[np.float64]], threads: Optional[int] = None,
                         progress: bool = True) -> Dict[str, Any]:
-    """{"base": the high model's mean KL, "kl": {group: KL increase with that group at the low
-    option}} (module doc). ``hi``: an :class:`orkpy.Model` with every linear at the high option;
-    ``lo``: {linear: LinearSpec at the low option}; ``batch``: the calibration chunks;
-    ``ref_logp``: the float model's log-probabilities on them."""
-    names = [n for n in hi.linears if n in lo]
-    groups = input_groups(names)
+    """{"base": the high model's mean KL, "kl": {option: {group: KL increase with that group at the
+    option}}} (module doc). ``hi``: an :class:`orkpy.Model` with every linear at the high option;
+    ``lo``: {option: {linear: LinearSpec at that option}}; ``batch``: the calibration chunks;
+    ``ref_logp``: the float model's log-probabilities on them. One forward pass per group and option."""
+    groups = input_groups([n for n in hi.linears if all(n in specs for specs in lo.values())])
     base = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
-    out: Dict[str, float] = {}
-    bar = progress_bar(len(groups), "npu-sensitivity", progress, "group")
+    out: Dict[str, Dict[str, float]] = {t: {} for t in lo}
+    bar = progress_bar(len(groups) * len(lo), "npu-sensitivity", progress, "pass")
     try:
         for g, members in groups.items():
-            old = {n: hi.swap_linear(n, lo[n]) for n in members}
-            try:
-                kl = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
-            finally:
-                for n in members:
-                    hi.swap_linear(n, old[n])
-            out[g] = max(kl - base, 0.0)
-            if bar is not None:
-                bar.update(1)
+            for t, specs in lo.items():
+                old = {n: hi.swap_linear(n, specs[n]) for n in members}
+                try:
+                    kl = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
+                finally:
+                    for n in members:
+                        hi.swap_linear(n, old[n])
+                out[t][g] = max(kl - base, 0.0)
+                if bar is not None:
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()
     return {"base": base, "kl": out}
 
 
-def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, float], npu_bits: float,
+def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, Mapping[str, float]], npu_bits: float,
                options: Sequence[str] = NPU_OPTIONS) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """({linear: tier}, report): every group at the low option (``options[0]``, estimated KL
-    ``kl[group]``) or the high one (``options[1]``, 0), at most ``npu_budget(shapes, npu_bits)`` NPU
-    bytes per token at the least summed KL. The report: budget, bytes, NPU bits per weight, the
-    estimate and each group's tier. NPU bits per weight (``npu_bpw``) are 8 x the NPU bytes over the
-    W8A8 bytes of the same linears (both padded as the NPU stores them)."""
-    lo, hi = options
+    """({linear: tier}, report): every group at one of ``options`` (the last, the high one, at an
+    estimated KL of 0; each other at ``kl[option][group]``), at most ``npu_budget(shapes, npu_bits)`` NPU
+    bytes per token at the least summed KL (at 4 bits: the cheapest options, whatever their padding).
+    The report: budget, bytes, NPU bits per weight, the estimate and each group's tier. NPU bits per
+    weight (``npu_bpw``) are 8 x the NPU bytes over the W8A8 bytes of the same linears (both padded as
+    the NPU stores them)."""
+    hi = options[-1]
     budget = npu_budget(shapes, npu_bits)
     groups = input_groups(list(shapes))
     costs = {}
     for g, members in groups.items():
-        b = {t: sum(npu_nbytes(t, *shapes[n]) for n in members) for t in options}
-        costs[g] = {lo: (b[lo], float(kl.get(g, 0.0))), hi: (b[hi], 0.0)}
-    if npu_bits >= 8:
-        pick = {g: hi for g in groups}
-    elif npu_bits <= 4:
-        pick = {g: lo for g in groups}  # every group low (its N padding to 64 may pass 4 bits by a hair)
-    else:
-        pick = choose(costs, budget)
+        costs[g] = {t: (sum(npu_nbytes(t, *shapes[n]) for n in members),
+                        0.0 if t == hi else float(kl[t].get(g, 0.0))) for t in options}
+    cheapest = sum(min(b for b, _ in c.values()) for c in costs.values())
+    pick = choose(costs, max(budget, cheapest) if npu_bits <= 4 else budget)
     tiers = {n: pick[g] for g, members in groups.items() for n in members}
     nbytes = sum(costs[g][pick[g]][0] for g in groups)
-    full = sum(npu_nbytes(hi, N, K) for N, K in shapes.values())
-    rep = {"npu_bits": float(npu_bits), "budget": budget, "npu_bytes": nbytes, "npu_bpw": 8.0 * nbytes / max(full, 1),
-           "estimate": sum(costs[g][pick[g]][1] for g in groups), "groups": pick,
-           "kl": {g: float(kl.get(g, 0.0)) for g in groups}}
+    full = sum(npu_nbytes("int8", N, K) for N, K in shapes.values())
+    rep = {"npu_bits": float(npu_bits), "options": list(options), "budget": budget, "npu_bytes": nbytes,
+           "npu_bpw": 8.0 * nbytes / max(full, 1), "estimate": sum(costs[g][pick[g]][1] for g in groups),
+           "groups": pick, "kl": {t: {g: float(v) for g, v in kl[t].items()} for t in options if t != hi}}
     return tiers, rep
 
 
 def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx: int = 256, chunks: int = 2,
-                   threads: Optional[int] = None, progress: bool = True) -> Tuple[Any, Dict[str, Any]]:
+                   threads: Optional[int] = None, progress: bool = True,
+                   options: Sequence[str] = NPU_OPTIONS) -> Tuple[Any, Dict[str, Any]]:
     """(TierMap, report): W4A4 / W8A8 for every linear of ``src`` (a Source, already transformed) at
     ``npu_bits`` NPU bits per weight (module doc). The sensitivities are measured with round-to-nearest
     weights of both options in the activation spec ``act`` (default per token) on ``chunks`` chunks of
@@ -153,11 +153,12 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     names = list(linear_names(src.hp))
     all_shapes = src.shapes()
     shapes = {n: (int(all_shapes[src.tensor_name(n)][0]), int(all_shapes[src.tensor_name(n)][1])) for n in names}
-    npu_budget(shapes, npu_bits)  # the argument's check, before any work
+    npu_budget(shapes, npu_bits)  # the argument's checks, before any work
+    options = check_options(options)
     spec = ActSpec() if act is None else act
-    kl: Dict[str, float] = {}
-    sens: Dict[str, Any] = {"base": None, "kl": kl, "n_ctx": int(n_ctx), "chunks": 0}
-    if 4 < npu_bits < 8:
+    sens: Dict[str, Any] = {"base": None, "kl": {t: {} for t in options[:-1]}, "n_ctx": int(n_ctx), "chunks": 0}
+    low = list(options[:-1])
+    if npu_bits < 8 and (len(low) > 1 or npu_bits > 4):  # else nothing to choose: no measurement
         fm = float_model(src)
         n_chunk, it = fm.chunks(fm.tokens(calib), n_ctx, chunks)
         batch = list(it)
@@ -170,11 +171,11 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
         def spec_of(n: str, kind: str) -> Any:
             pw = pack(quantize(src.linear(n), kind, threads=threads))
             return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, kind))
-        lo = {n: spec_of(n, NPU_OPTIONS[0]) for n in names}
-        hi = build_model(src, lambda n: (spec_of(n, NPU_OPTIONS[1]), NPU_OPTIONS[1]))
+        lo = {t: {n: spec_of(n, t) for n in names} for t in low}
+        hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
         sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
         del hi, lo
-    tiers, rep = choose_npu(shapes, sens["kl"], npu_bits)
+    tiers, rep = choose_npu(shapes, sens["kl"], npu_bits, options)
     entries: Dict[str, TierEntry] = {}
     for n in names:
         t = src.tensor_name(n)
@@ -186,12 +187,23 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     return tm, rep
 
 
+def check_options(options: Sequence[str]) -> Tuple[str, ...]:
+    """The options of an NPU allocation: NPU tiers (w4a4, w4a8, int8), distinct, the last one int8 (the
+    high option every group is measured against); ValueError naming what is wrong."""
+    opts = tuple(options)
+    bad = [t for t in opts if t not in NPU_OPTIONS]
+    if bad or len(set(opts)) != len(opts) or len(opts) < 2 or opts[-1] != "int8":
+        raise ValueError(f"npu_options must be distinct tiers among {', '.join(NPU_OPTIONS)}, int8 last and at least "
+                         f"one 4-bit tier before it, got {list(opts)}")
+    return opts
+
+
 def reference_logprobs(model: Any, batch: Sequence[NDArray[Any]], threads: Optional[int] = None
                        ) -> List[NDArray[np.float64]]:
     """The log-probabilities of ``model`` (the float model) on each chunk of ``batch``."""
     return [_log_softmax(model.forward(c, threads=threads)) for c in batch]
 
 
-__all__ = ["NPU_OPTIONS", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
+__all__ = ["NPU_OPTIONS", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
            "npu_budget",
            "npu_nbytes", "reference_logprobs"]

@@ -151,11 +151,11 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
         from .npu_alloc import npu_allocation
         assert inputs.calib is not None  # Recipe.check_inputs
         tm, report = npu_allocation(src, inputs.calib, a.npu_bits, recipe.activation, a.target_ctx, a.target_chunks,
-                                    run.threads, run.progress)
-        n8 = sum(1 for t in report["groups"].values() if t == "int8")
+                                    run.threads, run.progress, a.npu_options)
+        counts = {t: sum(1 for v in report["groups"].values() if v == t) for t in a.npu_options}
         run.log(f"npu_bits {a.npu_bits:g}: {report['npu_bpw']:.3f} NPU bits per weight "
-                f"({report['npu_bytes'] / 1e6:.2f} MB per token), {n8} of {len(report['groups'])} input groups W8A8, "
-                "the rest W4A4")
+                f"({report['npu_bytes'] / 1e6:.2f} MB per token); input groups: "
+                + ", ".join(f"{t} {c}" for t, c in counts.items()))
         return Allocated(tm, read_allocation(tm, a.threshold), report)
     from .alloc import DEFAULT_OPTIONS, target_allocation
     assert a.target_bpw is not None and inputs.calib is not None  # Recipe.check_inputs

@@ -250,6 +250,16 @@ class CalibrationSpec(_Section):
     chunks: Optional[int] = _key(8, _optional(_int(1)), "calibration chunks; null: every whole chunk")
 
 
+def _npu_options(key: str, v: Any) -> Tuple[str, ...]:
+    from .npu_alloc import check_options
+    if not isinstance(v, (list, tuple)) or not all(isinstance(t, str) for t in v):
+        raise RecipeError(key, f"{key} must be a list of tier names, got {_show(v)}")
+    try:
+        return check_options(v)
+    except ValueError as e:
+        raise RecipeError(key, f"{key}: {e}") from None
+
+
 @dataclass(frozen=True)
 class AllocationSpec(_Section):
     """Which tier (int8 / int4 / float, groups) each linear gets: read from an allocation oracle
@@ -263,7 +273,8 @@ class AllocationSpec(_Section):
                                        "choose the tiers for this many bits per linear weight")
     target_options: Optional[Tuple[str, ...]] = _key(None, _tiers, "the tiers target_bpw chooses from")
     npu_bits: Optional[float] = _key(None, _optional(_real(4.0, 8.0, False, False)),
-                                     "choose W4A4 / W8A8 per input group for this many NPU bits per weight (4..8)")
+                                     "choose W4A4 / W4A8 / W8A8 per input group for this many NPU bits per weight")
+    npu_options: Tuple[str, ...] = _key(("w4a4", "w4a8", "int8"), _npu_options, "the tiers npu_bits chooses from")
     target_chunks: int = _key(2, _int(1), "chunks of the sensitivity measurement")
     target_ctx: int = _key(256, _int(1), "tokens per chunk of the sensitivity measurement")
     kind: str = _key("nf4", _choice(FOUR_BIT_KINDS, " (the int4 tier's codebook)"), "the int4 tier's codebook")
@@ -528,7 +539,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "calib_ctx": ("calibration", "ctx"), "calib_chunks": ("calibration", "chunks"),
     "threshold": ("allocation", "threshold"), "fallback": ("allocation", "fallback"),
     "target_bpw": ("allocation", "target_bpw"), "target_options": ("allocation", "target_options"),
-    "npu_bits": ("allocation", "npu_bits"),
+    "npu_bits": ("allocation", "npu_bits"), "npu_options": ("allocation", "npu_options"),
     "target_chunks": ("allocation", "target_chunks"), "target_ctx": ("allocation", "target_ctx"),
     "kind": ("allocation", "kind"), "group_size": ("allocation", "group_size"),
     "tied_lookup": ("allocation", "tied_lookup"),

@@ -340,8 +340,9 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
     and every mode at 4 bits: ``spec.prefix``, default the calibration's for a static mode,
     ``DEFAULT_PREFIX`` for a dynamic one at 4 bits (the attention sink stays int8) and 0 otherwise;
     0 on the head, which runs on other rows) and, at 4 bits with method "mse" in a per-row mode,
-    the per-row range search (``search``). ValueError naming ``where`` and the linear when the
-    calibration cannot provide them."""
+    the per-row range search (``search``); for a kind the NPU runs in its int4 mode with 8-bit
+    activations (``w4a8``) the codes stop at +-119 (``digits``: two int4 digits each). ValueError naming
+    ``where`` and the linear when the calibration cannot provide them."""
     info = spec.info
     if spec.clip is not None or spec.channels is not None:
         raise ValueError(f"{where}: a model's ActSpec leaves clip and channels to the calibration (they are one "
@@ -378,7 +379,9 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
         default = calib.prefix if (info.static and calib is not None) else (DEFAULT_PREFIX if bits < 8 else 0)
         prefix = default if spec.prefix is None else spec.prefix
     search = bits < 8 and spec.method == "mse" and not info.shares_rows
-    return replace(spec, bits=bits, clip=clip, channels=channels, prefix=prefix, search=search)
+    ki = None if kind is None else KIND_INFO[kind]
+    digits = bits == 8 and ki is not None and ki.levels is None and ki.store_bits == 4  # w4a8: two int4 digits
+    return replace(spec, bits=bits, clip=clip, channels=channels, prefix=prefix, search=search, digits=digits)
 
 
 def linear_act(act: str, name: str, calib: Optional[ActCalibration], method: str, k: int, where: str,

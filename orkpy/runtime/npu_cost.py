@@ -9,7 +9,8 @@ head -- with host operations between them: attention (with RoPE and Qwen3's q / 
 q / k / v, residual + RMSNorm after o and after down, SwiGLU after gate / up, the final norm before
 the head, sampling at the end. A host operation is a round trip, i.e. a submit boundary, unless an
 assumption moves it onto the NPU. Each linear has a precision (a *precision map*, tensor name ->
-"int8" (W8A8), "w4a4" (int4 x int4 -> int16 K tiles of <= 480 codes, summed in int32) or "float"
+"int8" (W8A8), "w4a4" (int4 x int4 -> int16 K tiles of <= 480 codes, summed in int32), "w4a8" (the same
+int4 weights, each int8 activation two int4 digits: two rows per token) or "float"
 (not on the NPU: a host round trip around its group, its own cost not modelled)).
 
     ms / token = bytes / bandwidth                      (weights + packed inputs + outputs + commands)
@@ -67,8 +68,10 @@ LAYER_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "
 #: The host operation after each group (then "final_norm" before the head instead of the last "norm").
 AFTER_GROUP = ("attention", "norm", "swiglu", "norm")
 HEAD = "output.weight"
-PRECISIONS = ("int8", "w4a4", "float")
-BITS = {"int8": 8, "w4a4": 4}
+PRECISIONS = ("int8", "w4a4", "w4a8", "float")
+BITS = {"int8": 8, "w4a4": 4, "w4a8": 4}
+#: activation rows per token of a precision: w4a8 runs each int8 activation as two int4 digits (two rows)
+ROWS = {"int8": 1, "w4a4": 1, "w4a8": 2}
 MAX_TASKS_PER_SUBMIT = 4095  # the vendor driver's tasks per hardware commit (docs/npu.md, sources)
 
 
@@ -119,8 +122,9 @@ def mix_priority(d) -> List[Tuple[str, List[str]]]:
     return out
 
 
-def mix_map(d, budget_bits=5.0) -> Tuple[Dict[str, str], List[str]]:
-    """A plausible mixed map at <= ``budget_bits`` NPU bits per weight: everything W4A4, then the
+def mix_map(d, budget_bits=5.0, low="w4a4") -> Tuple[Dict[str, str], List[str]]:
+    """A plausible mixed map at <= ``budget_bits`` NPU bits per weight: everything ``low`` (W4A4, or W4A8
+    by digits: the same bytes), then the
     items of :func:`mix_priority` upgraded to W8A8 in order while the budget allows (an item that
     does not fit is skipped, later smaller ones may). A STAND-IN until measured sensitivities exist.
     Returns the map and the labels of the items upgraded."""
@@ -129,9 +133,9 @@ def mix_map(d, budget_bits=5.0) -> Tuple[Dict[str, str], List[str]]:
     size = {name: K * N for name, K, N in linears(d)}
     total = sum(size.values())
     extra = (budget_bits - 4.0) * total  # bits a W8A8 weight costs over W4A4: 4
-    pmap, taken = uniform_map(d, "w4a4"), []
+    pmap, taken = uniform_map(d, low), []
     for label, names in mix_priority(d):
-        names = [n for n in names if pmap[n] == "w4a4"]
+        names = [n for n in names if pmap[n] == low]
         cost = 4 * sum(size[n] for n in names)
         if names and cost <= extra + 1e-9:
             extra -= cost
@@ -284,7 +288,7 @@ def token_cost(d, pmap, a: Assumptions, chain: Callable = None) -> Dict:
     for seg in segs:
         key = tuple((K, N, p) for _, K, N, p in seg)
         if key not in cache:
-            c = chain([(1, K, N, "int4" if p == "w4a4" else "int8") for K, N, p in key])
+            c = chain([(ROWS[p], K, N, "int4" if BITS[p] == 4 else "int8") for K, N, p in key])
             out = sum(math.ceil(N / 64) * 64 for _, N, _ in key) if a.out_cvt else c["out_bytes"]
             cache[key] = (sum(p["w_bytes"] for p in c["parts"]), c["in_bytes"], out, c["cmd_bytes"], c["n_tasks"])
         w, i, o, cmd, nt = cache[key]
