@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import npu
 
@@ -276,11 +276,12 @@ def segments(d, pmap, a: Assumptions) -> List[List[Tuple[str, int, int, str]]]:
     return out
 
 
-def token_cost(d, pmap, a: Assumptions, chain: Callable = None) -> Dict:
+def token_cost(d, pmap, a: Assumptions, chain: Optional[Callable] = None) -> Dict:
     """The estimate for one decoded token of model dims ``d`` under precision map ``pmap`` and
     assumptions ``a``: bytes (w / in / out / cmd), tasks, submits, and ms / tok/s with their three
     terms (module doc). ``chain``: the planner's chain_plan (default npu.chain_plan; memoised here)."""
-    chain = chain or npu.chain_plan
+    if chain is None:
+        chain = npu.chain_plan
     cache: Dict = {}
     tot = dict(w_bytes=0, in_bytes=0, out_bytes=0, cmd_bytes=0)
     tasks = submits = 0
