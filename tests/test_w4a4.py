@@ -188,7 +188,8 @@ needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason="../shared/mode
 def test_cli_npu_bits_end_to_end(tmp_path):
     out = tmp_path / "m5"
     r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "5", "--calib", str(TEXT),
-                        "--calib-chunks", "1", "--calib-ctx", "128", "--no-progress", "-o", str(out)],
+                        "--calib-chunks", "1", "--calib-ctx", "128", "--no-progress", "-o", str(out),
+                        "--emit-map", str(tmp_path / "m5.map")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "npu_bits 5" in r.stderr and "input groups:" in r.stderr
@@ -203,6 +204,9 @@ def test_cli_npu_bits_end_to_end(tmp_path):
     assert sum(nb.values()) <= full * 5 / 8
     for s in m.linears.values():
         assert s.act_spec.bits == KIND_INFO[s.kind].act_bits
+    tm = orkpy.TierMap.load(tmp_path / "m5.map")  # the emit-map holds the NPU tiers; --alloc reads it back
+    assert {tm.linear_tier(n) for n in m.linears} == kinds
+    assert all(tm.linear_tier(n) == s.kind for n, s in m.linears.items())
     r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "9", "--calib", str(TEXT),
                         "-o", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "npu_bits" in r.stderr and not (tmp_path / "bad").exists()
