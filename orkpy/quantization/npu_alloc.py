@@ -139,14 +139,16 @@ def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, Mapping[s
 def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx: int = 256, chunks: int = 2,
                    threads: Optional[int] = None, progress: bool = True,
                    options: Sequence[str] = NPU_OPTIONS) -> Tuple[Any, Dict[str, Any]]:
-    """(TierMap, report): W4A4 / W8A8 for every linear of ``src`` (a Source, already transformed) at
-    ``npu_bits`` NPU bits per weight (module doc). The sensitivities are measured with round-to-nearest
-    weights of both options in the activation spec ``act`` (default per token) on ``chunks`` chunks of
-    ``n_ctx`` tokens of ``calib``; 4 and 8 need no measurement. The budget is checked first."""
+    """(TierMap, report): one of ``options`` (default W4A4 / W4A8 / W8A8) for every linear of ``src`` (a
+    Source, already transformed) at ``npu_bits`` NPU bits per weight (module doc). The sensitivities are
+    measured with round-to-nearest weights of every option in the activation spec ``act`` (default per
+    token) on ``chunks`` chunks of ``n_ctx`` tokens of ``calib`` (w4a4 and w4a8 share one packed store:
+    the same codes); 8, and 4 with one 4-bit option, need no measurement. The arguments are checked
+    first."""
     from ..formats.tiermap import EMBEDDING, TierEntry, TierMap
     from ..kernels.actspec import ActSpec
-    from ..kernels.packed import pack
-    from ..kernels.quant import quantize
+    from ..kernels.packed import PackedWeight, pack
+    from ..kernels.quant import KIND_INFO, quantize
     from ..runtime.actcal import calibrate_activations, resolve
     from ..runtime.model import LinearSpec, build_model, float_model, linear_names
 
@@ -168,13 +170,20 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
         del fm
         where = "npu_bits allocation"
 
+        stores: Dict[str, Any] = {}
+
         def spec_of(n: str, kind: str) -> Any:
-            pw = pack(quantize(src.linear(n), kind, threads=threads))
+            key = f"{n}:{KIND_INFO[kind].store_bits}"  # w4a4 and w4a8: the same codes, one store
+            if key not in stores:
+                stores[key] = pack(quantize(src.linear(n), kind, threads=threads))
+            pw = stores[key]
+            if pw.kind != kind:
+                pw = PackedWeight._trusted(kind, (pw.N, pw.K), pw.store, pw.bscale, group=pw.group)
             return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, kind))
         lo = {t: {n: spec_of(n, t) for n in names} for t in low}
         hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
         sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
-        del hi, lo
+        del hi, lo, stores
     tiers, rep = choose_npu(shapes, sens["kl"], npu_bits, options)
     entries: Dict[str, TierEntry] = {}
     for n in names:
