@@ -26,7 +26,8 @@ model):
                     sensitivity (orkpy.quantization.npu_alloc: one forward per group and option on
                     --sens-chunks chunks of the calibration text), each group's weights as in the rows above
 
-NPU MB: the weight bytes the NPU reads per token (int8: 1 byte, w4a4: half; llama.cpp's formats as the
+Per layer (after each mix row): qkv, attn_output, gate/up, down as 8 (W8A8), d (W4A8 by digits) or 4
+(W4A4), then the head. NPU MB: the weight bytes the NPU reads per token (int8: 1 byte, w4a4: half; llama.cpp's formats as the
 NPU would run them today: inflated to int8); file MB: the packed linears as stored.
 
     python bench/w4a4.py [--model smollm2 gemma3 stories260k] [--chunks 8] [--calib-chunks 8]
@@ -107,6 +108,17 @@ def llama_rows(name, f32, text_f, calib_f, ctx, chunks, calib_chunks, work, name
         rows.append({"row": f"llama.cpp {label}", "ppl": r["ppl"], "kld": r["kld"], "npu": nb,
                      "file": linear_bytes(dst, names)})
     return rows
+
+
+CODE = {"int8": "8", "w4a8": "d", "w4a4": "4"}
+PARTS = ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
+
+
+def per_layer(groups):
+    """One token per layer, 'q o g d' as 8 (W8A8), d (W4A8 by digits) or 4 (W4A4), then the head."""
+    n = 1 + max((int(g.split(".")[1]) for g in groups if g.startswith("blk.")), default=-1)
+    cells = ["".join(CODE[groups.get(f"blk.{i}.{p}.weight", "int8")] for p in PARTS) for i in range(n)]
+    return " ".join(f"{i}:{c}" for i, c in enumerate(cells)) + f" head:{CODE[groups.get('output.weight', 'int8')]}"
 
 
 def run_model(a, name):
@@ -191,7 +203,7 @@ def run_model(a, name):
             rows[-1]["alloc"] = rep
             cnt = {t: [g for g, tt in rep["groups"].items() if tt == t] for t in options}
             print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(rep["groups"]))
-                  + " groups; int8: " + ", ".join(cnt["int8"][:30]), flush=True)
+                  + " groups; per layer (qkv, o, gate/up, down): " + per_layer(rep["groups"]), flush=True)
     if a.json_out:
         with open(a.json_out.replace("{model}", name), "w") as f:
             json.dump({"model": name, "rotation": rot, "text": text_f, "calib": calib_f, "chunks": a.chunks,
