@@ -226,12 +226,14 @@ def test_stories260k_w4a4_gate(tmp_path):
     assert kl["rk-llama recipe (w4a4)"] > 1.0
     assert kl["w4a4 gptq, per-token"] < kl["w4a4 rtn, per-token"] < kl["rk-llama recipe (w4a4)"]
     assert kl["w4a4 gptq, per-token"] < 0.9          # measured 0.436 (4 x 256)
-    assert kl["mix <= 5 NPU bits"] < kl["w4a4 gptq, per-token"]
-    assert kl["mix <= 5 NPU bits"] < 0.43            # measured 0.214
+    mix, mix8 = "mix <= 5 NPU bits (w4a4/int8)", "mix <= 5 NPU bits (w4a4/w4a8/int8)"
+    assert kl[mix] < kl["w4a4 gptq, per-token"]
+    assert kl[mix] < 0.43                            # measured 0.214
+    assert kl["w4a8 gptq (int8 acts as 2 digits)"] < kl["w4a4 gptq, per-token"]   # measured 0.132
+    assert kl[mix8] < kl[mix]                        # measured 0.067: int8 activations are worth more than weights
     assert kl["w8a8 gptq, per-token"] < 0.005        # measured 0.0011
-    mix = [r for r in rows if r["row"] == "mix <= 5 NPU bits"][0]
-    assert mix["alloc"]["npu_bpw"] <= 5.0 + 1e-9
-
+    for m in (mix, mix8):
+        assert [r for r in rows if r["row"] == m][0]["alloc"]["npu_bpw"] <= 5.0 + 1e-9
 
 class _Args:
     def __init__(self, work):
@@ -294,3 +296,12 @@ def test_w4a8_runs_int8_activations_as_two_int4_digits():
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="digits"):
         ActSpec(bits=4, digits=True)
+
+
+def test_packed_weight_as_kind_shares_the_int4_codes():
+    w = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    pw = orkpy.pack(orkpy.quantize(w, "w4a4"))
+    d = pw.as_kind("w4a8")
+    assert d.kind == "w4a8" and d.store is pw.store and d.bscale is pw.bscale and pw.as_kind("w4a4") is pw
+    with pytest.raises(ValueError, match="cannot be read as int8"):
+        pw.as_kind("int8")

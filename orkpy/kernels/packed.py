@@ -83,6 +83,18 @@ class PackedWeight:
         pw._setup(kind, shape, store, bscale, source, group)
         return pw
 
+    def as_kind(self, kind: str) -> PackedWeight:
+        """The same store and scales read as another kind with the same codes and store layout
+        (w4a4 and w4a8 share int4 codes; they differ only in the activation width). No copy."""
+        if kind == self.kind:
+            return self
+        a = dict(_core.packed_layout(self.kind, self.N, self.K, self.group), kind=None)
+        b = dict(_core.packed_layout(kind, self.N, self.K, self.group), kind=None)
+        ka, kb = KIND_INFO[self.kind], KIND_INFO[kind]
+        if a != b or ka.qmax != kb.qmax or ka.store_bits != kb.store_bits:
+            raise ValueError(f"a {self.kind} store cannot be read as {kind}: the codes or layouts differ")
+        return PackedWeight._trusted(kind, self.shape, self.store, self.bscale, self.source, self.group)
+
     def _mapped(self) -> Tuple[MappedFile, ...]:
         """The file mappings store and bscale view (recomputed if either attribute was replaced)."""
         if self._mapped_for[0] is not self.store or self._mapped_for[1] is not self.bscale:

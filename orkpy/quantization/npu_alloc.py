@@ -147,7 +147,7 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     first."""
     from ..formats.tiermap import EMBEDDING, TierEntry, TierMap
     from ..kernels.actspec import ActSpec
-    from ..kernels.packed import PackedWeight, pack
+    from ..kernels.packed import pack
     from ..kernels.quant import KIND_INFO, quantize
     from ..runtime.actcal import calibrate_activations, resolve
     from ..runtime.model import LinearSpec, build_model, float_model, linear_names
@@ -177,9 +177,7 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
             if key not in stores:
                 stores[key] = pack(quantize(src.linear(n), kind, threads=threads))
             pw = stores[key]
-            if pw.kind != kind:
-                pw = PackedWeight._trusted(kind, (pw.N, pw.K), pw.store, pw.bscale, group=pw.group)
-            return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, kind))
+            return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind))
         lo = {t: {n: spec_of(n, t) for n in names} for t in low}
         hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
         sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
