@@ -72,7 +72,7 @@ class ModelDirWriter:
         if os.path.lexists(path):
             if not overwrite:
                 raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
-            _check_replaceable(path)
+            check_replaceable(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         while True:  # a temp folder of our own: concurrent saves to one path never share one
             tmp = temp_sibling(path)
@@ -252,6 +252,9 @@ class ModelDirWriter:
                          durable=False)
             fsync_files(tmp)  # every file of the folder, synced once before the rename
             _install_dir(tmp, self.path, self.overwrite)
+        except _ForeignKept:
+            self.tmp = None  # the folder at tmp is no longer ours: never deleted
+            raise
         except BaseException:
             self.abort()
             raise
@@ -294,12 +297,17 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
         return w.finish(tiers, float_linears, src, record, act_scales)
 
 
-def _check_replaceable(path: str) -> None:
-    """Refuse, before any work, to replace what is not a model directory: a file, a
-    symbolic link, or a non-empty folder without a manifest. (One open folder is
-    inspected, so a concurrent saver swapping ``path`` cannot confuse the check.)"""
+def check_replaceable(path: StrPath) -> None:
+    """Refuse, before any work, to replace what orkpy did not write (``overwrite=True``): a file, a
+    symbolic link, or a folder that is neither empty nor an orkpy model directory, one whose
+    ``manifest.json`` is orkpy's (its format, version and file list, as :func:`read_model_dir`
+    checks them) and which holds nothing but that manifest, the files it lists and orkpy's own
+    temporary files of those names (``.<name>.tmp-*``). FileExistsError / NotADirectoryError naming
+    the path and what was found; a missing path is fine. (One open folder is inspected, so a
+    concurrent saver swapping ``path`` cannot confuse the check.)"""
+    path = os.path.abspath(os.fspath(path))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
     except FileNotFoundError:
         return  # moved away meanwhile: nothing to replace
     except OSError as e:
@@ -309,12 +317,119 @@ def _check_replaceable(path: str) -> None:
         raise NotADirectoryError(f"{path}: exists and is {kind}; a model is saved as a directory of its own, "
                                  "remove it or choose another path") from None
     try:
-        names = os.listdir(fd)
+        problem, _ = _inspect(fd, path)
     finally:
         os.close(fd)
-    if names and MANIFEST not in names:
-        raise FileExistsError(f"{path}: a non-empty directory without {MANIFEST} (not an orkpy model "
-                              "directory): refusing to replace it")
+    if problem is not None:
+        raise _refusal(path, problem)
+
+
+_check_replaceable = check_replaceable
+
+
+def _refusal(path: str, problem: str) -> FileExistsError:
+    return FileExistsError(f"{path}: {problem}; refusing to replace it (overwrite replaces only an orkpy model "
+                           "directory or an empty folder)")
+
+
+def _orkpy_temp(name: str, ours: Set[str]) -> bool:
+    """Whether ``name`` is a temp file orkpy's atomic writer (orkpy._io.temp_sibling) makes for one of ``ours``."""
+    m = _TEMP_NAME.match(name)
+    return m is not None and m.group(1) in {os.fsdecode(os.fsencode(n)[:100]) for n in ours}
+
+
+_TEMP_NAME = re.compile(r"\.(.+)\.tmp-[0-9]+-[0-9]+-[0-9a-f]{8}\Z", re.S)
+
+
+def _inspect(dfd: int, path: str) -> Tuple[Optional[str], List[str]]:
+    """(what makes the folder open as ``dfd`` not replaceable, or None; its entries orkpy wrote):
+    see :func:`check_replaceable`."""
+    names = sorted(os.listdir(dfd))
+    if not names:
+        return None, []
+    if MANIFEST not in names:
+        return (f"not an orkpy model directory: a non-empty folder without {MANIFEST} "
+                f"(holds {_some(names, dfd)})"), []
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        files = _listed_files(_read_manifest(dfd, path), mpath)[0]
+    except FormatError as e:
+        why = str(e)
+        for prefix in (mpath + ": ", path + ": "):
+            why = why[len(prefix):] if why.startswith(prefix) else why
+        return f"not an orkpy model directory: {MANIFEST} is not orkpy's ({why})", []
+    listed = {MANIFEST} | {fn for fn, _ in files}
+    ours: List[str] = []
+    foreign: List[str] = []
+    for n in names:
+        if n in listed or _orkpy_temp(n, listed):
+            try:
+                is_dir = stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                continue
+            (foreign if is_dir else ours).append(n)   # a folder: orkpy writes none (its contents would go too)
+        else:
+            foreign.append(n)
+    if foreign:
+        return f"holds files orkpy did not write: {_some(foreign, dfd)}", ours
+    return None, ours
+
+
+def _some(names: List[str], dfd: int, n: int = 5) -> str:
+    """The first ``n`` names, folders marked with a trailing slash."""
+    def show(name: str) -> str:
+        try:
+            return name + "/" if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode) else name
+        except OSError:
+            return name
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(show(x) for x in names[:n]) + more
+
+
+def _problem_at(folder: str) -> Optional[str]:
+    """:func:`_inspect` of a folder this save just moved out of the way (None: ours to delete)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    try:
+        return _inspect(fd, folder)[0]
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    finally:
+        os.close(fd)
+
+
+def _remove_replaced(folder: str) -> None:
+    """Delete a model directory (or empty folder) a save moved out of the way: exactly the entries
+    orkpy wrote (:func:`_inspect`), then the folder. A folder holding anything else -- put there
+    since it was checked -- is left as it is (under its hidden temp name)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        problem, ours = _inspect(fd, folder)
+        if problem is not None:
+            return
+        for n in ours:
+            try:
+                os.unlink(n, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(folder)
+    except OSError:  # something was added meanwhile: it stays
+        pass
+
+
+class _ForeignKept(FileExistsError):
+    """A foreign folder was swapped out of ``path`` and could not be swapped back: it is under the
+    writer's temp name, which must then not be deleted."""
 
 
 def _exchange_dirs(a: str, b: str) -> bool:
@@ -347,7 +462,9 @@ _renameat2: Any = None
 def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
     """Rename the complete folder ``tmp`` to ``path``, moving an existing ``path``
     aside first (overwrite) and deleting it after; the last of concurrent savers
-    wins. On an error the moved-aside original goes back when ``path`` is free,
+    wins. Only what :func:`check_replaceable` accepts is replaced, and what is moved out of the
+    way is checked again before it is deleted: something else is put back (or left, never deleted).
+    On an error the moved-aside original goes back when ``path`` is free,
     and nothing moved aside is left behind."""
     aside: List[str] = []
     try:
@@ -360,8 +477,18 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
                     raise
                 if not overwrite:
                     raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)") from None
-            _check_replaceable(path)  # another writer may have put something else there
+            check_replaceable(path)  # another writer may have put something else there
             if _exchange_dirs(tmp, path):  # atomic: path is never missing, even after a kill -9
+                problem = _problem_at(tmp)  # what came out of path: changed since the check?
+                if problem is not None:
+                    try:
+                        back = _exchange_dirs(tmp, path)
+                    except OSError:
+                        back = False
+                    if not back:
+                        raise _ForeignKept(f"{path}: {problem}, put there while this save replaced it; the new "
+                                           f"model is at {path}, what was there is at {tmp} (nothing deleted)")
+                    raise _refusal(path, problem)
                 aside.append(tmp)
                 break
             old = temp_sibling(path)
@@ -370,6 +497,9 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
             except FileNotFoundError:  # another saver moved it first
                 continue
             aside.append(old)
+            problem = _problem_at(old)
+            if problem is not None:
+                raise _refusal(path, problem)  # (moved back below, or left where it is: never deleted)
         fsync_dir(os.path.dirname(path))
     except BaseException:
         if aside and not os.path.lexists(path):
@@ -380,7 +510,7 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
         raise
     finally:
         for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_replaced(old)
 
 
 # -------------------------------------------------------------------- read --
@@ -673,15 +803,6 @@ def read_model_dir(path: StrPath) -> ModelDir:
                       "read, by a concurrent save?)")
 
 
-def _orkpy_temp(name: str, ours: Set[str]) -> bool:
-    """Whether ``name`` is a temp file or folder orkpy makes for one of ``ours`` (orkpy._io.temp_sibling)."""
-    m = _TEMP_NAME.match(name)
-    return m is not None and m.group(1) in {os.fsdecode(os.fsencode(n)[:100]) for n in ours}
-
-
-_TEMP_NAME = re.compile(r"\.(.+)\.tmp-[0-9]+-[0-9]+-[0-9a-f]{8}\Z", re.S)
-
-
 def save_in_progress(path: StrPath) -> bool:
     """Whether a folder an orkpy save of ``path`` works in (``.<name>.tmp-*``, orkpy._io.temp_sibling)
     exists next to it: a ``path`` missing meanwhile may be one being replaced."""
@@ -693,5 +814,5 @@ def save_in_progress(path: StrPath) -> bool:
     return any(_orkpy_temp(n, {base}) and os.path.isdir(os.path.join(d, n)) for n in names)
 
 
-__all__ = ["ACT_FILE", "FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "READ_ATTEMPTS", "VERSION",
+__all__ = ["ACT_FILE", "FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "READ_ATTEMPTS", "VERSION", "check_replaceable",
            "read_model_dir", "save_in_progress", "write_model_dir"]
