@@ -251,27 +251,37 @@ def sha256_file(path: StrPath, bufsize: int = 1 << 22) -> str:
     h = hashlib.sha256()
     st = os.stat(path)
     if stat.S_ISREG(st.st_mode) and st.st_size > 0:
-        from ._mapped import MappedFile, guarded
+        from ._mapped import MappedFile
         try:
             m = MappedFile(path)
         except OSError:  # a file system that cannot map it: read it below
             pass
         else:
-            with m, guarded((m,)):
-                mv = memoryview(m)
-                try:
-                    for off in range(0, len(m), bufsize):
-                        h.update(mv[off:off + bufsize])
-                        m.release(off, min(bufsize, len(m) - off))
-                finally:
-                    mv.release()
-            return h.hexdigest()
+            with m:
+                return sha256_mapped(m, bufsize)
     with open(path, "rb") as f:
         while True:
             b = f.read(bufsize)
             if not b:
                 break
             h.update(b)
+    return h.hexdigest()
+
+
+def sha256_mapped(m: Any, bufsize: int = 1 << 22) -> str:
+    """Hex SHA-256 of the bytes of an open :class:`orkpy._core.MappedFile` (each hashed stretch's
+    pages released after it; FormatError naming the file if it changes meanwhile). The mapping stays
+    open: a loader hashes the very mapping it then reads."""
+    from ._mapped import guarded
+    h = hashlib.sha256()
+    with guarded((m,)):
+        mv = memoryview(m)
+        try:
+            for off in range(0, len(m), bufsize):
+                h.update(mv[off:off + bufsize])
+                m.release(off, min(bufsize, len(m) - off))
+        finally:
+            mv.release()
     return h.hexdigest()
 
 

@@ -302,6 +302,127 @@ def test_save_refuses_a_file_a_link_or_a_foreign_folder_first(two_models, tmp_pa
     orkpy.load_model(f)
 
 
+# what overwrite may delete: only an orkpy model directory (its manifest, the files it lists, orkpy's
+# temp files of those) or an empty folder; anything else is refused before any work, and left intact
+
+WEB_EXTENSION = {"manifest.json": b'{"manifest_version": 3, "name": "tab saver", "version": "1.0",\n'
+                                  b' "background": {"service_worker": "src/background.js"}}\n',
+                 "src/background.js": b"chrome.runtime.onInstalled.addListener(() => {});\n"}
+
+
+def _tree(d):
+    """{relative path: bytes} of every file under ``d``."""
+    out = {}
+    for root, _, fns in os.walk(d):
+        for fn in fns:
+            p = os.path.join(root, fn)
+            out[os.path.relpath(p, d)] = open(p, "rb").read()
+    return out
+
+
+def _make_tree(d, files):
+    for rel, data in files.items():
+        os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+        with open(os.path.join(d, rel), "wb") as f:
+            f.write(data)
+
+
+def _no_work(monkeypatch):
+    """Fail if quantize_model gets past its first stage (the overwrite check comes before it)."""
+    import orkpy.quantization.pipeline as pipeline
+    monkeypatch.setattr(pipeline, "open_stage", lambda *a, **k: pytest.fail("work began before the overwrite check"))
+
+
+def _overwrite_with(how, two_models, shared, out, monkeypatch=None):
+    """Replace ``out`` with a model: QuantizedModel.save, quantize_model(output=), or the CLI."""
+    if how == "save":
+        return two_models[1].save(out, overwrite=True)
+    src, alloc = shared / ST / "stories260K-F16.gguf", shared / ST / "stories260K-Q4_0.gguf"
+    if how == "quantize_model":
+        return quantize_model(src, alloc, kind="int4", output=out, overwrite=True, progress=False,
+                              log=lambda m: None).path
+    from orkpy.cli import main
+    rc = main(["quantize", str(src), "--alloc", str(alloc), "--kind", "int4", "-o", str(out), "--overwrite",
+               "--no-progress"])
+    if rc != 0:
+        raise FileExistsError(f"exit status {rc}")
+    return str(out)
+
+
+@pytest.mark.parametrize("how", ["save", "quantize_model", "cli"])
+def test_overwrite_refuses_a_folder_with_a_foreign_manifest(two_models, shared, tmp_path, monkeypatch, capsys, how):
+    """A web extension (manifest.json + src/background.js) is not an orkpy model directory: save,
+    quantize_model(output=) and orkpy quantize -o --overwrite refuse it, before any work, and it stays
+    as it was (before the fix its files were deleted)."""
+    out = tmp_path / "ext"
+    _make_tree(out, WEB_EXTENSION)
+    _no_work(monkeypatch)
+    with pytest.raises(FileExistsError) as e:
+        _overwrite_with(how, two_models, shared, out)
+    msg = capsys.readouterr().err if how == "cli" else str(e.value)
+    assert str(out) in msg and "not an orkpy model directory: manifest.json is not orkpy's" in msg, msg
+    assert _tree(out) == WEB_EXTENSION and os.listdir(tmp_path) == ["ext"]
+
+
+@pytest.mark.parametrize("how", ["save", "quantize_model", "cli"])
+def test_overwrite_refuses_a_model_directory_holding_other_files(two_models, shared, tmp_path, monkeypatch, capsys,
+                                                                 how):
+    """An orkpy manifest is not enough: a folder holding files the manifest does not list (a folder of
+    sources, notes) is refused, naming them, and left intact."""
+    out = tmp_path / "m"
+    two_models[0].save(out)
+    _make_tree(out, {"notes.txt": b"mine", "src/background.js": b"// mine"})
+    before = _tree(out)
+    _no_work(monkeypatch)
+    with pytest.raises(FileExistsError) as e:
+        _overwrite_with(how, two_models, shared, out)
+    msg = capsys.readouterr().err if how == "cli" else str(e.value)
+    assert f"{out}: holds files orkpy did not write: notes.txt, src/" in msg, msg
+    assert _tree(out) == before and os.listdir(tmp_path) == ["m"]
+
+
+@pytest.mark.parametrize("how", ["save", "quantize_model", "cli"])
+def test_overwrite_replaces_an_orkpy_model_directory(two_models, shared, tmp_path, how):
+    """A genuine model directory -- also one holding a temp file orkpy's writer left (kill -9) or
+    missing a listed file -- is replaced: the new model, nothing of the old one left."""
+    out = tmp_path / "m"
+    two_models[0].save(out)
+    old = _manifest(out)
+    (out / ".float.gguf.tmp-123-456-0123abcd").write_bytes(b"partial")
+    os.remove(out / next(e["file"] for e in old["tensors"].values() if "file" in e))
+    assert _overwrite_with(how, two_models, shared, out) == str(out)
+    new = _manifest(out)
+    assert new != old and os.listdir(tmp_path) == ["m"]
+    listed = {new["float_file"]["file"]} | {e["file"] for e in new["tensors"].values() if "file" in e}
+    if new.get("act_scales"):
+        listed.add(new["act_scales"]["file"])
+    assert set(os.listdir(out)) == listed | {"manifest.json"}
+    orkpy.load_model(out)
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_a_folder_changed_after_the_check_is_put_back(two_models, tmp_path, monkeypatch, exchange):
+    """A file written into the old model directory between the overwrite check and the swap: what
+    came out of the way is checked again before anything is deleted, and put back."""
+    a, b = two_models
+    out = tmp_path / "m"
+    a.save(out)
+    real = modeldir._exchange_dirs
+
+    def exchange_after_a_write(x, y):
+        (out / "added-meanwhile.txt").write_text("mine")
+        return real(x, y) if exchange else False
+    monkeypatch.setattr(modeldir, "_exchange_dirs", exchange_after_a_write)
+    before = _manifest(out)
+    with pytest.raises(FileExistsError, match="holds files orkpy did not write: added-meanwhile.txt"):
+        b.save(out, overwrite=True)
+    assert _manifest(out) == before and (out / "added-meanwhile.txt").read_text() == "mine"
+    assert os.listdir(tmp_path) == ["m"]                  # no temp folder left, nothing lost
+    monkeypatch.undo()
+    (out / "added-meanwhile.txt").unlink()
+    orkpy.load_model(out)
+
+
 def test_save_error_after_moving_the_old_model_aside_restores_it(two_models, tmp_path, monkeypatch):
     monkeypatch.setattr(modeldir, "_exchange_dirs", lambda a, b: False)   # no RENAME_EXCHANGE here
     a, b = two_models

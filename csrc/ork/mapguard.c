@@ -137,20 +137,37 @@ static void slot_release(int idx) {
 ork_status ork_mapped_open(const char *path, ork_mapped *m, int *os_errno, ork_err *err) {
     if (os_errno) *os_errno = 0;
     if (!path || !m) return ork_err_set(err, ORK_EINVAL, "mapped_open: NULL argument");
+    /* O_NONBLOCK: opening a FIFO must not hang before fstat refuses it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        memset(m, 0, sizeof *m);
+        m->fd = -1;
+        m->slot = -1;
+        if (os_errno) *os_errno = e;
+        return ork_err_set(err, ORK_EIO, "%s", strerror(e));
+    }
+    return ork_mapped_open_fd(fd, m, os_errno, err);
+}
+
+ork_status ork_mapped_open_fd(int fd, ork_mapped *m, int *os_errno, ork_err *err) {
+    if (os_errno) *os_errno = 0;
+    if (!m) {
+        if (fd >= 0) close(fd);
+        return ork_err_set(err, ORK_EINVAL, "mapped_open: NULL argument");
+    }
     memset(m, 0, sizeof *m);
     m->fd = -1;
     m->slot = -1;
+    if (fd < 0) return ork_err_set(err, ORK_EINVAL, "mapped_open: no file descriptor");
     int e = 0;
-    /* O_NONBLOCK: opening a FIFO must not hang before fstat refuses it */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat sb;
-    if (fd < 0) e = errno;
-    else if (fstat(fd, &sb) != 0) e = errno;
+    if (fstat(fd, &sb) != 0) e = errno;
     else if (S_ISDIR(sb.st_mode)) e = EISDIR;
     else if (!S_ISREG(sb.st_mode)) e = EINVAL;
     else if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) e = EFBIG;
     if (e) {
-        if (fd >= 0) close(fd);
+        close(fd);
         if (os_errno) *os_errno = e;
         return ork_err_set(err, ORK_EIO, "%s", e == EINVAL ? "not a regular file" : strerror(e));
     }

@@ -54,6 +54,12 @@ typedef struct ork_mapped {
  * EACCES, EISDIR, EINVAL for a file that is not regular, ...), else 0. */
 ork_status ork_mapped_open(const char *path, ork_mapped *m, int *os_errno, ork_err *err);
 
+/* The same for a file already open for reading: `fd` is taken over (kept for the checks, closed
+ * by ork_mapped_close, or here on an error). Whoever opened it chose the file: a loader that
+ * verifies bytes and then uses them maps the descriptor it verified (openat relative to one
+ * directory descriptor, orkpy/formats/modeldir.py). */
+ork_status ork_mapped_open_fd(int fd, ork_mapped *m, int *os_errno, ork_err *err);
+
 /* ORK_OK while the file is unchanged; ORK_EFORMAT naming the change
  * ("changed size while mapped: was N bytes, now M", a fault, a new
  * modification time); ORK_EIO if fstat fails; ORK_EINVAL when closed. */

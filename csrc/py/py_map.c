@@ -6,6 +6,8 @@
 #include "numpy_api.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <string.h>
 #include <structmember.h>
 
 #include "../ork/mapguard.h"
@@ -23,9 +25,14 @@ typedef struct {
 static PyTypeObject MapType;
 
 static PyObject *map_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"path", NULL};
-    PyObject *path_arg, *fs = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O:MappedFile", kwlist, &path_arg)) return NULL;
+    static char *kwlist[] = {"path", "fd", NULL};
+    PyObject *path_arg, *fd_arg = Py_None, *fs = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:MappedFile", kwlist, &path_arg, &fd_arg)) return NULL;
+    int fd = -1;
+    if (fd_arg != Py_None) { /* map this open descriptor (a duplicate of it); path only names it */
+        fd = PyObject_AsFileDescriptor(fd_arg);
+        if (fd < 0) return NULL;
+    }
     if (!PyUnicode_FSConverter(path_arg, &fs)) return NULL;
     MapObject *self = (MapObject *)type->tp_alloc(type, 0);
     if (!self) {
@@ -45,7 +52,17 @@ static PyObject *map_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     int os_errno = 0;
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_mapped_open(PyBytes_AS_STRING(fs), &self->m, &os_errno, &err);
+    if (fd >= 0) {
+        int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (dup < 0) {
+            os_errno = errno;
+            st = ork_err_set(&err, ORK_EIO, "%s", strerror(os_errno));
+        } else {
+            st = ork_mapped_open_fd(dup, &self->m, &os_errno, &err);
+        }
+    } else {
+        st = ork_mapped_open(PyBytes_AS_STRING(fs), &self->m, &os_errno, &err);
+    }
     Py_END_ALLOW_THREADS
     Py_DECREF(fs);
     if (st != ORK_OK) {
@@ -240,7 +257,8 @@ static PyTypeObject MapType = {
     .tp_as_mapping = &map_as_mapping,
     .tp_as_buffer = &map_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "MappedFile(path): the whole file mapped read-only; a read past its end after another process "
+    .tp_doc = "MappedFile(path, fd=None): the whole file mapped read-only (fd: map that open descriptor, "
+              "through a duplicate, and path only names it); a read past its end after another process "
               "truncates it yields zeros instead of SIGBUS and check() then raises orkpy.FormatError "
               "(csrc/ork/mapguard.h).",
     .tp_methods = map_methods,

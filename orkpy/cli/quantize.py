@@ -104,14 +104,15 @@ def recipe_from_args(args):
 
 def _cmd_quantize(args):
     from ..quantization.calibrate import quantize_model
+    from ..formats.modeldir import check_replaceable
     from ..formats.tiermap import INT_TIERS
 
     recipe = recipe_from_args(args)  # before any other work: a malformed recipe names its key and line
     _check_output_path(args.output, "-o/--output", is_dir=True, overwrite=args.overwrite)
-    out_dir = os.path.abspath(args.output)
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "manifest.json")):
-        raise FileExistsError(f"-o/--output {args.output}: a non-empty folder that is not an orkpy model directory "
-                              "(no manifest.json); --overwrite replaces only a model directory")
+    try:  # --overwrite replaces only an orkpy model directory (or an empty folder), checked before any work
+        check_replaceable(args.output)
+    except OSError as e:
+        raise type(e)(f"-o/--output {e}") from None
     chosen = (recipe.allocation.target_bpw is not None) + (recipe.allocation.npu_bits is not None)
     if (args.alloc is not None) + chosen != 1:
         raise ValueError("give exactly one of --alloc (an allocation oracle or emit-map), --target-bpw (a size) and "

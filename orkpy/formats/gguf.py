@@ -87,10 +87,13 @@ class GGUFFile:
     (list of :class:`TensorInfo` in file order).
     """
 
-    def __init__(self, path: StrPath) -> None:
+    def __init__(self, path: StrPath, mapping: Optional[MappedFile] = None) -> None:
+        """``mapping``: a :class:`orkpy._core.MappedFile` of the file, already open (the GGUFFile takes
+        it over; ``path`` then only names the file): what a loader that verified those very bytes
+        passes (orkpy.formats.modeldir)."""
         self.path = os.fspath(path)
         self._map: Optional[MappedFile] = None
-        self._map = MappedFile(self.path)
+        self._map = MappedFile(self.path) if mapping is None else mapping
         try:
             try:
                 parsed = _core.gguf_parse(self._map)

@@ -18,21 +18,24 @@ import errno
 import functools
 import json
 import os
+import re
 import shutil
 import stat
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
 from .._core import FormatError
-from .._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, temp_sibling
+from .._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, sha256_mapped, temp_sibling
 from .._mapped import check as check_maps
-from .._mapped import maps_of
+from .._mapped import MappedFile, maps_of
 from .._typing import StrPath
 from ..kernels.packed import PackedWeight, _map_saved, load_packed, save_packed_sha256
 from .arch import PACKED_LOOKUP_KEY
+from .gguf import GGUFFile
 from .source import Source
 from ..kernels.quant import KIND_INFO
 from .tiermap import EMBEDDING, TIERS, split_tier
@@ -69,7 +72,7 @@ class ModelDirWriter:
         if os.path.lexists(path):
             if not overwrite:
                 raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)")
-            _check_replaceable(path)
+            check_replaceable(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         while True:  # a temp folder of our own: concurrent saves to one path never share one
             tmp = temp_sibling(path)
@@ -249,6 +252,9 @@ class ModelDirWriter:
                          durable=False)
             fsync_files(tmp)  # every file of the folder, synced once before the rename
             _install_dir(tmp, self.path, self.overwrite)
+        except _ForeignKept:
+            self.tmp = None  # the folder at tmp is no longer ours: never deleted
+            raise
         except BaseException:
             self.abort()
             raise
@@ -291,12 +297,17 @@ def write_model_dir(path: StrPath, packed: Mapping[str, PackedWeight], tiers: Ma
         return w.finish(tiers, float_linears, src, record, act_scales)
 
 
-def _check_replaceable(path: str) -> None:
-    """Refuse, before any work, to replace what is not a model directory: a file, a
-    symbolic link, or a non-empty folder without a manifest. (One open folder is
-    inspected, so a concurrent saver swapping ``path`` cannot confuse the check.)"""
+def check_replaceable(path: StrPath) -> None:
+    """Refuse, before any work, to replace what orkpy did not write (``overwrite=True``): a file, a
+    symbolic link, or a folder that is neither empty nor an orkpy model directory, one whose
+    ``manifest.json`` is orkpy's (its format, version and file list, as :func:`read_model_dir`
+    checks them) and which holds nothing but that manifest, the files it lists and orkpy's own
+    temporary files of those names (``.<name>.tmp-*``). FileExistsError / NotADirectoryError naming
+    the path and what was found; a missing path is fine. (One open folder is inspected, so a
+    concurrent saver swapping ``path`` cannot confuse the check.)"""
+    path = os.path.abspath(os.fspath(path))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
     except FileNotFoundError:
         return  # moved away meanwhile: nothing to replace
     except OSError as e:
@@ -306,12 +317,119 @@ def _check_replaceable(path: str) -> None:
         raise NotADirectoryError(f"{path}: exists and is {kind}; a model is saved as a directory of its own, "
                                  "remove it or choose another path") from None
     try:
-        names = os.listdir(fd)
+        problem, _ = _inspect(fd, path)
     finally:
         os.close(fd)
-    if names and MANIFEST not in names:
-        raise FileExistsError(f"{path}: a non-empty directory without {MANIFEST} (not an orkpy model "
-                              "directory): refusing to replace it")
+    if problem is not None:
+        raise _refusal(path, problem)
+
+
+_check_replaceable = check_replaceable
+
+
+def _refusal(path: str, problem: str) -> FileExistsError:
+    return FileExistsError(f"{path}: {problem}; refusing to replace it (overwrite replaces only an orkpy model "
+                           "directory or an empty folder)")
+
+
+def _orkpy_temp(name: str, ours: Set[str]) -> bool:
+    """Whether ``name`` is a temp file orkpy's atomic writer (orkpy._io.temp_sibling) makes for one of ``ours``."""
+    m = _TEMP_NAME.match(name)
+    return m is not None and m.group(1) in {os.fsdecode(os.fsencode(n)[:100]) for n in ours}
+
+
+_TEMP_NAME = re.compile(r"\.(.+)\.tmp-[0-9]+-[0-9]+-[0-9a-f]{8}\Z", re.S)
+
+
+def _inspect(dfd: int, path: str) -> Tuple[Optional[str], List[str]]:
+    """(what makes the folder open as ``dfd`` not replaceable, or None; its entries orkpy wrote):
+    see :func:`check_replaceable`."""
+    names = sorted(os.listdir(dfd))
+    if not names:
+        return None, []
+    if MANIFEST not in names:
+        return (f"not an orkpy model directory: a non-empty folder without {MANIFEST} "
+                f"(holds {_some(names, dfd)})"), []
+    mpath = os.path.join(path, MANIFEST)
+    try:
+        files = _listed_files(_read_manifest(dfd, path), mpath)[0]
+    except FormatError as e:
+        why = str(e)
+        for prefix in (mpath + ": ", path + ": "):
+            why = why[len(prefix):] if why.startswith(prefix) else why
+        return f"not an orkpy model directory: {MANIFEST} is not orkpy's ({why})", []
+    listed = {MANIFEST} | {fn for fn, _ in files}
+    ours: List[str] = []
+    foreign: List[str] = []
+    for n in names:
+        if n in listed or _orkpy_temp(n, listed):
+            try:
+                is_dir = stat.S_ISDIR(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                continue
+            (foreign if is_dir else ours).append(n)   # a folder: orkpy writes none (its contents would go too)
+        else:
+            foreign.append(n)
+    if foreign:
+        return f"holds files orkpy did not write: {_some(foreign, dfd)}", ours
+    return None, ours
+
+
+def _some(names: List[str], dfd: int, n: int = 5) -> str:
+    """The first ``n`` names, folders marked with a trailing slash."""
+    def show(name: str) -> str:
+        try:
+            return name + "/" if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode) else name
+        except OSError:
+            return name
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(show(x) for x in names[:n]) + more
+
+
+def _problem_at(folder: str) -> Optional[str]:
+    """:func:`_inspect` of a folder this save just moved out of the way (None: ours to delete)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    try:
+        return _inspect(fd, folder)[0]
+    except OSError as e:
+        return f"cannot be inspected ({e.strerror or e})"
+    finally:
+        os.close(fd)
+
+
+def _remove_replaced(folder: str) -> None:
+    """Delete a model directory (or empty folder) a save moved out of the way: exactly the entries
+    orkpy wrote (:func:`_inspect`), then the folder. A folder holding anything else -- put there
+    since it was checked -- is left as it is (under its hidden temp name)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        problem, ours = _inspect(fd, folder)
+        if problem is not None:
+            return
+        for n in ours:
+            try:
+                os.unlink(n, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(folder)
+    except OSError:  # something was added meanwhile: it stays
+        pass
+
+
+class _ForeignKept(FileExistsError):
+    """A foreign folder was swapped out of ``path`` and could not be swapped back: it is under the
+    writer's temp name, which must then not be deleted."""
 
 
 def _exchange_dirs(a: str, b: str) -> bool:
@@ -344,7 +462,9 @@ _renameat2: Any = None
 def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
     """Rename the complete folder ``tmp`` to ``path``, moving an existing ``path``
     aside first (overwrite) and deleting it after; the last of concurrent savers
-    wins. On an error the moved-aside original goes back when ``path`` is free,
+    wins. Only what :func:`check_replaceable` accepts is replaced, and what is moved out of the
+    way is checked again before it is deleted: something else is put back (or left, never deleted).
+    On an error the moved-aside original goes back when ``path`` is free,
     and nothing moved aside is left behind."""
     aside: List[str] = []
     try:
@@ -357,8 +477,18 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
                     raise
                 if not overwrite:
                     raise FileExistsError(f"{path} exists (pass overwrite=True to replace it)") from None
-            _check_replaceable(path)  # another writer may have put something else there
+            check_replaceable(path)  # another writer may have put something else there
             if _exchange_dirs(tmp, path):  # atomic: path is never missing, even after a kill -9
+                problem = _problem_at(tmp)  # what came out of path: changed since the check?
+                if problem is not None:
+                    try:
+                        back = _exchange_dirs(tmp, path)
+                    except OSError:
+                        back = False
+                    if not back:
+                        raise _ForeignKept(f"{path}: {problem}, put there while this save replaced it; the new "
+                                           f"model is at {path}, what was there is at {tmp} (nothing deleted)")
+                    raise _refusal(path, problem)
                 aside.append(tmp)
                 break
             old = temp_sibling(path)
@@ -367,6 +497,9 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
             except FileNotFoundError:  # another saver moved it first
                 continue
             aside.append(old)
+            problem = _problem_at(old)
+            if problem is not None:
+                raise _refusal(path, problem)  # (moved back below, or left where it is: never deleted)
         fsync_dir(os.path.dirname(path))
     except BaseException:
         if aside and not os.path.lexists(path):
@@ -377,7 +510,7 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
         raise
     finally:
         for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_replaced(old)
 
 
 # -------------------------------------------------------------------- read --
@@ -413,13 +546,17 @@ def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
 class ModelDir:
     """A model directory whose manifest and listed files have been checked (:func:`read_model_dir`):
     ``manifest`` (the parsed JSON), ``float_file`` (path of ``float.gguf``), ``entries`` (linear
-    name -> manifest entry), ``act_scales_file`` (path of ``act_scales.json``, or None)."""
+    name -> manifest entry), ``act_scales_file`` (path of ``act_scales.json``, or None), ``files``
+    (file name -> the :class:`orkpy._core.MappedFile` whose bytes were verified). Everything is
+    read from ``files``, never opened again by path: a directory replaced meanwhile (a concurrent
+    save) changes nothing."""
 
     path: str
     manifest: Dict[str, Any]
     float_file: str
     entries: Dict[str, Dict[str, Any]]
     act_scales_file: Optional[str] = None
+    files: Mapping[str, MappedFile] = field(default_factory=dict, repr=False, compare=False)
 
     def tier(self, name: str) -> str:
         """The tier of linear ``name`` (FormatError naming the manifest if it has no entry)."""
@@ -427,13 +564,30 @@ class ModelDir:
             raise FormatError(f"{os.path.join(self.path, MANIFEST)}: no entry for {name!r}")
         return str(self.entries[name]["tier"])
 
+    def _mapping(self, fn: str) -> Optional[MappedFile]:
+        return self.files.get(fn)
+
     def packed(self, name: str) -> PackedWeight:
         """The packed weight of an int8/int4 linear, checked against its manifest entry."""
         e = self.entries[name]
-        pw = load_packed(os.path.join(self.path, e["file"]))
+        pw = load_packed(os.path.join(self.path, e["file"]), mapping=self._mapping(e["file"]))
         if list(pw.shape) != list(e["shape"]) or pw.kind != e["kind"]:
             raise FormatError(f"{self.path}: {e['file']} does not match its manifest entry")
         return pw
+
+    def float_gguf(self) -> GGUFFile:
+        """``float.gguf``, parsed from the verified mapping."""
+        return GGUFFile(self.float_file, mapping=self._mapping(os.path.basename(self.float_file)))
+
+    def act_scales_bytes(self) -> Optional[bytes]:
+        """The verified bytes of ``act_scales.json`` (None: the model has none)."""
+        if self.act_scales_file is None:
+            return None
+        m = self._mapping(os.path.basename(self.act_scales_file))
+        if m is None:
+            with open(self.act_scales_file, "rb") as f:
+                return f.read()
+        return bytes(memoryview(m)) if len(m) else b""
 
     def float_tensor(self, name: str) -> Tuple[str, Tuple[int, int]]:
         """(tensor name in float.gguf, shape) of a float-tier linear."""
@@ -441,21 +595,87 @@ class ModelDir:
         return e["tensor"], (e["shape"][0], e["shape"][1])
 
 
-def read_model_dir(path: StrPath) -> ModelDir:
-    """Read and check a model directory's manifest, and verify every file it lists (checksums;
-    plain names; links only within the folder). Any problem is an orkpy.FormatError naming it."""
-    path = os.fspath(path)
+READ_ATTEMPTS = 4  #: a directory replaced while it is read (a concurrent save) is read again, at most this often
+_RETRY_SLEEP = (0.0, 0.005, 0.02, 0.05)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO must not block the open; O_NOFOLLOW: links are resolved by _open_in itself
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _O_CLOEXEC
+_MAX_LINKS = 8
+
+
+class _Vanished(FormatError):
+    """A file (or the directory) is gone: a concurrent save may have replaced the directory."""
+
+
+class _Replaced(FormatError):
+    """The directory was replaced or removed while it was read."""
+
+
+def _plain(fn: object) -> bool:
+    return isinstance(fn, str) and fn not in ("", ".", "..") and "/" not in fn and "\0" not in fn
+
+
+def _open_in(dfd: int, fn: str, path: str) -> Tuple[int, os.stat_result]:
+    """(descriptor, fstat) of the regular file ``fn`` of the directory open as ``dfd`` (opened relative
+    to it, never by path). A symbolic link is followed only when it names another file of the same
+    directory by a plain name; any other link is refused (a directory cannot make orkpy read files
+    elsewhere)."""
+    name = fn
+    for _ in range(_MAX_LINKS + 1):
+        try:
+            fd = os.open(name, _OPEN_FLAGS, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
+                try:
+                    target = os.readlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    raise _Vanished(f"{path}: {fn} is missing or not a regular file") from None
+                except OSError:  # no longer a link: open it again
+                    continue
+                if not _plain(target):
+                    raise FormatError(f"{path}: {fn} is a symbolic link to {target}, outside the model directory "
+                                      "(a link may name only another file of the directory)") from None
+                name = target
+                continue
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise _Vanished(f"{path}: {fn} is missing or not a regular file") from None
+            raise FormatError(f"{path}: cannot open {fn} ({e.strerror or e})") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError(f"{path}: {fn} is missing or not a regular file")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+    raise FormatError(f"{path}: {fn}: more than {_MAX_LINKS} symbolic links in a row")
+
+
+def _read_manifest(dfd: int, path: str) -> Dict[str, Any]:
+    """The manifest of the directory open as ``dfd``, parsed, its format and version checked."""
     mpath = os.path.join(path, MANIFEST)
     try:
-        st = os.stat(mpath)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MANIFEST_MAX:  # a FIFO would block open()
+        fd, st = _open_in(dfd, MANIFEST, path)
+    except _Vanished:
+        raise _Vanished(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
+    try:
+        if st.st_size > MANIFEST_MAX:
             raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
-        with open(mpath, "rb") as f:
-            raw = f.read(MANIFEST_MAX + 1)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
-    except OSError as e:  # a directory named manifest.json, no permission, path not a directory ...
+        chunks: List[bytes] = []
+        n = 0
+        while n <= MANIFEST_MAX:
+            b = os.read(fd, min(1 << 20, MANIFEST_MAX + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        raw = b"".join(chunks)
+    except OSError as e:
         raise FormatError(f"{mpath}: cannot read the manifest ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MANIFEST_MAX:
+        raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
     try:
         manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
@@ -465,52 +685,134 @@ def read_model_dir(path: StrPath) -> ModelDir:
     version = manifest.get("version")
     if type(version) is not int or version != VERSION:  # not true, not 1.0
         raise FormatError(f"{mpath}: unsupported manifest version {version!r}")
+    return manifest
 
-    def field(obj: Any, key: str, typ: type, where: str) -> Any:
+
+def _listed_files(manifest: Dict[str, Any], mpath: str
+                  ) -> Tuple[List[Tuple[str, str]], Dict[str, Any], Dict[str, Any], Optional[Dict[str, Any]]]:
+    """The manifest's files ((name, sha256): float.gguf, act_scales.json, the packed linears), its
+    ``tensors``, ``float_file`` and ``act_scales`` records, every field type-checked."""
+    def field_(obj: Any, key: str, typ: type, where: str) -> Any:
         v = obj.get(key)
         if not isinstance(v, typ) or isinstance(v, bool):
             raise FormatError(f"{mpath}: {where}{key!r} is missing or not a JSON {typ.__name__}")
         return v
-    entries = field(manifest, "tensors", dict, "")
-    float_file = field(manifest, "float_file", dict, "")
-    files = [(field(float_file, "file", str, "float_file "), field(float_file, "sha256", str, "float_file "))]
+    entries = field_(manifest, "tensors", dict, "")
+    float_file = field_(manifest, "float_file", dict, "")
+    files = [(field_(float_file, "file", str, "float_file "), field_(float_file, "sha256", str, "float_file "))]
     act = manifest.get("act_scales")
     if act is not None:
         if not isinstance(act, dict):
             raise FormatError(f"{mpath}: 'act_scales' must be null or {{file: string, sha256: string}}")
-        files.append((field(act, "file", str, "act_scales "), field(act, "sha256", str, "act_scales ")))
+        files.append((field_(act, "file", str, "act_scales "), field_(act, "sha256", str, "act_scales ")))
     for name, ent in entries.items():
         where = f"tensor {name!r} "
         if not isinstance(ent, dict):
             raise FormatError(f"{mpath}: {where}entry is not a JSON object")
-        shape = field(ent, "shape", list, where)
+        shape = field_(ent, "shape", list, where)
         if len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
-        field(ent, "kind", str, where)
+        field_(ent, "kind", str, where)
         if not _tier_ok(ent.get("tier")):
             raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not one of "
                               f"{', '.join(TIERS)} (the integer tiers optionally with a group size, 'int4-g32')")
         if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
-            field(ent, "tensor", str, where)
+            field_(ent, "tensor", str, where)
             if ent["kind"] != "float":
                 raise FormatError(f"{mpath}: {where}of tier 'float' has kind {ent['kind']!r}, not 'float'")
             continue
-        files.append((field(ent, "file", str, where), field(ent, "sha256", str, where)))
-    _check_informational(manifest, mpath)
-    root = os.path.realpath(path)
-    for fn, digest in files:
-        if not isinstance(fn, str) or os.path.basename(fn) != fn or fn in ("", ".", ".."):
+        files.append((field_(ent, "file", str, where), field_(ent, "sha256", str, where)))
+    for fn, _ in files:
+        if not _plain(fn) or fn == MANIFEST:
             raise FormatError(f"{mpath}: bad file name {fn!r}")
-        fp = os.path.join(path, fn)
-        if not os.path.isfile(fp):
-            raise FormatError(f"{path}: {fn} is missing or not a regular file")
-        if os.path.commonpath([root, os.path.realpath(fp)]) != root:  # links may point only within the folder
-            raise FormatError(f"{path}: {fn} is a symbolic link to {os.path.realpath(fp)}, outside the model "
-                              "directory")
-        if sha256_file(fp) != digest:
-            raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
+    return files, entries, float_file, act
+
+
+def _replaced(dfd: int, path: str) -> bool:
+    """Whether the directory open as ``dfd`` is no longer the one at ``path`` (or was removed)."""
+    try:
+        st = os.fstat(dfd)
+        now = os.stat(path)
+    except OSError:
+        return True
+    return st.st_nlink == 0 or (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino)
+
+
+def _read_pinned(path: str) -> ModelDir:
+    """One attempt of :func:`read_model_dir`: the directory is opened once and every file relative
+    to that descriptor; each listed file is mapped, and hashed from that mapping, which is what the
+    model is then loaded from. _Replaced when the directory was replaced or removed meanwhile."""
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    except FileNotFoundError:
+        raise _Replaced(f"{path}: no such directory") from None
+    except OSError as e:  # not a directory, no permission ...
+        raise FormatError(f"{path}: cannot open the model directory ({e.strerror or e})") from None
+    maps: Dict[str, MappedFile] = {}
+    try:
+        try:
+            manifest = _read_manifest(dfd, path)
+            mpath = os.path.join(path, MANIFEST)
+            files, entries, float_file, act = _listed_files(manifest, mpath)
+            _check_informational(manifest, mpath)
+            for fn, digest in files:
+                if fn not in maps:
+                    fd, _ = _open_in(dfd, fn, path)
+                    try:
+                        maps[fn] = MappedFile(os.path.join(path, fn), fd=fd)
+                    except OSError as e:
+                        raise FormatError(f"{path}: cannot map {fn} ({e.strerror or e})") from None
+                    finally:
+                        os.close(fd)
+                if sha256_mapped(maps[fn]) != digest:
+                    raise FormatError(f"{path}: checksum mismatch for {fn}: the file was changed or damaged")
+        except _Vanished as e:
+            if _replaced(dfd, path):
+                raise _Replaced(str(e)) from None
+            raise FormatError(str(e)) from None
+    except BaseException:
+        for m in maps.values():
+            m.close()
+        raise
+    finally:
+        os.close(dfd)
     return ModelDir(path, manifest, os.path.join(path, float_file["file"]), entries,
-                    None if act is None else os.path.join(path, act["file"]))
+                    None if act is None else os.path.join(path, act["file"]), maps)
 
 
-__all__ = ["ACT_FILE", "FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "VERSION", "read_model_dir", "write_model_dir"]
+def read_model_dir(path: StrPath) -> ModelDir:
+    """Read and check a model directory's manifest, and verify every file it lists (checksums;
+    plain names; links only to files of the folder). Any problem is an orkpy.FormatError naming it.
+
+    The checked bytes are the bytes used: the directory is opened once, the manifest and every
+    file are opened relative to that descriptor and the files are hashed from the mappings the
+    returned :class:`ModelDir` holds (``files``), from which the model is loaded. A directory
+    replaced by a concurrent save is thus read as the old model or the new one, complete; when
+    the old one is deleted under the reader (a file vanishes), it is read again, up to
+    :data:`READ_ATTEMPTS` times, then FormatError."""
+    path = os.fspath(path)
+    why = ""
+    for attempt in range(READ_ATTEMPTS):
+        if attempt:
+            time.sleep(_RETRY_SLEEP[min(attempt, len(_RETRY_SLEEP) - 1)])
+        try:
+            return _read_pinned(path)
+        except _Replaced as e:
+            why = str(e)
+    raise FormatError(f"{why} (read {READ_ATTEMPTS} times: the directory was replaced or removed while it was "
+                      "read, by a concurrent save?)")
+
+
+def save_in_progress(path: StrPath) -> bool:
+    """Whether a folder an orkpy save of ``path`` works in (``.<name>.tmp-*``, orkpy._io.temp_sibling)
+    exists next to it: a ``path`` missing meanwhile may be one being replaced."""
+    d, base = os.path.split(os.path.abspath(os.fspath(path)))
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        return False
+    return any(_orkpy_temp(n, {base}) and os.path.isdir(os.path.join(d, n)) for n in names)
+
+
+__all__ = ["ACT_FILE", "FORMAT", "MANIFEST", "MANIFEST_MAX", "ModelDir", "READ_ATTEMPTS", "VERSION", "check_replaceable",
+           "read_model_dir", "save_in_progress", "write_model_dir"]

@@ -162,9 +162,10 @@ class Source:
 class GGUFSource(Source):
     """Float tensors and metadata of a GGUF file."""
 
-    def __init__(self, path: StrPath) -> None:
+    def __init__(self, path: StrPath, g: Optional[GGUFFile] = None) -> None:
+        """``g``: the file, already open (``path`` then names it)."""
         self.path = os.fspath(path)
-        self.g = GGUFFile(self.path)
+        self.g = GGUFFile(self.path) if g is None else g
         self.hp = hparams(self.g)
         self.tied = OUTPUT not in self.g
         self.meta = self.g

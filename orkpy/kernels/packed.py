@@ -321,15 +321,19 @@ def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
                                  scales.astype(np.float32, copy=False), source=os.fspath(path), group=pw.group)
 
 
-def load_packed(path: StrPath, mmap: bool = True) -> PackedWeight:
+def load_packed(path: StrPath, mmap: bool = True, mapping: Optional[MappedFile] = None) -> PackedWeight:
     """Load an O4N1/O8N1 file; with ``mmap=True`` the store and scales are
     read-only views of a guarded memory map (streamed from disk on use; if the
     file changes while mapped, the weight's methods raise orkpy.FormatError,
     docs/security.md); ``mmap=False`` reads a private copy.
+    ``mapping``: a :class:`orkpy._core.MappedFile` of the file, already open (``path`` then only
+    names it): the weight views it (a loader that verified those bytes passes it).
     A malformed file raises orkpy.FormatError naming the problem."""
     path = os.fspath(path)
     buf: Union[bytes, memoryview]
-    if mmap:
+    if mapping is not None:
+        buf = memoryview(mapping)
+    elif mmap:
         buf = memoryview(MappedFile(path))
     else:
         with open(path, "rb") as f:

@@ -224,8 +224,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
         gptq_sequential=gptq_sequential, fallback=fallback, clip_search=clip_search,
         rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options)))
     recipe.check_inputs(alloc is not None, calib is not None)
-    if output is not None and os.path.lexists(output) and not overwrite:  # before any work
-        raise FileExistsError(f"{os.path.abspath(os.fspath(output))} exists (pass overwrite=True to replace it)")
+    if output is not None and os.path.lexists(output):  # before any work
+        if not overwrite:
+            raise FileExistsError(f"{os.path.abspath(os.fspath(output))} exists (pass overwrite=True to replace it)")
+        from ..formats.modeldir import check_replaceable
+        check_replaceable(output)  # only an orkpy model directory or an empty folder is replaced
     im = imatrix if (imatrix is None or isinstance(imatrix, Imatrix)) else Imatrix.load(imatrix)
     run = RunOptions(threads, progress, log if log is not None else (lambda msg: print(msg, file=sys.stderr)))
     inputs = Inputs(os.fspath(source), alloc, im, calib, meta)

@@ -67,10 +67,11 @@ from ..formats import arch as _arch
 from .._core import FormatError
 from .._typing import StrPath
 from .actcal import DEFAULT_PREFIX, ActCalibration, as_calibration, calibrate_activations, resolve
+from .actcal import FILE_MAX as ACT_FILE_MAX
 from ..kernels.actspec import ActSpec
 from ..formats.gguf import GGUFFile
 from .linear import LinearSpec
-from ..formats.modeldir import read_model_dir
+from ..formats.modeldir import read_model_dir, save_in_progress
 from ..kernels.packed import pack
 from ..kernels.quant import FOUR_BIT_KINDS, KINDS, quantize
 from .rotate import down_rot_block, rotate_source
@@ -483,6 +484,18 @@ def transformed_source(src: Source, rotate: Optional[str] = None, rotate_seed: i
                          placement=rotate_placement)
 
 
+def _names_model_dir(p: str) -> bool:
+    """Whether load_model reads ``p`` as a quantized model directory: a folder that is not a safetensors
+    checkpoint, also one missing for a moment while an orkpy save replaces it (where the kernel cannot
+    swap two folders in one step the old one is moved aside first: read_model_dir waits for the new one,
+    else FormatError, never FileNotFoundError / IsADirectoryError)."""
+    if os.path.isdir(p):
+        return not is_safetensors(p)
+    if os.path.lexists(p) and not os.path.isdir(p):
+        return False  # a file (a GGUF, a safetensors file or index)
+    return os.path.isdir(p) or save_in_progress(p)  # back in place meanwhile, or being replaced
+
+
 def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4", act: Union[str, ActSpec, None] = None,
                threads: Optional[int] = None, meta: Union[GGUFFile, StrPath, None] = None,
                rotate: Optional[str] = None, rotate_seed: int = 0, smooth: Optional[float] = None,
@@ -508,7 +521,7 @@ def load_model(path: StrPath, weights: Weights = "gguf", int4_kind: str = "nf4",
     positions the per-tensor and static modes quantize per token (default: 0 for per_tensor,
     the calibration's for static)."""
     spec = ActSpec.parse("per_token" if act is None else act, act_method, act_outliers, act_prefix)
-    if os.path.isdir(path) and not is_safetensors(path):
+    if _names_model_dir(os.fspath(path)):
         if rotate is not None or smooth is not None or rotate_online or rotate_placement is not None:
             raise ValueError(f"{os.fspath(path)}: a quantized model directory holds its tensors as they were "
                              "quantized (rotated or not, as its manifest records); rotate= / smooth= apply to a source")
@@ -584,9 +597,12 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec, None] = None,
     if not given:
         spec = made_for(d.manifest, os.fspath(path))
     cal = as_calibration(act_calib)
-    if cal is None and d.act_scales_file is not None:
-        cal = ActCalibration.load(d.act_scales_file)
-    src = GGUFSource(d.float_file)
+    if cal is None and d.act_scales_file is not None:  # the verified bytes, never the path again
+        raw = d.act_scales_bytes() or b""
+        if len(raw) > ACT_FILE_MAX:
+            raise FormatError(f"{d.act_scales_file}: larger than {ACT_FILE_MAX >> 20} MiB")
+        cal = ActCalibration.from_bytes(raw, d.act_scales_file)
+    src = GGUFSource(d.float_file, d.float_gguf())
     hp = src.hp
     transform = d.manifest["settings"].get("transform")
     if isinstance(transform, dict) and transform.get("online"):  # ffn_down's weights expect a rotated input
