@@ -192,3 +192,32 @@ def test_npu_precision_map_deep_nesting_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON") as e:
         read_alloc(p, {})
     assert str(p) in str(e.value)
+
+
+# ------------------------------------------------ a number literal beyond a double --
+
+def test_json_number_beyond_a_double_is_refused_by_every_reader(tmp_path, model_dir):
+    """fuzz act_scales: a literal such as 1e999 (in an info key orkpy keeps but does not use) parsed
+    as infinity, so the calibration loaded and then could not be saved (ValueError from the JSON
+    writer). act_scales.json, manifest.json and recipes now refuse it when read."""
+    p, doc = _act_file(tmp_path)
+    doc["info"]["note"] = "@@"
+    p.write_text(json.dumps(doc).replace('"@@"', "1e999"))
+    with pytest.raises(FormatError, match="out of the range of a double") as e:
+        ActCalibration.load(p)
+    assert str(p) in str(e.value)
+    r = tmp_path / "r.json"
+    d = Recipe().to_dict()
+    d["allocation"]["threshold"] = "@@"
+    r.write_text(json.dumps(d).replace('"@@"', "1e999"))
+    with pytest.raises(RecipeError, match="out of the range of a double"):
+        Recipe.load(r)
+    d, good = model_dir
+    (d / "manifest.json").unlink()
+    (d / "manifest.json").write_bytes(good.replace(b'"int8_share": ', b'"int8_share": 1e999, "x": '))
+    try:
+        with pytest.raises(FormatError, match="out of the range of a double"):
+            orkpy.load_model(d)
+    finally:
+        (d / "manifest.json").unlink()
+        (d / "manifest.json").write_bytes(good)

@@ -28,7 +28,9 @@ nats under the top (relative probability < 2e-28) are stored at 64. The
 per-token NLLs are kept exactly (float64), so delta PPL is unchanged, and so
 is same-top (the stored top id). The file is about half the float32 size
 (per scored token 2 bytes per vocabulary entry + 24 bytes, instead of 4 per
-entry). Version-1 files (float32 ``logprobs``) are still read.
+entry). Version-1 files (float32 ``logprobs``) are still read. The reader trusts nothing in the file:
+every field is checked against what this writer guarantees (docs/security.md) and anything else is an
+:class:`orkpy.FormatError` naming the file and the field.
 """
 from __future__ import annotations
 
@@ -323,7 +325,7 @@ class _Reference:
         step = max(1, _BLOCK // max(1, self.n_vocab))
         return [slice(i, min(i + step, self.rows)) for i in range(0, self.rows, step)]
 
-    def _row(self, ok: NDArray[np.bool_], b: slice) -> Optional[int]:
+    def _row(self, ok: Any, b: slice) -> Optional[int]:
         """The file row of the first False in ``ok`` (a check over the rows of block ``b``), or None."""
         bad = np.flatnonzero(~ok)
         return None if len(bad) == 0 else int(b.start + bad[0])

@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from .._core import FormatError
-from .._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, temp_sibling
+from .._io import atomic_write, fsync_dir, fsync_file, fsync_files, json_finite_float, sha256_file, temp_sibling
 from .._mapped import check as check_maps
 from .._mapped import maps_of
 from .._typing import StrPath
@@ -457,7 +457,7 @@ def read_model_dir(path: StrPath) -> ModelDir:
     except OSError as e:  # a directory named manifest.json, no permission, path not a directory ...
         raise FormatError(f"{mpath}: cannot read the manifest ({e.strerror or e})") from None
     try:
-        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=json_finite_float)
     except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
         raise FormatError(f"{mpath}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

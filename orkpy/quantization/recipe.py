@@ -39,6 +39,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .._io import json_finite_float
 from .._typing import StrPath
 from ..formats import modeldir, tiermap
 from ..formats.tiermap import INT_TIERS, split_tier
@@ -588,7 +589,7 @@ def _no_constant(name: str) -> Any:
 
 def _parse_json(text: str, where: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=json_finite_float)
     except json.JSONDecodeError as e:
         raise RecipeError("", f"{where}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     except (ValueError, RecursionError) as e:

@@ -53,7 +53,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import FormatError
-from .._io import atomic_write, counted
+from .._io import atomic_write, counted, json_finite_float
 from .._typing import StrPath
 # the activation modes (the C registry), the range methods and the defaults live with the spec
 from ..kernels.quant import KIND_INFO
@@ -212,7 +212,7 @@ class ActCalibration:
         def bad(msg: str) -> FormatError:
             return FormatError(f"{where}: {msg}")
         try:
-            doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+            doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=json_finite_float)
         except (ValueError, RecursionError) as e:
             raise bad(f"not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:

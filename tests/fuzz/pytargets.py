@@ -527,6 +527,61 @@ def _npu_seeds(shared):
     return out
 
 
+# ------------------------------------------------------------ act_scales --
+
+def _act_allowed():
+    from orkpy import FormatError
+    return (FormatError,)
+
+
+@target("act_scales", _act_allowed, lambda shared: _act_seeds(), dict_file="manifest.dict")
+def act_scales(data):
+    """ActCalibration.load on act_scales.json; what loads is used as load_model would and saves back equal."""
+    from orkpy.runtime.actcal import ActCalibration, resolve
+    from orkpy.kernels.actspec import ActSpec
+
+    cal = ActCalibration.load(_put("act_scales.json", data))
+    assert 0 <= cal.prefix < 2 ** 31
+    for n, r in cal.ranges.items():
+        assert all(np.isfinite(v) and v >= 0 for v in r.values()), (n, r)
+        assert np.isfinite(cal.channel_absmax[n]).all()
+        K = int(cal.channels[n].max()) + 1 if len(cal.channels[n]) else 1
+        for mode in ("static", "per_token_outliers"):
+            try:
+                resolve(ActSpec(mode, n_outliers=max(1, len(cal.channels[n]))), n, cal, K, "fuzz")
+            except ValueError as e:   # documented: a range of 0 (only zeros seen), too few channels
+                assert "zeros" in str(e) or "act_outliers" in str(e), e
+    back = ActCalibration.from_bytes(cal.to_bytes(), "roundtrip")
+    assert back.to_bytes() == cal.to_bytes()
+
+
+def _act_seeds():
+    from orkpy.runtime.actcal import ActCalibration
+
+    name = "blk.0.attn_q.weight"
+    cal = ActCalibration({name: {"max": 2.0, "mse": 1.5, "mse4": 1.0}, "output.weight": {"max": 0.5, "mse": 0.5}},
+                         {name: [3, 1], "output.weight": []}, {name: [2.0, 1.5], "output.weight": []},
+                         info={"model": "m.gguf", "n_ctx": 64, "chunks": 2, "tokens_sha256": "0" * 64, "prefix": 1,
+                               "grid": {"per_octave": 32, "octaves": 12}},
+                         clipped={name: {"mse": 0.01}})
+    good = cal.to_bytes()
+    out = {"small.json": good}
+    doc = json.loads(good)
+    big = "1" + "0" * 400      # the integer cases of the attack campaign (issue 5)
+    for key, path, v in (("max-400-digits", ("linears", name, "max"), big),
+                         ("absmax-400-digits", ("linears", name, "outlier_absmax"), f"[{big}, 1.0]"),
+                         ("prefix-1e30", ("info", "prefix"), "1" + "0" * 30),
+                         ("clipped-400-digits", ("linears", name, "clipped", "mse"), big),
+                         ("max-1e300", ("linears", name, "max"), "1e300")):
+        d = json.loads(good)
+        o = d
+        for k in path[:-1]:
+            o = o[k]
+        o[path[-1]] = "@@"
+        out[key + ".json"] = json.dumps(d, indent=1).replace('"@@"', v).encode()
+    return out
+
+
 # ------------------------------------------------------------ KL reference --
 # Input: byte 0 says how the rest becomes the reference file (.npz) read by KL mode
 # (perplexity(kld_base=), orkpy.evaluation.ppl._Reference):
