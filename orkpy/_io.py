@@ -21,6 +21,15 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, Union
 from ._typing import StrPath
 
 
+def json_finite_float(text: str) -> float:
+    """``json.loads(parse_float=...)``: a JSON number literal too large for a double (``1e999``) is
+    refused (ValueError) instead of read as infinity, which no orkpy writer could write back."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text[:40]} is out of the range of a double")
+    return v
+
+
 def temp_sibling(path: str) -> str:
     """A fresh name next to ``path`` for a temp file or folder, unique per writer:
     ``.<name>.tmp-<pid>-<thread>-<random>`` (the name cut to 100 bytes to stay within

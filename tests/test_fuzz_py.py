@@ -234,3 +234,26 @@ def test_tokenizer_special_id_of_the_wrong_type_is_a_value_error(tmp_path, value
     with pytest.raises(ValueError, match="bos_token_id.*not an integer") as ei:
         Tokenizer.from_gguf(p)
     assert type(ei.value) is ValueError
+
+
+@pytest.mark.parametrize("header", [
+    b"{'descr': '<f8', 'fortran_order': False, 'shape': (3,\n",      # NumPy's parser: tokenize.TokenError
+    b"{'descr': '<f1', 'fortran_order': False, 'shape': (1,), }\n",  # NumPy: TypeError, no such type
+    b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }\n",
+    b"{'descr': '<f8', 'fortran_order': False, 'shape': (1), }\n",    # not a tuple
+    b"{'descr': '<f8', 'fortran_order': False, 'shape': (" + b"9" * 30 + b",), }\n",
+])
+def test_kl_ref_npy_header_is_a_format_error(tmp_path, header):
+    """fuzz kl_ref: a damaged .npy header inside the KL reference escaped from NumPy's header parser as
+    tokenize.TokenError, and a '<f1' dtype as TypeError; the reader now parses the header itself."""
+    from orkpy.evaluation.ppl import _Reference
+    npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(8)
+    data = pytargets.encode_members({"nll.npy": npy})
+    pytargets.TARGETS["kl_ref"](data)           # no finding
+    p = tmp_path / "ref.npz"
+    import zipfile
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("nll.npy", npy)
+    with pytest.raises(FormatError, match="'nll'") as ei:
+        _Reference(p)
+    assert type(ei.value) is FormatError and str(p) in str(ei.value)

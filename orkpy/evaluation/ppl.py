@@ -28,14 +28,22 @@ nats under the top (relative probability < 2e-28) are stored at 64. The
 per-token NLLs are kept exactly (float64), so delta PPL is unchanged, and so
 is same-top (the stored top id). The file is about half the float32 size
 (per scored token 2 bytes per vocabulary entry + 24 bytes, instead of 4 per
-entry). Version-1 files (float32 ``logprobs``) are still read.
+entry). Version-1 files (float32 ``logprobs``) are still read. The reader trusts nothing in the file:
+every field is checked against what this writer guarantees (docs/security.md) and anything else is an
+:class:`orkpy.FormatError` naming the file and the field.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import re
+import stat
+import struct
 import time
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
@@ -43,6 +51,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
+from .._core import FormatError
 from .._io import atomic_open, progress_bar
 from .._typing import StrPath
 from ..runtime.model import Model, as_model
@@ -119,40 +128,261 @@ def decode_logprobs(codes: NDArray[Any], lp_top: NDArray[Any], lp_range: NDArray
     return lp_top.astype(np.float64)[:, None] - lp_range.astype(np.float64)[:, None] * (u * u)
 
 
+#: the members (np.savez names) of a reference file, per version: nothing else is read or accepted
+_FIELDS = {1: ("logprobs", "nll", "tokens", "n_ctx"),
+           2: ("version", "nll", "tokens", "n_ctx", "lp_codes", "lp_top", "lp_range", "top_id")}
+#: |log sum exp| of a decoded row: each decoded log-prob is within 2 * LP_RANGE / 131070 (~9.8e-4) nats
+_NORM_TOL = 2e-3
+#: |-nll - log-prob of the target| beyond the codes' own error bound (float32 logits in nll_rows)
+_NLL_TOL = 1e-4
+_N_CTX_MAX = 1 << 30
+_NLL_MEAN_MAX = 709.78   # just below log(DBL_MAX) = 709.7827: math.exp of the mean NLL is finite
+_BLOCK = 1 << 21          # elements of a row block checked at once (bounded temporaries)
+_MEMBERS_MAX = 16
+_DEFLATE_RATIO = 1032     # deflate's largest expansion: a member cannot claim more data than that
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_MAX = 10000   # numpy's own limit on a header it parses
+# the header np.save writes (keys sorted, a trailing comma, padded with spaces and a newline); only
+# plain little/big-endian numbers of 1 to 8 bytes and up to 8 dimensions
+_NPY_TYPES = ("b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8")
+_NPY_HEADER = re.compile(r"\{'descr': *'([<>|=][biuf][1248])', *'fortran_order': *(False|True), *"
+                         r"'shape': *\(((?:\d{1,19}, *){0,7}(?:\d{1,19})?)\), *\} *\n?\Z")
+
+
+def _npy_member(m: Any, file_size: int, where: str) -> NDArray[Any]:
+    """One .npy member of an .npz, its header (read here, strictly, not by NumPy's literal parser)
+    checked against the member's size before any data is read."""
+    head = m.read(len(_NPY_MAGIC) + 2)
+    if len(head) < 8 or head[:6] != _NPY_MAGIC or head[6] not in (1, 2) or head[7] != 0:
+        raise FormatError(f"{where}: not a .npy array of format 1.0 or 2.0 (np.savez writes 1.0)")
+    n_len = 2 if head[6] == 1 else 4
+    raw_len = m.read(n_len)
+    hlen = int.from_bytes(raw_len, "little") if len(raw_len) == n_len else -1
+    if not 0 < hlen <= min(_NPY_HEADER_MAX, file_size):
+        raise FormatError(f"{where}: .npy header length {hlen} out of range")
+    header = m.read(hlen)
+    hit = _NPY_HEADER.match(header.decode("latin-1")) if len(header) == hlen else None
+    if hit is None:
+        raise FormatError(f"{where}: .npy header {header[:80]!r} is not a plain number array's")
+    if hit.group(1)[1:] not in _NPY_TYPES:
+        raise FormatError(f"{where}: .npy dtype {hit.group(1)!r} is not a plain number type")
+    dtype = np.dtype(hit.group(1))
+    fortran = hit.group(2) == "True"
+    dims = [d for d in hit.group(3).replace(" ", "").split(",") if d]
+    if len(dims) == 1 and not hit.group(3).rstrip(" ").endswith(","):
+        raise FormatError(f"{where}: .npy shape ({hit.group(3)}) is not a tuple")
+    shape = tuple(int(d) for d in dims)
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    have = file_size - (len(_NPY_MAGIC) + 2 + n_len + hlen)
+    if have != nbytes:
+        raise FormatError(f"{where}: shape {shape} of {dtype} needs {nbytes} bytes, the member holds {have}")
+    raw = m.read(nbytes)
+    if len(raw) != nbytes or m.read(1):
+        raise FormatError(f"{where}: the member's data is truncated")
+    a = np.frombuffer(raw, dtype, count=count).reshape(shape, order="F" if fortran else "C")
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+
+
+def _npz_members(path: str, what: str) -> Dict[str, NDArray[Any]]:
+    """{name: array} of an uncompressed or deflated .npz (np.savez), every size checked against the file
+    before anything is read; FormatError naming the file for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{what}: not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    out: Dict[str, NDArray[Any]] = {}
+    with f:
+        try:
+            with zipfile.ZipFile(f) as zf:
+                infos = zf.infolist()
+                if len(infos) > _MEMBERS_MAX:
+                    raise FormatError(f"{what}: {len(infos)} members")
+                for info in infos:
+                    name = info.filename
+                    key = name[:-4]
+                    if not (name.endswith(".npy") and key.isidentifier()) or key in out:
+                        raise FormatError(f"{what}: unexpected member {name[:80]!r}")
+                    if info.flag_bits & 1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                        raise FormatError(f"{what}: member {name!r} is encrypted or compressed other than by deflate")
+                    if info.compress_size > st.st_size or info.file_size > (
+                            info.compress_size if info.compress_type == zipfile.ZIP_STORED
+                            else _DEFLATE_RATIO * info.compress_size + 64):
+                        raise FormatError(f"{what}: member {name!r} claims {info.file_size} bytes "
+                                          f"({info.compress_size} stored) in a file of {st.st_size}")
+                    with zf.open(info) as m:
+                        out[key] = _npy_member(m, info.file_size, f"{path}: field {key!r}")
+        except FormatError:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError, ValueError, struct.error,
+                NotImplementedError, RuntimeError, OverflowError, KeyError, IndexError) as e:
+            raise FormatError(f"{what}: {type(e).__name__}: {str(e)[:200]}") from None
+    return out
+
+
 class _Reference:
-    """A saved reference (version 1: float32 log-probs; version 2: compact)."""
+    """A saved reference (version 1: float32 log-probs; version 2: compact), every field checked
+    against what :func:`perplexity` writes (docs/security.md); FormatError naming the file and the
+    field otherwise."""
 
     def __init__(self, path: StrPath) -> None:
-        self.path = path
+        self.path = path = os.fspath(path)
         what = f"{path}: not an orkpy reference log-prob file (written by save_logprobs / --save-logprobs)"
         try:
-            z = np.load(path, allow_pickle=False)
+            z = _npz_members(path, what)
         except (FileNotFoundError, IsADirectoryError, PermissionError):
             raise
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-            raise ValueError(f"{what}: {e}") from None
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise ValueError(f"{what}: a single array, not an .npz archive")
-        with z:
-            try:
-                self.version = int(z["version"]) if "version" in z.files else 1
-                if self.version == 1:
-                    self.logprobs = z["logprobs"]
-                    self.rows, self.n_vocab = self.logprobs.shape
-                elif self.version == LP_VERSION:
-                    self.codes, self.lp_top = z["lp_codes"], z["lp_top"]
-                    self.lp_range, self.top_id = z["lp_range"], z["top_id"]
-                    self.rows, self.n_vocab = self.codes.shape
-                else:
-                    raise ValueError(f"{path}: reference log-prob file version {self.version} is not supported "
-                                     f"(this orkpy reads 1 and {LP_VERSION})")
-                self.nll, self.tokens, self.n_ctx = z["nll"], z["tokens"], int(z["n_ctx"])
-            except KeyError as e:
-                raise ValueError(f"{what}: no {e} array") from None
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-                if str(e).startswith(f"{path}:"):
-                    raise
-                raise ValueError(f"{what}: {e}") from None
+        except OSError as e:
+            raise FormatError(f"{what}: {e}") from None
+        v = z.get("version")
+        self.version = 1 if v is None else self._int(v, "version")
+        if self.version not in _FIELDS:
+            raise FormatError(f"{path}: reference log-prob file version {self.version} is not supported "
+                              f"(this orkpy reads 1 and {LP_VERSION})")
+        for k in _FIELDS[self.version]:
+            if k not in z and k != "version":
+                raise FormatError(f"{what}: no {k!r} array (version {self.version})")
+        for k in z:
+            if k not in _FIELDS[self.version]:
+                raise FormatError(f"{what}: unexpected member {k!r} in a version {self.version} file")
+        self.n_ctx = n_ctx = self._int(z["n_ctx"], "n_ctx")
+        if not (4 <= n_ctx <= _N_CTX_MAX and n_ctx % 2 == 0):
+            raise self._bad("n_ctx", f"= {n_ctx} is not an even context length in [4, {_N_CTX_MAX}]")
+        first = n_ctx // 2
+        per_chunk = n_ctx - first - 1
+        if self.version == 1:
+            self.logprobs = self._array(z["logprobs"], "logprobs", 2, "f")
+            self.rows, self.n_vocab = self.logprobs.shape
+        else:
+            self.codes = self._array(z["lp_codes"], "lp_codes", 2, "u")
+            if self.codes.dtype != np.uint16:
+                raise self._bad("lp_codes", f"has dtype {self.codes.dtype}, not uint16")
+            self.rows, self.n_vocab = self.codes.shape
+        rows, V = self.rows, self.n_vocab
+        if V < 1 or rows < 1 or rows % per_chunk:
+            raise self._bad("lp_codes" if self.version > 1 else "logprobs",
+                            f"has shape {(rows, V)}: not whole chunks of {per_chunk} scored tokens (n_ctx {n_ctx}) "
+                            "over a vocabulary")
+        n_chunk = rows // per_chunk
+        self.tokens = self._array(z["tokens"], "tokens", 1, "iu")
+        nt = len(self.tokens)
+        if nt != n_chunk * n_ctx if self.version > 1 else nt < n_chunk * n_ctx:
+            raise self._bad("tokens", f"holds {nt} tokens; {n_chunk} chunks of {n_ctx} need "
+                                      f"{'' if self.version > 1 else 'at least '}{n_chunk * n_ctx}")
+        if nt and not (int(self.tokens.min()) >= 0 and int(self.tokens.max()) < V):
+            raise self._bad("tokens", f"has an id outside the vocabulary [0, {V})")
+        self.nll = self._array(z["nll"], "nll", 1, "f", rows)
+        if not (np.isfinite(self.nll).all() and (self.nll >= 0).all()):
+            raise self._bad("nll", "holds a value that is not a finite number >= 0")
+        # perplexity() takes exp of the mean NLL after every chunk (the running PPL) before it saves: no
+        # file it writes has a chunk prefix whose mean overflows a double, and KL mode reads such a prefix
+        prefix = np.cumsum(self.nll.reshape(n_chunk, per_chunk).sum(axis=1)) / (per_chunk * np.arange(1, n_chunk + 1))
+        if not prefix.max() <= _NLL_MEAN_MAX:
+            raise self._bad("nll", f"has a mean of {prefix.max():.6g} nats over its first chunks: its PPL overflows")
+        targets = self.tokens[: n_chunk * n_ctx].reshape(n_chunk, n_ctx)[:, first + 1:].reshape(-1)
+        if self.version == 1:
+            self._check_v1(targets)
+        else:
+            self.lp_top = self._array(z["lp_top"], "lp_top", 1, "f", rows)
+            if not (np.isfinite(self.lp_top).all() and (self.lp_top <= 0).all()):
+                raise self._bad("lp_top", "holds a value that is not a finite log-prob <= 0")
+            self.lp_range = self._array(z["lp_range"], "lp_range", 1, "f", rows)
+            if not (np.isfinite(self.lp_range).all() and (self.lp_range > 0).all() and
+                    (self.lp_range <= LP_RANGE).all()):
+                raise self._bad("lp_range", f"holds a range that is not a finite number in (0, {LP_RANGE:g}]")
+            self.top_id = self._array(z["top_id"], "top_id", 1, "iu", rows)
+            if not (int(self.top_id.min()) >= 0 and int(self.top_id.max()) < V):
+                raise self._bad("top_id", f"has an id outside the vocabulary [0, {V})")
+            self._check_v2(targets)
+
+    # ------------------------------------------------------------------ checks --
+    def _bad(self, field: str, msg: str) -> FormatError:
+        return FormatError(f"{self.path}: field {field!r} {msg}")
+
+    def _int(self, a: NDArray[Any], field: str) -> int:
+        if a.shape != () or a.dtype.kind not in "iu":
+            raise self._bad(field, f"must be an integer scalar, got shape {a.shape} of {a.dtype}")
+        return int(a)
+
+    def _array(self, a: NDArray[Any], field: str, ndim: int, kinds: str, n: Optional[int] = None) -> NDArray[Any]:
+        if a.ndim != ndim or a.dtype.kind not in kinds:
+            raise self._bad(field, f"must be a {ndim}-D {'integer' if 'i' in kinds else 'number'} array, "
+                                   f"got shape {a.shape} of {a.dtype}")
+        if n is not None and len(a) != n:
+            raise self._bad(field, f"has {len(a)} entries, the file scores {n} tokens")
+        return a
+
+    def _blocks(self) -> List[slice]:
+        step = max(1, _BLOCK // max(1, self.n_vocab))
+        return [slice(i, min(i + step, self.rows)) for i in range(0, self.rows, step)]
+
+    def _row(self, ok: Any, b: slice) -> Optional[int]:
+        """The file row of the first False in ``ok`` (a check over the rows of block ``b``), or None."""
+        bad = np.flatnonzero(~ok)
+        return None if len(bad) == 0 else int(b.start + bad[0])
+
+    def _check_v1(self, targets: NDArray[Any]) -> None:
+        for b in self._blocks():
+            lp = self.logprobs[b].astype(np.float64)
+            i = self._row((np.isfinite(lp) & (lp <= 0)).all(axis=1), b)
+            if i is not None:
+                raise self._bad("logprobs", f"row {i} holds a value that is not a finite log-prob <= 0")
+            mx = lp.max(axis=1)
+            s = mx + np.log(np.exp(lp - mx[:, None]).sum(axis=1))
+            i = self._row(np.abs(s) <= _NORM_TOL, b)
+            if i is not None:
+                raise self._bad("logprobs", f"row {i} is not a distribution (log of its probability sum "
+                                            f"{s[i - b.start]:.6g})")
+            nll = self.nll[b]
+            lt = lp[np.arange(len(lp)), targets[b]]
+            i = self._row(np.abs(lt + nll) <= _NLL_TOL + 1e-6 * nll, b)
+            if i is not None:
+                raise self._bad("nll", f"row {i} = {nll[i - b.start]:.6g} disagrees with the log-prob of the scored "
+                                       f"token, {lt[i - b.start]:.6g}")
+
+    def _check_v2(self, targets: NDArray[Any]) -> None:
+        R_all = self.lp_range.astype(np.float64)
+        for b in self._blocks():
+            codes, top, R = self.codes[b], self.lp_top[b].astype(np.float64), R_all[b]
+            idx = np.arange(len(codes))
+            i = self._row(codes[idx, self.top_id[b]] == 0, b)
+            if i is not None:
+                raise self._bad("top_id", f"row {i} names token {int(self.top_id[i])}, not the top one (its code "
+                                          f"is {int(self.codes[i, self.top_id[i]])}, not 0)")
+            cmax = codes.max(axis=1)
+            # the writer's range is the row's largest distance below the top (at most LP_RANGE): the
+            # farthest token is coded 65535, or the row is flat (every code 0, the range 1)
+            i = self._row((cmax == _QMAX) | ((cmax == 0) & (R == 1.0)), b)
+            if i is not None:
+                raise self._bad("lp_range", f"row {i} = {R[i - b.start]:.6g} does not match its codes (largest "
+                                            f"{int(cmax[i - b.start])}, not {_QMAX})")
+            u = codes.astype(np.float64) * (1.0 / _QMAX)
+            s = top + np.log(np.exp(-R[:, None] * (u * u)).sum(axis=1))
+            i = self._row(np.abs(s) <= _NORM_TOL, b)
+            if i is not None:
+                raise FormatError(f"{self.path}: fields 'lp_codes', 'lp_top' and 'lp_range' of row {i} decode to "
+                                  f"no distribution (log of its probability sum {s[i - b.start]:.6g})")
+            ct = codes[idx, targets[b]]
+            nll = self.nll[b]
+            d = top + nll                                  # the target's distance below the top
+            ut = ct.astype(np.float64) / _QMAX
+            bound = (2 * np.sqrt(np.clip(d, 0, R) / R) + 1 / _QMAX) * R / (2 * _QMAX) + _NLL_TOL + 1e-6 * nll
+            # a token more than LP_RANGE below the top is stored at the range: its distance is only bounded below
+            ok = (np.abs(d - R * ut * ut) <= bound) | ((ct == _QMAX) & (R == LP_RANGE) & (d >= R - bound))
+            i = self._row(ok, b)
+            if i is not None:
+                j = i - b.start
+                raise self._bad("nll", f"row {i} = {nll[j]:.6g} disagrees with the coded log-prob of the scored "
+                                       f"token, {top[j] - R[j] * ut[j] ** 2:.6g}")
 
     def logprobs_rows(self, rows: slice) -> Tuple[NDArray[np.float64], NDArray[Any]]:
         """(log-probs float64, top token ids) of the scored positions ``rows`` (a slice)."""

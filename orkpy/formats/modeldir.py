@@ -29,7 +29,8 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tup
 import numpy as np
 
 from .._core import FormatError
-from .._io import atomic_write, fsync_dir, fsync_file, fsync_files, sha256_file, sha256_mapped, temp_sibling
+from .._io import (atomic_write, fsync_dir, fsync_file, fsync_files, json_finite_float, sha256_file, sha256_mapped,
+                   temp_sibling)
 from .._mapped import check as check_maps
 from .._mapped import MappedFile, maps_of
 from .._typing import StrPath
@@ -677,7 +678,7 @@ def _read_manifest(dfd: int, path: str) -> Dict[str, Any]:
     if len(raw) > MANIFEST_MAX:
         raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
     try:
-        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=json_finite_float)
     except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
         raise FormatError(f"{mpath}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

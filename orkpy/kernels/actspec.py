@@ -83,6 +83,10 @@ DEFAULT_PREFIX = 1
 MIN_CLIP = 1e-30
 
 
+#: the largest prefix / outlier count (sequence positions and input channels are below 2^31)
+COUNT_MAX = 2 ** 31 - 1
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -117,8 +121,12 @@ class ActSpec:
             raise ValueError(f"act_method must be one of {', '.join(repr(m) for m in ACT_METHODS)}, got {self.method!r}")
         if self.prefix is not None and not (_is_int(self.prefix) and self.prefix >= 0):
             raise ValueError(f"act_prefix must be an int >= 0, got {self.prefix!r}")
+        if self.prefix is not None and self.prefix > COUNT_MAX:
+            raise ValueError(f"act_prefix must be an int >= 0 below 2^31, got {self.prefix!r:.40}")
         if not (_is_int(self.n_outliers) and self.n_outliers >= 1):
             raise ValueError(f"act_outliers must be a positive int, got {self.n_outliers!r}")
+        if self.n_outliers > COUNT_MAX:
+            raise ValueError(f"act_outliers must be a positive int below 2^31, got {self.n_outliers!r:.40}")
         clip = self.clip
         if clip is not None:
             if not info.static:

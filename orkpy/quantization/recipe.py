@@ -39,6 +39,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from .._io import json_finite_float
 from .._typing import StrPath
 from ..formats import modeldir, tiermap
 from ..formats.tiermap import INT_TIERS, split_tier
@@ -88,18 +89,38 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _int(lo: Optional[int] = None) -> Check:
+#: a count of tokens or chunks (C takes them as Py_ssize_t / int; a context is < 2^31)
+COUNT_MAX = 2 ** 31 - 1
+#: a seed: 64 bits (orkpy.quantize's stochastic rounding, the rotation's generator)
+SEED_MAX = 2 ** 64 - 1
+_FLT_MAX = 3.4028234663852886e38
+
+
+def _int(lo: int, hi: int) -> Check:
+    """An integer in [lo, hi], compared exactly (a 400-digit integer is refused, not converted)."""
     def check(key: str, v: Any) -> int:
-        if not _is_int(v) or (lo is not None and v < lo):
-            rng = f" >= {lo}" if lo is not None else ""
-            raise RecipeError(key, f"{key} must be an integer{rng}, got {_show(v)}")
+        if not _is_int(v) or v < lo:
+            raise RecipeError(key, f"{key} must be an integer >= {lo}, got {_show(v)}")
+        if v > hi:
+            top = "2^64" if hi == SEED_MAX else "2^31" if hi == COUNT_MAX else str(hi + 1)
+            raise RecipeError(key, f"{key} must be an integer >= {lo} below {top}, got {_show(v)}")
         return int(v)
     return check
 
 
+def _finite(v: Any) -> bool:
+    """A real number (not a bool) that is a finite float: an integer too large for a float is not."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _real(lo: float, hi: float, lo_open: bool, hi_open: bool) -> Check:
     def check(key: str, v: Any) -> float:
-        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+        ok = _finite(v)
         if ok:
             x = float(v)
             ok = (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
@@ -166,8 +187,7 @@ def _grid(key: str, v: Any) -> Optional[Tuple[float, ...]]:
     if v is None:
         return None
     vals = list(v) if not isinstance(v, (str, bytes, Mapping)) and isinstance(v, Iterable) else None
-    if not vals or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
-                           and float(x) > 0 for x in vals):
+    if not vals or not all(_finite(x) and 0 < float(x) <= _FLT_MAX for x in vals):   # float32 ratios
         raise RecipeError(key, f"{key} must be null (the default grid) or a non-empty list of clip ratios > 0, "
                                f"got {_show(v)}")
     return tuple(float(x) for x in vals)
@@ -228,7 +248,7 @@ class TransformSpec(_Section):
 
     NAME: ClassVar[str] = "transform"
     rotate: Optional[str] = _key(None, _optional(_choice(ROTATIONS)), "rotation folded into the weights")
-    rotate_seed: int = _key(0, _int(0), "seed of the randomized rotation")
+    rotate_seed: int = _key(0, _int(0, SEED_MAX), "seed of the randomized rotation")
     rotate_online: bool = _key(False, _bool, "also rotate ffn_down's input online")
     rotate_placement: Optional[str] = _key(None, _optional(_choice(PLACEMENTS)),
                                            "where the rotation lives; null: the architecture's default")
@@ -246,8 +266,8 @@ class CalibrationSpec(_Section):
     Gram matrices, the activation ranges)."""
 
     NAME: ClassVar[str] = "calibration"
-    ctx: int = _key(512, _int(1), "tokens per calibration chunk")
-    chunks: Optional[int] = _key(8, _optional(_int(1)), "calibration chunks; null: every whole chunk")
+    ctx: int = _key(512, _int(1, COUNT_MAX), "tokens per calibration chunk")
+    chunks: Optional[int] = _key(8, _optional(_int(1, COUNT_MAX)), "calibration chunks; null: every whole chunk")
 
 
 def _npu_options(key: str, v: Any) -> Tuple[str, ...]:
@@ -275,8 +295,8 @@ class AllocationSpec(_Section):
     npu_bits: Optional[float] = _key(None, _optional(_real(4.0, 8.0, False, False)),
                                      "choose W4A4 / W4A8 / W8A8 per input group for this many NPU bits per weight")
     npu_options: Tuple[str, ...] = _key(("w4a4", "w4a8", "int8"), _npu_options, "the tiers npu_bits chooses from")
-    target_chunks: int = _key(2, _int(1), "chunks of the sensitivity measurement")
-    target_ctx: int = _key(256, _int(1), "tokens per chunk of the sensitivity measurement")
+    target_chunks: int = _key(2, _int(1, COUNT_MAX), "chunks of the sensitivity measurement")
+    target_ctx: int = _key(256, _int(1, COUNT_MAX), "tokens per chunk of the sensitivity measurement")
     kind: str = _key("nf4", _choice(FOUR_BIT_KINDS, " (the int4 tier's codebook)"), "the int4 tier's codebook")
     group_size: Optional[int] = _key(None, _group, "group-wise scales for tiers that name no group")
     tied_lookup: str = _key("float", _choice(TIED_LOOKUPS), "a tied model's embedding lookup")
@@ -302,7 +322,7 @@ class RoundingSpec(_Section):
     gptq_sequential: bool = _key(False, _bool, "GPTQ's Gram matrices layer by layer on the quantized layers")
     awq: bool = _key(False, _bool, "AWQ-style input-channel scales folded in before rounding")
     sr: bool = _key(False, _bool, "stochastic rounding")
-    seed: int = _key(0, _int(), "seed of the stochastic rounding")
+    seed: int = _key(0, _int(0, SEED_MAX), "seed of the stochastic rounding")
     clip_search: str = _key("screen", _choice(CLIP_SEARCHES), "the imatrix clip search of the 4-bit tiers")
     clip_grid: Optional[Tuple[float, ...]] = _key(None, _grid, "clip ratios of the search; null: the default grid")
 
@@ -569,7 +589,7 @@ def _no_constant(name: str) -> Any:
 
 def _parse_json(text: str, where: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_float=json_finite_float)
     except json.JSONDecodeError as e:
         raise RecipeError("", f"{where}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     except (ValueError, RecursionError) as e:

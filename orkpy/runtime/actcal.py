@@ -53,7 +53,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .. import _core
 from .._core import FormatError
-from .._io import atomic_write, counted
+from .._io import atomic_write, counted, json_finite_float
 from .._typing import StrPath
 # the activation modes (the C registry), the range methods and the defaults live with the spec
 from ..kernels.quant import KIND_INFO
@@ -212,7 +212,7 @@ class ActCalibration:
         def bad(msg: str) -> FormatError:
             return FormatError(f"{where}: {msg}")
         try:
-            doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+            doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=json_finite_float)
         except (ValueError, RecursionError) as e:
             raise bad(f"not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -222,34 +222,28 @@ class ActCalibration:
         lin, info = doc.get("linears"), doc.get("info")
         if not isinstance(lin, dict) or not isinstance(info, dict):
             raise bad("'linears' and 'info' must be JSON objects")
-        p = info.get("prefix", 0)
-        if type(p) is not int or p < 0:
-            raise bad(f"info 'prefix' = {p!r:.40} is not an int >= 0")
+        _check_info(info, bad)
         ranges, channels, absmax, clipped = {}, {}, {}, {}
         for n, ent in lin.items():
             if not isinstance(ent, dict):
                 raise bad(f"entry {n!r} is not a JSON object")
             r = {}
-            for m in ACT_METHODS:
-                v = ent.get(m)
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v >= 0):
-                    raise bad(f"{n!r}: {m!r} = {v!r:.40} is not a finite number >= 0")
-                r[m] = float(v)
-            if MSE4 in ent:
-                v = ent[MSE4]
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and v >= 0):
-                    raise bad(f"{n!r}: {MSE4!r} = {v!r:.40} is not a finite number >= 0")
-                r[MSE4] = float(v)
+            for m in ACT_METHODS + (MSE4,):
+                if m == MSE4 and m not in ent:
+                    continue
+                r[m] = _number(ent.get(m), 0.0, FLT_MAX, bad, f"{n!r}: {m!r}", "a finite float32 >= 0")
             ch, am = ent.get("outliers"), ent.get("outlier_absmax")
             if not (isinstance(ch, list) and all(type(c) is int for c in ch) and len(set(ch)) == len(ch)
                     and all(0 <= c < 2 ** 31 for c in ch)):
-                raise bad(f"{n!r}: 'outliers' must be a list of distinct channel numbers")
-            if not (isinstance(am, list) and len(am) == len(ch) and
-                    all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in am)):
+                raise bad(f"{n!r}: 'outliers' must be a list of distinct channel numbers in [0, 2^31)")
+            if not (isinstance(am, list) and len(am) == len(ch)):
                 raise bad(f"{n!r}: 'outlier_absmax' must list one number per outlier channel")
+            am = [_number(a, 0.0, FLT_MAX, bad, f"{n!r}: 'outlier_absmax' [{i}]", "a finite float32 >= 0")
+                  for i, a in enumerate(am)]
             cl = ent.get("clipped", {})
-            if not (isinstance(cl, dict) and all(isinstance(v, (int, float)) for v in cl.values())):
+            if not isinstance(cl, dict):
                 raise bad(f"{n!r}: 'clipped' must map methods to numbers")
+            cl = {k: _number(v, 0.0, 1.0, bad, f"{n!r}: 'clipped' {k!r}", "a share in [0, 1]") for k, v in cl.items()}
             ranges[n], channels[n], absmax[n], clipped[n] = r, ch, am, cl
         return cls(ranges, channels, absmax, info, clipped)
 
@@ -269,6 +263,53 @@ class ActCalibration:
         return f"ActCalibration({len(self.ranges)} linears, {self.info.get('chunks')} chunks of {self.info.get('n_ctx')})"
 
 
+#: the largest float32: the ranges and maxima are float32 values (a larger one would be infinite)
+FLT_MAX = float(np.finfo(np.float32).max)
+#: the sequence positions a count in ``info`` may name (C takes them as a Py_ssize_t; a context is < 2^31)
+INFO_INT_MAX = 2 ** 31 - 1
+
+
+def _number(v: Any, lo: float, hi: float, bad: Any, what: str, want: str) -> float:
+    """A JSON number (not a bool) in [lo, hi]; ints of any size are compared exactly, never converted
+    first (a 400-digit integer would overflow float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"{what} = {v!r:.40} is not a number ({want})")
+    if isinstance(v, int):
+        ok = lo <= v <= hi
+    else:
+        ok = math.isfinite(v) and lo <= v <= hi
+    if not ok:
+        raise bad(f"{what} = {v!r:.40} is out of range ({want})")
+    return float(v)
+
+
+def _count(v: Any, lo: int, bad: Any, what: str) -> int:
+    if type(v) is not int or not lo <= v <= INFO_INT_MAX:
+        raise bad(f"info {what} = {v!r:.40} is not an int in [{lo}, 2^31)")
+    return v
+
+
+def _check_info(info: Dict[str, Any], bad: Any) -> None:
+    """What :func:`calibrate_activations` records; every key optional (a hand-made file), each checked
+    when present: counts are ints (``prefix`` >= 0 and below ``n_ctx``, the others >= 1), text is text."""
+    p = _count(info.get("prefix", 0), 0, bad, "'prefix'")
+    if "n_ctx" in info:
+        n_ctx = _count(info["n_ctx"], 1, bad, "'n_ctx'")
+        if p >= n_ctx:   # the calibration would have seen no position of a block linear
+            raise bad(f"info 'prefix' = {p} is not below 'n_ctx' = {n_ctx}")
+    if "chunks" in info:
+        _count(info["chunks"], 1, bad, "'chunks'")
+    for k in ("model", "tokens_sha256"):
+        if k in info and not isinstance(info[k], str):
+            raise bad(f"info {k!r} = {info[k]!r:.40} is not a string")
+    if "grid" in info:
+        g = info["grid"]
+        if not isinstance(g, dict):
+            raise bad(f"info 'grid' = {g!r:.40} is not a JSON object")
+        for k, v in g.items():
+            _count(v, 1, bad, f"'grid' {k!r}")
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -286,6 +327,8 @@ def check_method(method: str) -> str:
 def check_prefix(p: Optional[int]) -> int:
     if not isinstance(p, (int, np.integer)) or isinstance(p, bool) or p < 0:
         raise ValueError(f"act_prefix must be an int >= 0, got {p!r}")
+    if p > INFO_INT_MAX:
+        raise ValueError(f"act_prefix must be an int >= 0 below 2^31, got {p!r:.40}")
     return int(p)
 
 

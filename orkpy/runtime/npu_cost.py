@@ -149,8 +149,12 @@ def read_alloc(path, d) -> Dict[str, str]:
     """A precision map from a JSON file {tensor name: "w4a4" | "int8" | "float"} naming every linear
     of ``d`` (the tied head may be named ``token_embd.weight``). Unknown names, missing linears and
     other values are a ValueError naming them."""
-    with open(path, encoding="utf-8") as f:
-        raw = json.load(f)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:   # bad UTF-8 / JSON, an integer too long, nesting too deep
+        raise ValueError(f"{path}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object {{tensor name: precision}}")
     raw = dict(raw)

@@ -527,6 +527,207 @@ def _npu_seeds(shared):
     return out
 
 
+# ------------------------------------------------------------ act_scales --
+
+def _act_allowed():
+    from orkpy import FormatError
+    return (FormatError,)
+
+
+@target("act_scales", _act_allowed, lambda shared: _act_seeds(), dict_file="manifest.dict")
+def act_scales(data):
+    """ActCalibration.load on act_scales.json; what loads is used as load_model would and saves back equal."""
+    from orkpy.runtime.actcal import ActCalibration, resolve
+    from orkpy.kernels.actspec import ActSpec
+
+    cal = ActCalibration.load(_put("act_scales.json", data))
+    assert 0 <= cal.prefix < 2 ** 31
+    for n, r in cal.ranges.items():
+        assert all(np.isfinite(v) and v >= 0 for v in r.values()), (n, r)
+        assert np.isfinite(cal.channel_absmax[n]).all()
+        K = int(cal.channels[n].max()) + 1 if len(cal.channels[n]) else 1
+        for mode in ("static", "per_token_outliers"):
+            try:
+                resolve(ActSpec(mode, n_outliers=max(1, len(cal.channels[n]))), n, cal, K, "fuzz")
+            except ValueError as e:   # documented: a range of 0 (only zeros seen), too few channels
+                assert "zeros" in str(e) or "act_outliers" in str(e), e
+    back = ActCalibration.from_bytes(cal.to_bytes(), "roundtrip")
+    assert back.to_bytes() == cal.to_bytes()
+
+
+def _act_seeds():
+    from orkpy.runtime.actcal import ActCalibration
+
+    name = "blk.0.attn_q.weight"
+    cal = ActCalibration({name: {"max": 2.0, "mse": 1.5, "mse4": 1.0}, "output.weight": {"max": 0.5, "mse": 0.5}},
+                         {name: [3, 1], "output.weight": []}, {name: [2.0, 1.5], "output.weight": []},
+                         info={"model": "m.gguf", "n_ctx": 64, "chunks": 2, "tokens_sha256": "0" * 64, "prefix": 1,
+                               "grid": {"per_octave": 32, "octaves": 12}},
+                         clipped={name: {"mse": 0.01}})
+    good = cal.to_bytes()
+    out = {"small.json": good}
+    doc = json.loads(good)
+    big = "1" + "0" * 400      # the integer cases of the attack campaign (issue 5)
+    for key, path, v in (("max-400-digits", ("linears", name, "max"), big),
+                         ("absmax-400-digits", ("linears", name, "outlier_absmax"), f"[{big}, 1.0]"),
+                         ("prefix-1e30", ("info", "prefix"), "1" + "0" * 30),
+                         ("clipped-400-digits", ("linears", name, "clipped", "mse"), big),
+                         ("max-1e300", ("linears", name, "max"), "1e300")):
+        d = json.loads(good)
+        o = d
+        for k in path[:-1]:
+            o = o[k]
+        o[path[-1]] = "@@"
+        out[key + ".json"] = json.dumps(d, indent=1).replace('"@@"', v).encode()
+    return out
+
+
+# ------------------------------------------------------------ KL reference --
+# Input: byte 0 says how the rest becomes the reference file (.npz) read by KL mode
+# (perplexity(kld_base=), orkpy.evaluation.ppl._Reference):
+#   bit 0 set: the rest is the .npz itself (the zip container, its CRCs, the .npy headers);
+#   bit 0 clear: the rest is a list of members, each [name length u8][name][data length u32 LE][.npy
+#                bytes] (lengths cut at the end of the input), zipped by zipfile with valid CRCs
+#                (bit 1: deflated), so that mutations reach the .npy headers and the values.
+
+def encode_members(members):
+    """The framed form (byte 0 clear) of {name: .npy bytes}."""
+    out = bytearray([0])
+    for name, npy in members.items():
+        nb = name.encode()
+        out += bytes([len(nb)]) + nb + struct.pack("<I", len(npy)) + npy
+    return bytes(out)
+
+
+def npy_bytes(a):
+    import io
+    b = io.BytesIO()
+    np.lib.format.write_array(b, np.asanyarray(a), allow_pickle=False)
+    return b.getvalue()
+
+
+def decode_members(data):
+    """[(name, .npy bytes)] of the framed form; never fails."""
+    out, i, n = [], 1, len(data)
+    while i < n:
+        ln = data[i]
+        name = bytes(data[i + 1:i + 1 + ln]).decode("latin-1")
+        i += 1 + ln
+        dl = struct.unpack("<I", bytes(data[i:i + 4]).ljust(4, b"\0"))[0]
+        i += 4
+        out.append((name, bytes(data[i:i + dl])))
+        i += dl
+    return out
+
+
+def _klref_allowed():
+    from orkpy import FormatError
+    return (FormatError,)
+
+
+@target("kl_ref", _klref_allowed, lambda shared: _klref_seeds(shared), dict_file="klref.dict")
+def kl_ref(data):
+    """The KL reference reader (perplexity(kld_base=), .npz v1/v2); what loads is decoded and scored."""
+    import math
+    import zipfile
+
+    from orkpy.evaluation.ppl import _Reference
+
+    if not data:
+        return
+    if data[0] & 1:
+        p = _put("x.npz", bytes(data[1:]))
+    else:
+        p = os.path.join(_scratch(), "x.npz")
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        method = zipfile.ZIP_DEFLATED if data[0] & 2 else zipfile.ZIP_STORED
+        with zipfile.ZipFile(p, "w", method) as zf:
+            for name, npy in decode_members(data):
+                info = zipfile.ZipInfo(name)   # cuts the name at a NUL, drops a leading '/'
+                if info.filename and not info.filename.endswith("/"):   # else not a member zipfile writes
+                    info.compress_type = method
+                    zf.writestr(info, npy)
+    ref = _Reference(p)
+    # what perplexity(kld_base=) does with it: the rows of every whole chunk, KL against a model, base PPL
+    assert ref.rows >= 1 and ref.n_vocab >= 1 and ref.n_ctx >= 4
+    lp, top = ref.logprobs_rows(slice(0, ref.rows))
+    assert lp.shape == (ref.rows, ref.n_vocab) and top.shape == (ref.rows,)
+    assert np.isfinite(lp).all() and (lp <= 0).all()
+    assert ((top >= 0) & (top < ref.n_vocab)).all()
+    assert (np.abs(np.log(np.exp(lp).sum(axis=1))) < 5e-3).all()
+    model = np.log(np.full(ref.n_vocab, 1.0 / ref.n_vocab))      # a uniform model's log-probs
+    kl = (np.exp(lp) * (lp - model)).sum(axis=1)
+    assert np.isfinite(kl).all() and (kl > -5e-3).all(), kl
+    first = ref.n_ctx // 2
+    per_chunk = ref.n_ctx - first - 1
+    assert ref.rows % per_chunk == 0 and len(ref.tokens) >= ref.rows // per_chunk * ref.n_ctx
+    assert len(ref.nll) == ref.rows
+    assert math.isfinite(math.exp(float(ref.nll.mean())))
+
+
+def _klref_file(rng, V, n_ctx, chunks, version=2, flat=False, masked=False):
+    """The members of a reference file as perplexity(save_logprobs=) writes it, from random logits."""
+    from orkpy.evaluation.ppl import LP_VERSION, _log_softmax, encode_logprobs
+
+    first = n_ctx // 2
+    per = n_ctx - first - 1
+    tokens = rng.integers(0, V, chunks * n_ctx).astype(np.int32)
+    logits = (rng.standard_normal((chunks * per, V)) * 4).astype(np.float32)
+    if flat:
+        logits[0] = 1.0
+    if masked:
+        logits[-1, : V // 2] = -np.inf
+        logits[-1, V - 1] = 80.0          # the rest more than 64 nats below the top: coded at the range
+    lp = _log_softmax(logits)
+    tg = tokens.reshape(chunks, n_ctx)[:, first + 1:].reshape(-1)
+    if masked:
+        tg[-1] = V - 1
+        tokens.reshape(chunks, n_ctx)[-1, -1] = V - 1
+    nll = -lp[np.arange(len(lp)), tg]
+    if version == 1:
+        return {"logprobs": lp.astype(np.float32), "nll": nll, "tokens": tokens, "n_ctx": np.int64(n_ctx)}
+    codes, top, rng_, top_id = encode_logprobs(lp)
+    return {"version": np.int64(LP_VERSION), "nll": nll, "tokens": tokens, "n_ctx": np.int64(n_ctx),
+            "lp_codes": codes, "lp_top": top, "lp_range": rng_, "top_id": top_id}
+
+
+def _npz(members, compressed=False):
+    import io
+    b = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(b, **members)
+    return b.getvalue()
+
+
+def _klref_seeds(shared):
+    rng = np.random.default_rng(5)
+    out = {}
+    small = _klref_file(rng, 16, 8, 2)
+    out["small-v2.npz"] = b"\x01" + _npz(small)
+    out["small-v2.framed"] = encode_members({k + ".npy": npy_bytes(v) for k, v in small.items()})
+    out["small-v2-deflated.npz"] = b"\x01" + _npz(small, compressed=True)
+    out["flat-masked.framed"] = encode_members({k + ".npy": npy_bytes(v) for k, v in
+                                                _klref_file(rng, 24, 6, 2, flat=True, masked=True).items()})
+    v1 = _klref_file(rng, 12, 4, 3, version=1)
+    out["small-v1.framed"] = encode_members({k + ".npy": npy_bytes(v) for k, v in v1.items()})
+    out["small-v1.npz"] = b"\x01" + _npz(v1)
+    st = _shared("models/stories260K/stories260K-F32.gguf") if shared else None
+    text = _shared("text/tinystories-val-B.txt") if shared else None
+    if st is not None and text is not None:   # the real writer on a real model: 2 chunks of 4 tokens
+        import orkpy
+        m = orkpy.load_model(str(st))
+        p = os.path.join(_scratch(), "seed-ref.npz")
+        orkpy.perplexity(m, text.read_text(encoding="utf-8")[:2000], n_ctx=4, chunks=2, progress=False,
+                         save_logprobs=p)
+        raw = pathlib.Path(p).read_bytes()
+        out["stories260K.npz"] = b"\x01" + raw
+        with np.load(p) as z:
+            out["stories260K.framed"] = encode_members({k + ".npy": npy_bytes(z[k]) for k in z.files})
+    return out
+
+
 # ------------------------------------------------------------------ helpers --
 
 def corpus_files(name):
@@ -556,5 +757,6 @@ def cleanup():
     _MODEL_DIR = None
 
 
-__all__ = ["TARGETS", "Target", "decode_vocab", "encode_vocab", "st_bytes", "write_seeds", "corpus_files",
+__all__ = ["TARGETS", "Target", "decode_vocab", "encode_vocab", "st_bytes", "encode_members", "decode_members",
+           "npy_bytes", "write_seeds", "corpus_files",
            "cleanup", "io"]
