@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import orkpy
-from ggufgen import FLOAT32, STRING, UINT32, build, kv
+from ggufgen import FLOAT32, FLOAT64, STRING, UINT32, build, kv
 from orkpy.runtime.model import load_model
 
 
@@ -186,7 +186,52 @@ def test_rope_scaling_from_metadata(tmp_path):
                 load_model(q)
 
 
-def _tiny_with(tmp_path, extra_kvs):
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("key, vtype, value, shown", [
+    ("llama.attention.layer_norm_rms_epsilon", FLOAT32, NAN, "nan"),
+    ("llama.attention.layer_norm_rms_epsilon", FLOAT64, 1e39, "1e+39"),     # finite, but not as a float32
+    ("llama.rope.freq_base", FLOAT32, NAN, "nan"),
+    ("llama.rope.freq_base", FLOAT32, -INF, "-inf"),
+    ("llama.rope.scaling.factor", FLOAT32, NAN, "nan"),
+    ("llama.rope.scaling.factor", FLOAT32, INF, "inf"),
+    ("llama.rope.scaling.factor", FLOAT32, 1e-45, "1.401298464324817e-45"),  # 1/factor overflows float32
+    ("llama.rope.scale_linear", FLOAT32, NAN, "nan"),
+    ("llama.rope.scaling.attn_factor", FLOAT32, INF, "inf"),
+])
+def test_non_finite_float_hparams_name_file_key_and_value(tmp_path, key, vtype, value, shown):
+    """A NaN / Inf (or float32-overflowing) norm epsilon, RoPE base or RoPE scaling factor is a
+    ValueError naming the file, the GGUF key and the value (it read "'norm_eps' = %g is not a finite
+    float32": the value lost to CPython's formatter, neither file nor key named)."""
+    p = _tiny_with(tmp_path, [kv(key, vtype, value)], eps=key != "llama.attention.layer_norm_rms_epsilon")
+    with pytest.raises(ValueError) as e:
+        load_model(p)
+    msg = str(e.value)
+    assert str(p) in msg and f"'{key}'" in msg and f"= {shown}" in msg, msg
+    assert "%" not in msg, msg
+
+
+@pytest.mark.parametrize("field, value, shown", [("norm_eps", NAN, "nan"), ("rope_base", -INF, "-inf"),
+                                                 ("rope_freq_scale", 1e39, "1e+39")])
+def test_core_hparam_error_keeps_the_value(field, value, shown):
+    """The C door (hparams handed to _core.ForwardModel directly) formats the value in C."""
+    import orkpy._core as C
+    D, V = 8, 16
+    rng = np.random.default_rng(0)
+    lin = lambda n, k: ("f32", rng.standard_normal((n, k)).astype(np.float32))  # noqa: E731
+    hp = dict(n_layer=1, n_embd=D, n_head=2, n_head_kv=2, head_dim=4, n_ff=8, n_vocab=V, n_rot=4,
+              rope_type=0, rope_base=1e4, rope_freq_scale=1.0, norm_eps=1e-5)
+    hp[field] = value
+    layer = {"attn_norm": np.ones(D, np.float32), "ffn_norm": np.ones(D, np.float32), "attn_q": lin(D, D),
+             "attn_k": lin(D, D), "attn_v": lin(D, D), "attn_output": lin(D, D), "ffn_gate": lin(8, D),
+             "ffn_up": lin(8, D), "ffn_down": lin(D, 8)}
+    with pytest.raises(ValueError) as e:
+        C.ForwardModel(hp, rng.standard_normal((V, D)).astype(np.float32), np.ones(D, np.float32), lin(V, D), [layer])
+    assert str(e.value) == f"'{field}' = {shown} is not a finite float32"
+
+
+def _tiny_with(tmp_path, extra_kvs, eps=True):
     rng = np.random.default_rng(0)
     D, F, H, V = 8, 8, 2, 16
     T = {"token_embd.weight": rng.standard_normal((V, D)), "output_norm.weight": np.ones(D),
@@ -197,7 +242,9 @@ def _tiny_with(tmp_path, extra_kvs):
          "blk.0.ffn_down.weight": rng.standard_normal((D, F))}
     kvs = [kv("general.architecture", STRING, "llama"), kv("llama.block_count", UINT32, 1),
            kv("llama.embedding_length", UINT32, D), kv("llama.feed_forward_length", UINT32, F),
-           kv("llama.attention.head_count", UINT32, H), kv("llama.attention.layer_norm_rms_epsilon", FLOAT32, 1e-5)]
+           kv("llama.attention.head_count", UINT32, H)]
+    if eps:
+        kvs.append(kv("llama.attention.layer_norm_rms_epsilon", FLOAT32, 1e-5))
     tensors = [(n, tuple(reversed(a.shape)), 0, a.astype(np.float32).tobytes()) for n, a in T.items()]
     data, _ = build(kvs + extra_kvs, tensors)
     p = tmp_path / f"scaled-{len(extra_kvs)}-{abs(hash(bytes(data))) % 10**8}.gguf"

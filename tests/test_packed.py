@@ -263,6 +263,68 @@ def test_valid_fixture_loads(tmp_path):
     assert orkpy.load_packed(p).shape == (40, 64)
 
 
+def _lane(kind, N, K, n, k):
+    """(byte offset in the file store, bit shift, bits, the padding code u) of lane [n, k]: the store's
+    codes in memory order as a little-endian stream of b bits each (docs/o4n1.md; 4-bit: nibbles,
+    int8: bytes, int6 / int5 / w4a4: b-bit streams with u = code + 2^(b-1))."""
+    lay = _core.packed_layout(kind, N, K)
+    info = orkpy.kernels.quant.KIND_INFO[kind]
+    b = 4 if info.bits == 4 else lay["store_bits"]
+    KB = -(-K // 32)
+    idx = (((n // 32) * KB + k // 32) * 32 + n % 32) * 32 + k % 32
+    zero = _core.kinds()[[r["name"] for r in _core.kinds()].index(kind)]["zero_code"] if info.bits == 4 else \
+        (0 if b == 8 else 1 << (b - 1))
+    return lay["store_offset"] + b * idx // 8, b * idx % 8, b, zero
+
+
+@pytest.mark.parametrize("kind", orkpy.KINDS)
+@pytest.mark.parametrize("lane", [(45, 3), (7, 77), (63, 95)], ids=["row-past-N", "column-past-K", "corner"])
+def test_non_zero_padding_lane_refused(tmp_path, kind, lane):
+    """A store's padding lanes (n >= N or k >= K) must hold the zero code (docs/o4n1.md): a file
+    with another code in one is a FormatError naming the file, the lane and its file offset, for
+    every kind and store encoding (the results would stay exact: padding lanes meet zero
+    activations or produce discarded rows, but the file is not one orkpy writes)."""
+    N, K = 40, 70
+    _, q, pw = make(kind, N, K, seed=5)
+    p = tmp_path / "w.o4n1"
+    orkpy.save_packed(pw, p)
+    data = bytearray(p.read_bytes())
+    off, shift, b, zero = _lane(kind, N, K, *lane)
+    word = int.from_bytes(data[off:off + 2].ljust(2, b"\0"), "little")
+    assert (word >> shift) & ((1 << b) - 1) == zero         # what save_packed wrote: the zero code
+    word ^= 1 << shift                                      # another code, inside the kind's range
+    data[off:off + 2] = word.to_bytes(2, "little")[:len(data[off:off + 2])]
+    p.write_bytes(bytes(data))
+    for mm in (True, False):
+        with pytest.raises(orkpy.FormatError, match=r"padding") as e:
+            orkpy.load_packed(p, mmap=mm)
+        msg = str(e.value)
+        assert str(p) in msg and f"[{lane[0]}, {lane[1]}]" in msg and f"offset {off}" in msg, msg
+    # a lane inside the weight may hold any code: set to the zero code, the file loads
+    orkpy.save_packed(pw, p)
+    data = bytearray(p.read_bytes())
+    off, shift, b, zero = _lane(kind, N, K, 5, 5)
+    word = int.from_bytes(data[off:off + 2], "little")
+    word = word & ~(((1 << b) - 1) << shift) | zero << shift
+    data[off:off + 2] = word.to_bytes(2, "little")
+    p.write_bytes(bytes(data))
+    assert orkpy.load_packed(p).int8_weight()[5, 5] == 0
+
+
+def test_save_refuses_a_store_with_non_zero_padding(tmp_path):
+    """What save_packed writes loads: a hand-made PackedWeight whose padding lane is not zero (the
+    constructor takes any code in range) is refused before anything is written."""
+    N, K = 40, 70
+    _, q, pw = make("int8", N, K)
+    store = pw.store.copy()
+    store[1, 0, 20, 3] = 5                                  # row 52 >= N
+    bad = orkpy.PackedWeight("int8", (N, K), store, pw.bscale)
+    p = tmp_path / "w.o8n1"
+    with pytest.raises(ValueError, match=r"padding lane \[52, 3\]"):
+        orkpy.save_packed(bad, p)
+    assert not p.exists() and os.listdir(tmp_path) == []
+
+
 # ------------------------------------------------ review regressions --
 
 def test_int8_minus_128_refused():

@@ -551,6 +551,7 @@ done:
 struct ork_session {
     const ork_model *m;
     size_t n_ctx, n_batch, pos;
+    int32_t *ids; /* n_ctx: the id of every position held (0..pos-1), recorded with the caches */
     float *kv;    /* n_layer x (K cache, V cache), each n_ctx x kvd */
     fwd_bufs b;   /* scratch for n_batch tokens, scores for n_ctx keys */
 };
@@ -578,13 +579,19 @@ ork_status ork_session_new(const ork_model *m, size_t n_ctx, size_t n_batch, ork
     s->m = m;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
+    if (!(s->ids = malloc(n_ctx * sizeof *s->ids))) {
+        free(s);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for a decode session of %zu positions", n_ctx);
+    }
     if (!(s->kv = malloc(bytes))) {
+        free(s->ids);
         free(s);
         return ork_err_set(err, ORK_ENOMEM, "out of memory for the KV cache (%zu layers x %zu positions x 2 x %zu "
                            "floats: %.1f MB)", m->n_layer, n_ctx, kvd, (double)bytes / 1e6);
     }
     if ((st = bufs_alloc(m, n_batch, n_ctx, &s->b, err))) {
         free(s->kv);
+        free(s->ids);
         free(s);
         return st;
     }
@@ -596,11 +603,17 @@ void ork_session_free(ork_session *s) {
     if (!s) return;
     bufs_free(&s->b);
     free(s->kv);
+    free(s->ids);
     free(s);
 }
 
 size_t ork_session_pos(const ork_session *s) { return s->pos; }
 size_t ork_session_n_ctx(const ork_session *s) { return s->n_ctx; }
+
+size_t ork_session_tokens(const ork_session *s, int32_t *out) {
+    if (s->pos) memcpy(out, s->ids, s->pos * sizeof *s->ids);
+    return s->pos;
+}
 
 ork_status ork_session_rewind(ork_session *s, size_t pos, ork_err *err) {
     if (pos > s->pos)
@@ -636,6 +649,7 @@ ork_status ork_session_eval(ork_session *s, const int32_t *tokens, size_t n, int
         done += T;
         pos += T;
     }
+    memcpy(s->ids + s->pos, tokens, n * sizeof *tokens); /* the ids with their caches: one state */
     s->pos = pos;
     return ORK_OK;
 }

@@ -148,7 +148,10 @@ ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T
  * dynamic per-tensor scales span one call's rows (a step here, the whole
  * chunk there), so that mode differs. No thread count changes a bit.
  * The model must outlive the session and keep its dimensions (its linears
- * may be replaced between calls). A session is not thread-safe. */
+ * may be replaced between calls). The session records the id of every
+ * position it holds (ork_session_tokens) in the same call that fills its
+ * caches, so the ids and the caches are one state. A session is not
+ * thread-safe: runtime.h's ork_runtime_session_* take the model's lock. */
 typedef struct ork_session ork_session;
 
 /* n_ctx >= 1 positions (at most the model's n_ctx_max when it sets one), n_batch >= 1
@@ -157,6 +160,9 @@ ork_status ork_session_new(const ork_model *m, size_t n_ctx, size_t n_batch, ork
 void ork_session_free(ork_session *s);
 size_t ork_session_pos(const ork_session *s);
 size_t ork_session_n_ctx(const ork_session *s);
+/* copies the ids of positions 0..pos-1 (the tokens the caches hold, in their order) to out, which holds
+ * n_ctx ids; returns pos */
+size_t ork_session_tokens(const ork_session *s, int32_t *out);
 /* forget every position >= pos (pos <= the current position): the next eval appends at pos */
 ork_status ork_session_rewind(ork_session *s, size_t pos, ork_err *err);
 /* Append n >= 1 tokens. logits: n_vocab floats (the last token's) or, with

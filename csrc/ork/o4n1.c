@@ -144,6 +144,8 @@ ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, o
     } else if (ki->bits == 8)
         for (uint64_t p = soff; p < soff + sbytes; p++)
             if (buf[p] == 0x80) return BAD("int8 store holds -128 at offset %llu (codes must be in [-127, 127])", (unsigned long long)p);
+    ork_status pst = ork_pack_check_padding((ork_kind)kind, buf + soff, (size_t)N, (size_t)K, 1, soff, ORK_EFORMAT, err);
+    if (pst != ORK_OK) return pst;
     info->kind = (ork_kind)kind;
     info->K = K;
     info->N = N;

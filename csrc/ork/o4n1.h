@@ -34,7 +34,8 @@
  *   store offset = round_up(72 + 2*N*G, 64)
  *
  * ork_o4n1_parse checks every field against the others and the buffer length
- * (and every scale, and every int8 code of an O8N1 store: no -128) and
+ * (and every scale, every int8 code of an O8N1 store: no -128, and every
+ * padding lane of the store: the zero code, pack.h ork_pack_check_padding) and
  * returns ORK_EFORMAT naming the first problem. Never reads out of bounds.
  */
 #ifndef ORK_O4N1_H

@@ -148,6 +148,45 @@ ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size
                        "and padding 0", ki->name, (int8_t)*hit, off, q, q);
 }
 
+/* the code of element idx of a store read as a little-endian stream of b-bit codes (b <= 8) of `bytes` bytes */
+static unsigned stream_code(const uint8_t *s, size_t bytes, int b, size_t idx) {
+    const size_t bit = (size_t)b * idx, p = bit / 8;
+    unsigned v = s[p];
+    if (p + 1 < bytes) v |= (unsigned)s[p + 1] << 8;
+    return (v >> (bit % 8)) & ((1u << b) - 1u);
+}
+
+ork_status ork_pack_check_padding(ork_kind kind, const void *store, size_t N, size_t K, int file, uint64_t base,
+                                  ork_status code, ork_err *err) {
+    ork_status st = check_shape(kind, N, K, err);
+    if (st) return st;
+    const ork_kind_info *ki = ork_kind_get(kind);
+    /* every store is a stream of b-bit codes in memory order: 4-bit nibbles (element 2j low), int8 bytes, and in a
+     * file the narrow kinds' b-bit codes u = code + qmax + 1 */
+    const int b = ki->bits == 4 ? 4 : file ? ki->store_bits : 8;
+    const unsigned zero = ki->bits == 4 ? ki->zero_code : b == 8 ? 0u : (unsigned)(ki->qmax + 1);
+    const size_t Np = ork_pack_round32(N), Kp = ork_pack_round32(K), KB = Kp / 32;
+    const size_t bytes = file ? ork_pack_file_store_bytes(kind, N, K) : ork_pack_store_bytes(kind, N, K);
+    const uint8_t *s = (const uint8_t *)store;
+    if (Np == N && Kp == K) return ORK_OK; /* no padding lanes */
+    for (size_t n = 0; n < Np; n++)
+        for (size_t k = n < N ? K : 0; k < Kp; k++) { /* the lanes past K of a weight row, every lane of a padding row */
+            const size_t idx = (((n / 32) * KB + k / 32) * 32 + n % 32) * 32 + k % 32;
+            const unsigned u = stream_code(s, bytes, b, idx);
+            if (u == zero) continue;
+            const unsigned long long at = (unsigned long long)(base + (uint64_t)b * idx / 8);
+            const char *where = file ? "offset" : "store byte";
+            if (ki->bits == 4)
+                return ork_err_set(err, code, "non-zero padding lane [%zu, %zu] (the weight is %zu x %zu): the %s store "
+                                   "holds code %u at %s %llu (%s nibble), padding must be the kind's zero code %u", n, k,
+                                   N, K, ki->name, u, where, at, idx % 2 ? "high" : "low", zero);
+            const int v = b == 8 ? (int)(int8_t)u : (int)u - (int)zero;
+            return ork_err_set(err, code, "non-zero padding lane [%zu, %zu] (the weight is %zu x %zu): the %s store holds "
+                               "%d at %s %llu, padding must be 0", n, k, N, K, ki->name, v, where, at);
+        }
+    return ORK_OK;
+}
+
 /* ------------------------------------------------ narrow file stores --- */
 size_t ork_pack_file_store_bytes(ork_kind kind, size_t N, size_t K) {
     const ork_kind_info *ki = ork_kind_get(kind);

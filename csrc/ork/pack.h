@@ -97,6 +97,13 @@ ork_status ork_unpack(ork_kind kind, const void *store, size_t N, size_t K, void
  * naming the weight [n, k] or the padding byte. 4-bit
  * stores are always valid (every nibble is a LUT index). */
 ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size_t K, ork_err *err);
+/* Padding lanes (n >= N or k >= K, n < Np, k < Kp) hold the zero code: 0 for int8 codes, the kind's zero_code
+ * for 4-bit kinds. file = 0: the store in memory (the tile store above); file = 1: the store as an O4N1/O8N1 file
+ * holds it (narrow kinds as their b-bit stream, padding u = qmax + 1). Else `code` naming the first other lane
+ * [n, k], its code and its position: base + the byte in the store, "offset" in a file (base = the store offset),
+ * "store byte" in memory. Reads only the padding lanes. */
+ork_status ork_pack_check_padding(ork_kind kind, const void *store, size_t N, size_t K, int file, uint64_t base,
+                                  ork_status code, ork_err *err);
 /* Narrow file stores (8-bit kinds with store_bits b < 8: int6, int5; docs/o4n1.md).
  * In memory such a weight is the int8 tile store above; a file holds the same n
  * codes (the store in memory order) as a little-endian bit stream: code i is

@@ -547,6 +547,20 @@ ork_status ork_runtime_session_rewind(ork_runtime *rt, ork_session *s, size_t po
     return st;
 }
 
+size_t ork_runtime_session_pos(ork_runtime *rt, const ork_session *s) {
+    pthread_mutex_lock(&rt->lock);
+    const size_t pos = ork_session_pos(s);
+    pthread_mutex_unlock(&rt->lock);
+    return pos;
+}
+
+size_t ork_runtime_session_tokens(ork_runtime *rt, const ork_session *s, int32_t *out) {
+    pthread_mutex_lock(&rt->lock);
+    const size_t pos = ork_session_tokens(s, out);
+    pthread_mutex_unlock(&rt->lock);
+    return pos;
+}
+
 void ork_runtime_session_free(ork_runtime *rt, ork_session *s) {
     pthread_mutex_lock(&rt->lock);
     ork_session_free(s);

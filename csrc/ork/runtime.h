@@ -132,6 +132,10 @@ ork_status ork_runtime_session_new(ork_runtime *rt, size_t n_ctx, size_t n_batch
 ork_status ork_runtime_session_eval(ork_runtime *rt, ork_session *s, const int32_t *tokens, size_t n, int all_logits,
                                     float *logits, int threads, ork_err *err);
 ork_status ork_runtime_session_rewind(ork_runtime *rt, ork_session *s, size_t pos, ork_err *err);
+/* under the lock: the position (the tokens held), and a copy of their ids (out holds n_ctx ids; returns pos),
+ * so a reader never sees the ids of one step and the position of another */
+size_t ork_runtime_session_pos(ork_runtime *rt, const ork_session *s);
+size_t ork_runtime_session_tokens(ork_runtime *rt, const ork_session *s, int32_t *out);
 void ork_runtime_session_free(ork_runtime *rt, ork_session *s);
 
 #endif

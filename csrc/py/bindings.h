@@ -41,6 +41,7 @@ PyObject *orkpy_packed_check(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_store_to_file(PyObject *self, PyObject *args);
 PyObject *orkpy_store_from_file(PyObject *self, PyObject *args);
+PyObject *orkpy_store_padding_check(PyObject *self, PyObject *args);
 /* f16_from_f32(float32 (n,)) -> uint16 (n,), f16_to_f32(uint16 (n,)) -> float32: half.h's codec */
 PyObject *orkpy_f16_from_f32(PyObject *self, PyObject *arg);
 PyObject *orkpy_f16_to_f32(PyObject *self, PyObject *arg);

@@ -511,6 +511,8 @@ static PyMethodDef core_methods[] = {
      "store_to_file(store, kind, N, K) -> bytes: the tile store as an O8N1/O4N1 file holds it"},
     {"store_from_file", orkpy_store_from_file, METH_VARARGS,
      "store_from_file(buffer, kind, N, K) -> int8 tile store of a narrow (int6 / int5) file store"},
+    {"store_padding_check", orkpy_store_padding_check, METH_VARARGS,
+     "store_padding_check(store, kind, N, K): ValueError naming a padding lane that is not the zero code"},
     {"packed_layout", (PyCFunction)(void (*)(void))orkpy_packed_layout, METH_VARARGS | METH_KEYWORDS,
      "packed_layout(kind, N, K) -> dict: store shape, dtype and bytes; O4N1/O8N1 magic and offsets"},
     {"f16_from_f32", orkpy_f16_from_f32, METH_O,

@@ -99,7 +99,9 @@ static int get_float(PyObject *d, const char *key, float *out) {
     if (x == -1.0 && PyErr_Occurred()) return -1;
     *out = (float)x;
     if (!isfinite(*out)) {
-        PyErr_Format(PyExc_ValueError, "'%s' = %g is not a finite float32", key, x);
+        char val[40]; /* CPython's formatter has no float conversion (%g would lose the value): C formats it */
+        snprintf(val, sizeof val, "%.9g", x);
+        PyErr_Format(PyExc_ValueError, "'%s' = %s is not a finite float32", key, val);
         return -1;
     }
     return 0;

@@ -383,6 +383,30 @@ PyObject *orkpy_store_to_file(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* store_padding_check(store, kind, N, K) -> None: the in-memory store's padding lanes hold the zero code
+ * (pack.h ork_pack_check_padding), else ValueError naming the lane; save_packed's door (a file holding another
+ * code in a padding lane does not load). */
+PyObject *orkpy_store_padding_check(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *s_obj;
+    const char *kind_s;
+    Py_ssize_t N, K;
+    if (!PyArg_ParseTuple(args, "Osnn:store_padding_check", &s_obj, &kind_s, &N, &K)) return NULL;
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || check_nk(N, K) < 0) return NULL;
+    PyArrayObject *store = orkpy_as_store(s_obj, ki, N, K, "store");
+    if (!store) return NULL;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_pack_check_padding(ki->id, PyArray_DATA(store), (size_t)N, (size_t)K, 0, 0, ORK_EINVAL, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(store);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
+}
+
 /* store_from_file(buffer, kind, N, K) -> the int8 tile store (pack.h shape) of a narrow file store
  * (int6 / int5; a new array); FormatError naming a code outside the kind's range. */
 PyObject *orkpy_store_from_file(PyObject *self, PyObject *args) {

@@ -1,7 +1,9 @@
 /* py_session.c - orkpy._core.Session: a KV-cached decode session (model.h) over a ForwardModel,
  * which it keeps alive. Every call goes through the model's runtime (csrc/ork/runtime.h), which takes
  * the model's lock (a session and the model's forwards, settings and other sessions never run at
- * once); eval checks the model's mapped files around the step like forward. */
+ * once); eval checks the model's mapped files around the step like forward. The ids of the positions
+ * held are the core's (ork_session_tokens), recorded under that lock with the caches: sharing a session
+ * between threads keeps `tokens` and the caches one state. */
 #include "numpy_api.h"
 
 #include "bindings.h"
@@ -98,9 +100,34 @@ static PyObject *sess_rewind(SessObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* pos and tokens are read under the model's lock (waited for without the GIL), as eval and rewind change them */
 static PyObject *sess_pos(SessObject *self, void *closure) {
     (void)closure;
-    return PyLong_FromSize_t(ork_session_pos(self->s));
+    size_t pos;
+    Py_BEGIN_ALLOW_THREADS
+    pos = ork_runtime_session_pos(self->model->rt, self->s);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSize_t(pos);
+}
+
+/* the ids of the positions held, in the caches' order: recorded by the core in the step that fills the caches */
+static PyObject *sess_tokens(SessObject *self, void *closure) {
+    (void)closure;
+    const size_t cap = ork_session_n_ctx(self->s); /* fixed when the session was made */
+    int32_t *ids = PyMem_RawMalloc(cap * sizeof *ids);
+    if (!ids) return PyErr_NoMemory();
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ork_runtime_session_tokens(self->model->rt, self->s, ids);
+    Py_END_ALLOW_THREADS
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromLong(ids[i]);
+        if (!v) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    PyMem_RawFree(ids);
+    return out;
 }
 
 static PyObject *sess_n_ctx(SessObject *self, void *closure) {
@@ -118,6 +145,7 @@ static PyMethodDef sess_methods[] = {
 
 static PyGetSetDef sess_getset[] = {
     {"pos", (getter)sess_pos, NULL, "tokens the session holds (the next token's position)", NULL},
+    {"tokens", (getter)sess_tokens, NULL, "the ids of the positions held, in order (a new list)", NULL},
     {"n_ctx", (getter)sess_n_ctx, NULL, "positions the KV cache holds", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -178,6 +178,12 @@ def swa_layers(n_layer: int, pattern: Any) -> List[int]:
     return [i for i in range(n_layer) if p == 0 or i % p < p - 1]
 
 
+def _finite32(x: float) -> bool:
+    """x is finite once rounded to float32 (the C model's hyper-parameters)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.float32(x)))
+
+
 # an orkpy model directory's float.gguf without token_embd.weight (its tied embedding table is read from the packed
 # head, quantize_model(tied_lookup="packed")) records the vocabulary size under this key
 PACKED_LOOKUP_KEY = "orkpy.packed_lookup.n_vocab"
@@ -202,6 +208,20 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
             raise NotImplementedError(f"{where}: '{key(field)}' is an array (per-layer values): not implemented")
         return v
 
+    def real(k: str, v: Any) -> float:
+        """A float hyper-parameter read from key k: finite as a float32 (the C model's type), else a
+        ValueError naming the file, the key and the value."""
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: metadata key '{k}' = {v!r} is not a number") from None
+        if not _finite32(x):
+            raise ValueError(f"{where}: metadata key '{k}' = {x!r} is not a finite float32")
+        return x
+
+    def freal(field: str, default: Any = None) -> float:
+        return real(key(field), req(field, default))
+
     n_layer, n_embd, n_head = int(req("n_layer")), int(req("n_embd")), int(req("n_head"))
     if n_head <= 0:
         raise ValueError(f"{where}: '{key('n_head')}' = {n_head}")
@@ -215,11 +235,15 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
 
     # RoPE scaling (llama-model.cpp: type "linear" unless given; factor -> freq_scale = 1/factor)
     scaling = md.get(key("rope_scaling"), "linear")
-    factor = float(md.get(key("rope_factor"), md.get(key("rope_factor_old"), 0.0)) or 0.0)
     if scaling == "none":
         freq_scale = 1.0
     elif scaling in ("linear", "longrope"):
+        fkey = key("rope_factor") if key("rope_factor") in md else key("rope_factor_old")
+        factor = real(fkey, md.get(fkey, 0.0))
         freq_scale = 1.0 / factor if factor else 1.0
+        if not _finite32(freq_scale):
+            raise ValueError(f"{where}: metadata key '{fkey}' = {factor!r} gives the RoPE frequency scale "
+                             f"1/{factor!r}, which is not a finite float32")
     else:
         raise NotImplementedError(f"{where}: RoPE scaling type {scaling!r} is not implemented (none, linear, longrope)")
 
@@ -234,8 +258,8 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
         "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": int(req("n_head_kv", n_head)), "head_dim": head_dim, "n_ff": n_ff,
         "n_vocab": n_vocab, "n_rot": n_rot, "rope_type": ROPE_TYPES[a.rope],
-        "rope_base": float(req("rope_base", 10000.0)), "rope_freq_scale": freq_scale,
-        "norm_eps": float(req("norm_eps")), "n_ctx_train": n_ctx_train,
+        "rope_base": freal("rope_base", 10000.0), "rope_freq_scale": freq_scale,
+        "norm_eps": freal("norm_eps"), "n_ctx_train": n_ctx_train,
         "gate_fn": a.gate_fn,
         "embd_scale": 0.0,
         "attn_scale": attention_scale(a, n_layer, n_embd, n_head, head_dim),
@@ -246,16 +270,16 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
     if a.embd_scale == "sqrt_n_embd":  # ggml_scale(x, sqrtf(n_embd)): sqrtf of the float
         hp["embd_scale"] = float(np.sqrt(np.float32(n_embd)))
     if a.attn_softcap is not None:
-        hp["attn_softcap"] = float(md.get(key("attn_softcap"), a.attn_softcap))
+        hp["attn_softcap"] = real(key("attn_softcap"), md.get(key("attn_softcap"), a.attn_softcap))
     if a.final_softcap is not None:
-        hp["final_softcap"] = float(md.get(key("final_softcap"), a.final_softcap))
+        hp["final_softcap"] = real(key("final_softcap"), md.get(key("final_softcap"), a.final_softcap))
     if a.swa == "standard":
         n_swa = int(md.get(key("n_swa"), a.swa_default) or 0)
         if n_swa > 0:
             hp["n_swa"] = n_swa
             hp["swa_layers"] = swa_layers(n_layer, md.get(key("swa_pattern"), a.swa_pattern))
             base = a.swa_rope_base if a.swa_rope_base is not None else hp["rope_base"]
-            hp["rope_base_swa"] = float(md.get(key("rope_base_swa"), base))
+            hp["rope_base_swa"] = real(key("rope_base_swa"), md.get(key("rope_base_swa"), base))
             hp["rope_freq_scale_swa"] = a.swa_rope_scale if a.swa_rope_scale is not None else freq_scale
     if a.rope_factors:
         if ROPE_FREQS in shapes:
@@ -270,7 +294,7 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
         if hp["rope_factors"] is not None and tuple(shapes[hp["rope_factors"]]) != (n_rot // 2,):
             raise ValueError(f"{where}: {hp['rope_factors']} has shape {shapes[hp['rope_factors']]}, "
                              f"expected ({n_rot // 2},)")
-    hp["rope_attn_factor"] = float(md.get(key("rope_attn_factor"), 1.0))
+    hp["rope_attn_factor"] = real(key("rope_attn_factor"), md.get(key("rope_attn_factor"), 1.0))
     _check_tensors(a, hp, shapes, where)
     return hp
 

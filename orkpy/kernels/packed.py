@@ -261,7 +261,9 @@ def _f16_scales(bscale: NDArray[np.float32], path: StrPath) -> bytes:
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
     """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically: version 1 with
     per-channel float32 scales, version 3 with group-wise scales, which must be float16
-    values (ValueError naming the first that is not), docs/o4n1.md."""
+    values (ValueError naming the first that is not), docs/o4n1.md. A store whose padding
+    lanes do not hold the zero code (a hand-made one) is a ValueError naming the lane:
+    load_packed would refuse the file."""
     _save_packed(pw, path)
 
 
@@ -274,6 +276,11 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: 
     layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
     maps = pw._mapped()
     with guarded(maps):
+        # padding lanes hold the zero code, as load_packed requires (a hand-made store may hold any code there)
+        try:
+            _core.store_padding_check(pw.store, pw.kind, pw.N, pw.K)
+        except ValueError as e:
+            raise ValueError(f"{os.fspath(path)}: {e}") from None
         if pw.group:
             scales = _f16_scales(pw.bscale, path)
         else:

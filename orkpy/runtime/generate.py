@@ -63,11 +63,12 @@ class Session:
     ``tokens`` their ids; ``rewind(pos)`` forgets the positions from ``pos`` on. The caches
     (2 x n_layer x n_ctx x n_head_kv x head_dim float32) and the scratch for ``n_batch``
     tokens per step are allocated once, when it is made. Appending past ``n_ctx`` is a
-    ValueError naming it (the session is then unchanged)."""
+    ValueError naming it (the session is then unchanged). Threads may share a session: every
+    ``eval`` / ``rewind`` is one step under the model's lock, and ``tokens`` always lists the ids
+    the cache holds in the cache's order (docs/security.md)."""
 
     def __init__(self, core: _core.Session) -> None:
         self._core = core
-        self._tokens: List[int] = []
 
     @property
     def pos(self) -> int:
@@ -79,18 +80,17 @@ class Session:
 
     @property
     def tokens(self) -> List[int]:
-        """The ids of the positions held (a copy)."""
-        return list(self._tokens)
+        """The ids of the positions held, in order (a new list). The core records them under the
+        model's lock in the step that fills the KV cache, so with threads sharing the session they
+        are always the ids the cache holds, in its order."""
+        return self._core.tokens
 
     def eval(self, tokens: ArrayLike, all_logits: bool = False, threads: Optional[int] = None) -> NDArray[np.float32]:
         t = np.atleast_1d(np.asarray(tokens))
-        out = self._core.eval(t, bool(all_logits), 0 if threads is None else int(threads))
-        self._tokens.extend(int(i) for i in t)
-        return out
+        return self._core.eval(t, bool(all_logits), 0 if threads is None else int(threads))
 
     def rewind(self, pos: int) -> None:
         self._core.rewind(int(pos))
-        del self._tokens[int(pos):]
 
     def __repr__(self) -> str:
         return f"Session(pos={self.pos}, n_ctx={self.n_ctx})"
