@@ -1,7 +1,7 @@
 """What loading a model refuses before it computes anything (docs/security.md, "Model files"):
-non-finite weights (any tensor the model uses, by name). Found by an attack campaign: the file
-loaded and then gave NaN logits, or failed inside the forward pass naming no tensor. The files
-are written with orkpy's own GGUF writer (tests/archgen.py)."""
+non-finite weights (any tensor the model uses, by name) and a RoPE dimension count llama.cpp does
+not run. Each was found by an attack campaign: the file loaded and then gave NaN or different
+logits. The files are written with orkpy's own GGUF writer (tests/archgen.py)."""
 import numpy as np
 import pytest
 
@@ -197,3 +197,37 @@ def test_forward_of_a_clean_file_is_unchanged_by_the_check(tmp_path):
     b = orkpy.load_model(p).forward(tok)
     np.testing.assert_array_equal(a, b)
     assert np.isfinite(a).all()
+
+
+# ------------------------------------------------------------- RoPE dims --
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("n_rot", [0, 8, 6, 7, 32])
+def test_rope_dimension_count_must_be_the_head_size_for_llama_qwen(tmp_path, arch, n_rot):
+    # llama.cpp: llama refuses the file ("invalid n_rot: 0, expected 16"), qwen2 / qwen3 abort in their
+    # graphs (GGML_ASSERT(n_embd_head == n_rot)); before, orkpy ran n_rot = 0 without RoPE
+    p = tmp_path / "m.gguf"
+    archgen.make(arch, p, n_rot=n_rot)
+    with pytest.raises(FormatError, match=rf"m\.gguf: '{arch}\.rope\.dimension_count' = {n_rot}: .*expected the "
+                                          r"head size 16"):
+        orkpy.load_model(p)
+    archgen.make(arch, p, n_rot=16)
+    orkpy.load_model(p)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_rope_dimension_count_partial_or_refused(tmp_path, arch):
+    # llama.cpp's RoPE kernel asserts an even count at most the head size and loops for ever on 0;
+    # an even count below the head size rotates that many dimensions (test_arch_oracle.py: same logits)
+    p = tmp_path / "m.gguf"
+    for n_rot in (0, 7, 18, 64):
+        archgen.make(arch, p, n_rot=n_rot)
+        with pytest.raises(FormatError, match=rf"'{arch}\.rope\.dimension_count' = {n_rot}: expected an even number "
+                                              r"of dimensions in \[2, 16\]"):
+            orkpy.load_model(p)
+    tok = archgen.tokens(24)
+    archgen.make(arch, p, n_rot=8)
+    half = orkpy.load_model(p).forward(tok)
+    archgen.make(arch, p)
+    full = orkpy.load_model(p).forward(tok)
+    assert np.isfinite(half).all() and not np.allclose(half, full)
