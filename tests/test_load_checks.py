@@ -1,7 +1,8 @@
 """What loading a model refuses before it computes anything (docs/security.md, "Model files"):
-non-finite weights (any tensor the model uses, by name) and a RoPE dimension count llama.cpp does
-not run. Each was found by an attack campaign: the file loaded and then gave NaN or different
-logits. The files are written with orkpy's own GGUF writer (tests/archgen.py)."""
+non-finite weights (any tensor the model uses, by name), a RoPE dimension count llama.cpp does not
+run, and a vocabulary whose size is not the embedding table's / the head's row count. Each was
+found by an attack campaign: the file loaded and then gave NaN or different logits, or failed only
+inside ``generate``. The files are written with orkpy's own GGUF writer (tests/archgen.py)."""
 import numpy as np
 import pytest
 
@@ -231,3 +232,48 @@ def test_rope_dimension_count_partial_or_refused(tmp_path, arch):
     archgen.make(arch, p)
     full = orkpy.load_model(p).forward(tok)
     assert np.isfinite(half).all() and not np.allclose(half, full)
+
+
+# ------------------------------------------------------------ vocabulary --
+
+def _vocab_meta(n):
+    def edit(md):
+        out = []
+        for k, t, v in md:
+            if k in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+                v = v[:n]   # a list of str or a NumPy array
+            out.append((k, t, v))
+        return out
+    return edit
+
+
+def test_vocabulary_must_match_the_embedding_rows(tmp_path):
+    # before: a 3-token vocabulary with a 512-row embedding loaded and failed only inside generate.
+    # llama.cpp creates token_embd / output with vocab.n_tokens() rows and refuses any other shape
+    # (no padding rows): so does orkpy, both ways
+    p, T = _llama(tmp_path)
+    small = _rewrite(p, tmp_path / "small.gguf", T, meta=_vocab_meta(3))
+    with pytest.raises(FormatError, match=r"small\.gguf: the vocabulary \('tokenizer\.ggml\.tokens'\) has 3 tokens "
+                                          r"but tensor 'token_embd\.weight' has 512 rows"):
+        orkpy.load_model(small)
+    # a vocabulary larger than the table: a table of 300 rows (and a head of 300) for 512 tokens
+    cut = {"token_embd.weight": T["token_embd.weight"][:300], "output.weight": T["output.weight"][:300]}
+    big = _rewrite(p, tmp_path / "big.gguf", T, cut)
+    with pytest.raises(FormatError, match=r"has 512 tokens but tensor 'token_embd\.weight' has 300 rows"):
+        orkpy.load_model(big)
+    # the head's rows too
+    head = _rewrite(p, tmp_path / "head.gguf", T, {"output.weight": T["output.weight"][:500]})
+    with pytest.raises(FormatError, match=r"head\.gguf: tensor 'output\.weight' has 500 rows, expected 512"):
+        orkpy.load_model(head)
+    # and quantize_model refuses the same files before any work
+    with pytest.raises(FormatError, match="has 3 tokens"):
+        orkpy.quantize_model(small, alloc=_int8_map(p), progress=False, log=lambda s: None)
+    m = orkpy.load_model(p)
+    assert m.n_vocab == len(m.tokenizer) == 512
+
+
+def test_vocabulary_sized_file_generates(tmp_path):
+    p, T = _llama(tmp_path)
+    m = orkpy.load_model(p)
+    out = m.generate("Once upon a time", max_tokens=8, temperature=0)
+    assert isinstance(out, str)

@@ -36,7 +36,9 @@ means a tied head (Gemma and Gemma 2 are always tied: llama.cpp never loads an `
 for them and refuses a file holding one, as orkpy does); ``attn_qkv`` (+ ``.bias``) may replace
 ``attn_q/k/v`` in any architecture (``create_tensor_qkv``). ``rope.dimension_count`` (default: the head
 size) must be the head size for llama, qwen2 and qwen3; the others rotate the first ``n_rot`` dimensions
-of each head, ``n_rot`` even in [2, head size] (:func:`check_n_rot`).
+of each head, ``n_rot`` even in [2, head size] (:func:`check_n_rot`). The vocabulary
+(``tokenizer.ggml.tokens``) has exactly as many tokens as the embedding table and the head have rows
+(:func:`check_vocab`): llama.cpp allows no padding rows.
 
 Gemma's attention scale: ``1/sqrt(head_dim)`` (Gemma 1 always: ``src/models/gemma.cpp`` scales Q
 by ``1/sqrtf(n_embd_head)``, the head size, 256 on the 7B model where n_embd / n_head = 192;
@@ -235,6 +237,7 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
         n_vocab = int(md[PACKED_LOOKUP_KEY])  # an orkpy model directory whose tied table is stored once, packed
     else:
         raise ValueError(f"{where}: no tensor {EMBEDDING!r}")
+    check_vocab(md, shapes, n_vocab, where)
     hp: Dict[str, Any] = {
         "arch": name,
         "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
@@ -295,6 +298,26 @@ def check_n_rot(a: Arch, n_rot: int, head_dim: int, where: str, key: str) -> Non
     elif not (0 < n_rot <= head_dim and n_rot % 2 == 0):
         raise FormatError(f"{where}: '{key}' = {n_rot}: expected an even number of dimensions in [2, {head_dim}] "
                           f"(the head size; llama.cpp cannot run this value)")
+
+
+def check_vocab(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], n_vocab: int, where: str) -> None:
+    """FormatError naming the file when the vocabulary (``tokenizer.ggml.tokens``) and the embedding
+    table / output head / output bias do not have one row per token. llama.cpp creates these
+    tensors with ``vocab.n_tokens()`` rows and refuses any other shape ("tensor 'token_embd.weight'
+    has wrong shape"): it allows no padding rows beyond the vocabulary, nor a vocabulary larger than
+    the table, so orkpy refuses both, and every id the tokenizer or ``generate`` can produce then has
+    an embedding row and a logit. A file without ``tokenizer.ggml.tokens`` (no tokenizer: token ids
+    only) is sized by its embedding table."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, (list, tuple)) and len(tokens) != n_vocab:
+        what = f"tensor {EMBEDDING!r} has {n_vocab} rows" if EMBEDDING in shapes else \
+            f"'{PACKED_LOOKUP_KEY}' is {n_vocab}"
+        raise FormatError(f"{where}: the vocabulary ('tokenizer.ggml.tokens') has {len(tokens)} tokens but {what}: "
+                          "one per token is required (llama.cpp refuses the file: wrong shape)")
+    for t in (OUTPUT, "output.bias"):
+        if t in shapes and int(shapes[t][0]) != n_vocab:
+            raise FormatError(f"{where}: tensor {t!r} has {shapes[t][0]} rows, expected {n_vocab} (one per "
+                              "token)")
 
 
 def _check_tensors(a: Arch, hp: Dict[str, Any], shapes: Mapping[str, Tuple[int, ...]], where: str) -> None:
@@ -444,5 +467,5 @@ def table_rows() -> List[Dict[str, Any]]:
 
 
 __all__ = ["ACTIVATIONS", "ARCHS", "Arch", "GATE_FNS", "HPARAM_KEYS", "LINEAR_STEMS", "NORM_STEMS", "ROPE_TYPES", "SUPPORTED",
-           "attention_scale", "check_n_rot", "core_hparams", "get", "hparams", "layer_settings", "part_rows", "split_shapes",
-           "split_tier_map", "splits", "swa_layers", "table_rows"]
+           "attention_scale", "check_n_rot", "check_vocab", "core_hparams", "get", "hparams", "layer_settings",
+           "part_rows", "split_shapes", "split_tier_map", "splits", "swa_layers", "table_rows"]
