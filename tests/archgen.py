@@ -39,12 +39,13 @@ def vocab_metadata():
 def make(arch, path, *, seed=0, n_layer=3, D=64, H=4, HKV=2, hd=None, F=96, n_ctx=2048, rope_base=10000.0,
          n_swa=None, pattern=None, rope_base_swa=None, attn_softcap=None, final_softcap=None, qkv_bias=None,
          output_bias=False, tied=False, rope_freqs=False, fused_qkv=None, ffn_bias=False, longrope=None,
-         extra=(), dtype=np.float32, scale=1.0, converter_keys=False):
+         extra=(), dtype=np.float32, scale=1.0, converter_keys=False, n_rot=None):
     """Write a synthetic ``arch`` model to ``path``; returns (tensors {name: float32 array as
     written}, cfg: the facts the reference forward pass needs). ``longrope``: (original context,
     attn_factor) adds LongRoPE short/long factor tensors; ``extra``: more (name, array) tensors;
     ``converter_keys``: no ``rope.freq_base`` / ``rope.dimension_count`` (as llama.cpp's Gemma
-    converter writes it: both readers take their defaults, 10000 and the head size)."""
+    converter writes it: both readers take their defaults, 10000 and the head size); ``n_rot``: the
+    ``rope.dimension_count`` written (default the head size; the reference forward pass assumes that)."""
     rng = np.random.default_rng(seed)
     f = FACTS[arch]
     hd = hd or D // H
@@ -117,7 +118,8 @@ def make(arch, path, *, seed=0, n_layer=3, D=64, H=4, HKV=2, hd=None, F=96, n_ct
            (f"{a}.embedding_length", "UINT32", D), (f"{a}.feed_forward_length", "UINT32", F),
            (f"{a}.attention.head_count", "UINT32", H), (f"{a}.attention.head_count_kv", "UINT32", HKV),
            (f"{a}.attention.key_length", "UINT32", hd), (f"{a}.attention.value_length", "UINT32", hd),
-           (f"{a}.rope.dimension_count", "UINT32", hd), (f"{a}.rope.freq_base", "FLOAT32", rope_base),
+           (f"{a}.rope.dimension_count", "UINT32", hd if n_rot is None else n_rot),
+           (f"{a}.rope.freq_base", "FLOAT32", rope_base),
            (f"{a}.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6)]
     if converter_keys:
         assert rope_base == 10000.0, "converter_keys: the RoPE base is the readers' default"

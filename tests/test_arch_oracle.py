@@ -6,7 +6,8 @@ float32 KV cache, no flash attention): per-token logits of the same float32 weig
   qwen2 (q/k/v + output biases), qwen3, gemma (Gemma 1: 7B-shaped, head size 32 != n_embd /
   n_head; 2B-shaped, one KV head, only the keys llama.cpp's converter writes), gemma2 (window
   32 < 192 and both soft-caps active), gemma3 (5 local : 1 global, local RoPE base 10000), phi3
-  (fused qkv with bias, fused gate+up; LongRoPE short factors and attn_factor).
+  (fused qkv with bias, fused gate+up; LongRoPE short factors and attn_factor; RoPE on half of
+  each head).
 - stories260K F32 (llama) and the Qwen3 skeleton (its F16 file written as F32: with F16
   weights llama.cpp rounds the activations to F16 inside its matmuls).
 - The two real models, each as the F32 GGUF of its exact dequantization (orkpy.formats.convert):
@@ -51,6 +52,9 @@ CASES = {  # measured rel (max|diff|/std), KL against llama.cpp
     "gemma3": dict(arch="gemma3", hd=32, HKV=1, n_layer=7, n_swa=32, rope_base=1e6, final_softcap=4.0),  # 4.5e-3, 1.5e-7
     "phi3": dict(arch="phi3", qkv_bias=True),                                         # 1.2e-4, 1e-10
     "phi3-longrope": dict(arch="phi3", longrope=(4096, 1.19)),                        # 2e-4, 2e-10
+    # a partial rotation: the first 8 of 16 dimensions of each head (rope.dimension_count = 8; llama.cpp
+    # runs it for phi3 and the Gemmas, refuses it for llama / qwen2 / qwen3: tests/test_load_checks.py)
+    "phi3-partial-rope": dict(arch="phi3", n_rot=8),                                  # 2.1e-5, 2e-11
 }
 
 

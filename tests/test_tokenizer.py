@@ -406,3 +406,81 @@ def test_bpe_rank_order_and_byte_chars():
     for text in ["abab", "ababa", "ba ab", " a", "\u00e9\U0001F600 ab\nab"]:
         assert tok.encode(text).tolist() == ref_bpe(tok, merges, text), text
         assert tok.decode(tok.encode(text)) == text
+
+
+# ------------------------------------------------ long whitespace runs ---
+
+class _CountingStr(str):
+    """A text that counts the substring searches made on it (``find``): the work the special-token
+    partition does, independent of the machine's speed."""
+    finds = 0
+
+    def find(self, *args):
+        type(self).finds += 1
+        return super().find(*args)
+
+
+def _gemma_like_runs():
+    """Gemma-3's user-defined whitespace tokens: runs of 2..31 spaces, newlines and tabs."""
+    return [c * k for k in range(31, 1, -1) for c in ("\n", " ", "\t")]
+
+
+@pytest.mark.parametrize("what", ["spaces", "newlines", "tabs", "mixed"])
+def test_partition_work_on_long_whitespace_is_linear(what):
+    # 100K spaces took ~30 searches per character (every shorter run token retried at every
+    # position inside the spans the longer ones took, 2 s on Gemma-3) and a mixed text inserted
+    # each span into the middle of a list (quadratic). Now a search resumes after the span that
+    # blocks it: at most one search per (token, span), whatever the text's length.
+    runs = _gemma_like_runs()
+    tokens, scores, types = _spm_vocab(["\u2581", "\n", "\t", "\r"], user=runs)
+    tok = Tokenizer(model="llama", tokens=tokens, scores=scores, token_types=types, add_space_prefix=False)
+    n = 100_000
+    text = {"spaces": " " * n, "newlines": "\n" * n, "tabs": "\t" * n,
+            "mixed": (" \n\t  \n\n   \r\n" * n)[:n]}[what]
+    _CountingStr.finds = 0
+    parts = tok._partition(_CountingStr(text))
+    present = sum(w in text for w in runs)
+    spans = sum(isinstance(p, int) for p in parts)
+    assert _CountingStr.finds <= (present + 1) * (spans + 1), (_CountingStr.finds, present, spans)
+    if what != "mixed":   # the old code: about 29 * n searches
+        assert _CountingStr.finds < n
+    # the ids are those of the definition: the longest run first, then the remainder's run
+    ids = tok.encode(text, add_special=False).tolist()
+    if what == "mixed":
+        assert "".join(tokens[i] for i in ids).replace("\u2581", " ") == text
+        assert tok.decode(ids) == text
+    else:
+        c = text[0]
+        want = [tokens.index(c * 31)] * (n // 31) + [tokens.index(c * (n % 31))]
+        assert ids == want
+
+
+def test_partition_long_whitespace_matches_reference():
+    # the jump over a blocking span is exact: short random texts of runs against llama.cpp's
+    # definition (ref_partition), with the run tokens of different lengths overlapping everywhere
+    runs = [c * k for k in (7, 5, 3, 2) for c in (" ", "\n")] + [" \n", "\n \n"]
+    tokens, scores, types = _spm_vocab(["\u2581", "\n"], user=runs)
+    tok = Tokenizer(model="llama", tokens=tokens, scores=scores, token_types=types, add_space_prefix=False)
+    order = sorted(runs, key=lambda w: (-len(w), tokens.index(w)))
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        text = "".join(rng.choice([" ", "\n", "  ", "x"], size=int(rng.integers(0, 60))))
+        assert tok._partition(text) == ref_partition(text, [(w, tokens.index(w)) for w in order]), repr(text)
+
+
+@pytest.mark.parametrize("what", ["spaces", "newlines", "mixed"])
+def test_gemma_one_million_whitespace_characters(what):
+    # a size that is only feasible when the partition is linear (the old code needed ~25 s for
+    # 1M spaces and more for the mixed text, growing with the length); exactness: 2n characters
+    # give the ids of n twice where the text's period meets a token boundary
+    from oracle import real_model
+    tok = Tokenizer.from_gguf(real_model("gemma3"))
+    unit = {"spaces": " " * 31, "newlines": "\n" * 31, "mixed": " \n\t  \n\n   \r\n" * 3 + "x"}[what]
+    k = 1_000_000 // len(unit)
+    half = tok.encode(unit * (k // 2), add_special=False)
+    whole = tok.encode(unit * (k // 2 * 2), add_special=False)
+    assert np.array_equal(whole, np.concatenate([half, half]))
+    one = tok.encode(unit, add_special=False)
+    assert np.array_equal(whole, np.tile(one, k // 2 * 2))
+    if what != "mixed":
+        assert len(one) == 1 and tok.tokens[one[0]] == unit   # the 31-character run token

@@ -185,6 +185,24 @@ def test_tricky_strings_real_models(shared, tricky_files, model):
         assert_same(path, f, tok)
 
 
+# 100K characters of one whitespace (Gemma-3's run tokens of 2..31 taken longest first, the rest
+# left to the next shorter run); the mixed text stays at 20K: llama.cpp's own partition is quadratic
+# on it (21 s for 100K characters on Gemma-3)
+LONG_WHITESPACE = {"spaces": " " * 100_000, "newlines": "\n" * 100_000, "tabs": "\t" * 100_000,
+                   "mixed": (" \n\t  \n\n   \r\n" * 20_000)[:20_000]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", REAL)
+def test_long_whitespace_real_models(tmp_path, model):
+    path = real_model(model)
+    tok = Tokenizer.from_gguf(path)
+    for k, t in LONG_WHITESPACE.items():
+        f = tmp_path / f"{k}.txt"
+        f.write_bytes(t.encode("utf-8"))
+        assert_same(path, f, tok)
+
+
 def test_missing_pre_is_default_with_a_warning(tmp_path, corpus, tricky_files):
     # llama.cpp uses the 'default' pre-tokenizer (and warns) when tokenizer.ggml.pre is missing
     vocab = bpe_vocab("default", [corpus["wikitext"][:20_000]], 300)

@@ -10,6 +10,7 @@
  */
 #include "dequant.h"
 
+#include <stdatomic.h>
 #include <string.h>
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
@@ -64,6 +65,68 @@ static inline uint32_t fp16_bits_to_fp32_bits(uint16_t h) {
 float ork_fp16_to_fp32(uint16_t h) { return f32_from_bits(fp16_bits_to_fp32_bits(h)); }
 
 float ork_bf16_to_fp32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+/* ------------------------------------------------------- finiteness -- */
+/* A value is non-finite iff its exponent bits are all ones: (bits & E) + lowest exponent bit carries
+ * into the bit above E. */
+#define ORK_FINITE_BLOCK 1024
+/* a fixed trip count: the compiler vectorizes these loops at -O2 (no epilogue to cost) */
+static uint32_t block_bad_f32(const uint32_t *x) {
+    uint32_t bad = 0;
+    for (int i = 0; i < ORK_FINITE_BLOCK; i++) bad |= (x[i] & 0x7f800000u) + 0x00800000u;
+    return bad & 0x80000000u;
+}
+
+static uint32_t block_bad_f16(const uint16_t *h) {
+    uint32_t bad = 0;
+    for (int i = 0; i < ORK_FINITE_BLOCK; i++) bad |= (uint32_t)(h[i] & 0x7c00u) + 0x0400u;
+    return bad & 0x8000u;
+}
+
+size_t ork_find_nonfinite(const void *data, size_t n, int kind) {
+    const int f32 = kind == ORK_FINITE_F32;
+    const uint32_t *x = (const uint32_t *)data;
+    const uint16_t *h = (const uint16_t *)data;
+    size_t i0 = 0;
+    for (; i0 + ORK_FINITE_BLOCK <= n; i0 += ORK_FINITE_BLOCK)
+        if (f32 ? block_bad_f32(x + i0) : block_bad_f16(h + i0)) break;
+    for (size_t i = i0; i < n; i++)   /* the block holding one, or the tail */
+        if (f32 ? (x[i] & 0x7f800000u) == 0x7f800000u : (h[i] & 0x7c00u) == 0x7c00u) return i;
+    return n;
+}
+
+/* the lowest index found by any chunk: chunks run in any order, the minimum is the same */
+static void atomic_min_size(_Atomic size_t *a, size_t v) {
+    size_t cur = atomic_load_explicit(a, memory_order_relaxed);
+    while (v < cur && !atomic_compare_exchange_weak_explicit(a, &cur, v, memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
+
+typedef struct {
+    const uint8_t *data;
+    size_t elem;
+    int kind;
+    _Atomic size_t first;
+} finite_job;
+
+static ork_status finite_range(void *ctx, size_t begin, size_t end, ork_err *err) {
+    (void)err;
+    finite_job *j = (finite_job *)ctx;
+    size_t at = ork_find_nonfinite(j->data + begin * j->elem, end - begin, j->kind);
+    if (at < end - begin) atomic_min_size(&j->first, begin + at);
+    return ORK_OK;
+}
+
+#define ORK_FINITE_CHUNK_ELEMS 262144 /* elements per parallel work item of a scan */
+
+size_t ork_find_nonfinite_par(const void *data, size_t n, int kind, int nthreads) {
+    if (n < 2 * ORK_FINITE_CHUNK_ELEMS) return ork_find_nonfinite(data, n, kind);
+    finite_job j = {(const uint8_t *)data, kind == ORK_FINITE_F32 ? 4u : 2u, kind, n};
+    ork_err err;
+    if (ork_parallel_for(nthreads, n, ORK_FINITE_CHUNK_ELEMS, finite_range, &j, &err) != ORK_OK)
+        return ork_find_nonfinite(data, n, kind);   /* the pool could not start threads: one pass here */
+    return atomic_load(&j.first);
+}
 
 /* --------------------------------------------------- plain float types -- */
 /* These write bit patterns directly, so even NaN payloads are preserved. */
@@ -444,27 +507,42 @@ typedef struct {
     const ork_ggml_type_info *ti;
     const uint8_t *src;
     float *dst;
+    int check;              /* scan each chunk's output while it is in cache */
+    _Atomic size_t first;   /* the lowest non-finite element index found */
 } dq_job;
 
 static ork_status dq_range(void *ctx, size_t begin, size_t end, ork_err *err) {
     (void)err;
-    const dq_job *j = (const dq_job *)ctx;
+    dq_job *j = (dq_job *)ctx;
     run_blocks(j->fn, j->ti, j->src, begin, end, j->dst);
+    if (j->check) {
+        const size_t bs = j->ti->block_size, n = (end - begin) * bs;
+        size_t at = ork_find_nonfinite(j->dst + begin * bs, n, ORK_FINITE_F32);
+        if (at < n) atomic_min_size(&j->first, begin * bs + at);
+    }
     return ORK_OK;
 }
 
 #define ORK_DEQUANT_CHUNK_ELEMS 65536 /* elements per parallel work item */
 
-ork_status ork_dequant_tensor(uint32_t ggml_type, const void *src, size_t n, float *dst, int nthreads,
-                              ork_err *err) {
+ork_status ork_dequant_tensor_checked(uint32_t ggml_type, const void *src, size_t n, float *dst, int nthreads,
+                                      size_t *nonfinite, ork_err *err) {
     const ork_ggml_type_info *ti;
     dq_row_fn fn;
+    if (nonfinite) *nonfinite = n;
     ork_status st = check_args(ggml_type, src, n, dst, &ti, &fn, err);
     if (st != ORK_OK) return st;
     const size_t nblocks = n / ti->block_size;
     if (nblocks == 0) return ORK_OK;
     size_t chunk = ORK_DEQUANT_CHUNK_ELEMS / ti->block_size;
     if (chunk == 0) chunk = 1;
-    dq_job j = {fn, ti, (const uint8_t *)src, dst};
-    return ork_parallel_for(nthreads, nblocks, chunk, dq_range, &j, err);
+    dq_job j = {fn, ti, (const uint8_t *)src, dst, nonfinite != NULL, n};
+    st = ork_parallel_for(nthreads, nblocks, chunk, dq_range, &j, err);
+    if (st == ORK_OK && nonfinite) *nonfinite = atomic_load(&j.first);
+    return st;
+}
+
+ork_status ork_dequant_tensor(uint32_t ggml_type, const void *src, size_t n, float *dst, int nthreads,
+                              ork_err *err) {
+    return ork_dequant_tensor_checked(ggml_type, src, n, dst, nthreads, NULL, err);
 }

@@ -36,6 +36,23 @@ ork_status ork_dequant_row(uint32_t ggml_type, const void *src, size_t n, float 
 ork_status ork_dequant_tensor(uint32_t ggml_type, const void *src, size_t n, float *dst, int nthreads,
                               ork_err *err);
 
+/* ork_dequant_tensor that also sets *nonfinite to the index of the first NaN / Inf it wrote (n when
+ * every value is finite; n too on an error): each chunk's output is scanned while it is in cache, so
+ * the check costs a fraction of a separate pass over the tensor. */
+ork_status ork_dequant_tensor_checked(uint32_t ggml_type, const void *src, size_t n, float *dst, int nthreads,
+                                      size_t *nonfinite, ork_err *err);
+
+/* The index of the first of n values that is NaN or +-Inf, n when all are finite. `kind`:
+ * ORK_FINITE_F32 (float32) or ORK_FINITE_F16 (IEEE half); data aligned
+ * to its element size. One branch-free pass over the exponent bits (blocks of 1024 values; the
+ * exact index is looked up only in a block that holds one): memory speed, no float arithmetic, so
+ * signalling NaNs and FP exceptions are irrelevant. The loaders refuse a model tensor that holds
+ * one (orkpy.formats.source, docs/security.md). */
+enum { ORK_FINITE_F32 = 0, ORK_FINITE_F16 = 1 };
+size_t ork_find_nonfinite(const void *data, size_t n, int kind);
+/* the same on up to nthreads threads (<= 0: all cores; ork_parallel_for), one chunk of 256K values each */
+size_t ork_find_nonfinite_par(const void *data, size_t n, int kind, int nthreads);
+
 /* IEEE half / bfloat16 to float, exact */
 float ork_fp16_to_fp32(uint16_t h);
 float ork_bf16_to_fp32(uint16_t h);

@@ -28,6 +28,10 @@ int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what);
  * outliers array (or NULL), which the caller holds while the spec is used. 0, or -1 with an exception. */
 int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name);
 
+/* py_gguf.c: find_nonfinite(a, threads=0) -> flat index of the first NaN / Inf of a float32 / float16
+ * array, or -1 */
+PyObject *orkpy_find_nonfinite(PyObject *self, PyObject *args, PyObject *kw);
+
 /* py_pack.c */
 PyObject *orkpy_pack(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_unpack(PyObject *self, PyObject *args, PyObject *kw);

@@ -370,15 +370,19 @@ PyDoc_STRVAR(dequantize_raw_doc,
              "C-contiguous float32 array of n elements (any shape, not overlapping raw) to write\n"
              "into and return instead of a new array.");
 
-static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
+PyDoc_STRVAR(dequantize_raw_checked_doc,
+             "dequantize_raw_checked(raw, type_id, n, threads=0, out=None) -> (float32 (n,), int)\n"
+             "dequantize_raw, and the index of the first NaN / Inf of the result (-1: all finite),\n"
+             "found while each chunk's output is still in cache.");
+
+static PyObject *dequantize_raw_impl(PyObject *args, PyObject *kw, int checked) {
     static char *kwlist[] = {"raw", "type_id", "n", "threads", "out", NULL};
     PyObject *raw_obj, *out_obj = Py_None;
     long long type_ll;
     Py_ssize_t n;
     int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OLn|iO:dequantize_raw", kwlist, &raw_obj, &type_ll, &n,
-                                     &threads, &out_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, checked ? "OLn|iO:dequantize_raw_checked" : "OLn|iO:dequantize_raw",
+                                     kwlist, &raw_obj, &type_ll, &n, &threads, &out_obj))
         return NULL;
     if (orkpy_check_threads(threads) < 0) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
@@ -430,12 +434,17 @@ static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw)
         Py_INCREF(out_obj);
         out = (PyArrayObject *)out_obj;
     }
+    size_t bad = (size_t)n;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_dequant_tensor(type_id, PyArray_DATA(raw), (size_t)n, (float *)PyArray_DATA(out), threads,
-                            &err);
+    st = ork_dequant_tensor_checked(type_id, PyArray_DATA(raw), (size_t)n, (float *)PyArray_DATA(out), threads,
+                                    checked ? &bad : NULL, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);
+        goto done;
+    }
+    if (checked) {
+        result = Py_BuildValue("(On)", (PyObject *)out, bad == (size_t)n ? (Py_ssize_t)-1 : (Py_ssize_t)bad);
         goto done;
     }
     result = (PyObject *)out;
@@ -444,6 +453,16 @@ done:
     Py_XDECREF(raw);
     Py_XDECREF(out);
     return result;
+}
+
+static PyObject *py_dequantize_raw(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    return dequantize_raw_impl(args, kw, 0);
+}
+
+static PyObject *py_dequantize_raw_checked(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    return dequantize_raw_impl(args, kw, 1);
 }
 
 static PyObject *py_ggml_type_info(PyObject *self, PyObject *arg) {
@@ -467,6 +486,8 @@ static PyObject *py_ggml_type_count(PyObject *self, PyObject *unused) {
 static PyMethodDef core_methods[] = {
     {"dequantize_raw", (PyCFunction)(void (*)(void))py_dequantize_raw, METH_VARARGS | METH_KEYWORDS,
      dequantize_raw_doc},
+    {"dequantize_raw_checked", (PyCFunction)(void (*)(void))py_dequantize_raw_checked, METH_VARARGS | METH_KEYWORDS,
+     dequantize_raw_checked_doc},
     {"ggml_type_info", py_ggml_type_info, METH_O,
      "ggml_type_info(type_id) -> None or dict(name, block_size, type_size, bits_per_weight, quantized)"},
     {"ggml_type_count", py_ggml_type_count, METH_NOARGS, "number of ggml type ids (valid ids are < this)"},
@@ -487,6 +508,9 @@ static PyMethodDef core_methods[] = {
     {"capabilities", py_capabilities, METH_NOARGS, "CPU features and kernels in use"},
     {"set_isa", py_set_isa, METH_O, "set_isa(name) -> previous ISA name"},
     {"gguf_parse", orkpy_gguf_parse, METH_O, "gguf_parse(buffer) -> dict; validates the whole file"},
+    {"find_nonfinite", (PyCFunction)(void (*)(void))orkpy_find_nonfinite, METH_VARARGS | METH_KEYWORDS,
+     "find_nonfinite(a, threads=0) -> flat index of the first NaN / Inf of a float32 or float16 array, or -1 "
+     "(the GIL released; threads <= 0: all cores)"},
     {"pack", (PyCFunction)(void (*)(void))orkpy_pack, METH_VARARGS | METH_KEYWORDS, "pack(codes, kind, N, K) -> store"},
     {"unpack", (PyCFunction)(void (*)(void))orkpy_unpack, METH_VARARGS | METH_KEYWORDS, "unpack(store, kind, N, K) -> codes"},
     {"matmul_int", (PyCFunction)(void (*)(void))orkpy_matmul_int, METH_VARARGS | METH_KEYWORDS,

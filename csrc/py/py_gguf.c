@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "../ork/dequant.h"
 #include "../ork/ggml_types.h"
 #include "../ork/gguf.h"
 #include "bindings.h"
@@ -181,4 +182,31 @@ done:
     ork_gguf_free(&g);
     PyBuffer_Release(&view);
     return result;
+}
+
+/* find_nonfinite(a, threads=0) -> int: the flat index of a's first NaN / +-Inf (float32 or float16, any
+ * shape; a non-contiguous array is copied first), -1 when every value is finite. The GIL is released while
+ * it scans, on up to `threads` threads (<= 0: all cores). */
+PyObject *orkpy_find_nonfinite(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"a", "threads", NULL};
+    PyObject *arg;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|i:find_nonfinite", kwlist, &arg, &threads)) return NULL;
+    if (orkpy_check_threads(threads) < 0) return NULL;
+    if (!PyArray_Check(arg)) return PyErr_Format(PyExc_TypeError, "find_nonfinite expects a NumPy array, got %s",
+                                                 Py_TYPE(arg)->tp_name);
+    int t = PyArray_TYPE((PyArrayObject *)arg);
+    if (t != NPY_FLOAT32 && t != NPY_FLOAT16)
+        return PyErr_Format(PyExc_TypeError, "find_nonfinite expects a float32 or float16 array, got %S",
+                            (PyObject *)PyArray_DESCR((PyArrayObject *)arg));
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(arg, t, NPY_ARRAY_IN_ARRAY);
+    if (!a) return NULL;
+    size_t n = (size_t)PyArray_SIZE(a), at;
+    const void *data = PyArray_DATA(a);
+    Py_BEGIN_ALLOW_THREADS
+    at = ork_find_nonfinite_par(data, n, t == NPY_FLOAT32 ? ORK_FINITE_F32 : ORK_FINITE_F16, threads);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(a);
+    return PyLong_FromSsize_t(at == n ? -1 : (Py_ssize_t)at);
 }

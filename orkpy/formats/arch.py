@@ -34,7 +34,11 @@ used as stored (llama.cpp's converter already stores Gemma's ``1 + w`` norm weig
 the one added, so no architecture adds anything at run time); a missing ``output.weight``
 means a tied head (Gemma and Gemma 2 are always tied: llama.cpp never loads an ``output.weight``
 for them and refuses a file holding one, as orkpy does); ``attn_qkv`` (+ ``.bias``) may replace
-``attn_q/k/v`` in any architecture (``create_tensor_qkv``).
+``attn_q/k/v`` in any architecture (``create_tensor_qkv``). ``rope.dimension_count`` (default: the head
+size) must be the head size for llama, qwen2 and qwen3; the others rotate the first ``n_rot`` dimensions
+of each head, ``n_rot`` even in [2, head size] (:func:`check_n_rot`). The vocabulary
+(``tokenizer.ggml.tokens``) has exactly as many tokens as the embedding table and the head have rows
+(:func:`check_vocab`): llama.cpp allows no padding rows.
 
 Gemma's attention scale: ``1/sqrt(head_dim)`` (Gemma 1 always: ``src/models/gemma.cpp`` scales Q
 by ``1/sqrtf(n_embd_head)``, the head size, 256 on the 7B model where n_embd / n_head = 192;
@@ -67,6 +71,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from .._core import FormatError
 from .tiermap import EMBEDDING, OUTPUT, TierEntry, TierMap
 
 #: The FFN gate function (``Arch.gate_fn``, hparams ``"gate_fn"``): name -> csrc/ork/act.h ``ork_act``. Not to
@@ -124,6 +129,8 @@ class Arch:
     biases: Tuple[str, ...] = ("attn_q", "attn_k", "attn_v")  # linears that may carry a .bias
     output_bias: bool = False               # output.bias may be present
     always_tied: bool = False               # the head is always token_embd (an output.weight is refused)
+    full_rope: bool = False                 # rope.dimension_count must be the head size (llama.cpp refuses
+                                            # or asserts otherwise); else an even value in [2, head size]
     fused: Tuple[Tuple[str, Tuple[str, ...]], ...] = (QKV,)   # fused tensors split at load
     rope_factors: bool = True               # rope_freqs / rope_factors_short/long may be present
 
@@ -136,9 +143,9 @@ class Arch:
 
 ARCHS: Dict[str, Arch] = {a.name: a for a in (
     Arch("llama", "Llama 2/3/3.2, TinyLlama, SmolLM2", rope="norm",
-         biases=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")),
-    Arch("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", rope="neox", output_bias=True),
-    Arch("qwen3", "Qwen3", rope="neox", qk_norm=True),
+         biases=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), full_rope=True),
+    Arch("qwen2", "Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen", rope="neox", output_bias=True, full_rope=True),
+    Arch("qwen3", "Qwen3", rope="neox", qk_norm=True, full_rope=True),
     Arch("gemma", "Gemma 2B/7B, CodeGemma", rope="neox", gate_fn="gelu_tanh", norm_plus_one=True,
          embd_scale="sqrt_n_embd", always_tied=True, rope_factors=False),
     Arch("gemma2", "Gemma 2", rope="neox", gate_fn="gelu_tanh", post_norms=True, norm_plus_one=True,
@@ -231,6 +238,7 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
                                   f"{md.get(key('head_dim_v'))}): not implemented")
     n_ff = int(req("n_ff"))
     n_rot = int(req("n_rot", head_dim))
+    check_n_rot(a, n_rot, head_dim, where, key("n_rot"))
     n_ctx_train = int(req("n_ctx_train", 0))
 
     # RoPE scaling (llama-model.cpp: type "linear" unless given; factor -> freq_scale = 1/factor)
@@ -253,6 +261,7 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
         n_vocab = int(md[PACKED_LOOKUP_KEY])  # an orkpy model directory whose tied table is stored once, packed
     else:
         raise ValueError(f"{where}: no tensor {EMBEDDING!r}")
+    check_vocab(md, shapes, n_vocab, where)
     hp: Dict[str, Any] = {
         "arch": name,
         "n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
@@ -297,6 +306,42 @@ def hparams(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], where:
     hp["rope_attn_factor"] = real(key("rope_attn_factor"), md.get(key("rope_attn_factor"), 1.0))
     _check_tensors(a, hp, shapes, where)
     return hp
+
+
+def check_n_rot(a: Arch, n_rot: int, head_dim: int, where: str, key: str) -> None:
+    """FormatError naming the file and the key for a ``rope.dimension_count`` llama.cpp does not run:
+    llama refuses any value but the head size when it loads the file ("invalid n_rot"), qwen2 and qwen3
+    assert it in their graphs (an abort); for the others its RoPE kernel asserts an even value at most
+    the head size, and 0 makes it loop for ever (ggml-cpu ops.cpp: ``i0 += n_dims - 2``). A partial
+    rotation (an even value below the head size: the first ``n_rot`` dimensions of each head rotate)
+    runs in both and gives the same logits (tests/test_arch_oracle.py)."""
+    if a.full_rope:
+        if n_rot != head_dim:
+            raise FormatError(f"{where}: '{key}' = {n_rot}: architecture {a.name!r} rotates whole heads, expected "
+                              f"the head size {head_dim} (llama.cpp refuses the file: invalid n_rot)")
+    elif not (0 < n_rot <= head_dim and n_rot % 2 == 0):
+        raise FormatError(f"{where}: '{key}' = {n_rot}: expected an even number of dimensions in [2, {head_dim}] "
+                          f"(the head size; llama.cpp cannot run this value)")
+
+
+def check_vocab(md: Mapping[str, Any], shapes: Mapping[str, Tuple[int, ...]], n_vocab: int, where: str) -> None:
+    """FormatError naming the file when the vocabulary (``tokenizer.ggml.tokens``) and the embedding
+    table / output head / output bias do not have one row per token. llama.cpp creates these
+    tensors with ``vocab.n_tokens()`` rows and refuses any other shape ("tensor 'token_embd.weight'
+    has wrong shape"): it allows no padding rows beyond the vocabulary, nor a vocabulary larger than
+    the table, so orkpy refuses both, and every id the tokenizer or ``generate`` can produce then has
+    an embedding row and a logit. A file without ``tokenizer.ggml.tokens`` (no tokenizer: token ids
+    only) is sized by its embedding table."""
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, (list, tuple)) and len(tokens) != n_vocab:
+        what = f"tensor {EMBEDDING!r} has {n_vocab} rows" if EMBEDDING in shapes else \
+            f"'{PACKED_LOOKUP_KEY}' is {n_vocab}"
+        raise FormatError(f"{where}: the vocabulary ('tokenizer.ggml.tokens') has {len(tokens)} tokens but {what}: "
+                          "one per token is required (llama.cpp refuses the file: wrong shape)")
+    for t in (OUTPUT, "output.bias"):
+        if t in shapes and int(shapes[t][0]) != n_vocab:
+            raise FormatError(f"{where}: tensor {t!r} has {shapes[t][0]} rows, expected {n_vocab} (one per "
+                              "token)")
 
 
 def _check_tensors(a: Arch, hp: Dict[str, Any], shapes: Mapping[str, Tuple[int, ...]], where: str) -> None:
@@ -446,5 +491,5 @@ def table_rows() -> List[Dict[str, Any]]:
 
 
 __all__ = ["ACTIVATIONS", "ARCHS", "Arch", "GATE_FNS", "HPARAM_KEYS", "LINEAR_STEMS", "NORM_STEMS", "ROPE_TYPES", "SUPPORTED",
-           "attention_scale", "core_hparams", "get", "hparams", "layer_settings", "part_rows", "split_shapes",
-           "split_tier_map", "splits", "swa_layers", "table_rows"]
+           "attention_scale", "check_n_rot", "check_vocab", "core_hparams", "get", "hparams", "layer_settings",
+           "part_rows", "split_shapes", "split_tier_map", "splits", "swa_layers", "table_rows"]

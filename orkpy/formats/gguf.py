@@ -146,6 +146,16 @@ class GGUFFile:
                                        out=out)
         return res.reshape(t.shape)
 
+    def tensor_checked(self, name: str, threads: Optional[int] = None,
+                       out: Optional[NDArray[np.float32]] = None) -> Tuple[NDArray[np.float32], int]:
+        """:meth:`tensor` and the flat index of its first NaN / Inf (-1: all finite), found while the
+        dequantization writes it (orkpy.formats.source's finiteness check)."""
+        t = self.tensor_info(name)
+        with guarded((self._mapping(),)):
+            res, bad = _core.dequantize_raw_checked(self.raw(name), t.type_id, t.n_elements,
+                                                    0 if threads is None else threads, out=out)
+        return res.reshape(t.shape), bad
+
     def check(self) -> None:
         """orkpy.FormatError naming the file if it changed size, was modified or lost
         pages while open (every read of tensor data through this object checks)."""

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
+from .. import _core
+from .._core import FormatError
 from .._io import sha256_dir, sha256_file
 from .._typing import StrPath
 from . import arch as _arch
@@ -56,6 +58,29 @@ def float_tensor(g: GGUFFile, name: str) -> NDArray[np.float32]:
     if t.type == "F32":  # used in place, no copy
         return g.raw(name).view(np.float32).reshape(t.shape)
     return g.tensor(name)
+
+
+def check_finite(a: NDArray[Any], where: str, name: str, stored_as: Optional[str] = None, at: Optional[int] = None) -> None:
+    """FormatError naming ``where`` (the file) and tensor ``name`` when the float32 / float16 array
+    ``a`` holds a NaN or an infinity (one C pass over the values, ``_core.find_nonfinite``);
+    ``stored_as``: the tensor's name in the file when it is not ``name`` (a checkpoint's own name);
+    ``at``: the flat index of the first non-finite value when it is known already (-1: none; a GGUF
+    tensor is checked while it is dequantized, ``_core.dequantize_raw_checked``).
+
+    Every tensor a model uses -- embeddings, norms, biases, RoPE factors, linears -- passes here once
+    when a source first reads it (:class:`GGUFSource`, :class:`SafetensorsSource`), so
+    ``load_model`` and ``quantize_model`` refuse such a file by name instead of producing NaN
+    logits (or failing later in an activation that names no tensor). llama.cpp loads such a file
+    unless asked to validate it (``check_tensors``) and then computes NaN; orkpy refuses it
+    (docs/security.md)."""
+    i = _core.find_nonfinite(a) if at is None else at
+    if i < 0:
+        return
+    idx = np.unravel_index(i, a.shape) if a.ndim else ()
+    v = float(a.reshape(-1)[i])
+    as_ = f" (stored as {stored_as!r})" if stored_as is not None and stored_as != name else ""
+    raise FormatError(f"{where}: tensor {name!r}{as_} has a non-finite value ({v}) at [{', '.join(map(str, idx))}]: "
+                      "a model with NaN or infinite weights computes NaN logits")
 
 
 # ------------------------------------------------------- Hugging Face names --
@@ -143,6 +168,13 @@ class Source:
         when the weight is stored otherwise or this source computes it (then use :meth:`linear`)."""
         return None
 
+    def check_finite(self, names: Iterable[str]) -> None:
+        """FormatError naming the file and the tensor when one of ``names`` holds a NaN or an
+        infinity (every read checks too: this reads them now, e.g. the float tensors before any
+        linear is rounded)."""
+        for n in names:
+            self.tensor(n)
+
     def release(self, caches: bool = True) -> None:
         """Drop what reading tensors left in memory -- the resident pages of mapped files and, with
         ``caches``, cached conversions -- so that a tensor-by-tensor reader holds about one tensor
@@ -174,20 +206,44 @@ class GGUFSource(Source):
         self._shapes = _arch.split_shapes(file_shapes, self._splits)
         self._emb: Optional[NDArray[np.float32]] = None   # a dequantized embedding table, read once
         self._last: Tuple[str, Optional[NDArray[np.float32]]] = ("", None)  # the last fused tensor read
+        self._finite: Set[str] = set()   # the file's tensors found finite (each scanned once)
+
+    def _checked(self, name: str, a: NDArray[Any], at: Optional[int] = None) -> NDArray[Any]:
+        """``a``, the values of the file's tensor ``name``, once they are known to be finite
+        (:func:`check_finite`, ``at`` as there; on the first read only: the file cannot change
+        unnoticed, every read checks it)."""
+        if name not in self._finite:
+            check_finite(a, self.path, name, at=at)
+            self.g.check()   # a mapped tensor was read in place: the file must not have changed meanwhile
+            self._finite.add(name)
+        return a
+
+    def _dequantized(self, name: str, out: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
+        """A tensor stored in another type than F32 as float32, its finiteness checked as it is
+        written (a separate pass over a dequantized table would cost a third of the dequantization)."""
+        if name in self._finite:
+            return self.g.tensor(name, out=out)
+        a, bad = self.g.tensor_checked(name, out=out)
+        return self._checked(name, a, bad)
+
+    def _float(self, name: str) -> NDArray[np.float32]:
+        if self.g.tensor_info(name).type == "F32":   # in place: one scan of the mapped values
+            return self._checked(name, float_tensor(self.g, name))
+        return self._dequantized(name)
 
     def _file_tensor(self, name: str) -> NDArray[np.float32]:
         """A tensor of the file as float32; a dequantized embedding table is kept (a tied head and
         the lookup share it), and the last fused tensor (its parts are read one after another)."""
         if name == EMBEDDING:
             if self._emb is None:
-                a = float_tensor(self.g, name)
+                a = self._float(name)
                 if self.g.tensor_info(name).type == "F32":
                     return a
                 self._emb = a
             return self._emb
         if self._last[0] == name and self._last[1] is not None:
             return self._last[1]
-        a = float_tensor(self.g, name)
+        a = self._float(name)
         self._last = (name, a)
         return a
 
@@ -207,13 +263,13 @@ class GGUFSource(Source):
         t = self.g.tensor_info(tn)
         if t.type != "F16":
             return None
-        return self.g.raw(tn).view(np.float16).reshape(t.shape)
+        return self._checked(tn, self.g.raw(tn).view(np.float16).reshape(t.shape))
 
     def linear(self, name: str, scratch: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
         tn = self.tensor_name(name)
         if (scratch is not None and tn != EMBEDDING and tn not in self._splits and tn in self._shapes
                 and self.g.tensor_info(tn).type != "F32"):
-            return self.g.tensor(tn, out=scratch)
+            return self._dequantized(tn, out=scratch)
         return self.tensor(tn)
 
     def tensor(self, name: str) -> NDArray[np.float32]:
@@ -222,7 +278,7 @@ class GGUFSource(Source):
             return self._file_tensor(fused)[r0:r1]
         if name not in self._shapes:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
-        return float_tensor(self.g, name) if name != EMBEDDING else self._file_tensor(name)
+        return self._float(name) if name != EMBEDDING else self._file_tensor(name)
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         return dict(self._shapes)
@@ -245,6 +301,7 @@ class SafetensorsSource(Source):
                                       f"are not read (only {', '.join(HF_ARCHS)}); convert it with llama.cpp's "
                                       "convert_hf_to_gguf.py and load the GGUF")
         self.arrays: Dict[str, NDArray[Any]] = {}
+        self._hf_name: Dict[str, str] = {}
         for k, v in st.items():
             gname = hf_to_gguf_name(k)
             if gname is None:
@@ -254,7 +311,9 @@ class SafetensorsSource(Source):
                 nh = self.hp["n_head"] if ".attn_q." in gname else self.hp["n_head_kv"]
                 v = llama_permute_qk(np.asarray(v), nh)
             self.arrays[gname] = v
+            self._hf_name[gname] = k
         st.check()  # the permuted copies above read the mapping
+        self._finite: Set[str] = set()   # tensors found finite (each scanned once)
         self.tied = OUTPUT not in self.arrays
         for t in meta.tensors:
             if t.name not in self.arrays:
@@ -272,7 +331,13 @@ class SafetensorsSource(Source):
         return {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}.get(self.arrays[name].dtype, "BF16")
 
     def tensor(self, name: str) -> NDArray[np.float32]:
-        return np.ascontiguousarray(self.arrays[name], dtype=np.float32)
+        a = np.ascontiguousarray(self.arrays[name], dtype=np.float32)
+        if name not in self._finite:
+            check_finite(a, self.path, name, self._hf_name.get(name))
+            from .._mapped import check, maps_of
+            check(maps_of(a, self.arrays[name]))   # read in place (F32): the file must not have changed meanwhile
+            self._finite.add(name)
+        return a
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         return {n: tuple(a.shape) for n, a in self.arrays.items()}
@@ -340,5 +405,6 @@ def read_allocation(alloc: Union[TierMap, StrPath], threshold: float = 5.0, fall
     return Allocation(tm, "emit-map", path, tm.threshold)
 
 
-__all__ = ["FLOAT_TYPES", "Allocation", "GGUFSource", "SafetensorsSource", "Source", "float_tensor", "hf_to_gguf_name",
+__all__ = ["FLOAT_TYPES", "Allocation", "GGUFSource", "SafetensorsSource", "Source", "check_finite", "float_tensor",
+           "hf_to_gguf_name",
            "hparams", "is_safetensors", "llama_permute_qk", "open_source", "read_allocation"]

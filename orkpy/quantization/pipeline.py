@@ -2,7 +2,8 @@
 :func:`orkpy.quantization.calibrate.quantize_model` runs a :class:`~orkpy.Recipe` through them
 (docs/recipes.md):
 
-    open_stage       Inputs, Recipe                    -> Opened     the source read; an oracle's tiers
+    open_stage       Inputs, Recipe                    -> Opened     the source read, its float tensors
+                                                                     checked finite; an oracle's tiers
                                                                      read and checked against it
     transform_stage  Source, Recipe, calib             -> Source     rotation / SmoothQuant folded in
     allocate_stage   Opened, Source, Recipe, Inputs    -> Allocated  the oracle's tiers, or target_bpw's
@@ -121,6 +122,7 @@ def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
     a = recipe.allocation
     if a.target_bpw is not None or a.npu_bits is not None:
         src = open_source(inputs.source, inputs.meta)
+        _check_float_tensors(src)
         return Opened(src, linear_names(src.hp), None, None)
     if inputs.alloc is None:
         raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= or npu_bits= is given")
@@ -129,7 +131,16 @@ def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
     names = linear_names(src.hp)
     tm = src.split_tier_map(allocation.tiers)  # entries for fused tensors (phi3's attn_qkv, ffn_up) -> their parts
     tm.check_fits(src.shapes(), os.path.basename(inputs.source), names, what="allocation")
+    _check_float_tensors(src)
     return Opened(src, names, allocation, tm)
+
+
+def _check_float_tensors(src: Source) -> None:
+    """Refuse a source whose norms, biases or embedding table hold a NaN or an infinity
+    (FormatError naming the file and the tensor) before any work; each linear is refused the same
+    way when it is first read, before it is rounded (:func:`orkpy.formats.source.check_finite`)."""
+    src.check_finite(src.float_names())
+    src.release()   # the embedding table's pages / dequantized copy: read again when it is needed
 
 
 def transform_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, None],

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from ...formats.gguf import GGUFFile
 
 
+def _span_start(span: Tuple[int, int, Optional[int]]) -> int:
+    return span[0]
+
+
 class Tokenizer:
     """A llama.cpp-exact tokenizer over a GGUF vocabulary (see the module docstring).
 
@@ -299,43 +303,52 @@ class Tokenizer:
         llama.cpp takes the tokens longest first, each splitting every text fragment left at
         its leftmost non-overlapping occurrences. Equivalently, over the whole text: an
         occurrence of the current token is taken iff it overlaps nothing taken before (it then
-        lies inside one fragment) and starts at or after the end of the last one it took."""
-        users = [u for u in (self._user_tokens if split is None else split) if u[0] in text]
+        lies inside one fragment) and starts at or after the end of the last one it took.
+
+        Cost: O(n + S) per token that occurs in the text (S: spans taken so far), never
+        O(n * len(token)) or O(S^2): an occurrence that overlaps an earlier span resumes the
+        search at that span's end (every occurrence starting before it overlaps it too), and
+        each token's new spans are merged into the sorted list once, not inserted one by one.
+        Gemma-3's 30 runs of 2..31 spaces (newlines, tabs) over a long run of spaces thus cost
+        one jump per 31-space span each, not one search per character."""
+        toks = self._user_tokens if split is None else split
+        if len(toks) > 32:   # parse_special: thousands of tokens; skip those whose first character is absent
+            chars = set(text)
+            toks = [u for u in toks if u[0][0] in chars]
+        users = [u for u in toks if u[0] in text]
         if not users:
             return [text] if text else []
-        starts: List[int] = []                       # taken spans, sorted, disjoint
-        spans: List[Tuple[int, int, Optional[int]]] = []   # (start, end, token id or None: dropped)
+        # taken spans, sorted, disjoint: (start, end, token id or None: dropped whitespace)
+        spans: List[Tuple[int, int, Optional[int]]] = []
+        starts: List[int] = []
         n = len(text)
-
-        def free(a: int, b: int) -> bool:
-            k = bisect.bisect_right(starts, a - 1)   # spans starting at or after a
-            if k < len(spans) and spans[k][0] < b:
-                return False
-            return k == 0 or spans[k - 1][1] <= a
-
-        def take(a: int, b: int, tid: Optional[int]) -> None:
-            k = bisect.bisect_left(starts, a)
-            starts.insert(k, a)
-            spans.insert(k, (a, b, tid))
-
         for word, tid, rstrip in users:
+            new: List[Tuple[int, int, Optional[int]]] = []
+            m = len(spans)
             p = text.find(word)
             while p != -1:
                 e = p + len(word)
-                if not free(p, e):
-                    p = text.find(word, p + 1)
+                k = bisect.bisect_right(starts, p)   # spans[k:] start after p
+                if k and spans[k - 1][1] > p:        # a span holds p: skip past it
+                    p = text.find(word, spans[k - 1][1])
                     continue
-                take(p, e, tid)
+                if k < m and starts[k] < e:          # a span starts inside the occurrence
+                    p = text.find(word, spans[k][1])
+                    continue
+                new.append((p, e, tid))
                 if rstrip:   # drop the whitespace after it, up to the end of its fragment
-                    k = bisect.bisect_right(starts, p)
-                    limit = spans[k][0] if k < len(spans) else n
+                    limit = starts[k] if k < m else n
                     s = e
                     while s < limit and text[s] in _C_SPACE:
                         s += 1
                     if s > e:
-                        take(e, s, None)
+                        new.append((e, s, None))
                         e = s
                 p = text.find(word, e)
+            if new:
+                spans += new
+                spans.sort(key=_span_start)   # two sorted runs: a linear merge
+                starts = [sp[0] for sp in spans]
         out: List[Union[str, int]] = []
         pos = 0
         for a, b, got in spans:
