@@ -39,22 +39,19 @@ from .arch import PACKED_LOOKUP_KEY
 from .gguf import GGUFFile
 from .source import Source
 from ..kernels.quant import KIND_INFO
-from .tiermap import EMBEDDING, TIERS, split_tier
+from .tiermap import EMBEDDING
+from .manifest import FORMAT, MANIFEST, MANIFEST_MAX, VERSION
+from .manifest import Vanished as _Vanished
+from .manifest import listed_files as _listed_files
+from .manifest import no_constant as _no_constant
+from .manifest import open_in as _open_in
+from .manifest import plain_name as _plain
+from .manifest import read_manifest as _read_manifest
+from .manifest import tier_ok as _tier_ok
 
-MANIFEST = "manifest.json"
-FORMAT = "orkpy-quantized-model"
-VERSION = 1
-MANIFEST_MAX = 64 << 20
 FLOAT_FILE = "float.gguf"
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channels (orkpy.runtime.actcal)
-
-
-def _tier_ok(tier: object) -> bool:
-    """A manifest tier: a base tier, or an integer tier with a group size (orkpy.formats.tiermap.split_tier)."""
-    try:
-        return isinstance(tier, str) and split_tier(tier)[0] in TIERS
-    except ValueError:
-        return False
 
 
 # ------------------------------------------------------------------- write --
@@ -516,10 +513,6 @@ def _install_dir(tmp: str, path: str, overwrite: bool) -> None:
 
 # -------------------------------------------------------------------- read --
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _check_informational(manifest: Dict[str, Any], mpath: str) -> None:
     """Type-check the fields the loader does not use but reports (``Model.manifest``)."""
     def bad(key: str, want: str) -> FormatError:
@@ -598,135 +591,10 @@ class ModelDir:
 
 READ_ATTEMPTS = 4  #: a directory replaced while it is read (a concurrent save) is read again, at most this often
 _RETRY_SLEEP = (0.0, 0.005, 0.02, 0.05)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-# O_NONBLOCK: a FIFO must not block the open; O_NOFOLLOW: links are resolved by _open_in itself
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _O_CLOEXEC
-_MAX_LINKS = 8
-
-
-class _Vanished(FormatError):
-    """A file (or the directory) is gone: a concurrent save may have replaced the directory."""
 
 
 class _Replaced(FormatError):
     """The directory was replaced or removed while it was read."""
-
-
-def _plain(fn: object) -> bool:
-    return isinstance(fn, str) and fn not in ("", ".", "..") and "/" not in fn and "\0" not in fn
-
-
-def _open_in(dfd: int, fn: str, path: str) -> Tuple[int, os.stat_result]:
-    """(descriptor, fstat) of the regular file ``fn`` of the directory open as ``dfd`` (opened relative
-    to it, never by path). A symbolic link is followed only when it names another file of the same
-    directory by a plain name; any other link is refused (a directory cannot make orkpy read files
-    elsewhere)."""
-    name = fn
-    for _ in range(_MAX_LINKS + 1):
-        try:
-            fd = os.open(name, _OPEN_FLAGS, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symbolic link (O_NOFOLLOW)
-                try:
-                    target = os.readlink(name, dir_fd=dfd)
-                except FileNotFoundError:
-                    raise _Vanished(f"{path}: {fn} is missing or not a regular file") from None
-                except OSError:  # no longer a link: open it again
-                    continue
-                if not _plain(target):
-                    raise FormatError(f"{path}: {fn} is a symbolic link to {target}, outside the model directory "
-                                      "(a link may name only another file of the directory)") from None
-                name = target
-                continue
-            if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                raise _Vanished(f"{path}: {fn} is missing or not a regular file") from None
-            raise FormatError(f"{path}: cannot open {fn} ({e.strerror or e})") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise FormatError(f"{path}: {fn} is missing or not a regular file")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, st
-    raise FormatError(f"{path}: {fn}: more than {_MAX_LINKS} symbolic links in a row")
-
-
-def _read_manifest(dfd: int, path: str) -> Dict[str, Any]:
-    """The manifest of the directory open as ``dfd``, parsed, its format and version checked."""
-    mpath = os.path.join(path, MANIFEST)
-    try:
-        fd, st = _open_in(dfd, MANIFEST, path)
-    except _Vanished:
-        raise _Vanished(f"{path}: no {MANIFEST}: not an orkpy quantized model directory") from None
-    try:
-        if st.st_size > MANIFEST_MAX:
-            raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
-        chunks: List[bytes] = []
-        n = 0
-        while n <= MANIFEST_MAX:
-            b = os.read(fd, min(1 << 20, MANIFEST_MAX + 1 - n))
-            if not b:
-                break
-            chunks.append(b)
-            n += len(b)
-        raw = b"".join(chunks)
-    except OSError as e:
-        raise FormatError(f"{mpath}: cannot read the manifest ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if len(raw) > MANIFEST_MAX:
-        raise FormatError(f"{mpath}: not a regular file of at most {MANIFEST_MAX >> 20} MiB")
-    try:
-        manifest = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=json_finite_float)
-    except (ValueError, RecursionError) as e:  # bad UTF-8 / JSON, an integer too long, nesting too deep
-        raise FormatError(f"{mpath}: not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise FormatError(f"{mpath}: not an orkpy quantized model manifest")
-    version = manifest.get("version")
-    if type(version) is not int or version != VERSION:  # not true, not 1.0
-        raise FormatError(f"{mpath}: unsupported manifest version {version!r}")
-    return manifest
-
-
-def _listed_files(manifest: Dict[str, Any], mpath: str
-                  ) -> Tuple[List[Tuple[str, str]], Dict[str, Any], Dict[str, Any], Optional[Dict[str, Any]]]:
-    """The manifest's files ((name, sha256): float.gguf, act_scales.json, the packed linears), its
-    ``tensors``, ``float_file`` and ``act_scales`` records, every field type-checked."""
-    def field_(obj: Any, key: str, typ: type, where: str) -> Any:
-        v = obj.get(key)
-        if not isinstance(v, typ) or isinstance(v, bool):
-            raise FormatError(f"{mpath}: {where}{key!r} is missing or not a JSON {typ.__name__}")
-        return v
-    entries = field_(manifest, "tensors", dict, "")
-    float_file = field_(manifest, "float_file", dict, "")
-    files = [(field_(float_file, "file", str, "float_file "), field_(float_file, "sha256", str, "float_file "))]
-    act = manifest.get("act_scales")
-    if act is not None:
-        if not isinstance(act, dict):
-            raise FormatError(f"{mpath}: 'act_scales' must be null or {{file: string, sha256: string}}")
-        files.append((field_(act, "file", str, "act_scales "), field_(act, "sha256", str, "act_scales ")))
-    for name, ent in entries.items():
-        where = f"tensor {name!r} "
-        if not isinstance(ent, dict):
-            raise FormatError(f"{mpath}: {where}entry is not a JSON object")
-        shape = field_(ent, "shape", list, where)
-        if len(shape) != 2 or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise FormatError(f"{mpath}: {where}shape {shape!r} is not two integers")
-        field_(ent, "kind", str, where)
-        if not _tier_ok(ent.get("tier")):
-            raise FormatError(f"{mpath}: tensor {name!r} tier {ent.get('tier')!r} is not one of "
-                              f"{', '.join(TIERS)} (the integer tiers optionally with a group size, 'int4-g32')")
-        if ent["tier"] == "float":  # its weight is a tensor of float.gguf, covered by that file's checksum
-            field_(ent, "tensor", str, where)
-            if ent["kind"] != "float":
-                raise FormatError(f"{mpath}: {where}of tier 'float' has kind {ent['kind']!r}, not 'float'")
-            continue
-        files.append((field_(ent, "file", str, where), field_(ent, "sha256", str, where)))
-    for fn, _ in files:
-        if not _plain(fn) or fn == MANIFEST:
-            raise FormatError(f"{mpath}: bad file name {fn!r}")
-    return files, entries, float_file, act
 
 
 def _replaced(dfd: int, path: str) -> bool:
