@@ -547,6 +547,37 @@ done:
     return st;
 }
 
+ork_status ork_model_forward_hidden(const ork_model *m, float *x, size_t T, size_t layers, size_t first,
+                                    float *logits, int nthreads, ork_err *err) {
+    ork_status st = ork_model_check(m, err);
+    if (st) return st;
+    if (!x || T == 0) return ork_err_set(err, ORK_EINVAL, "need T >= 1 hidden rows, got %zu", T);
+    if (layers > m->n_layer)
+        return ork_err_set(err, ORK_EINVAL, "cannot run %zu layers of a %zu-layer model", layers, m->n_layer);
+    if (logits && first >= T) return ork_err_set(err, ORK_EINVAL, "need 0 <= first < T, got first %zu, T %zu", first, T);
+    if (m->n_ctx_max && T > m->n_ctx_max)
+        return ork_err_set(err, ORK_EINVAL, "a %zu-token chunk is longer than the %zu positions this model description "
+                           "is valid for (n_ctx_max)", T, m->n_ctx_max);
+    const size_t D = m->n_embd, kvd = m->n_head_kv * m->head_dim, nkv = mul3(T, kvd, sizeof(float));
+    fwd_bufs b;
+    if ((st = bufs_alloc(m, T, T, &b, err))) return st;
+    float *k = nkv ? malloc(nkv) : NULL, *v = nkv ? malloc(nkv) : NULL;
+    if (!k || !v) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory for a %zu-token forward pass", T);
+        goto done;
+    }
+    memcpy(b.x, x, T * D * sizeof(float));
+    for (size_t l = 0; l < layers; l++)
+        if ((st = layer_step(m, &m->layers[l], &b, T, 0, k, v, nthreads, err))) goto done;
+    if (logits && (st = head_logits(m, b.x + first * D, T - first, b.h, logits, nthreads, err))) goto done;
+    memcpy(x, b.x, T * D * sizeof(float));
+done:
+    bufs_free(&b);
+    free(k);
+    free(v);
+    return st;
+}
+
 /* ------------------------------------------------------ decode session -- */
 struct ork_session {
     const ork_model *m;

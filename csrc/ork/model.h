@@ -126,6 +126,17 @@ ork_status ork_model_check(const ork_model *m, ork_err *err);
 ork_status ork_model_forward(const ork_model *m, const int32_t *tokens, size_t T, size_t first, float *logits,
                              int nthreads, ork_err *err);
 
+/* The forward pass from hidden rows instead of tokens (a layer-by-layer calibration, the
+ * quantization recipe's streamed engine): x (T x n_embd) holds the rows entering layer 0 at
+ * positions 0..T-1; the first `layers` layers (0..n_layer) run on them exactly as
+ * ork_model_forward runs them (the same layer function on the same rows: bit for bit, and every
+ * statistics hook of those layers' linears collects as it does there), the result written back
+ * into x only on success; with logits non-NULL the head then gives (T - first) x n_vocab
+ * logits of rows first..T-1 (the output linear's hooks see those rows). A model built only to
+ * run its layers may carry any head of the right width (e.g. one row: n_vocab = 1). */
+ork_status ork_model_forward_hidden(const ork_model *m, float *x, size_t T, size_t layers, size_t first,
+                                    float *logits, int nthreads, ork_err *err);
+
 /* ------------------------------------------------------ decode session --
  * A KV-cached decode session: tokens are appended at positions pos..pos+n-1
  * (pos = the number of tokens the session holds), a prompt as one batch, then

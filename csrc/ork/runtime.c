@@ -159,6 +159,14 @@ ork_status ork_runtime_forward(ork_runtime *rt, const int32_t *tokens, size_t T,
     return st;
 }
 
+ork_status ork_runtime_forward_hidden(ork_runtime *rt, float *x, size_t T, size_t layers, size_t first, float *logits,
+                                      int threads, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ork_model_forward_hidden(&rt->m, x, T, layers, first, logits, threads, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
 /* ------------------------------------------------------------ linears -- */
 static ork_status set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, void *owner, void **replaced,
                              void **unrouted, ork_err *err) {

@@ -64,6 +64,9 @@ const ork_linear *ork_runtime_linear(ork_runtime *rt, size_t i);
 /* ork_model_forward under the lock */
 ork_status ork_runtime_forward(ork_runtime *rt, const int32_t *tokens, size_t T, size_t first, float *logits,
                                int threads, ork_err *err);
+/* ork_model_forward_hidden under the lock */
+ork_status ork_runtime_forward_hidden(ork_runtime *rt, float *x, size_t T, size_t layers, size_t first, float *logits,
+                                      int threads, ork_err *err);
 
 /* Replace linear i by `spec` of the same shape, whose arrays `owner` keeps: its bias and statistics hooks
  * are kept, its NPU route dropped (it held the old weight's values). *replaced: the owner of the linear it

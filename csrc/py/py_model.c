@@ -447,6 +447,56 @@ static PyObject *fwd_forward(FwdObject *self, PyObject *args, PyObject *kw) {
 }
 
 
+/* forward_hidden(x, layers=-1, first=0, logits=False, threads=0) -> logits or None: the first `layers` layers
+ * (-1: all) run on the hidden rows x (float32 (T, n_embd), C-contiguous, writeable; updated in place), then
+ * with logits=True the head on rows first..T-1 (model.h ork_model_forward_hidden) */
+static PyObject *fwd_forward_hidden(FwdObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"x", "layers", "first", "logits", "threads", NULL};
+    PyObject *x_obj;
+    Py_ssize_t layers = -1, first = 0;
+    int want = 0, threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nnpi:forward_hidden", kwlist, &x_obj, &layers, &first, &want,
+                                     &threads))
+        return NULL;
+    if (orkpy_check_threads(threads) < 0 || orkpy_fwd_ready(self) < 0) return NULL;
+    if (!PyArray_Check(x_obj) || PyArray_TYPE((PyArrayObject *)x_obj) != NPY_FLOAT32 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)x_obj) || !PyArray_ISWRITEABLE((PyArrayObject *)x_obj) ||
+        PyArray_NDIM((PyArrayObject *)x_obj) != 2)
+        return PyErr_Format(PyExc_TypeError, "x must be a writeable C-contiguous 2-D float32 ndarray");
+    PyArrayObject *x = (PyArrayObject *)x_obj;
+    const npy_intp T = PyArray_DIM(x, 0);
+    if ((size_t)PyArray_DIM(x, 1) != self->m->n_embd || T < 1)
+        return PyErr_Format(PyExc_ValueError, "x must have shape (T >= 1, n_embd = %zu)", self->m->n_embd);
+    if (layers < 0) layers = (Py_ssize_t)self->m->n_layer;
+    if ((size_t)layers > self->m->n_layer)
+        return PyErr_Format(PyExc_ValueError, "layers must be in [0, %zu], got %zd", self->m->n_layer, layers);
+    if (want && (first < 0 || first >= T))
+        return PyErr_Format(PyExc_ValueError, "first must be in [0, %zd), got %zd", (Py_ssize_t)T, first);
+    PyArrayObject *out = NULL;
+    if (want) {
+        npy_intp dims[2] = {T - first, (npy_intp)self->m->n_vocab};
+        if (!(out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32))) return NULL;
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = ORK_OK;
+    int bad = orkpy_fwd_check_maps(self);
+    if (!bad) {
+        Py_BEGIN_ALLOW_THREADS
+        st = ork_runtime_forward_hidden(self->rt, (float *)PyArray_DATA(x), (size_t)T, (size_t)layers, (size_t)first,
+                                        out ? (float *)PyArray_DATA(out) : NULL, threads, &err);
+        Py_END_ALLOW_THREADS
+        bad = orkpy_fwd_check_maps(self);
+    }
+    if (bad < 0 || st != ORK_OK) {
+        Py_XDECREF(out);
+        return bad < 0 ? NULL : orkpy_raise(st, &err);
+    }
+    if (out) return (PyObject *)out;
+    Py_RETURN_NONE;
+}
+
+
 PyObject *orkpy_nll_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *l_obj, *t_obj;
@@ -737,6 +787,9 @@ static PyMethodDef fwd_methods[] = {
      "-> [(sums, count)] per linear in linear_names(hparams) order; stops"},
     {"forward", (PyCFunction)(void (*)(void))fwd_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(tokens, first=0, threads=0, out=None) -> float32 logits (T - first, n_vocab), written into out when given"},
+    {"forward_hidden", (PyCFunction)(void (*)(void))fwd_forward_hidden, METH_VARARGS | METH_KEYWORDS,
+     "forward_hidden(x, layers=-1, first=0, logits=False, threads=0) -> logits or None: layers on hidden rows x "
+     "(in place), then the head"},
     {"session", (PyCFunction)(void (*)(void))orkpy_fwd_session, METH_VARARGS | METH_KEYWORDS,
      "session(n_ctx, n_batch=512) -> Session: a KV-cached decode session with n_ctx positions"},
     {NULL, NULL, 0, NULL},

@@ -161,6 +161,14 @@ class Source:
         in place, or converts it otherwise, ignores it."""
         return self.tensor(self.tensor_name(name))
 
+    def rows(self, name: str, ids: Union[slice, NDArray[Any]]) -> NDArray[np.float32]:
+        """float32 rows ``ids`` (a slice or an index array) of the 2-D tensor ``name`` (a linear, by
+        its linear name, or the embedding table): the values :meth:`linear` / :meth:`tensor` hold
+        there, read without the whole tensor's float32 copy where the source can (a file's float
+        types): the embedding rows of calibration tokens, a large head in blocks of rows."""
+        t = self.linear(name) if name != EMBEDDING else self.tensor(name)
+        return np.ascontiguousarray(t[ids], dtype=np.float32)
+
     def linear_stored(self, name: str) -> Optional[NDArray[np.float16]]:
         """The weight of linear ``name`` as the file stores it, when that is float16: a read-only
         (N, K) view of the mapped file, which :func:`orkpy.quantize` takes as is (each row converted
@@ -264,6 +272,23 @@ class GGUFSource(Source):
         if t.type != "F16":
             return None
         return self._checked(tn, self.g.raw(tn).view(np.float16).reshape(t.shape))
+
+    def rows(self, name: str, ids: Union[slice, NDArray[Any]]) -> NDArray[np.float32]:
+        tn = self.tensor_name(name) if name != EMBEDDING else name
+        t = self.g.tensor_info(tn) if (tn in self._shapes and tn not in self._splits) else None
+        if t is None or len(t.shape) != 2 or t.type not in ("F16", "BF16", "F32"):
+            return super().rows(name, ids)
+        raw = self.g.raw(tn)
+        if t.type == "F32":
+            a = np.array(raw.view(np.float32).reshape(t.shape)[ids], np.float32)
+        elif t.type == "F16":
+            a = raw.view(np.float16).reshape(t.shape)[ids].astype(np.float32)
+        else:  # BF16: the high half of a float32
+            a = (raw.view(np.uint16).reshape(t.shape)[ids].astype(np.uint32) << 16).view(np.float32)
+        if tn not in self._finite:
+            check_finite(a, self.path, tn)
+        self.g.check()  # read in place: the file must not have changed meanwhile
+        return np.ascontiguousarray(a)
 
     def linear(self, name: str, scratch: Optional[NDArray[np.float32]] = None) -> NDArray[np.float32]:
         tn = self.tensor_name(name)

@@ -146,34 +146,64 @@ def build_model(src: Source, linear: Callable[[str], Tuple[LinearSpec, str]], pa
 
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
-                   linears: Mapping[str, LinearSpec]) -> _core.ForwardModel:
+                   linears: Mapping[str, LinearSpec], blocks: Optional[Sequence[int]] = None) -> _core.ForwardModel:
     """The C model from the hyper-parameters (:func:`orkpy.formats.arch.hparams`), float_of(name) ->
     float tensor (embeddings, norms, biases, RoPE factors) and a spec for every name of
-    :func:`linear_names`. What each block holds comes from the architecture table."""
+    :func:`linear_names`. What each block holds comes from the architecture table. ``blocks``: a
+    model of only these blocks (their settings, e.g. a sliding window, as in the whole model),
+    run from hidden rows (``forward_hidden``), with no embedding table and a one-row zero head
+    of the output norm (:mod:`orkpy.runtime.blocks`); ``linears`` then needs only theirs."""
     a = _arch.get(hp["arch"])
     biases = set(hp.get("biases", ()))
+    if blocks is not None:
+        return _block_model(hp, float_of, linears, blocks, a, biases)
     emb = None if hp.get("packed_lookup") else float_of(EMBEDDING)  # None: the lookup reads the head's rows
-    layers = []
-    down_rot = down_rot_block(int(hp["n_ff"])) if hp.get("ffn_down_rot") else None
-    norm_rot = (down_rot_block(int(hp["n_embd"]), "n_embd", "the online block-input rotation")
-                if hp.get("norm_rot") else None)
-    for i in range(hp["n_layer"]):
-        p = f"blk.{i}."
-        L: Dict[str, Any] = {role: float_of(f"{p}{_arch.NORM_STEMS[role]}.weight") for role in a.norms}
-        for t in LINEARS:
-            L[t] = linears[f"{p}{t}.weight"].to_core()
-            if t in biases:
-                L[t + ".bias"] = float_of(f"{p}{t}.bias")
-        L.update(_arch.layer_settings(hp, i))
-        if down_rot is not None:  # ffn_down's input rotated online (orkpy.runtime.rotate)
-            L["ffn_down.rot"] = down_rot
-        if norm_rot is not None:  # attn_norm / ffn_norm outputs rotated online (orkpy.runtime.rotate, placement "online")
-            L["norm.rot"] = norm_rot
-        layers.append(L)
+    rots = _online_rots(hp)
+    layers = [_layer_dict(hp, float_of, linears, i, a, biases, rots) for i in range(hp["n_layer"])]
     rope = hp.get("rope_factors")
     return _core.ForwardModel(_arch.core_hparams(hp), emb, float_of(_arch.OUTPUT_NORM), linears[OUTPUT].to_core(),
                               layers, output_bias=float_of("output.bias") if "output" in biases else None,
                               rope_freqs=float_of(rope) if rope else None)
+
+
+def _block_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]], linears: Mapping[str, LinearSpec],
+                 blocks: Sequence[int], a: Any, biases: set) -> _core.ForwardModel:
+    """The C model of the blocks ``blocks`` alone (see :func:`_forward_model`): its layer ``j`` is the
+    source's layer ``blocks[j]``, its head one zero row (only its input's statistics are read)."""
+    rots = _online_rots(hp)
+    layers = [_layer_dict(hp, float_of, linears, i, a, biases, rots) for i in blocks]
+    chp = dict(_arch.core_hparams(hp), n_layer=len(blocks), n_vocab=1)
+    head = ("f32", np.zeros((1, int(hp["n_embd"])), np.float32))
+    rope = hp.get("rope_factors")
+    return _core.ForwardModel(chp, None, float_of(_arch.OUTPUT_NORM), head, layers,
+                              rope_freqs=float_of(rope) if rope else None)
+
+
+def _online_rots(hp: Mapping[str, Any]) -> Tuple[Optional[NDArray[Any]], Optional[NDArray[Any]]]:
+    """The online rotation blocks every layer applies (ffn_down's input, the block inputs), or None."""
+    down_rot = down_rot_block(int(hp["n_ff"])) if hp.get("ffn_down_rot") else None
+    norm_rot = (down_rot_block(int(hp["n_embd"]), "n_embd", "the online block-input rotation")
+                if hp.get("norm_rot") else None)
+    return down_rot, norm_rot
+
+
+def _layer_dict(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]], linears: Mapping[str, LinearSpec],
+                i: int, a: Any, biases: set, rots: Tuple[Optional[NDArray[Any]], Optional[NDArray[Any]]]
+                ) -> Dict[str, Any]:
+    """Layer ``i`` of the source as the C model takes it (norms, linears, biases, settings)."""
+    down_rot, norm_rot = rots
+    p = f"blk.{i}."
+    L: Dict[str, Any] = {role: float_of(f"{p}{_arch.NORM_STEMS[role]}.weight") for role in a.norms}
+    for t in LINEARS:
+        L[t] = linears[f"{p}{t}.weight"].to_core()
+        if t in biases:
+            L[t + ".bias"] = float_of(f"{p}{t}.bias")
+    L.update(_arch.layer_settings(hp, i))
+    if down_rot is not None:  # ffn_down's input rotated online (orkpy.runtime.rotate)
+        L["ffn_down.rot"] = down_rot
+    if norm_rot is not None:  # attn_norm / ffn_norm outputs rotated online (orkpy.runtime.rotate, placement "online")
+        L["norm.rot"] = norm_rot
+    return L
 
 
 class Model:

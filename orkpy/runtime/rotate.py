@@ -333,6 +333,15 @@ class TransformedSource(Source):
             return self._emb
         return np.ascontiguousarray(self._compute(name), dtype=np.float32)
 
+    def rows(self, name: str, ids: Union[slice, NDArray[Any]]) -> NDArray[np.float32]:
+        if name == EMBEDDING and name in self._changed and self._emb is None:
+            return _right(self.base.rows(EMBEDDING, ids), self._q)
+        if name == OUTPUT and name in self._changed:
+            return np.ascontiguousarray(self._input_side(self.base.rows(OUTPUT, ids), OUTPUT_NORM), np.float32)
+        if name not in self._changed and name != EMBEDDING:
+            return self.base.rows(name, ids)
+        return super().rows(name, ids)
+
     # -- one tensor, in float64 --
     def _input_side(self, w: NDArray[Any], norm: str) -> NDArray[np.float64]:
         """``W diag(g) Q diag(s)`` (rotating), ``W diag(signs) H`` (rotated online after the
