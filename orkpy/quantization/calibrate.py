@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .._io import counted, in_background, progress_bar, sha256_file
+from .._io import counted, in_background, sha256_file
 from .._typing import StrPath
 from ..runtime import actcal
 from ..runtime.actcal import ActCalibration
@@ -97,6 +97,7 @@ class QuantizedModel:
         self.alloc_map: Optional[TierMap] = None  # the allocation used (quantize_model sets it)
         self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.quantization.alloc)
         self.path: Optional[str] = None  # the model directory quantize_model(output=) wrote
+        self.timings: Dict[str, float] = {}  # seconds per stage of the layer-by-layer run (orkpy.quantization.layerwise)
 
     def float_linears(self) -> Dict[str, str]:
         """{float-tier linear name: the source tensor holding its weight}."""
@@ -179,7 +180,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
-                   recipe: Optional[Recipe] = None) -> QuantizedModel:
+                   recipe: Optional[Recipe] = None, resume: bool = True) -> QuantizedModel:
     """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`; see
     docs/recipes.md for every key) says; float-tier linears stay float.
 
@@ -196,8 +197,13 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     to the model directory as soon as it is quantized and held only as a mapping of that file, the
     source's pages released after each tensor; the directory appears (atomically, the bytes
     ``save`` writes) when everything is done, and the result's ``path`` names it; the peak memory
-    is about one tensor's float32 copy plus a fixed overhead (calibration, GPTQ and AWQ still hold
-    what they need).
+    is about one tensor's float32 copy plus a fixed overhead. With ``calib``, GPTQ and the
+    activation ranges run layer by layer (:mod:`orkpy.quantization.layerwise`: one layer's float32
+    weights and Gram matrices at a time, the same bytes as whole-model calibration); with
+    ``output`` and ``resume`` (the default) each finished layer is saved in the folder
+    ``<output>.orkpy-checkpoint``, a killed run given the same inputs continues after the last one
+    saved (to the same bytes), and the folder is deleted once the directory is in place. Smoothing,
+    AWQ's search and target_bpw's sensitivities still run on the whole float model.
 
     The keyword form: without ``recipe``, the keywords ``kind`` ... ``rotate_placement`` are the
     recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
@@ -213,8 +219,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     ``QuantizedModel.alloc_map`` is the allocation used (``.save(path)`` writes the emit-map),
     ``alloc_report`` target_bpw's estimates."""
     from .imatrix import Imatrix
-    from .pipeline import (Inputs, RunOptions, allocate_stage, calibrate_acts_stage, gptq_stage, manifest_settings,
-                           open_stage, plan_linears, round_linears, scale_stage, transform_stage, write_linears)
+    from .pipeline import (Inputs, RunOptions, allocate_stage, manifest_settings, open_stage, plan_linears,
+                           quantize_stage, scale_stage, transform_stage)
 
     recipe = _recipe_of(recipe, dict(
         kind=kind, sr=sr, seed=seed, threshold=threshold, clip_grid=clip_grid, rotate=rotate, rotate_seed=rotate_seed,
@@ -247,28 +253,22 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     with writer if writer is not None else contextlib.nullcontext():
         double_quant = _double_quant(src, opened.names, inputs.source, run.log)
         plan = plan_linears(opened.names, allocated.tiers, recipe.allocation)
-        gq = gptq_stage(src, plan, recipe, calib, run)
-        bar = progress_bar(len(plan), "quantize", progress, "tensor")
-        tensors, tiers = write_linears(round_linears(src, plan, recipe.rounding, im, columns, gq, threads), writer, src,
-                                       bar.update if bar is not None else _no_tick)
-        if bar is not None:
-            bar.close()
+        tensors, tiers, act_calib, lw = quantize_stage(src, plan, recipe, inputs, columns, run, writer,
+                                                       output if resume else None)
         source_hash, alloc_info = hashes_of()
         hashes = {"source": source_hash, "alloc": alloc_info,
                   "imatrix": None if im is None else {"sha256": im.sha256(), "chunks": im.chunks}}
-        act_calib = calibrate_acts_stage(src, recipe, calib, run)
         qm = QuantizedModel(inputs.source, tensors, tiers, manifest_settings(recipe, src, im, tensors), hashes,
                             double_quant, src, act_calib, recipe)
         qm.alloc_map, qm.alloc_report = allocated.tiers, allocated.report
+        qm.timings = lw.timings if lw is not None else {}
         if writer is not None:
             qm.path = writer.finish(qm.tiers, qm.float_linears(), src, qm._record(), qm._act_bytes())
+        if lw is not None:
+            lw.finished()
         run.log(f"quantized {len(tensors)} linears of {os.path.basename(inputs.source)}: int8 share of weight storage "
                 f"{qm.int8_share():.1%}")
         return qm
-
-
-def _no_tick(n: int = 1) -> None:
-    pass
 
 
 def _recipe_of(recipe: Optional[Recipe], kw: Dict[str, Any]) -> Recipe:

@@ -10,21 +10,22 @@
                                                                      choice (its sensitivities measured)
     scale_stage      Source, TierMap, Recipe, calib    -> Scaled     AWQ's scales searched and folded in
     plan_linears     names, TierMap, AllocationSpec    -> {name: LinearPlan}  tier, kind, group per linear
-    gptq_stage       Source, plan, Recipe, calib       -> {name: QuantizedTensor}  GPTQ's rounding
+    quantize_stage   Source, plan, Recipe, Inputs, ... -> packed linears, tiers, ActCalibration | None
+                       with a calibration text: layer by layer (orkpy.quantization.layerwise: GPTQ,
+                       the static activation ranges, resumable); without: round_linears
     round_linears    Source, plan, RoundingSpec, ...   -> Iterator[Rounded]  each linear rounded and
                                                                      packed, one at a time
     write_linears    Iterator[Rounded], writer         -> ({name: PackedWeight}, {name: tier})
-    calibrate_acts_stage  Source, Recipe, calib        -> ActCalibration | None  static ranges, outliers
     manifest_settings     Recipe, Source, imatrix, ... -> the manifest's ``settings``
 
-Calibration is not one stage: each stage that needs activations (smoothing, target_bpw's
-sensitivities, AWQ, GPTQ, the activation ranges) measures them itself on the recipe's
-calibration chunks, on the source as the stages before left it. The activation ranges are
-calibrated after the rounding (they do not depend on it): there the float model they run is
-built once the streamed linears are on disk, as before the stages were named, so the peak
-memory is unchanged. Rounding and packing are one step per linear (:func:`round_linears`
-yields packed linears): with ``output=`` each is written while the next is rounded, and only
-one linear's float32 copy is held at a time.
+Calibration is not one stage: smoothing, target_bpw's sensitivities and AWQ measure what they
+need on the recipe's calibration chunks with the whole float model, on the source as the stages
+before left it; GPTQ and the static activation ranges run layer by layer in
+:func:`quantize_stage` (:mod:`orkpy.quantization.layerwise`: one layer's float32 weights and Gram
+matrices at a time, byte for byte what the whole-model functions
+:func:`orkpy.quantization.gptq.gptq_linears` and :func:`orkpy.runtime.model.calibrate_source_acts`
+give). Rounding and packing are one step per linear: with ``output=`` each is written while the
+next is rounded, and only one linear's float32 copy is held at a time.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .._io import progress_bar
 from .._typing import StrPath
-from ..runtime.actcal import DEFAULT_PREFIX, ActCalibration
-from ..runtime.model import calibrate_source_acts, linear_names, tier_path, transformed_source
+from ..runtime.actcal import ActCalibration
+from ..runtime.model import linear_names, tier_path, transformed_source
 from ..formats.modeldir import ModelDirWriter
 from ..kernels.packed import PackedWeight, pack
 from ..kernels.quant import QuantizedTensor, quantize
@@ -210,20 +212,6 @@ def plan_linears(names: List[str], tm: TierMap, allocation: AllocationSpec) -> D
     return plan
 
 
-def gptq_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, calib: Union[str, ArrayLike, None],
-               run: RunOptions) -> Dict[str, QuantizedTensor]:
-    """With ``rounding.method = "gptq"``: every packed linear rounded by GPTQ
-    (:func:`orkpy.quantization.gptq.gptq_linears`, the Gram matrices on ``calib``); else nothing."""
-    if recipe.rounding.method != "gptq" or calib is None:
-        return {}
-    from .gptq import gptq_linears
-    c = recipe.calibration
-    kinds = {n: p.kind for n, p in plan.items() if p.kind != "gguf"}
-    return gptq_linears(src, calib, kinds, n_ctx=c.ctx, chunks=c.chunks, names=list(kinds), threads=run.threads,
-                        progress=run.progress, group_size={n: plan[n].group or 0 for n in kinds},
-                        sequential=bool(recipe.rounding.gptq_sequential))
-
-
 def importance(imatrix: Optional["Imatrix"], name: str, columns: Optional[NDArray[Any]],
                K: int) -> Optional[NDArray[Any]]:
     """The imatrix values of linear ``name`` (None without), divided by AWQ's column scales
@@ -304,18 +292,31 @@ def write_linears(rounded: Iterable[Rounded], writer: Optional[ModelDirWriter], 
     return tensors, tiers
 
 
-def calibrate_acts_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, None],
-                         run: RunOptions) -> Optional[ActCalibration]:
-    """With a calibration text: the static activation ranges and outlier channels of the
-    (transformed) source in float32 (:func:`orkpy.runtime.model.calibrate_source_acts`), the first
-    ``activation.prefix`` positions left out; saved with the model."""
-    if calib is None:
-        return None
-    c = recipe.calibration
-    prefix = recipe.activation.prefix
-    act = calibrate_source_acts(src, calib, c.ctx, c.chunks, run.threads, DEFAULT_PREFIX if prefix is None else prefix)
-    run.log(f"calibrated the activations of {len(act)} linears on {act.info['chunks']} chunks of {c.ctx} tokens")
-    return act
+def quantize_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, inputs: Inputs,
+                   columns: Dict[str, NDArray[Any]], run: RunOptions, writer: Optional[ModelDirWriter],
+                   checkpoint_of: Optional[StrPath]) -> Tuple[Dict[str, PackedWeight], Dict[str, str],
+                                                              Optional[ActCalibration], Any]:
+    """(packed linears, tiers, activation ranges or None, the LayerwiseRun or None): every linear
+    rounded and written. With a calibration text, layer by layer (:mod:`orkpy.quantization.layerwise`:
+    GPTQ when the recipe says so, the activation ranges; ``checkpoint_of``: the output folder whose
+    checkpoint makes the run resumable); without, each linear rounded as it is read."""
+    if inputs.calib is not None:
+        from .layerwise import CHECKPOINT_SUFFIX, LayerwiseRun
+        lw = LayerwiseRun(src, plan, recipe, inputs.calib, inputs.imatrix, columns, run,
+                          gptq=recipe.rounding.method == "gptq", acts=True,
+                          checkpoint=None if checkpoint_of is None else
+                          os.path.abspath(os.fspath(checkpoint_of)) + CHECKPOINT_SUFFIX)
+        tensors, tiers = write_linears(lw, writer, src, lambda: None)
+        act = lw.act_calibration
+        run.log(f"calibrated the activations of {len(act or ())} linears on {len(lw.chunks)} chunks of "
+                f"{recipe.calibration.ctx} tokens")
+        return tensors, tiers, act, lw
+    bar = progress_bar(len(plan), "quantize", run.progress, "tensor")
+    tensors, tiers = write_linears(round_linears(src, plan, recipe.rounding, inputs.imatrix, columns, {}, run.threads),
+                                   writer, src, bar.update if bar is not None else (lambda: None))
+    if bar is not None:
+        bar.close()
+    return tensors, tiers, None, None
 
 
 def manifest_settings(recipe: Recipe, src: Source, imatrix: Optional["Imatrix"],
@@ -346,5 +347,5 @@ def manifest_settings(recipe: Recipe, src: Source, imatrix: Optional["Imatrix"],
 
 
 __all__ = ["Allocated", "Inputs", "LinearPlan", "Opened", "Rounded", "RunOptions", "Scaled", "allocate_stage",
-           "calibrate_acts_stage", "gptq_stage", "importance", "manifest_settings", "open_stage", "plan_linears",
-           "round_linear", "round_linears", "scale_stage", "transform_stage", "write_linears"]
+           "importance", "manifest_settings", "open_stage", "plan_linears", "quantize_stage", "round_linear",
+           "round_linears", "scale_stage", "transform_stage", "write_linears"]

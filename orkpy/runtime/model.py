@@ -206,6 +206,46 @@ def _layer_dict(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]], 
     return L
 
 
+def text_tokens(tokenizer: Tokenizer, n_vocab: int, text_or_tokens: Union[str, ArrayLike],
+                add_bos: Optional[bool] = None) -> NDArray[np.int32]:
+    """:meth:`Model.tokens` for a tokenizer and a vocabulary size (no model needed)."""
+    if isinstance(text_or_tokens, str):
+        special = tokenizer.add_bos if add_bos is None else bool(add_bos)
+        return np.asarray(tokenizer.encode(text_or_tokens, add_special=special), dtype=np.int32)
+    t = np.asarray(text_or_tokens)
+    if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
+        raise TypeError("text_or_tokens must be a str or a 1-D integer array of token ids")
+    if t.size and (t.min() < 0 or t.max() >= n_vocab):
+        bad = int(np.flatnonzero((t < 0) | (t >= n_vocab))[0])
+        raise ValueError(f"token id {int(t[bad])} at index {bad} is outside the vocabulary ({n_vocab})")
+    return t.astype(np.int32)
+
+
+def token_chunks(tokenizer: Tokenizer, tokens: Union[Sequence[int], NDArray[Any]], n_ctx: int,
+                 chunks: Optional[int] = None, add_bos: Optional[bool] = None
+                 ) -> Tuple[int, Iterator[NDArray[np.int32]]]:
+    """:meth:`Model.chunks` for a tokenizer (no model needed)."""
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 2:
+        raise ValueError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
+    n_chunk = len(tokens) // n_ctx
+    if chunks is not None:
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        n_chunk = min(n_chunk, chunks)
+    if n_chunk < 1:
+        raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
+    use_bos = tokenizer.add_bos if add_bos is None else bool(add_bos)
+    bos = tokenizer.bos_id if use_bos else None
+
+    def it() -> Iterator[NDArray[np.int32]]:
+        for c in range(n_chunk):
+            chunk = np.array(tokens[c * n_ctx:(c + 1) * n_ctx], dtype=np.int32)
+            if bos is not None:
+                chunk[0] = bos
+            yield chunk
+    return n_chunk, it()
+
+
 class Model:
     """A loaded model: ``forward(tokens, first=0)`` -> float32 logits for
     positions ``first..T-1``; ``hparams``, ``paths`` (tensor -> weight path),
@@ -302,16 +342,7 @@ class Model:
     def tokens(self, text_or_tokens: Union[str, ArrayLike], add_bos: Optional[bool] = None) -> NDArray[np.int32]:
         """int32 token ids: a str is tokenized with the model's own tokenizer (BOS as
         the vocabulary says, or as add_bos says); an int array is used as given."""
-        if isinstance(text_or_tokens, str):
-            special = self.tokenizer.add_bos if add_bos is None else bool(add_bos)
-            return np.asarray(self.tokenizer.encode(text_or_tokens, add_special=special), dtype=np.int32)
-        t = np.asarray(text_or_tokens)
-        if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
-            raise TypeError("text_or_tokens must be a str or a 1-D integer array of token ids")
-        if t.size and (t.min() < 0 or t.max() >= self.n_vocab):
-            bad = int(np.flatnonzero((t < 0) | (t >= self.n_vocab))[0])
-            raise ValueError(f"token id {int(t[bad])} at index {bad} is outside the vocabulary ({self.n_vocab})")
-        return t.astype(np.int32)
+        return text_tokens(self.tokenizer, self.n_vocab, text_or_tokens, add_bos)
 
     def chunks(self, tokens: Union[Sequence[int], NDArray[Any]], n_ctx: int, chunks: Optional[int] = None,
                add_bos: Optional[bool] = None) -> Tuple[int, Iterator[NDArray[np.int32]]]:
@@ -319,25 +350,7 @@ class Model:
         (at most ``chunks``), the first token of each replaced by BOS when ``add_bos``
         (default: when the vocabulary adds one) -- llama.cpp's convention for perplexity and
         imatrix runs, the one chunking of both. Every token of a chunk is used."""
-        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 2:
-            raise ValueError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
-        n_chunk = len(tokens) // n_ctx
-        if chunks is not None:
-            if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-                raise ValueError(f"chunks must be a positive int, got {chunks!r}")
-            n_chunk = min(n_chunk, chunks)
-        if n_chunk < 1:
-            raise ValueError(f"need at least n_ctx = {n_ctx} tokens, got {len(tokens)}")
-        use_bos = self.tokenizer.add_bos if add_bos is None else bool(add_bos)
-        bos = self.tokenizer.bos_id if use_bos else None
-
-        def it() -> Iterator[NDArray[np.int32]]:
-            for c in range(n_chunk):
-                chunk = np.array(tokens[c * n_ctx:(c + 1) * n_ctx], dtype=np.int32)
-                if bos is not None:
-                    chunk[0] = bos
-                yield chunk
-        return n_chunk, it()
+        return token_chunks(self.tokenizer, tokens, n_ctx, chunks, add_bos)
 
     # ---------------------------------------------- calibration, FFN, NPU --
     def collect_activation_stats(self, chunks: Iterable[ArrayLike],
