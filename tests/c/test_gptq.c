@@ -321,7 +321,8 @@ static void diagonal_checks(const char *isa) {
     for (size_t k = 0; k < K; k++) gram[k * K + k] = k == 10 ? 0.0 : 0.5 + fabs(rnd_n()) * 3.0; /* 10 dead */
     for (size_t k = 0; k < K; k++) im[k] = (float)(gram[k * K + k] / (double)rows);
     uint8_t *codes = malloc(N * K), *plain = malloc(N * K), *want = malloc(N * K);
-    float *sc = malloc(N * 4 * sizeof(float)), *psc = malloc(N * 4 * sizeof(float)), *wsc = malloc(N * 4 * sizeof(float));
+    float *sc = malloc(N * 4 * sizeof(float)), *psc = malloc(N * 4 * sizeof(float));
+    float *wsc = malloc(N * 4 * sizeof(float));
     for (size_t a = 0; a < sizeof kinds / sizeof *kinds; a++)
         for (size_t b = 0; b < sizeof groups / sizeof *groups; b++)
             for (int stat = 0; stat <= 1; stat++) {
@@ -382,7 +383,8 @@ static void feedback_helps(const char *isa) {
         ork_err err;
         CHECK(ork_gptq(w, N, K, gram, &p, codes, sc, &err) == ORK_OK, "%s", err.msg);
         CHECK(ork_quantize(w, N, K, &qp, plain, psc, &err) == ORK_OK, "%s", err.msg);
-        const double eg = out_err(w, N, K, gram, kinds[a], codes, sc), er = out_err(w, N, K, gram, kinds[a], plain, psc);
+        const double eg = out_err(w, N, K, gram, kinds[a], codes, sc);
+        const double er = out_err(w, N, K, gram, kinds[a], plain, psc);
         CHECK(eg < 0.9 * er, "%s %s: GPTQ's output error %g is not below plain rounding's %g", isa,
               ork_kind_get(kinds[a])->name, eg, er);
     }
@@ -454,7 +456,8 @@ static void gram_checks(const char *isa) {
     const size_t shapes[][3] = {{1, 1, 1}, {2, 1, 5}, {9, 8, 9}, {1, 1, 31}, {3, 4, 67}, {1, 2, 130},
                                 /* 2 and 3 threads per call: M K^2 / 2 multiply-adds, 2^20 a thread (linear.c) */
                                 {70, 50, 300}, {7, 90, 301}};
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) gram_shape(isa, shapes[i][0], shapes[i][1], shapes[i][2]);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        gram_shape(isa, shapes[i][0], shapes[i][1], shapes[i][2]);
 }
 
 int main(void) {
