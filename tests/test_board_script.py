@@ -1,5 +1,6 @@
 """tests/board/run_board.py, the RK3588 board check, run here against the fake
-kernels (--fake): exit status, fixtures, and the no-device path."""
+kernels (--fake): exit status, fixtures, the no-device path, and the recipe
+step (orkpy quantize on a small model: time and peak memory)."""
 import importlib.util
 import json
 import os
@@ -75,6 +76,48 @@ def test_fake_quick_writes_fixtures(tmp_path):
         a_list, b = mod.inputs(fx["seed"], M, K, N, len(fx["a_sha256"]))
         assert [mod.sha256(x) for x in a_list] == fx["a_sha256"] and mod.sha256(b) == fx["b_sha256"]
     assert not list(out.glob("*.tmp")), "temporary files left behind"
+    # the recipe step ran after the shapes, on stories260K when the shared folder has it
+    q = run_info["quantize"]
+    assert_quantize_report(q, "stories260K" if mod.shared_models() else "synthetic", out)
+    assert r.stdout.index("fixture cmds") < r.stdout.index("quantize: orkpy quantize")
+    mib = q["peak_rss_bytes"] / 2**20
+    assert f"wall {q['wall_s']:.2f} s  cpu {q['cpu_s']:.2f} s  peak RSS {mib:.1f} MiB" in r.stdout
+
+
+def assert_quantize_report(q, model, out):
+    """The recipe step's report: it ran clean, and its time and memory are sane numbers."""
+    assert q["ok"] is True and "error" not in q and q["exit_code"] == 0, q
+    assert q["model"] == model and q["recipe"]["rounding"]["method"] == "gptq"
+    assert isinstance(q["wall_s"], float) and 0.1 < q["wall_s"] < 600 and 0 < q["cpu_s"] < 600 * (q["cpus"] or 1)
+    # a Python process with NumPy and orkpy is tens of MiB; the models here are a few MB
+    assert isinstance(q["peak_rss_bytes"], int) and 30 * 2**20 < q["peak_rss_bytes"] < 4 * 2**30
+    assert q["linears"] > 0 and q["model_bytes"] > 0
+    assert "quantized" in (out / q["log"]).read_text()
+
+
+def test_quantize_step_alone_on_the_synthetic_model(tmp_path, capsys, monkeypatch):
+    """--quantize only needs no NPU device; the synthetic model (a board without ../shared); the peak
+    memory is the child's own (a child that fails at once reports less than one that quantized, where
+    ru_maxrss would give both this process's); a failing child fails the run."""
+    mod = load_script()
+    monkeypatch.setattr(npu, "unavailable", lambda: {"rknpu": "absent", "rocket": "absent"})
+    out = tmp_path / "q"
+    rc = mod.main(["--quantize", "only", "--quantize-model", "synthetic", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    info = json.loads((out / "board-run.json").read_text())
+    assert info["mode"] == "quantize only" and info["ok"] is True and "shapes" not in info
+    assert_quantize_report(info["quantize"], "synthetic", out)
+    assert "ALL OK" in text and f"peak RSS {info['quantize']['peak_rss_bytes'] / 2**20:.1f} MiB" in text
+
+    monkeypatch.setattr(mod, "QUANT_RECIPE", {"rounding": {"method": "no-such-method"}})
+    bad = tmp_path / "bad"
+    rc = mod.main(["--quantize", "only", "--quantize-model", "synthetic", "--out", str(bad)])
+    text = capsys.readouterr().out
+    q = json.loads((bad / "board-run.json").read_text())["quantize"]
+    assert rc == 1 and "FAILED: quantize" in text and q["ok"] is False and q["exit_code"] != 0
+    assert "quantize.log" in q["error"] and "no-such-method" in (bad / "quantize.log").read_text()
+    assert 0 < q["peak_rss_bytes"] < info["quantize"]["peak_rss_bytes"]
 
 
 @pytest.mark.parametrize("backend", ["rknpu", "rocket"])
@@ -104,7 +147,8 @@ def test_mismatch_exits_1(tmp_path, monkeypatch, capsys):
         return c
 
     monkeypatch.setattr(npu.Device, "matmul", off_by_one)
-    rc = mod.main(["--fake", "--quick", "--backend", "rocket", "--out", str(tmp_path), "--calls", "1"])
+    rc = mod.main(["--fake", "--quick", "--backend", "rocket", "--out", str(tmp_path), "--calls", "1", "--quantize",
+                   "skip"])
     text = capsys.readouterr().out
     assert rc == 1
     assert "MISMATCH" in text and "FAILED" in text

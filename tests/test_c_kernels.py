@@ -1,6 +1,8 @@
 """C-level kernel tests: every SIMD kernel against the scalar _ref, natively
-(AVX2 here) and as aarch64 NEON under qemu-aarch64. The core is compiled with
-the extension's flags (buildflags.py), once per compiler for the session."""
+(AVX2 here) and as aarch64 NEON under qemu-aarch64; GPTQ and the input Gram
+matrix (no ISA variants) against oracles on every ISA (tests/c/test_gptq.c).
+The core is compiled with the extension's flags (buildflags.py), once per
+compiler for the session."""
 import re
 import subprocess
 
@@ -65,6 +67,8 @@ def test_c_native(src, tmp_path, objdir):
     assert "comparing" in out
     if src.stem == "test_quant" and _cpu_flags() >= {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}:
         assert "comparing avx2 (plain) against scalar" in out and "comparing avx512 against scalar" in out, out
+    if src.stem == "test_gptq":
+        assert "comparing gptq on scalar against the oracle" in out and "comparing the gram matrix on scalar" in out
     if src.stem == "test_gemm_f32" and _cpu_flags() >= {"avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}:
         assert "comparing avx2 against scalar" in out and "comparing avx512 against scalar" in out, out
 
@@ -94,6 +98,10 @@ def test_c_neon_under_qemu(src, cpu, tmp_path, objdir):
     if src.stem == "test_npu":  # the NPU pipeline and fake kernels, built for aarch64 (ABI asserts included)
         assert "comparing npu" in out
         return
+    if src.stem == "test_gptq":  # no NEON variant of its own: GPTQ and the Gram matrix on each ISA vs the oracles
+        for isa in ("scalar", "neon"):
+            assert (f"comparing gptq on {isa} against the oracle" in out
+                    and f"comparing the gram matrix on {isa} against the naive sum" in out), out
     assert "comparing neon against scalar" in out
     if src.stem == "test_matmul":
         assert ("comparing neondot against scalar" in out) == (cpu == "max")

@@ -1,6 +1,7 @@
 """GPTQ rounding (orkpy.quantization.gptq; the C core csrc/ork/gptq.h against the NumPy reference
 tests/gptq_ref.py) and the input Gram matrices the forward pass collects for it
-(csrc/ork/linear.h, "Input Gram matrix")."""
+(csrc/ork/linear.h, "Input Gram matrix"). Both against contract oracles in C, natively and on aarch64
+under qemu: tests/c/test_gptq.c."""
 import json
 
 import numpy as np

@@ -6,6 +6,8 @@ and in NumPy, compared bit for bit; fixtures saved for later comparison.
     python tests/board/run_board.py [--backend {rknpu,rocket,all}] [--out DIR]
                                     [--quick] [--fake] [--allow-missing]
                                     [--int4 {first,only,skip}]
+                                    [--quantize {run,skip,only}]
+                                    [--quantize-model {auto,stories260K,synthetic}]
 
 FIRST, before any int8 shape, the int4 step (--int4 first, the default): the
 int4 x int4 -> int16 task's register values that no public source gives (one
@@ -37,8 +39,23 @@ fake kernels are test machinery outside the shipped extension: --fake-lib
 names the library (default $ORKPY_FAKE_KERNEL_LIB), else it is built here
 with gcc from tests/npu_fake (tests/cbuild.py build_fake_kernel).
 
-Exit status: 0 all equal; 1 a mismatch or an error; 2 no requested device
-backend can be opened (0 instead with --allow-missing; nothing is run then).
+The recipe step (--quantize run, the default; after the NPU shapes): orkpy's
+quantization recipe QUANT_RECIPE (a Hadamard rotation, GPTQ, static
+activation ranges calibrated on 4 chunks of 128 tokens; docs/recipes.md) run
+by `orkpy quantize` in a child process on a small model: stories260K from the
+project's shared folder (../shared, or $ORKPY_SHARED) when present, else the
+seeded synthetic model of `orkpy gate` (orkpy.evaluation.synthetic), or the
+one --quantize-model names. It reports the child's wall time, CPU time and
+peak resident memory (VmHWM, which the child reads at its end: ru_maxrss
+would count this script's memory too) and checks that the model directory
+records the recipe and its activation ranges; the child's
+output goes to <out>/quantize.log, the model directory is removed. --quantize
+only runs just this step (no NPU device needed), --quantize skip (or --int4
+only) leaves it out.
+
+Exit status: 0 all equal and the recipe step clean; 1 a mismatch or an
+error; 2 no requested device backend can be opened (0 instead with
+--allow-missing; nothing is run then).
 """
 import argparse
 import datetime
@@ -46,6 +63,8 @@ import hashlib
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +92,11 @@ QUICK_MACS = 1 << 27  # --quick: shapes with at most this many MACs
 # (M, K, N) of the int4 step: one task, K = 480 (the largest tile), K = 481 (two tiles, one of 32 codes
 # padded), a chain of 5 K tiles with M = 37 and N not a multiple of 64
 INT4_GOLDEN = [(4, 64, 64), (1, 480, 64), (4, 481, 128), (37, 2048, 100)]
+
+# the recipe step: rotation + GPTQ + static activation ranges (docs/recipes.md), small enough for any board
+QUANT_RECIPE = {"transform": {"rotate": "hadamard"}, "calibration": {"ctx": 128, "chunks": 4},
+                "rounding": {"method": "gptq"}, "activation": {"mode": "static"}}
+QUANT_CALIB_BYTES = 65536  # stories260K's calibration text: the first whole lines of this many bytes
 
 # fixed NPU addresses for the fixture's command buffer (in/w/out as in npu/golden-matmul-regcmd.txt)
 FIXED = {"cmd": 0x00100000, "in": 0x10000000, "w": 0x20000000, "out": 0x30000000}
@@ -269,6 +293,124 @@ def run_int4(args, devs, labels):
     return all_ok, summary, written
 
 
+def shared_models():
+    """The shared folder's stories260K directory ($ORKPY_SHARED, else ../shared beside the project), or None."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    shared = os.environ.get("ORKPY_SHARED") or os.path.join(os.path.dirname(root), "shared")
+    d = os.path.join(shared, "models", "stories260K")
+    return d if os.path.isfile(os.path.join(d, "stories260K-F16.gguf")) else None
+
+
+def quantize_inputs(which, tmp):
+    """(model name, source, allocation, calibration text) of the recipe step: stories260K (its F16 GGUF, the
+    Q4_0 file's allocation, the first lines of tinystories-val-B.txt) or the synthetic model written to tmp."""
+    st = shared_models() if which in ("auto", "stories260K") else None
+    if st is not None:
+        with open(os.path.join(st, "..", "..", "text", "tinystories-val-B.txt"), "rb") as f:
+            text = f.read(QUANT_CALIB_BYTES)
+        calib = os.path.join(tmp, "calib.txt")
+        with open(calib, "wb") as f:
+            f.write(text[:text.rfind(b"\n") + 1])
+        return "stories260K", os.path.join(st, "stories260K-F16.gguf"), os.path.join(st, "stories260K-Q4_0.gguf"), calib
+    if which == "stories260K":
+        raise FileNotFoundError("stories260K not found: no shared folder (set ORKPY_SHARED)")
+    from orkpy.evaluation.synthetic import make_synthetic
+    paths = make_synthetic(os.path.join(tmp, "synthetic"))
+    return "synthetic", paths["model"], paths["alloc"], paths["calib"]
+
+
+# The recipe step's child: orkpy's command line (python -m orkpy), then its own peak resident memory written to
+# argv[1]: VmHWM, the high-water mark of this process's memory since its exec. Not ru_maxrss: Linux carries the
+# parent's high-water mark across fork and exec into the child's (a child of a 1 GB parent reports >= 1 GB).
+CHILD = """import runpy, sys
+report = sys.argv.pop(1)
+try:
+    runpy.run_module("orkpy", run_name="__main__", alter_sys=True)
+finally:
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(report, "w") as f:
+        f.write(str(kib * 1024))
+"""
+
+
+def run_child(args, log_path, env=None):
+    """`python -m orkpy *args` with stdout and stderr to log_path: (exit code, wall seconds, CPU seconds, the
+    child's peak RSS in bytes or None when it wrote none, e.g. killed)."""
+    fd, report = tempfile.mkstemp(prefix="orkpy-board-peak-")
+    os.close(fd)
+    try:
+        with open(log_path, "wb") as log:
+            t0 = time.perf_counter()
+            p = subprocess.Popen([sys.executable, "-c", CHILD, report, *args], stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, env=env)
+            try:
+                _, status, ru = os.wait4(p.pid, 0)
+            except BaseException:
+                p.kill()
+                p.wait()
+                raise
+            wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        with open(report) as f:
+            peak = f.read().strip()
+        return p.returncode, wall, ru.ru_utime + ru.ru_stime, int(peak) if peak else None
+    finally:
+        os.unlink(report)
+
+
+def run_quantize(args):
+    """The recipe step (module doc): QUANT_RECIPE by `orkpy quantize` in a child process; a result dict."""
+    r = {"recipe": QUANT_RECIPE, "cpus": os.cpu_count(), "log": "quantize.log"}
+    tmp = tempfile.mkdtemp(prefix="orkpy-board-quantize-")
+    try:
+        name, src, alloc, calib = quantize_inputs(args.quantize_model, tmp)
+        r.update(model=name, source=os.path.basename(src), alloc=os.path.basename(alloc))
+        recipe, out = os.path.join(tmp, "recipe.json"), os.path.join(tmp, "model")
+        write_json(recipe, QUANT_RECIPE)
+        env = dict(os.environ)  # the child imports the orkpy this script runs
+        root = os.path.dirname(os.path.dirname(os.path.abspath(orkpy.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        code, wall, cpu, rss = run_child(["quantize", src, "--alloc", alloc, "--calib", calib, "--recipe", recipe,
+                                          "-o", out, "--no-progress"], os.path.join(args.out, "quantize.log"), env)
+        r.update(exit_code=code, wall_s=round(wall, 3), cpu_s=round(cpu, 3), peak_rss_bytes=rss)
+        if code != 0:
+            r["error"] = f"orkpy quantize exited with status {code} (see quantize.log)"
+        elif rss is None:
+            r["error"] = "the child reported no peak memory"
+        else:
+            with open(os.path.join(out, "manifest.json")) as f:
+                manifest = json.load(f)
+            r["linears"] = len(manifest["tensors"])
+            r["model_bytes"] = sum(e.stat().st_size for e in os.scandir(out) if e.is_file())
+            if orkpy.Recipe.load(out) != orkpy.Recipe.from_dict(QUANT_RECIPE):
+                r["error"] = "the model directory records another recipe"
+            elif not manifest.get("act_scales"):
+                r["error"] = "the model directory has no static activation ranges"
+    except Exception as e:
+        r["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    r["ok"] = "error" not in r
+    keys = ", ".join(f"{sec}.{k}={v}" for sec, d in QUANT_RECIPE.items() for k, v in d.items())
+    print(f"quantize: orkpy quantize {r.get('model', '?')}, recipe {keys}")
+    line = f"{'':<10}"
+    if "wall_s" in r:
+        line += f"wall {r['wall_s']:.2f} s  cpu {r['cpu_s']:.2f} s  "
+    if r.get("peak_rss_bytes"):
+        line += f"peak RSS {r['peak_rss_bytes'] / 2**20:.1f} MiB  "
+    print(line + (f"ok: {r['linears']} linears, {r['model_bytes']:,} bytes" if r["ok"] else "ERROR " + r["error"]))
+    return r
+
+
+def environment(argv):
+    """The run's environment for board-run.json."""
+    return {"tool": "tests/board/run_board.py", "argv": sys.argv[1:] if argv is None else list(argv),
+            "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "orkpy": getattr(orkpy, "__version__", None), "numpy": np.__version__,
+            "python": platform.python_version(), "uname": list(platform.uname())}
+
+
 def build_fake_kernel():
     """The fake kernel library built from tests/npu_fake (tests/cbuild.py) into a temporary directory."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -297,9 +439,22 @@ def main(argv=None):
     ap.add_argument("--timeout-ms", type=int, default=10000)
     ap.add_argument("--int4", choices=("first", "only", "skip"), default="first",
                     help="the int4 step (unverified register values): first (default), only, or skip")
+    ap.add_argument("--quantize", choices=("run", "skip", "only"), default="run",
+                    help="the recipe step on a small model (CPU; time and peak memory): run after the NPU shapes "
+                         "(default), skip, or only (no NPU device needed)")
+    ap.add_argument("--quantize-model", choices=("auto", "stories260K", "synthetic"), default="auto",
+                    help="the recipe step's model (auto: stories260K when ../shared has it, else the synthetic one)")
     args = ap.parse_args(argv)
     if args.calls < 1:
         ap.error("--calls must be >= 1")
+    if args.quantize == "only":
+        os.makedirs(args.out, exist_ok=True)
+        print(f"orkpy {getattr(orkpy, '__version__', '?')} board check: the recipe step only; out {args.out}")
+        q = run_quantize(args)
+        write_json(os.path.join(args.out, "board-run.json"),
+                   {**environment(argv), "mode": "quantize only", "quantize": q, "ok": q["ok"]})
+        print(f"{'ALL OK' if q['ok'] else 'FAILED: quantize'}; report in {args.out}")
+        return 0 if q["ok"] else 1
 
     wanted = list(DEVICE_BACKENDS) if args.backend == "all" else [args.backend]
     missing = npu.unavailable()
@@ -423,11 +578,7 @@ def main(argv=None):
         del a_list, b, refs
 
     run = {
-        "tool": "tests/board/run_board.py",
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "orkpy": getattr(orkpy, "__version__", None), "numpy": np.__version__, "python": platform.python_version(),
-        "uname": list(platform.uname()),
+        **environment(argv),
         "mode": mode, "backends": backends, "unavailable": missing, "open_errors": open_errors,
         "devices": {b: device_info(d) for b, d in devs.items()},
         "shapes": summary, "files": written, "ok": all_ok,
@@ -436,10 +587,15 @@ def main(argv=None):
     }
     for d in devs.values():
         d.close()
-    write_json(os.path.join(args.out, "board-run.json"), run)
     print("-" * len(hdr))
+    if args.quantize == "run" and args.int4 != "only":
+        run["quantize"] = run_quantize(args)
+        run["ok"] = all_ok = all_ok and run["quantize"]["ok"]
+        print("-" * len(hdr))
+    write_json(os.path.join(args.out, "board-run.json"), run)
     bad = ([s["name"] for s in int4_summary if not s["ok"]] + [s["name"] for s in summary if not s["ok"]]
-           + [f"open {b}" for b in open_errors])
+           + [f"open {b}" for b in open_errors]
+           + (["quantize"] if "quantize" in run and not run["quantize"]["ok"] else []))
     print(f"{'ALL EQUAL' if all_ok else 'FAILED: ' + ', '.join(bad)}; fixtures in {args.out}")
     return 0 if all_ok else 1
 
