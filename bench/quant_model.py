@@ -11,6 +11,13 @@ threads, each job in a fresh process (peak RSS from wait4, so every process is m
   (without and with the same imatrix file), streamed into the model directory (one tensor at a
   time in memory).
 
+``--recipe``: the calibrated recipe instead (issue 39): ``llama-imatrix`` on the calibration text
+(8 x 512 tokens, their calibration pass) + ``llama-quantize Q4_K_M`` with that imatrix, against
+``orkpy quantize`` with the recipe's flags (default: Hadamard rotation + GPTQ + the static
+activation ranges, layer by layer, on the same text and the Q4_K_M file as the allocation; add
+e.g. ``--recipe-flags="--awq"``), time against the sum of llama.cpp's two jobs and peak RSS
+against the larger of theirs; orkpy's per-stage seconds from its log.
+
 The imatrix is synthetic (positive random values per input column of every linear, in llama.cpp's
 .dat format, the same file for both tools): a real one would need a forward pass of the model on
 text, which random weights do not make meaningful. Prints seconds, peak RSS, and orkpy's speed-up
@@ -107,9 +114,10 @@ def make_model(work, shape):
     return path, imat
 
 
-def run(cmd):
+def run(cmd, errors=None):
     """(seconds, peak RSS bytes) of ``cmd`` run alone in a fresh process (wait4's rusage); the files the
-    job before wrote are flushed first (sync), so no job pays for another's writeback."""
+    job before wrote are flushed first (sync), so no job pays for another's writeback. ``errors``: a
+    list the job's stderr text is appended to."""
     os.sync()
     t0 = time.perf_counter()
     p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -120,6 +128,8 @@ def run(cmd):
     out, err = p.stdout.read(), p.stderr.read()
     if p.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({p.returncode}):\n{err.decode(errors='replace')[-3000:]}")
+    if errors is not None:
+        errors.append(err.decode(errors="replace"))
     return dt, ru.ru_maxrss * 1024
 
 
@@ -130,7 +140,15 @@ def main():
     ap.add_argument("--kind", default="nf4", choices=["nf4", "int4"])
     ap.add_argument("--no-imatrix", action="store_true", help="only the rows without an imatrix")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpy-quant-model"))
+    ap.add_argument("--recipe", action="store_true", help="the calibrated recipe against llama-imatrix + llama-quantize")
+    ap.add_argument("--recipe-flags", default="--rotate hadamard --method gptq",
+                    help="orkpy quantize flags of the recipe (with --recipe)")
+    ap.add_argument("--text", default=str(ROOT.parent / "shared" / "text" / "wikitext-2-raw-test.txt"),
+                    help="calibration text (with --recipe)")
+    ap.add_argument("--chunks", type=int, default=8, help="calibration chunks of 512 tokens (with --recipe)")
     a = ap.parse_args()
+    if a.recipe:
+        return recipe_main(a)
     try:
         lq = llama_bin("llama-quantize")
     except pytest.skip.Exception as e:
@@ -159,6 +177,40 @@ def main():
     print(f"{'shape':<6}{'F16 GB':>8}  {'job':<12}{'peak RSS GB':>12}{'RSS / F16 file':>16}")
     for shape, gb, job, rss in scaling:
         print(f"{shape:<6}{gb:>8.2f}  {job:<12}{rss / 1e9:>12.3f}{rss / 1e9 / gb:>16.3f}")
+
+
+def recipe_main(a):
+    """The --recipe table (see module doc)."""
+    try:
+        lq, li = llama_bin("llama-quantize"), llama_bin("llama-imatrix")
+    except pytest.skip.Exception as e:
+        sys.exit(f"quant_model: {e.msg}")
+    os.makedirs(a.work, exist_ok=True)
+    flags = a.recipe_flags.split()
+    print(f"calibrated recipe, {a.threads} threads, {a.chunks} x 512 calibration tokens of {os.path.basename(a.text)}, "
+          f"each job alone in a fresh process; load average {os.getloadavg()[0]:.2f} at the start")
+    print(f"orkpy: {' '.join(flags)} --calib TEXT (Q4_K_M allocation); llama.cpp: llama-imatrix + llama-quantize Q4_K_M")
+    print(f"{'shape':<6}{'F16 GB':>8}{'imatrix s':>11}{'quant s':>9}{'RSS GB':>8}{'orkpy s':>9}{'RSS GB':>8}"
+          f"{'time':>8}{'memory':>8}")
+    for shape in a.shapes:
+        src, _ = make_model(a.work, shape)
+        gb = src.stat().st_size / 1e9
+        imat = pathlib.Path(a.work) / f"qwen3-{shape}-text.imatrix.dat"
+        it, irss = run([li, "-m", src, "-f", a.text, "-c", 512, "--chunks", a.chunks, "-t", a.threads, "-o", imat,
+                        "--no-ppl"])
+        q4km = pathlib.Path(a.work) / f"qwen3-{shape}-Q4_K_M-textim.gguf"
+        qt, qrss = run([lq, "--imatrix", imat, src, q4km, "Q4_K_M", a.threads])
+        out = pathlib.Path(a.work) / f"qwen3-{shape}-orkpy-recipe"
+        log = []
+        ot, orss = run([sys.executable, "-m", "orkpy", "quantize", src, "--alloc", q4km, *flags, "--calib", a.text,
+                        "--calib-chunks", a.chunks, "--calib-ctx", 512, "-t", a.threads, "-o", out, "--overwrite",
+                        "--no-progress"], log)
+        lt, lrss = it + qt, max(irss, qrss)
+        print(f"{shape:<6}{gb:>8.2f}{it:>11.1f}{qt:>9.1f}{lrss / 1e9:>8.2f}{ot:>9.1f}{orss / 1e9:>8.2f}"
+              f"{ot / lt:>7.2f}x{orss / lrss:>7.2f}x", flush=True)
+        stages = [ln for ln in log[0].splitlines() if ln.startswith("stage seconds:")]
+        if stages:
+            print("       " + stages[-1])
 
 
 if __name__ == "__main__":

@@ -574,6 +574,8 @@ static PyMethodDef core_methods[] = {
     {"ffn_lut", orkpy_ffn_lut, METH_VARARGS,
      "ffn_lut(step, act=0) -> (int16[1024], scale): the chain's LUT of activation act (0 SiLU, 1 GELU-tanh)"},
     {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
+    {"range_mse", orkpy_range_mse, METH_VARARGS,
+     "range_mse(count, sum, sum2, clips, qmax, threads=0) -> float64 squared error of each static range"},
     {"act_stats_edges", orkpy_act_stats_edges, METH_NOARGS,
      "lower edges of the activation statistics' |x| histogram bins (+ inf)"},
     {"ffn_modes", orkpy_ffn_modes, METH_NOARGS, "ffn_modes() -> tuple of the FFN chain's mode names"},

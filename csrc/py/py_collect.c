@@ -10,6 +10,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "py_model.h"
+#include "../ork/act_range.h"
 
 /* run a runtime call (which names `err`) without the GIL; return None, or NULL with its status raised */
 #define RT_CALL(call)                                 \
@@ -191,6 +192,50 @@ PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused) {
     for (int i = 0; i < ORK_ASTATS_BINS; i++) e[i] = ork_act_stats_edge(i);
     e[ORK_ASTATS_BINS] = INFINITY;
     return (PyObject *)a;
+}
+
+/* range_mse(count, sum, sum2, clips, qmax, threads=0) -> float64 (len(clips),): the squared error of each static
+ * range on an |x| histogram of act_stats_edges()'s bins (act_range.h) */
+PyObject *orkpy_range_mse(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[4];
+    int qmax, threads = 0;
+    if (!PyArg_ParseTuple(args, "OOOOi|i:range_mse", &o[0], &o[1], &o[2], &o[3], &qmax, &threads) ||
+        orkpy_check_threads(threads) < 0)
+        return NULL;
+    static const char *const names[4] = {"count", "sum", "sum2", "clips"};
+    PyArrayObject *a[4] = {NULL, NULL, NULL, NULL};
+    PyObject *res = NULL;
+    for (int i = 0; i < 4; i++)
+        if (!(a[i] = orkpy_as_exact(o[i], NPY_FLOAT64, 1, names[i]))) goto done;
+    for (int i = 0; i < 3; i++)
+        if (PyArray_DIM(a[i], 0) != ORK_ASTATS_BINS) {
+            PyErr_Format(PyExc_ValueError, "%s must have %d values (the histogram's bins), got %zd", names[i],
+                         ORK_ASTATS_BINS, (Py_ssize_t)PyArray_DIM(a[i], 0));
+            goto done;
+        }
+    double edges[ORK_ASTATS_BINS + 1];
+    for (int i = 0; i < ORK_ASTATS_BINS; i++) edges[i] = ork_act_stats_edge(i);
+    edges[ORK_ASTATS_BINS] = INFINITY;
+    npy_intp n = PyArray_DIM(a[3], 0);
+    res = PyArray_SimpleNew(1, &n, NPY_FLOAT64);
+    if (!res) goto done;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_act_range_mse((const double *)PyArray_DATA(a[0]), (const double *)PyArray_DATA(a[1]),
+                           (const double *)PyArray_DATA(a[2]), edges, ORK_ASTATS_BINS,
+                           (const double *)PyArray_DATA(a[3]), (size_t)n, qmax,
+                           (double *)PyArray_DATA((PyArrayObject *)res), threads, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        Py_CLEAR(res);
+        orkpy_raise(st, &err);
+    }
+done:
+    for (int i = 0; i < 4; i++) Py_XDECREF(a[i]);
+    return res;
 }
 
 PyObject *orkpy_fwd_ffn_stats_enable(FwdObject *self, PyObject *unused) {

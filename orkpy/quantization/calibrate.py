@@ -97,7 +97,7 @@ class QuantizedModel:
         self.alloc_map: Optional[TierMap] = None  # the allocation used (quantize_model sets it)
         self.alloc_report: Optional[Dict[str, Any]] = None  # target_bpw: the estimates (orkpy.quantization.alloc)
         self.path: Optional[str] = None  # the model directory quantize_model(output=) wrote
-        self.timings: Dict[str, float] = {}  # seconds per stage of the layer-by-layer run (orkpy.quantization.layerwise)
+        self.timings: Dict[str, float] = {}  # quantize_model: seconds per stage (the layer-by-layer ones as "linears: ...")
 
     def float_linears(self) -> Dict[str, str]:
         """{float-tier linear name: the source tensor holding its weight}."""
@@ -239,10 +239,11 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     run = RunOptions(threads, progress, log if log is not None else (lambda msg: print(msg, file=sys.stderr)))
     inputs = Inputs(os.fspath(source), alloc, im, calib, meta)
 
-    opened = open_stage(inputs, recipe)
-    src = transform_stage(opened.src, recipe, calib, threads)
-    allocated = allocate_stage(opened, src, recipe, inputs, run)
-    src, columns = scale_stage(src, allocated.tiers, opened.names, recipe, calib, run)
+    clock = Stopwatch()
+    opened = clock("open", open_stage, inputs, recipe)
+    src = clock("transform", transform_stage, opened.src, recipe, calib, threads)
+    allocated = clock("allocate", allocate_stage, opened, src, recipe, inputs, run)
+    src, columns = clock("awq", scale_stage, src, allocated.tiers, opened.names, recipe, calib, run)
     writer = None
     if output is not None:  # streaming: an error removes what was written (ModelDirWriter)
         from ..formats.modeldir import ModelDirWriter
@@ -253,22 +254,39 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     with writer if writer is not None else contextlib.nullcontext():
         double_quant = _double_quant(src, opened.names, inputs.source, run.log)
         plan = plan_linears(opened.names, allocated.tiers, recipe.allocation)
-        tensors, tiers, act_calib, lw = quantize_stage(src, plan, recipe, inputs, columns, run, writer,
-                                                       output if resume else None)
+        tensors, tiers, act_calib, lw = clock("linears", quantize_stage, src, plan, recipe, inputs, columns, run,
+                                              writer, output if resume else None)
         source_hash, alloc_info = hashes_of()
         hashes = {"source": source_hash, "alloc": alloc_info,
                   "imatrix": None if im is None else {"sha256": im.sha256(), "chunks": im.chunks}}
         qm = QuantizedModel(inputs.source, tensors, tiers, manifest_settings(recipe, src, im, tensors), hashes,
                             double_quant, src, act_calib, recipe)
         qm.alloc_map, qm.alloc_report = allocated.tiers, allocated.report
-        qm.timings = lw.timings if lw is not None else {}
         if writer is not None:
-            qm.path = writer.finish(qm.tiers, qm.float_linears(), src, qm._record(), qm._act_bytes())
+            qm.path = clock("finish", writer.finish, qm.tiers, qm.float_linears(), src, qm._record(), qm._act_bytes())
         if lw is not None:
             lw.finished()
+            clock.times.update({"linears: " + k: v for k, v in lw.timings.items()})
+        qm.timings = clock.times
+        run.log("stage seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in clock.times.items()))
         run.log(f"quantized {len(tensors)} linears of {os.path.basename(inputs.source)}: int8 share of weight storage "
                 f"{qm.int8_share():.1%}")
         return qm
+
+
+class Stopwatch:
+    """``clock(stage, fn, *args)`` runs ``fn(*args)`` and adds its seconds to ``clock.times[stage]``."""
+
+    def __init__(self) -> None:
+        self.times: Dict[str, float] = {}
+
+    def __call__(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        import time
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - t0
 
 
 def _recipe_of(recipe: Optional[Recipe], kw: Dict[str, Any]) -> Recipe:

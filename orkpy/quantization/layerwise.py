@@ -162,7 +162,9 @@ class LayerwiseRun:
             if bar is not None:
                 bar.close()
         if self.acts:
+            t0 = time.perf_counter()
             self.act_calibration = actcal.from_stats(self.act_stats, self._act_info())
+            self._timed("act ranges", t0)
 
     def finished(self) -> None:
         """The result is safe (its model directory in place): the checkpoint goes."""

@@ -82,37 +82,15 @@ def hist_edges() -> NDArray[np.float64]:
     return _EDGES
 
 
-def _sawtooth_integral(u: NDArray[np.float64]) -> NDArray[np.float64]:
-    """integral from 0 to u (>= 0) of (t - round(t))^2 dt, rounding half up."""
-    k = np.floor(u + 0.5)
-    r = u - k
-    return np.where(k >= 1, 1.0 / 24.0 + (k - 1.0) / 12.0 + (r ** 3 + 0.125) / 3.0, u ** 3 / 3.0)
-
-
 def range_mse(count: ArrayLike, sums: ArrayLike, sums2: ArrayLike, clips: ArrayLike,
-              qmax: int = 127) -> NDArray[np.float64]:
+              qmax: int = 127, threads: Optional[int] = None) -> NDArray[np.float64]:
     """Total squared error of quantizing the histogrammed values with each static range of
     ``clips`` on a grid of ``+-qmax`` steps (see module doc): saturation above the range,
-    rounding below it."""
-    edges = hist_edges()
-    n = np.asarray(count, np.float64)
-    s1 = np.asarray(sums, np.float64)
-    s2 = np.asarray(sums2, np.float64)
-    keep = n > 0
-    lo, hi = edges[:-1][keep], edges[1:][keep]
-    n, s1, s2 = n[keep], s1[keep], s2[keep]
-    c = np.asarray(clips, np.float64).reshape(-1, 1)
-    d = c / float(qmax)
-    above = np.maximum(s2 - 2.0 * c * s1 + n * c * c, 0.0)  # exact: every value of the bin saturates
-    span_hi = np.where(np.isfinite(hi), hi, lo * 2.0)      # the open last bin: its values taken within [lo, 2 lo)
-    top = np.clip(c, lo, span_hi)                          # [lo, top): the part of the bin below the range
-    frac = (top - lo) / (span_hi - lo)
-    safe = np.where(top > lo, top - lo, 1.0)
-    rounding = np.where(top > lo, d * d * (_sawtooth_integral(top / d) - _sawtooth_integral(lo / d)) / (safe / d), 0.0)
-    straddle = (span_hi - top) ** 2 / 3.0                  # mean (v - c)^2 of the part above it
-    err = np.where(lo >= c, above, n * frac * rounding + n * (1.0 - frac) * straddle)
-    out: NDArray[np.float64] = err.sum(axis=1)
-    return out
+    rounding below it (csrc/ork/act_range.h: the formula, in C; the ranges split over
+    ``threads``, the result independent of them)."""
+    return _core.range_mse(np.asarray(count, np.float64), np.asarray(sums, np.float64),
+                           np.asarray(sums2, np.float64), np.asarray(clips, np.float64), int(qmax),
+                           0 if threads is None else int(threads))
 
 
 def mse_clip(stats: Mapping[str, Any], qmax: int = 127) -> float:
