@@ -49,7 +49,7 @@ from .recipe import Recipe
 
 if TYPE_CHECKING:
     from .imatrix import Imatrix
-    from .pipeline import LinearPlan, Rounded, RunOptions
+    from .rounding import LinearPlan, Rounded, RunOptions
 
 #: a streamed run's checkpoint folder: the output folder's name plus this
 CHECKPOINT_SUFFIX = ".orkpy-checkpoint"
@@ -123,7 +123,7 @@ class LayerwiseRun:
         self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - t0
 
     def __iter__(self) -> Iterator["Rounded"]:
-        from .pipeline import Rounded
+        from .rounding import Rounded
         src, n_layer = self.src, int(self.src.hp["n_layer"])
         bar = progress_bar(n_layer + 1, "recipe", self.run.progress, "layer")
         start = 0
@@ -234,7 +234,7 @@ class LayerwiseRun:
                out: List["Rounded"], until: Optional[str]) -> Iterator["Rounded"]:
         """Round the layer's linears in order, up to and including the readers of ``until``'s
         Gram matrix (all the rest with None)."""
-        from .pipeline import Rounded, importance, round_linear
+        from .rounding import Rounded, importance, round_linear
         for n in names:
             if n in done:
                 continue
@@ -266,7 +266,7 @@ class LayerwiseRun:
     def _head(self, last: Optional[Block], stream: Stream, qstream: Optional[Stream], n_layer: int
               ) -> Iterator["Rounded"]:
         """The head: its input statistics from the final rows, its weight rounded in row blocks."""
-        from .pipeline import Rounded, importance, round_linear
+        from .rounding import Rounded, importance, round_linear
         p = self.plan.get(OUTPUT)
         want_gram = self.gptq and p is not None and p.kind != "gguf"
         if last is None or (last.layer != n_layer - 1):  # resumed after the last layer: one block to run the head

@@ -42,8 +42,9 @@ from ..runtime.actcal import ActCalibration
 from ..runtime.model import linear_names, tier_path, transformed_source
 from ..formats.modeldir import ModelDirWriter
 from ..kernels.packed import PackedWeight, pack
-from ..kernels.quant import QuantizedTensor, quantize
+from ..kernels.quant import QuantizedTensor
 from .recipe import AllocationSpec, Recipe, RoundingSpec
+from .rounding import LinearPlan, Rounded, RunOptions, importance, round_linear
 from ..runtime.rotate import TransformedSource
 from ..formats.source import Allocation, Source, open_source, read_allocation
 from ..formats.tiermap import OUTPUT, TierMap, grouped_tier, split_tier
@@ -62,14 +63,6 @@ class Inputs(NamedTuple):
     imatrix: Optional["Imatrix"]
     calib: Union[str, ArrayLike, None]
     meta: Optional[StrPath]
-
-
-class RunOptions(NamedTuple):
-    """How a run goes, never what it makes: threads, progress bars, the log."""
-
-    threads: Optional[int]
-    progress: bool
-    log: Callable[[str], None]
 
 
 class Opened(NamedTuple):
@@ -96,26 +89,6 @@ class Scaled(NamedTuple):
 
     src: Source
     columns: Dict[str, NDArray[Any]]
-
-
-class LinearPlan(NamedTuple):
-    """One linear's tier as saved (a default group size applied), its quantizer kind ("gguf": it
-    stays float) and its group size (None: one scale per output channel)."""
-
-    tier: str
-    kind: str
-    group: Optional[int]
-
-
-class Rounded(NamedTuple):
-    """One linear out of :func:`round_linears`: its packed weight (None: it stays float), and
-    ``streamed``: rounded here one at a time (its source pages can go back once it is written),
-    not taken from GPTQ's results."""
-
-    name: str
-    tier: str
-    packed: Optional[PackedWeight]
-    streamed: bool
 
 
 def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
@@ -210,27 +183,6 @@ def plan_linears(names: List[str], tm: TierMap, allocation: AllocationSpec) -> D
             tier = grouped_tier(tier, allocation.group_size)
         plan[name] = LinearPlan(tier, qkind, split_tier(tier)[1] or None)
     return plan
-
-
-def importance(imatrix: Optional["Imatrix"], name: str, columns: Optional[NDArray[Any]],
-               K: int) -> Optional[NDArray[Any]]:
-    """The imatrix values of linear ``name`` (None without), divided by AWQ's column scales
-    squared when the inputs were scaled; ValueError if they do not fit ``K`` inputs."""
-    im = imatrix.values(name) if (imatrix is not None and name in imatrix) else None
-    if im is not None and columns is not None and im.shape == columns.shape:
-        im = (np.asarray(im, np.float64) / columns ** 2).astype(np.float32)  # the scaled inputs' importance
-    if im is not None and im.shape != (K,):
-        where = f"{imatrix.path}: " if imatrix is not None and imatrix.path else ""
-        raise ValueError(f"{where}the imatrix entry for {name!r} has {im.size} values but the tensor has "
-                         f"K = {K} input columns: the imatrix is for a different model")
-    return im
-
-
-def round_linear(w: NDArray[Any], p: LinearPlan, rounding: RoundingSpec, im: Optional[NDArray[Any]],
-                 threads: Optional[int]) -> QuantizedTensor:
-    """One linear's weight rounded (:func:`orkpy.quantize`) as ``rounding`` says."""
-    return quantize(w, p.kind, imatrix=im, sr=rounding.sr, seed=rounding.seed, clip_grid=rounding.clip_grid,
-                    threads=threads, group_size=p.group, search=rounding.clip_search)
 
 
 def round_linears(src: Source, plan: Dict[str, LinearPlan], rounding: RoundingSpec, imatrix: Optional["Imatrix"],
