@@ -172,3 +172,16 @@ def test_calibrated_quantization_peak_memory_does_not_hold_the_model(tmp_path):
     grown, size = [int(v) for v in out.stdout.split()]
     assert size > 140e6
     assert grown < 0.8 * size, (grown, size)
+
+
+def test_no_resume_writes_no_checkpoint(shared, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(Checkpoint, "save", lambda self, *a: calls.append(a))
+    orkpy.quantize_model(shared / F32, shared / Q4KM, calib=_calib(shared), calib_ctx=64, calib_chunks=2,
+                         output=tmp_path / "out", resume=False, **QUIET)
+    assert not calls and not os.path.exists(str(tmp_path / "out") + CHECKPOINT_SUFFIX)
+    from orkpy.cli import main
+    assert main(["quantize", str(shared / F32), "--alloc", str(shared / Q4KM), "--calib",
+                 str(shared / TEXT), "--calib-chunks", "2", "--calib-ctx", "64", "-o", str(tmp_path / "cli"),
+                 "--no-resume", "--no-progress"]) in (0, None)
+    assert not calls and (tmp_path / "cli" / "manifest.json").exists()

@@ -48,7 +48,7 @@ NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq"}
 _CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
 CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
-                            "overwrite", "no_progress", "recipe"})
+                            "overwrite", "no_progress", "no_resume", "recipe"})
 
 
 def _given_options(args):
@@ -127,7 +127,8 @@ def _cmd_quantize(args):
     calib = read_text_like_llama_cpp(args.calib) if args.calib else None
     qm = quantize_model(args.source, args.alloc, imatrix=args.imatrix, threads=args.threads,
                         progress=not args.no_progress, meta=meta, calib=calib, recipe=recipe,
-                        output=args.output, overwrite=args.overwrite)  # streamed: one tensor in memory at a time
+                        output=args.output, overwrite=args.overwrite,  # streamed: one tensor in memory at a time
+                        resume=not getattr(args, "no_resume", False))
     out = qm.path
     if args.emit_map and qm.alloc_map is not None:
         qm.alloc_map.save(args.emit_map)
@@ -242,6 +243,9 @@ def add_quantize(sub):
                    help="output model folder; missing parent folders are created (required)")
     s.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--no-resume", action="store_true",
+                   help="with --calib: no checkpoint (by default each finished layer is saved in "
+                        "DIR.orkpy-checkpoint, and a killed run given the same inputs continues from there)")
     _add_recipe_arg(s)
     s.set_defaults(func=_cmd_quantize, _cmd_parser=s)
     return s
