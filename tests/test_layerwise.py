@@ -185,3 +185,35 @@ def test_no_resume_writes_no_checkpoint(shared, tmp_path, monkeypatch):
                  str(shared / TEXT), "--calib-chunks", "2", "--calib-ctx", "64", "-o", str(tmp_path / "cli"),
                  "--no-resume", "--no-progress"]) in (0, None)
     assert not calls and (tmp_path / "cli" / "manifest.json").exists()
+
+
+def test_float_tables_written_in_row_blocks_give_the_same_file(shared, tmp_path, monkeypatch):
+    """float.gguf's large tables (an embedding) are read and written in blocks of rows: the same
+    bytes as whole (a rotated source too: its table is computed per block)."""
+    from orkpy.formats import modeldir
+    kw = dict(alloc=shared / Q4KM, rotate="hadamard", **QUIET)
+    whole = orkpy.quantize_model(shared / F32, output=tmp_path / "whole", **kw)
+    monkeypatch.setattr(modeldir, "ROWS_BYTES", 4 * 64 * 50)  # 50 rows of the 64-wide table a block
+    blocks = orkpy.quantize_model(shared / F32, output=tmp_path / "blocks", **kw)
+    a = open(os.path.join(whole.path, "float.gguf"), "rb").read()
+    assert a == open(os.path.join(blocks.path, "float.gguf"), "rb").read()
+
+
+def test_lazy_tensor_blocks_are_checked(tmp_path):
+    from orkpy.formats.gguf_write import LazyTensor, write_gguf
+    meta = [("general.architecture", "STRING", "llama")]
+    ok = LazyTensor((5, 3), np.float32, lambda: iter([np.ones((2, 3), np.float32), np.zeros((3, 3), np.float32)]),
+                    blocks=True)
+    write_gguf(tmp_path / "a.gguf", meta, [("t", ok)])
+    g = orkpy.GGUFFile(tmp_path / "a.gguf")
+    np.testing.assert_array_equal(g.tensor("t"), np.vstack([np.ones((2, 3)), np.zeros((3, 3))]))
+    short = LazyTensor((5, 3), np.float32, lambda: iter([np.ones((2, 3), np.float32)]), blocks=True)
+    with pytest.raises(ValueError, match="declared"):
+        write_gguf(tmp_path / "b.gguf", meta, [("t", short)])
+    wrong = LazyTensor((5, 3), np.float32, lambda: iter([np.ones((5, 3), np.float16)]), blocks=True)
+    with pytest.raises(ValueError, match="block of float16"):
+        write_gguf(tmp_path / "c.gguf", meta, [("t", wrong)])
+    long = LazyTensor((2, 3), np.float32, lambda: iter([np.ones((2, 3), np.float32)] * 3), blocks=True)
+    with pytest.raises(ValueError, match="declared"):
+        write_gguf(tmp_path / "d.gguf", meta, [("t", long)])
+    assert not (tmp_path / "b.gguf").exists() and not (tmp_path / "c.gguf").exists()

@@ -169,14 +169,17 @@ class LazyTensor:
     """A tensor :func:`write_gguf` makes only when it writes it: ``shape`` and ``dtype``
     (float32 or float16) declared for the header, ``make()`` called once, as the file is
     written, returning that array (a ValueError naming the tensor if it does not match), so a
-    file of many large tensors is written holding one at a time."""
+    file of many large tensors is written holding one at a time; with ``blocks=True`` ``make()``
+    yields the tensor's blocks of rows in order instead (each of ``dtype``, the rows adding up
+    to ``shape``), so not even one tensor is held whole."""
 
-    __slots__ = ("shape", "dtype", "make")
+    __slots__ = ("shape", "dtype", "make", "blocks")
 
-    def __init__(self, shape: Sequence[int], dtype: Any, make: Callable[[], NDArray[Any]]) -> None:
+    def __init__(self, shape: Sequence[int], dtype: Any, make: Callable[[], Any], blocks: bool = False) -> None:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.make = make
+        self.blocks = bool(blocks)  # make() yields the tensor's row blocks in order (a large table, never whole)
 
     @property
     def ndim(self) -> int:
@@ -292,9 +295,24 @@ def write_gguf(path: StrPath, metadata: Iterable[Tuple[str, str, Any]], tensors:
     def chunks() -> Iterator[Union[bytes, memoryview]]:
         yield bytes(header)
         for name, arr in checked:
-            a = _le(arr.array(name) if isinstance(arr, LazyTensor) else arr)
-            yield a.reshape(-1).view(np.uint8).data
-            p = _pad(a.nbytes, alignment)
+            if isinstance(arr, LazyTensor) and arr.blocks:
+                nbytes = 0
+                for blk in arr.make():
+                    b = _le(np.ascontiguousarray(blk))
+                    if b.dtype != arr.dtype or b.shape[1:] != arr.shape[1:]:
+                        raise ValueError(f"tensor {name!r}: a block of {b.dtype} {b.shape}, declared {arr.dtype} "
+                                         f"rows of {arr.shape[1:]}")
+                    nbytes += b.nbytes
+                    if nbytes > arr.nbytes:
+                        break
+                    yield b.reshape(-1).view(np.uint8).data
+                if nbytes != arr.nbytes:
+                    raise ValueError(f"tensor {name!r}: make() gave {nbytes} bytes of blocks, declared {arr.nbytes}")
+            else:
+                a = _le(arr.array(name) if isinstance(arr, LazyTensor) else arr)
+                yield a.reshape(-1).view(np.uint8).data
+                nbytes = a.nbytes
+            p = _pad(nbytes, alignment)
             if p:
                 yield bytes(p)
 

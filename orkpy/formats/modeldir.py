@@ -56,6 +56,11 @@ ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channel
 
 # ------------------------------------------------------------------- write --
 
+#: float32 bytes of a float tensor read at once when float.gguf is written: a larger one (an embedding
+#: table) is read and written in blocks of rows
+ROWS_BYTES = 64 << 20
+
+
 class ModelDirWriter:
     """A model directory written as it goes (what :func:`write_model_dir` and the streaming
     ``quantize_model(..., output=)`` use): :meth:`add` saves one packed linear into the
@@ -230,11 +235,22 @@ class ModelDirWriter:
                 maps.extend(m for m in maps_of(a) if not any(m is x for x in maps))
                 return a.astype(np.float16) if f16 else np.ascontiguousarray(a, dtype=np.float32)
 
+            def make_rows(name: str, f16: bool) -> Any:  # a large table in blocks of rows (Source.rows)
+                src.release()
+                N, K = shapes[name]
+                step = max(1, ROWS_BYTES // (4 * K))
+                for r in range(0, N, step):
+                    a = src.rows(name, slice(r, min(N, r + step)))
+                    yield a.astype(np.float16) if f16 else a
+                    del a
+                    src.release(caches=False)
+
             floats: List[Tuple[str, LazyTensor]] = []
             for name in names:
                 f16 = src.type_of(name) == "F16"
+                big = len(shapes[name]) == 2 and 4 * int(np.prod(shapes[name])) > ROWS_BYTES
                 floats.append((name, LazyTensor(shapes[name], np.float16 if f16 else np.float32,
-                                                functools.partial(make, name, f16))))
+                                                functools.partial(make_rows if big else make, name, f16), blocks=big)))
             for name, tensor in float_linears.items():
                 entries[name] = {"tier": "float", "kind": "float", "tensor": tensor, "shape": list(shapes[tensor])}
             float_sha = write_gguf(os.path.join(tmp, FLOAT_FILE), meta, floats, direct=True, digest=True)
