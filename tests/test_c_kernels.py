@@ -104,7 +104,7 @@ def test_c_neon_under_qemu(src, cpu, tmp_path, objdir):
     if src.stem == "test_gptq":  # no NEON variant of its own: GPTQ and the Gram matrix on each ISA vs the oracles
         for isa in ("scalar", "neon"):
             assert (f"comparing gptq on {isa} against the oracle" in out
-                    and f"comparing the gram matrix on {isa} against the naive sum" in out), out
+                    and f"comparing the gram matrix on {isa} against its contract's sum" in out), out
     assert "comparing neon against scalar" in out
     if src.stem == "test_matmul":
         assert ("comparing neondot against scalar" in out) == (cpu == "max")

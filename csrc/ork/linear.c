@@ -1,6 +1,5 @@
 /* linear.c - a linear layer on its weight path (linear.h). */
 #include "linear.h"
-#include "cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -177,51 +176,65 @@ done:
 }
 
 /* ------------------------------------------------- input Gram matrix -- */
+/* One block of R <= ORK_GRAM_ROWS rows: xt (K x R) its transpose; each work item a tile of 64 channels
+ * [i0, i1): P = xt[i0..i1) xt^T over columns i0..K-1 by the float32 GEMM (gemm_f32.h: one fmaf chain per
+ * element over the block's rows in order), then added to the upper triangle of g in double. */
 typedef struct {
-    const float *x;
-    size_t M, K;
+    const ork_gemm_f32_kernels *kern;
+    const float *xt;
+    size_t R, K;
     double *g;
 } gram_job;
 
-/* the block of rows [i0, i1) and columns [c0, c1) of the upper triangle, every row m added in order */
-static void gram_tile(const float *x, size_t M, size_t K, double *g, size_t i0, size_t i1, size_t c0, size_t c1) {
-    for (size_t m = 0; m < M; m++) {
-        const float *xr = x + m * K;
-        for (size_t i = i0; i < i1; i++) {
-            const double xi = (double)xr[i];
-            double *gr = g + i * K;
-            for (size_t c = c0 > i ? c0 : i; c < c1; c++) gr[c] += xi * (double)xr[c];
-        }
-    }
-}
+#define GRAM_TILE 64 /* channels per work item */
 
-void ork_gram_tile_avx2(const float *x, size_t M, size_t K, double *g, size_t i0, size_t i1, size_t c0, size_t c1);
-
-#define GRAM_COLS 512 /* a tile of 8 rows x 512 columns of doubles: 32 KB, in L1 while the rows m stream by */
-
-/* rows [begin, end) of the upper triangle, 8 at a time, in column tiles; every element sums the rows m in
- * order (each product of two floats is exact in double: the AVX2 tile's fused multiply-add gives the same bits) */
-static ork_status gram_rows(void *ctx, size_t begin, size_t end, ork_err *err) {
-    (void)err;
+static ork_status gram_tiles(void *ctx, size_t begin, size_t end, ork_err *err) {
     const gram_job *j = (const gram_job *)ctx;
     const size_t K = j->K;
-    const int avx2 = ork_cpu_isa() == ORK_ISA_AVX2;
-    for (size_t i0 = begin; i0 < end; i0 += 8) {
-        const size_t i1 = i0 + 8 < end ? i0 + 8 : end;
-        for (size_t c0 = i0; c0 < K; c0 += GRAM_COLS) {
-            const size_t c1 = c0 + GRAM_COLS < K ? c0 + GRAM_COLS : K;
-            if (avx2) ork_gram_tile_avx2(j->x, j->M, K, j->g, i0, i1, c0, c1);
-            else gram_tile(j->x, j->M, K, j->g, i0, i1, c0, c1);
+    float *y = (float *)malloc(GRAM_TILE * K * sizeof(float));
+    float *scratch = (float *)aligned_alloc(64, ORK_GEMM_F32_SCRATCH * sizeof(float));
+    if (!y || !scratch) {
+        free(y);
+        free(scratch);
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for the Gram matrix's tile (%zu floats)", GRAM_TILE * K);
+    }
+    for (size_t t = begin; t < end; t++) {
+        const size_t i0 = t * GRAM_TILE, i1 = i0 + GRAM_TILE < K ? i0 + GRAM_TILE : K;
+        j->kern->cols(j->xt + i0 * j->R, j->R, i1 - i0, j->R, j->xt, j->R, i0, K, y, K, scratch);
+        for (size_t i = i0; i < i1; i++) {
+            const float *yr = y + (i - i0) * K;
+            double *gr = j->g + i * K;
+            for (size_t c = i; c < K; c++) gr[c] += (double)yr[c];
         }
     }
+    free(y);
+    free(scratch);
     return ORK_OK;
+}
+
+/* xx_sum += the Gram matrix of x's M rows, a block of ORK_GRAM_ROWS rows at a time (linear.h) */
+static ork_status gram_add(const ork_linear *l, const float *x, size_t M, int nthreads, ork_err *err) {
+    const size_t K = l->K;
+    float *xt = (float *)malloc(K * ORK_GRAM_ROWS * sizeof(float));
+    if (!xt)
+        return ork_err_set(err, ORK_ENOMEM, "out of memory for the Gram matrix's rows (%zu floats)",
+                           K * (size_t)ORK_GRAM_ROWS);
+    ork_status st = ORK_OK;
+    for (size_t m0 = 0; m0 < M && st == ORK_OK; m0 += ORK_GRAM_ROWS) {
+        const size_t R = M - m0 < ORK_GRAM_ROWS ? M - m0 : ORK_GRAM_ROWS;
+        for (size_t r = 0; r < R; r++)
+            for (size_t k = 0; k < K; k++) xt[k * R + r] = x[(m0 + r) * K + k];
+        gram_job gj = {ork_gemm_f32_kernels_active(), xt, R, K, l->xx_sum};
+        int nt = ork_pool_threads_for(nthreads, (double)R * (double)K * (double)K / 2, 1 << 20);
+        st = ork_parallel_for(nt, (K + GRAM_TILE - 1) / GRAM_TILE, 1, gram_tiles, &gj, err);
+    }
+    free(xt);
+    return st;
 }
 
 static ork_status linear_product(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
     if (l->xx_sum) {
-        gram_job gj = {x, M, l->K, l->xx_sum};
-        int nt = ork_pool_threads_for(nthreads, (double)M * (double)l->K * (double)l->K / 2, 1 << 20);
-        ork_status st = ork_parallel_for(nt, l->K, 8, gram_rows, &gj, err);
+        ork_status st = gram_add(l, x, M, nthreads, err);
         if (st) return st;
         if (l->xx_count) *l->xx_count += M;
     }

@@ -20,10 +20,14 @@
  * sum over rows of x[m][k]^2 to x2_sum[k] (double, rows in order) and the row
  * count to *x2_count -- llama.cpp's imatrix in_sum2 / counts.
  * Input Gram matrix: when xx_sum is set (K x K doubles, row-major), every
- * ork_linear_apply adds x[m][i] * x[m][j] (converted to double, product and
- * sum in double) to xx_sum[i * K + j] for every j >= i, rows m in order, and
- * the row count to *xx_count; the lower triangle is never written. Each
- * element is one sum in row order, so no thread count changes a bit. The
+ * ork_linear_apply takes the call's rows in blocks of ORK_GRAM_ROWS (the last
+ * one shorter) and, per block, adds to xx_sum[i * K + j] for every j >= i the
+ * float32 sum over the block's rows in order, as the float32 GEMM makes it
+ * (gemm_f32.h: c_0 = +0, c_{r+1} = fmaf(x[r][i], x[r][j], c_r)), converted to
+ * double; the row count goes to *xx_count, the lower triangle is never
+ * written. float32 inside a block (the GEMM's speed: the Gram matrix was the
+ * largest stage of a calibrated quantization in double), double across
+ * blocks (thousands of rows); no ISA or thread count changes a bit. The
  * Hessian of GPTQ's rounding (orkpy.quantization.gptq).
  *
  * Activation modes of a packed linear (on the CPU kernels and through int_mm
@@ -73,6 +77,8 @@
 #include "actspec.h"
 #include "quant.h"
 #include "status.h"
+
+#define ORK_GRAM_ROWS 256 /* rows per float32 block of the input Gram matrix */
 
 typedef enum { ORK_LIN_F32 = 0, ORK_LIN_PACKED = 1 } ork_lin_path;
 

@@ -26,10 +26,12 @@ same codes, the C core 3-20x faster on its shapes (``bench/gptq_time.py``; Qwen3
 
 :func:`collect_grams` runs a model (float32, every layer per op) over calibration chunks with the
 C forward pass accumulating each requested linear's ``G`` (csrc/ork/linear.h, "Input Gram
-matrix"); linears that read the same input (``attn_q/k/v``; ``ffn_gate/up``) share one matrix.
+matrix": the float32 GEMM over blocks of 256 rows, the blocks added in float64; the double
+loop it replaced was the largest stage of a calibrated quantization); linears that read the same input (``attn_q/k/v``; ``ffn_gate/up``) share one matrix.
 :func:`gptq_linears` does both for every linear of a source: by default the Gram matrices come
 from the float model (all in one pass when they fit ``max_bytes``, else a pass per group of
-layers); ``sequential=True`` calibrates layer by layer, each layer on a pass of the model cut
+layers; quantize_model runs it layer by layer instead, :mod:`orkpy.quantization.layerwise`, to
+the same bytes); ``sequential=True`` calibrates layer by layer, each layer on a pass of the model cut
 after it whose earlier layers hold their GPTQ weights, one layer's matrices at a time.
 
 Measured (``bench/act_modes.py --gptq int8``; SmolLM2-135M, Hadamard + online rotation,

@@ -22,7 +22,8 @@
  *     diag / rows, groups), the 4-bit scales are;
  *   - error feedback helps: on correlated inputs the output error of GPTQ is
  *     below plain rounding's;
- *   - the Gram matrix equals the naive double sum of x^T x bit for bit, for
+ *   - the Gram matrix equals its contract's sum bit for bit (linear.h: float32
+ *     fmaf chains over blocks of ORK_GRAM_ROWS rows, added in double), for
  *     odd shapes, accumulating over calls, lower triangle untouched, on 1,
  *     2 and 3 threads.
  * Prints failures and a closing "N passed, N failed" line. */
@@ -425,9 +426,18 @@ static void gram_shape(const char *isa, size_t M1, size_t M2, size_t K) {
     for (size_t i = 0; i < K; i++)
         for (size_t j = 0; j < K; j++) init[i * K + j] = j >= i ? (double)check_rnd_f(&st, 5, 30) : -777.0;
     memcpy(want, init, K * K * sizeof(double));
-    for (size_t m = 0; m < M; m++)
-        for (size_t i = 0; i < K; i++)
-            for (size_t j = i; j < K; j++) want[i * K + j] += (double)x[m * K + i] * (double)x[m * K + j];
+    /* linear.h: each call's rows in blocks of ORK_GRAM_ROWS, a float32 fmaf chain per block, added in double */
+    const size_t calls[2][2] = {{0, M1}, {M1, M}};
+    for (int cidx = 0; cidx < 2; cidx++)
+        for (size_t b0 = calls[cidx][0]; b0 < calls[cidx][1]; b0 += ORK_GRAM_ROWS) {
+            const size_t b1 = b0 + ORK_GRAM_ROWS < calls[cidx][1] ? b0 + ORK_GRAM_ROWS : calls[cidx][1];
+            for (size_t i = 0; i < K; i++)
+                for (size_t j = i; j < K; j++) {
+                    float c = 0.0f;
+                    for (size_t m = b0; m < b1; m++) c = fmaf(x[m * K + i], x[m * K + j], c);
+                    want[i * K + j] += (double)c;
+                }
+        }
     ork_linear l;
     memset(&l, 0, sizeof l);
     l.path = ORK_LIN_F32;
@@ -444,7 +454,7 @@ static void gram_shape(const char *isa, size_t M1, size_t M2, size_t K) {
         CHECK(ork_linear_apply(&l, x, M1, y, nt, &err) == ORK_OK, "%s", err.msg);
         CHECK(ork_linear_apply(&l, x + M1 * K, M2, y + M1 * N, nt, &err) == ORK_OK, "%s", err.msg);
         CHECK(memcmp(got, want, K * K * sizeof(double)) == 0, "%s Gram M=%zu+%zu K=%zu %d threads: not the naive "
-              "sum", isa, M1, M2, K, nt);
+              "sum of the float32 blocks", isa, M1, M2, K, nt);
         CHECK(count == 5 + M, "%s Gram count %llu, want %zu", isa, (unsigned long long)count, 5 + M);
         CHECK(memcmp(y, y0, M * N * sizeof(float)) == 0, "%s Gram M=%zu K=%zu: the product changed", isa, M, K);
     }
@@ -452,10 +462,11 @@ static void gram_shape(const char *isa, size_t M1, size_t M2, size_t K) {
 }
 
 static void gram_checks(const char *isa) {
-    printf("comparing the gram matrix on %s against the naive sum\n", isa);
+    printf("comparing the gram matrix on %s against its contract's sum\n", isa);
     const size_t shapes[][3] = {{1, 1, 1}, {2, 1, 5}, {9, 8, 9}, {1, 1, 31}, {3, 4, 67}, {1, 2, 130},
-                                /* 2 and 3 threads per call: M K^2 / 2 multiply-adds, 2^20 a thread (linear.c) */
-                                {70, 50, 300}, {7, 90, 301}};
+                                /* blocks of ORK_GRAM_ROWS = 256 rows (a call of 600: 256 + 256 + 88); 2 and 3
+                                 * threads per call: R K^2 / 2 multiply-adds per block, 2^20 a thread (linear.c) */
+                                {70, 50, 300}, {7, 90, 301}, {600, 256, 150}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         gram_shape(isa, shapes[i][0], shapes[i][1], shapes[i][2]);
 }
