@@ -217,3 +217,48 @@ def test_lazy_tensor_blocks_are_checked(tmp_path):
     with pytest.raises(ValueError, match="declared"):
         write_gguf(tmp_path / "d.gguf", meta, [("t", long)])
     assert not (tmp_path / "b.gguf").exists() and not (tmp_path / "c.gguf").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_gives_the_same_directory(tmp_path):
+    """A real kill -9 of `orkpy quantize --calib` after some layers are saved (a 24-layer model, GPTQ),
+    then the same command again: it resumes (said on stderr) and writes the uninterrupted run's bytes."""
+    import signal
+    import time
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import quant_model as qmb
+    qmb.SHAPES["k9"] = (256, 768, 24, 2, 1)
+    src, _ = qmb.make_model(str(tmp_path), "k9")
+    calib = tmp_path / "calib.txt"
+    calib.write_text(" ".join(f"w{i % 97} x{i % 13}" for i in range(6000)))
+    shp = qmb.tensors_of("k9")
+    from orkpy.formats.tiermap import TierEntry, TierMap
+    tm = TierMap({n: TierEntry("float" if len(s) == 1 else "int4", "F16", s) for n, s in shp.items()}, tied=True)
+    alloc = tmp_path / "alloc.emit"
+    tm.save(alloc)
+
+    def cmd(out):
+        return [sys.executable, "-m", "orkpy", "quantize", str(src), "--alloc", str(alloc), "--calib", str(calib),
+                "--calib-chunks", "4", "--calib-ctx", "128", "--method", "gptq", "--rotate", "hadamard",
+                "-o", str(out), "--no-progress"]
+    subprocess.run(cmd(tmp_path / "full"), check=True, capture_output=True)
+    out = tmp_path / "out"
+    state = str(out) + CHECKPOINT_SUFFIX + "/state.json"
+    p = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while time.time() - t0 < 600:
+        try:
+            if json.load(open(state))["layers"] >= 6:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    done = json.load(open(state))["layers"]
+    assert 6 <= done < 24 and not out.exists()
+    r = subprocess.run(cmd(out), check=True, capture_output=True, text=True)
+    assert f"resumed after layer {done}" in r.stderr, r.stderr[-2000:]
+    assert not os.path.exists(state)
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "full", out, _dir_files(tmp_path / "full"), shallow=False)
+    assert not mismatch and not errors and _dir_files(out) == _dir_files(tmp_path / "full")
