@@ -29,14 +29,37 @@ output error measured exactly on the calibration inputs:
     err(alpha) = sum over the group's linears of  tr(dW G dW^T),  dW = deq(Q(W diag(s))) diag(1/s) - W
 
 which is ``sum_rows ||x dW^T||^2``, the squared error of the group's outputs over every
-calibration token. The ``alpha`` with the smallest error is kept; ``alpha = 0`` (``s = 1``, plain
-rounding) is on the grid, so the chosen scaling is never worse than plain rounding on the
-calibration inputs. For ``attn_v`` -> ``attn_output`` the KV channel's magnitude is the largest of
-its query heads'. Cost: one quantization and one ``(N, K) x (K, K)`` product per linear and
-``alpha`` (the exact objective needs both per alpha); the Gram matrices of as many layers as fit
-``max_bytes`` (1 GiB) per pass of the float model over the calibration text, all of them in one
-pass on small models (SmolLM2-135M, 8 x 512 tokens: the 30 layers' 0.8 GB in 1 pass instead of 30;
-awq_scales 687 -> 217 s of CPU time, the same scales).
+calibration token. For ``attn_v`` -> ``attn_output`` the KV channel's magnitude is the largest of
+its query heads'. Measuring ``err`` at every alpha (``search="grid"``) costs one quantization
+(with its clip search) and one ``(N, K) x (K, K)`` product per linear and alpha. The default
+search (``search="fast"``, :func:`search_group`) measures it in full at two alphas only:
+
+1. ``alpha = 0`` (``s = 1``, plain rounding) quantized in full: ``err(0)`` and each row's share
+   of it (one scale per row: a row rounds the same alone as in the whole matrix);
+2. ``sample`` rows of each linear (128) drawn with probability proportional to their error at
+   ``alpha = 0`` (:func:`sample_rows`: systematic, deterministic, Horvitz-Thompson weights, so the
+   weighted sum over the sample estimates ``err`` over all rows, exactly at ``alpha = 0``), and the
+   other alphas scored on those rows alone (float32), found by a ternary search over the grid
+   (6 of the 10 alphas beyond 0; it assumes ``err`` unimodal in alpha);
+3. the ``verify`` (1) best estimates quantized in full and measured exactly; the alpha of the
+   smallest exact ``err``, ``alpha = 0`` among them, is kept: the chosen scaling is never worse
+   than plain rounding on the calibration inputs, with either search.
+
+Per linear the fast search quantizes ``N`` rows about 1.8 times and ``sample`` rows 6 times where
+the grid quantizes ``N`` rows 11 times, and multiplies as many rows by ``G``. SmolLM2-135M (every
+block linear NF4, 4 x 512 calibration tokens of TinyStories, KL on 8 x 512 of wikitext-2,
+``bench/awq_search.py``, one BLAS thread): the search (awq_scales less its Gram pass, 44 s of CPU)
+68.7 -> 19.4 s of CPU, 1.71 M -> 0.46 M rows quantized, 953 -> 254 G multiply-adds; the summed
+exact error +0.1%; mean KL (w4a8) with round to nearest 0.3019 -> 0.3087 (+2.2%; ``verify=3``:
+0.3047, +0.9%, 25.9 s), with GPTQ 0.3242 -> 0.3229. On stories260K the KL moves by 1-4% either
+way (docs/results/weight-accuracy.md): about what a few groups' alpha changes move it by.
+:func:`search_layer` searches one block's groups from that block's Gram matrices and weights
+alone (an engine that runs the model layer by layer calls it per layer).
+
+The Gram matrices of as many layers as fit ``max_bytes`` (1 GiB) are collected per pass of the
+float model over the calibration text, all of them in one pass on small models (SmolLM2-135M,
+8 x 512 tokens: the 30 layers' 0.8 GB in 1 pass instead of 30; with the grid search awq_scales
+took 687 -> 217 s of CPU time, the same scales).
 
 :func:`awq_scales` ``(src, calib, kinds, ...)`` -> ``(scales, report)``; :func:`apply_awq` returns the
 source with the scales folded in (a :class:`~orkpy.runtime.rotate.TransformedSource`; a rotated source
@@ -45,7 +68,7 @@ both (with ``method="gptq"``, GPTQ's Gram matrices come from the scaled model).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -54,6 +77,12 @@ from ..kernels.quant import quantize
 
 #: the alpha grid of the scale search (0: no scaling)
 DEFAULT_ALPHAS: Tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
+#: rows of each linear the "fast" search scores its candidates on (a linear with fewer: all of them)
+DEFAULT_SAMPLE_ROWS = 128
+#: how many of the "fast" search's best estimates (alpha = 0 among them) are quantized in full
+DEFAULT_VERIFY = 1
+#: the scale searches: "fast" (the default, module doc) and "grid" (every alpha quantized in full)
+SEARCHES = ("fast", "grid")
 
 
 def _pair(i: int, producer: str) -> str:
@@ -66,14 +95,21 @@ def groups(hp: Mapping[str, Any]) -> List[Tuple[str, List[str], str]]:
     hyper-parameters, in layer order (module doc)."""
     out = []
     for i in range(hp["n_layer"]):
-        p = f"blk.{i}."
-        if not hp.get("norm_rot"):
-            out.append((f"{p}attn_norm.weight", [f"{p}attn_q.weight", f"{p}attn_k.weight", f"{p}attn_v.weight"],
-                        f"{p}attn_q.weight"))
-            out.append((f"{p}ffn_norm.weight", [f"{p}ffn_gate.weight", f"{p}ffn_up.weight"], f"{p}ffn_gate.weight"))
-        out.append((_pair(i, "attn_v"), [f"{p}attn_output.weight"], f"{p}attn_output.weight"))
-        if not hp.get("ffn_down_rot"):
-            out.append((_pair(i, "ffn_up"), [f"{p}ffn_down.weight"], f"{p}ffn_down.weight"))
+        out.extend(layer_groups(hp, i))
+    return out
+
+
+def layer_groups(hp: Mapping[str, Any], i: int) -> List[Tuple[str, List[str], str]]:
+    """The :func:`groups` of block ``i``."""
+    p = f"blk.{i}."
+    out = []
+    if not hp.get("norm_rot"):
+        out.append((f"{p}attn_norm.weight", [f"{p}attn_q.weight", f"{p}attn_k.weight", f"{p}attn_v.weight"],
+                    f"{p}attn_q.weight"))
+        out.append((f"{p}ffn_norm.weight", [f"{p}ffn_gate.weight", f"{p}ffn_up.weight"], f"{p}ffn_gate.weight"))
+    out.append((_pair(i, "attn_v"), [f"{p}attn_output.weight"], f"{p}attn_output.weight"))
+    if not hp.get("ffn_down_rot"):
+        out.append((_pair(i, "ffn_up"), [f"{p}ffn_down.weight"], f"{p}ffn_down.weight"))
     return out
 
 
@@ -101,16 +137,33 @@ def scale_of(m: NDArray[np.float64], alpha: float) -> NDArray[np.float64]:
     return s / np.sqrt(s.max() * s.min())
 
 
+def _dw(w: NDArray[Any], s: NDArray[Any], gdiag: NDArray[np.float64], kind: str,
+        threads: Optional[int]) -> NDArray[Any]:
+    """``deq(Q(w diag(s))) diag(1/s) - w``, quantized as stored (module doc), in ``w``'s dtype
+    (float64, or float32 for the estimates)."""
+    ws = (w * s[None, :]).astype(np.float32)
+    im = None if kind == "int8" else np.maximum(gdiag / (s * s), 0.0).astype(np.float32)
+    q = quantize(ws, kind, imatrix=im, threads=threads)
+    dw = q.dequantize(threads).astype(w.dtype, copy=False)
+    dw /= s  # in place: the same values as deq / s - w, one (N, K) temporary fewer
+    dw -= w
+    return dw
+
+
+def _row_errors(w: NDArray[Any], s: NDArray[Any], g: NDArray[Any], gdiag: NDArray[np.float64],
+                kind: str, threads: Optional[int]) -> NDArray[Any]:
+    """Each row's ``dw G dw^T`` (:func:`_dw`; ``w``, ``s`` and ``g`` of one dtype). Every kind AWQ
+    searches quantizes each row on its own, so a subset of the rows gives the same values as the whole."""
+    if w.shape[0] == 0:
+        return np.zeros(0, w.dtype)
+    dw = _dw(w, s, gdiag, kind, threads)
+    return np.einsum("nk,nk->n", dw @ g, dw)
+
+
 def _error(w64: NDArray[np.float64], s: NDArray[np.float64], g: NDArray[np.float64], gdiag: NDArray[np.float64],
            kind: str, threads: Optional[int]) -> float:
     """:func:`output_error` of the float64 weight ``w64`` and ``gdiag = diag(g)`` (computed once per group)."""
-    ws = (w64 * s[None, :]).astype(np.float32)
-    im = None if kind == "int8" else np.maximum(gdiag / (s * s), 0.0).astype(np.float32)
-    q = quantize(ws, kind, imatrix=im, threads=threads)
-    dw = q.dequantize(threads).astype(np.float64)
-    dw /= s  # in place: the same values as deq / s - w, one (N, K) temporary fewer
-    dw -= w64
-    return float(np.einsum("nk,nk->", dw @ g, dw))
+    return float(_row_errors(w64, s, g, gdiag, kind, threads).sum())
 
 
 def output_error(w: NDArray[Any], s: NDArray[np.float64], g: NDArray[np.float64], kind: str,
@@ -120,44 +173,182 @@ def output_error(w: NDArray[Any], s: NDArray[np.float64], g: NDArray[np.float64]
     return _error(np.asarray(w, np.float64), s, g, np.diag(g), kind, threads)
 
 
+def sample_rows(err0: ArrayLike, n: int) -> Tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """(rows, weights): ``n`` rows of a linear drawn with probability proportional to their error
+    at ``alpha = 0`` (``err0``), deterministically (systematic sampling: the rows under ``n``
+    evenly spaced points of the cumulative error), with Horvitz-Thompson weights, so that
+    ``sum(weights * e[rows])`` estimates ``sum(e)`` of any per-row error ``e`` and is exactly
+    ``sum(err0)`` for ``err0`` itself. A row holding at least ``1/n`` of the error (of the rows
+    not yet taken) is taken for sure with weight 1. Every row, weight 1, when ``n >= len(err0)``;
+    evenly spaced rows when the errors are all 0. Rows with no error at ``alpha = 0`` are never drawn."""
+    e = np.asarray(err0, np.float64)
+    N = e.size
+    if n >= N:
+        return np.arange(N), np.ones(N)
+    if not (e > 0).any():
+        idx = np.unique(np.linspace(0, N - 1, n).round().astype(np.intp))
+        return idx, np.full(idx.size, N / idx.size)
+    e = np.maximum(e, 0.0)
+    sure = np.zeros(N, bool)
+    while True:
+        k = n - int(sure.sum())
+        tot = float(e[~sure].sum())
+        new = ~sure & (e * k >= tot) & (e > 0)
+        if k <= 0 or tot <= 0 or not new.any():
+            break
+        sure |= new
+    rows, wts = [np.flatnonzero(sure)], [np.ones(int(sure.sum()))]
+    k = n - int(sure.sum())
+    rest = np.flatnonzero(~sure & (e > 0))
+    if k > 0 and rest.size:
+        c = np.cumsum(e[rest])
+        pick = rest[np.minimum(np.searchsorted(c, (np.arange(k) + 0.5) * (c[-1] / k)), rest.size - 1)]
+        pick, cnt = np.unique(pick, return_counts=True)
+        rows.append(pick)
+        wts.append(cnt * (c[-1] / k) / e[pick])
+    idx, wt = np.concatenate(rows), np.concatenate(wts)
+    order = np.argsort(idx, kind="stable")
+    return idx[order], wt[order]
+
+
+class GroupSearch(NamedTuple):
+    """What :func:`search_group` found for one group."""
+    alpha: float                      #: the alpha kept
+    scales: NDArray[np.float64]       #: its scales (``scale_of(m, alpha)``)
+    errors: Dict[float, float]        #: {alpha: the exact output error} of the alphas quantized in full
+    estimates: Dict[float, float]     #: {alpha: its estimated error} of the alphas scored on the sampled rows ("fast")
+
+
+def _check_search(search: str, sample: int, verify: int) -> None:
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(map(repr, SEARCHES))}, got {search!r}")
+    for name, v in (("sample", sample), ("verify", verify)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _ternary(f: Callable[[int], float], n: int) -> None:
+    """Ternary search for the smallest ``f`` over indices ``0 .. n-1`` (``f`` memoizes)."""
+    lo, hi = 0, n - 1
+    while hi - lo > 2:
+        m1, m2 = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+        if f(m1) <= f(m2):
+            hi = m2
+        else:
+            lo = m1
+    for i in range(lo, hi + 1):
+        f(i)
+
+
 def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np.float64], m: NDArray[np.float64],
                  expand: Callable[[NDArray[np.float64]], NDArray[np.float64]],
-                 alphas: Sequence[float] = DEFAULT_ALPHAS, threads: Optional[int] = None
-                 ) -> Tuple[float, NDArray[np.float64], Dict[float, float]]:
-    """(best alpha, its scales, {alpha: error}) of one group: linears ``ws`` (stored as ``kinds``)
-    reading one input with Gram matrix ``g`` and channel magnitudes ``m`` (``expand`` maps a
-    scale to the linears' input columns)."""
-    errs: Dict[float, float] = {}
-    best: Optional[Tuple[float, float]] = None
+                 alphas: Sequence[float] = DEFAULT_ALPHAS, threads: Optional[int] = None, search: str = "fast",
+                 sample: int = DEFAULT_SAMPLE_ROWS, verify: int = DEFAULT_VERIFY) -> GroupSearch:
+    """The scale search (module doc) of one group: linears ``ws`` (stored as ``kinds``) reading one
+    input with Gram matrix ``g`` and channel magnitudes ``m`` (``expand`` maps a scale to the
+    linears' input columns). ``search="grid"``: every alpha quantized in full and the exact
+    error's minimum kept; ``"fast"``: the candidates scored on ``sample`` rows per linear, only
+    ``alpha = 0`` and the ``verify`` best estimates quantized in full."""
+    _check_search(search, sample, verify)
     w64 = [np.asarray(w, np.float64) for w in ws]  # once per group, not per alpha
     gdiag = np.diag(g)
-    for a in alphas:
-        s = scale_of(m, a)
-        e = sum(_error(w, expand(s), g, gdiag, k, threads) for w, k in zip(w64, kinds))
-        errs[float(a)] = e
-        if best is None or e < best[1]:
-            best = (float(a), e)
-    assert best is not None
-    return best[0], scale_of(m, best[0]), errs
+    if search == "grid":
+        errs: Dict[float, float] = {}
+        best: Optional[Tuple[float, float]] = None
+        for a in alphas:
+            s = scale_of(m, a)
+            e = sum(_error(w, expand(s), g, gdiag, k, threads) for w, k in zip(w64, kinds))
+            errs[float(a)] = e
+            if best is None or e < best[1]:
+                best = (float(a), e)
+        assert best is not None
+        return GroupSearch(best[0], scale_of(m, best[0]), errs, {})
+    grid = sorted({float(a) for a in alphas})
+    if grid[0] != 0.0:
+        raise ValueError(f"alphas must include 0 (no scaling), got {list(alphas)!r}")
+    s0 = expand(scale_of(m, 0.0))
+    err0 = [_row_errors(w, s0, g, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
+    errs = {0.0: float(sum(float(e.sum()) for e in err0))}
+    picks = [sample_rows(e, int(sample)) for e in err0]
+    sub = [w[idx].astype(np.float32) for w, (idx, _) in zip(w64, picks)]  # the estimates in float32
+    g32 = g.astype(np.float32)
+    est: Dict[int, float] = {0: errs[0.0]}  # sum(weights * err0[rows]) is exactly the error at alpha 0
+
+    def f(i: int) -> float:
+        if i not in est:
+            s = expand(scale_of(m, grid[i])).astype(np.float32)
+            est[i] = float(sum(float((_row_errors(w, s, g32, gdiag, k, threads) * wt).sum())
+                               for w, k, (_, wt) in zip(sub, kinds, picks)))
+        return est[i]
+    _ternary(f, len(grid))
+    for b in sorted(est, key=lambda i: (est[i], i))[:verify]:  # the best estimates quantized in full
+        if b:
+            s = expand(scale_of(m, grid[b]))
+            errs[grid[b]] = float(sum(_error(w, s, g, gdiag, k, threads) for w, k in zip(w64, kinds)))
+    a = min(errs, key=lambda x: (errs[x], x))  # never worse than alpha = 0 on the exact error
+    return GroupSearch(a, scale_of(m, a), errs, {grid[i]: v for i, v in sorted(est.items())})
+
+
+def search_layer(weights: Mapping[str, NDArray[Any]], grams: Mapping[str, Tuple[NDArray[np.float64], int]],
+                 kinds: Union[str, Mapping[str, str]], hp: Mapping[str, Any], layer: int,
+                 alphas: Sequence[float] = DEFAULT_ALPHAS, threads: Optional[int] = None, search: str = "fast",
+                 sample: int = DEFAULT_SAMPLE_ROWS, verify: int = DEFAULT_VERIFY,
+                 report: Optional[Dict[str, Any]] = None) -> Dict[str, NDArray[np.float64]]:
+    """{scale key: s} of the groups of block ``layer`` (:func:`layer_groups`) whose linears all have
+    a kind in ``kinds`` (one kind, or {linear name: kind}; None or "gguf": stays as stored, the
+    group is skipped) and whose input's Gram matrix is in ``grams`` ({linear name: (G, rows)},
+    :func:`orkpy.quantization.gptq.collect_grams`; any one linear of the group names its input):
+    the search of one layer from that layer's inputs alone, for an engine that runs the model
+    layer by layer. ``weights``: {linear name: (N, K) float weight} of those groups' linears.
+    ``report`` (a dict): filled with {"alpha": {key: alpha}, "error": {key: {alpha: exact error}},
+    "estimate": {key: {alpha: estimate}}}."""
+    if not alphas or any(not (0.0 <= float(a) <= 1.0) for a in alphas) or 0.0 not in [float(a) for a in alphas]:
+        raise ValueError(f"alphas must be values in [0, 1] including 0 (no scaling), got {list(alphas)!r}")
+
+    def kind_of(n: str) -> Optional[str]:
+        return kinds if isinstance(kinds, str) else kinds.get(n)
+    out: Dict[str, NDArray[np.float64]] = {}
+    for key, lins, inp in layer_groups(hp, int(layer)):
+        if any(kind_of(n) in (None, "gguf") for n in lins):
+            continue
+        gram = next((grams[n] for n in [inp] + lins if n in grams), None)
+        if gram is None:
+            continue
+        g, rows = gram
+
+        def expand(v: NDArray[np.float64], k: str = key) -> NDArray[np.float64]:
+            return _expand(v, hp, k)
+        r = search_group([weights[n] for n in lins], [str(kind_of(n)) for n in lins], g, _magnitude(g, rows, hp, key),
+                         expand, alphas, threads, search, sample, verify)
+        out[key] = r.scales
+        if report is not None:
+            report.setdefault("alpha", {})[key] = r.alpha
+            report.setdefault("error", {})[key] = r.errors
+            report.setdefault("estimate", {})[key] = r.estimates
+    return out
 
 
 def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping[str, str]] = "nf4",
                n_ctx: int = 512, chunks: Optional[int] = 8, alphas: Sequence[float] = DEFAULT_ALPHAS,
-               max_bytes: int = 1 << 30, threads: Optional[int] = None, progress: bool = True
+               max_bytes: int = 1 << 30, threads: Optional[int] = None, progress: bool = True,
+               search: str = "fast", sample: int = DEFAULT_SAMPLE_ROWS, verify: int = DEFAULT_VERIFY
                ) -> Tuple[Dict[str, NDArray[np.float64]], Dict[str, Any]]:
     """({scale key: s}, report) of every group of ``src`` (module doc) whose linears are all
     quantized (``kinds``: one kind, or {linear name: kind}; a linear missing from the mapping
     stays float and its group is skipped). The Gram matrices come from ``src`` run in float32 on
     ``chunks`` chunks of ``n_ctx`` tokens of ``calib``: one pass over the text collects as many
     as fit ``max_bytes`` together (:func:`orkpy.quantization.gptq.gram_batches`; every one in one pass when they
-    fit); the result does not depend on ``max_bytes``. The report:
-    {"alpha": {key: alpha}, "error": {key: {alpha: err}}, "n_ctx", "chunks"}."""
+    fit); the result does not depend on ``max_bytes``. Each layer's groups are searched by
+    :func:`search_layer` (``search``, ``sample``, ``verify``: :func:`search_group`). The report:
+    {"alpha": {key: alpha}, "error": {key: {alpha: exact err}}, "estimate": {key: {alpha: estimate}},
+    "search", "sample", "verify", "n_ctx", "chunks"}."""
     from .._io import progress_bar
-    from .gptq import collect_grams, gram_batches
+    from .gptq import _layer_of, collect_grams, gram_batches
     from ..runtime.model import float_model
 
     if not alphas or any(not (0.0 <= float(a) <= 1.0) for a in alphas) or 0.0 not in [float(a) for a in alphas]:
         raise ValueError(f"alphas must be values in [0, 1] including 0 (no scaling), got {list(alphas)!r}")
+    _check_search(search, sample, verify)
     hp = src.hp
     def kind_of(n: str) -> Optional[str]:
         return kinds if isinstance(kinds, str) else kinds.get(n)
@@ -166,7 +357,8 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     m = float_model(src)
     tokens = m.tokens(calib)
     out: Dict[str, NDArray[np.float64]] = {}
-    rep: Dict[str, Any] = {"alpha": {}, "error": {}, "n_ctx": int(n_ctx), "chunks": None}
+    rep: Dict[str, Any] = {"alpha": {}, "error": {}, "estimate": {}, "search": search, "sample": int(sample),
+                           "verify": int(verify), "n_ctx": int(n_ctx), "chunks": None}
     by_input: Dict[str, List[Tuple[str, List[str], str]]] = {}
     for key, lins, inp in todo:
         by_input.setdefault(inp, []).append((key, lins, inp))
@@ -176,18 +368,13 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
             n_chunk, it = m.chunks(tokens, n_ctx, chunks)
             rep["chunks"] = n_chunk
             grams = collect_grams(m, it, run, threads)
-            for key, lins, inp in (grp for n in run for grp in by_input[n]):
-                g, rows = grams[inp]
-
-                def expand(v: NDArray[np.float64], k: str = key) -> NDArray[np.float64]:
-                    return _expand(v, hp, k)
-                alpha, s, errs = search_group([src.linear(n) for n in lins], [str(kind_of(n)) for n in lins], g,
-                                              _magnitude(g, rows, hp, key), expand, alphas, threads)
-                out[key] = s
-                rep["alpha"][key] = alpha
-                rep["error"][key] = errs
+            for layer in sorted({_layer_of(n) for n in run}):
+                inputs = [n for n in run if _layer_of(n) == layer]
+                lins = [n for inp in inputs for _, ls, _ in by_input[inp] for n in ls]
+                out.update(search_layer({n: src.linear(n) for n in lins}, {n: grams[n] for n in inputs}, kinds, hp,
+                                        layer, alphas, threads, search, sample, verify, rep))
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(sum(len(by_input[n]) for n in inputs))
             del grams
     finally:
         if bar is not None:
@@ -216,4 +403,5 @@ def apply_awq(src: Any, scales: Mapping[str, NDArray[np.float64]], info: Optiona
                                                        "online": False, "awq": dict(info or {})})
 
 
-__all__ = ["DEFAULT_ALPHAS", "apply_awq", "awq_scales", "column_scales", "groups", "output_error", "scale_of", "search_group"]
+__all__ = ["DEFAULT_ALPHAS", "DEFAULT_SAMPLE_ROWS", "DEFAULT_VERIFY", "GroupSearch", "SEARCHES", "apply_awq", "awq_scales", "column_scales",
+           "groups", "layer_groups", "output_error", "sample_rows", "scale_of", "search_group", "search_layer"]
