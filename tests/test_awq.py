@@ -183,33 +183,36 @@ def test_folded_scales_keep_the_float_function(tmp_path, case):
         awq.awq_scales(src, calib, "nf4", n_ctx=64, chunks=1, alphas=(0.5, 1.0), progress=False)
 
 
-def test_one_pass_collects_every_layer_and_gives_the_same_scales(tmp_path, monkeypatch):
-    """awq_scales collects the Gram matrices of as many layers as fit max_bytes in one pass of the
-    float model (not one pass per layer); the scales, alphas and errors do not depend on it."""
-    from orkpy.quantization import gptq
+def test_layer_by_layer_passes_and_the_same_scales(tmp_path, monkeypatch):
+    """awq_scales runs the float model a layer at a time (orkpy/runtime/blocks.py): per layer one
+    pass over its rows per run of inputs whose Gram matrices fit max_bytes, the last one moving
+    the rows on; the scales, alphas and errors do not depend on max_bytes."""
+    from orkpy.runtime import blocks
     p = tmp_path / "q.gguf"
     archgen.make("qwen3", p, n_layer=4)
     src = open_source(p)
     calib = archgen.tokens(256, seed=3)
     passes = []
-    real = gptq.collect_grams
+    real = blocks.Block.run
 
-    def counted(m, it, names, threads=None):
-        passes.append(list(names))
-        return real(m, it, names, threads)
-    monkeypatch.setattr(gptq, "collect_grams", counted)
+    def counted(self, stream, threads=None, grams=(), act_prefix=None, imatrix=False, advance=True):
+        passes.append((self.layer, list(grams), advance))
+        return real(self, stream, threads, grams, act_prefix, imatrix, advance)
+    monkeypatch.setattr(blocks.Block, "run", counted)
     kinds = {n: ("int8" if "ffn_down" in n else "nf4") for n in orkpy.runtime.model.linear_names(src.hp)}
     two = 2 * 64 * 64 * 8  # two D x D matrices
     got = {}
-    for mb in (None, 1, two):  # default 1 GiB: one pass; 1 byte: one input per pass
+    for mb in (None, 1, two):  # default 1 GiB: one pass a layer; 1 byte: one input per pass
         passes.clear()
         sc, rep = awq.awq_scales(src, calib, kinds, n_ctx=64, chunks=2, progress=False,
                                  **({} if mb is None else {"max_bytes": mb}))
         got[mb] = sc, rep, list(passes)
     inputs = [inp for _, _, inp in awq.groups(src.hp)]  # attn_q, ffn_gate, attn_output, ffn_down per layer
-    assert got[None][2] == [inputs] and got[1][2] == [[n] for n in inputs]
+    assert got[None][2] == [(i, inputs[4 * i:4 * i + 4], True) for i in range(4)]
+    assert got[1][2] == [(i, [n], k == 3) for i in range(4) for k, n in enumerate(inputs[4 * i:4 * i + 4])]
     # K of q, gate, output 64 (32 KiB each), of down 96 (72 KiB): q + gate, output, down per layer
-    assert got[two][2] == [r for i in range(0, 16, 4) for r in (inputs[i:i + 2], inputs[i + 2:i + 3], inputs[i + 3:i + 4])]
+    assert got[two][2] == [(i, r, k == 2) for i in range(4) for k, r in enumerate(
+        (inputs[4 * i:4 * i + 2], inputs[4 * i + 2:4 * i + 3], inputs[4 * i + 3:4 * i + 4]))]
     s0, r0, _ = got[None]
     for mb in (1, two):
         s1, r1, _ = got[mb]

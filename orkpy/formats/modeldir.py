@@ -56,9 +56,7 @@ ACT_FILE = "act_scales.json"  # calibrated activation ranges and outlier channel
 
 # ------------------------------------------------------------------- write --
 
-#: float32 bytes of a float tensor read at once when float.gguf is written: a larger one (an embedding
-#: table) is read and written in blocks of rows
-ROWS_BYTES = 64 << 20
+ROWS_BYTES = 64 << 20  #: float32 bytes of a float.gguf tensor read at once (a larger table: in blocks of rows)
 
 
 class ModelDirWriter:
@@ -242,7 +240,6 @@ class ModelDirWriter:
                 for r in range(0, N, step):
                     a = src.rows(name, slice(r, min(N, r + step)))
                     yield a.astype(np.float16) if f16 else a
-                    del a
                     src.release(caches=False)
 
             floats: List[Tuple[str, LazyTensor]] = []

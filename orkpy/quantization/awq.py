@@ -56,10 +56,11 @@ way (docs/results/weight-accuracy.md): about what a few groups' alpha changes mo
 :func:`search_layer` searches one block's groups from that block's Gram matrices and weights
 alone (an engine that runs the model layer by layer calls it per layer).
 
-The Gram matrices of as many layers as fit ``max_bytes`` (1 GiB) are collected per pass of the
-float model over the calibration text, all of them in one pass on small models (SmolLM2-135M,
-8 x 512 tokens: the 30 layers' 0.8 GB in 1 pass instead of 30; with the grid search awq_scales
-took 687 -> 217 s of CPU time, the same scales).
+The Gram matrices come from the float model run a layer at a time (:mod:`orkpy.runtime.blocks`:
+the calibration rows through one layer, then the next), one layer's float32 weights and its
+matrices in memory (at most ``max_bytes`` of them per pass over the layer's rows): the same
+matrices, hence the same scales, as a whole-model pass (SmolLM2-135M's 120 and stories260K's 20
+groups: equal, 2026-12-06), without the model's float32 copy the whole-model pass held.
 
 :func:`awq_scales` ``(src, calib, kinds, ...)`` -> ``(scales, report)``; :func:`apply_awq` returns the
 source with the scales folded in (a :class:`~orkpy.runtime.rotate.TransformedSource`; a rotated source
@@ -336,15 +337,17 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     """({scale key: s}, report) of every group of ``src`` (module doc) whose linears are all
     quantized (``kinds``: one kind, or {linear name: kind}; a linear missing from the mapping
     stays float and its group is skipped). The Gram matrices come from ``src`` run in float32 on
-    ``chunks`` chunks of ``n_ctx`` tokens of ``calib``: one pass over the text collects as many
-    as fit ``max_bytes`` together (:func:`orkpy.quantization.gptq.gram_batches`; every one in one pass when they
-    fit); the result does not depend on ``max_bytes``. Each layer's groups are searched by
+    ``chunks`` chunks of ``n_ctx`` tokens of ``calib``, layer by layer (:mod:`orkpy.runtime.blocks`:
+    one layer's float32 weights in memory, the same matrices as a whole-model pass), a pass over
+    the layer's rows per run of inputs whose matrices fit ``max_bytes`` together
+    (:func:`orkpy.quantization.gptq.gram_batches`); the result does not depend on ``max_bytes``. Each layer's groups are searched by
     :func:`search_layer` (``search``, ``sample``, ``verify``: :func:`search_group`). The report:
     {"alpha": {key: alpha}, "error": {key: {alpha: exact err}}, "estimate": {key: {alpha: estimate}},
     "search", "sample", "verify", "n_ctx", "chunks"}."""
     from .._io import progress_bar
-    from .gptq import _layer_of, collect_grams, gram_batches
-    from ..runtime.model import float_model
+    from ..runtime.blocks import Block, Stream
+    from .gptq import _layer_of, gram_batches
+    from .layerwise import calib_chunks
 
     if not alphas or any(not (0.0 <= float(a) <= 1.0) for a in alphas) or 0.0 not in [float(a) for a in alphas]:
         raise ValueError(f"alphas must be values in [0, 1] including 0 (no scaling), got {list(alphas)!r}")
@@ -354,32 +357,47 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
         return kinds if isinstance(kinds, str) else kinds.get(n)
 
     todo = [(key, lins, inp) for key, lins, inp in groups(hp) if all(kind_of(n) not in (None, "gguf") for n in lins)]
-    m = float_model(src)
-    tokens = m.tokens(calib)
+    chunk_list, _ = calib_chunks(src, calib, n_ctx, chunks)
     out: Dict[str, NDArray[np.float64]] = {}
     rep: Dict[str, Any] = {"alpha": {}, "error": {}, "estimate": {}, "search": search, "sample": int(sample),
-                           "verify": int(verify), "n_ctx": int(n_ctx), "chunks": None}
+                           "verify": int(verify), "n_ctx": int(n_ctx), "chunks": len(chunk_list)}
     by_input: Dict[str, List[Tuple[str, List[str], str]]] = {}
     for key, lins, inp in todo:
         by_input.setdefault(inp, []).append((key, lins, inp))
+    stream = Stream(src, chunk_list)  # the float rows, a layer at a time (orkpy.runtime.blocks)
     bar = progress_bar(len(todo), "awq", progress, "group")
     try:
-        for run in gram_batches(list(by_input), lambda n: m.linears[n].K, max_bytes):  # one pass each
-            n_chunk, it = m.chunks(tokens, n_ctx, chunks)
-            rep["chunks"] = n_chunk
-            grams = collect_grams(m, it, run, threads)
-            for layer in sorted({_layer_of(n) for n in run}):
-                inputs = [n for n in run if _layer_of(n) == layer]
-                lins = [n for inp in inputs for _, ls, _ in by_input[inp] for n in ls]
-                out.update(search_layer({n: src.linear(n) for n in lins}, {n: grams[n] for n in inputs}, kinds, hp,
-                                        layer, alphas, threads, search, sample, verify, rep))
+        for layer in range(int(hp["n_layer"])):
+            inputs = [n for n in by_input if _layer_of(n) == layer]
+            if not inputs:
+                if layer < int(hp["n_layer"]) - 1 and any(_layer_of(n) > layer for n in by_input):
+                    Block(src, layer, _float_specs(src, layer)).run(stream, threads)
+                continue
+            specs = _float_specs(src, layer)
+            blk = Block(src, layer, specs)
+            ks = {n: specs[n].K for n in inputs}
+            runs = gram_batches(inputs, ks.__getitem__, max_bytes)
+            for ri, run in enumerate(runs):  # one pass each; the last one moves the rows on
+                grams = blk.run(stream, threads, grams=run, advance=ri == len(runs) - 1)["grams"]
+                lins = [n for inp in run for _, ls, _ in by_input[inp] for n in ls]
+                out.update(search_layer({n: specs[n].weight for n in lins}, grams, kinds, hp, layer, alphas, threads,
+                                        search, sample, verify, rep))
                 if bar is not None:
-                    bar.update(sum(len(by_input[n]) for n in inputs))
-            del grams
+                    bar.update(sum(len(by_input[n]) for n in run))
+                del grams
+            del blk, specs  # this layer's float copies go before the next one's are read
+            src.release()
     finally:
         if bar is not None:
             bar.close()
     return out, rep
+
+
+def _float_specs(src: Any, layer: int) -> Dict[str, Any]:
+    """{name: float32 LinearSpec} of block ``layer``'s linears (one layer's weights in memory)."""
+    from ..runtime.blocks import layer_linears
+    from ..runtime.linear import LinearSpec
+    return {n: LinearSpec.f32(n, src.linear(n)) for n in layer_linears(layer)}
 
 
 def column_scales(hp: Mapping[str, Any], scales: Mapping[str, NDArray[np.float64]]) -> Dict[str, NDArray[np.float64]]:

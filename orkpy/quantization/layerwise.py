@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Set, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -178,7 +178,7 @@ class LayerwiseRun:
         return specs
 
     def _layer(self, layer: int, stream: Stream, qstream: Optional[Stream], out: List["Rounded"],
-               bar: Any) -> Iterator["Rounded"]:
+               bar: Any) -> Generator["Rounded", None, Block]:
         """Calibrate and round layer ``layer`` (a generator of its Rounded linears; returns its
         float Block, which the head's statistics use after the last layer)."""
         names = layer_linears(layer)
@@ -194,7 +194,7 @@ class LayerwiseRun:
         threads = self.run.threads
         batches = gram_batches(owners, lambda n: specs[n].K, self.max_bytes) if owners else []
         grams: Dict[str, Any] = {}
-        done = set()
+        done: Set[str] = set()
         if not self.sequential:  # every batch on the float rows; the last one moves them on
             if not batches:
                 t0 = time.perf_counter()
@@ -214,6 +214,7 @@ class LayerwiseRun:
                 yield from self._round(names, specs, grams, done, out, until=batch[-1])
                 grams = {}
         else:  # GPTQ's inputs from the quantized rows; the activation ranges from the float ones
+            assert qstream is not None
             for batch in batches:
                 t0 = time.perf_counter()
                 grams = blk.run(qstream, threads, grams=batch, advance=False)["grams"]
@@ -276,7 +277,8 @@ class LayerwiseRun:
             self.act_stats.update(last.head_stats(stream, self.run.threads, act_prefix=self.prefix)["acts"])
         gram = None
         if want_gram:
-            gram = last.head_stats(qstream if self.sequential else stream, self.run.threads, gram=True)["grams"][OUTPUT]
+            src_rows = qstream if (self.sequential and qstream is not None) else stream
+            gram = last.head_stats(src_rows, self.run.threads, gram=True)["grams"][OUTPUT]
         self._timed("forward+gram", t0)
         del last
         if p is None:
