@@ -202,8 +202,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     weights and Gram matrices at a time, the same bytes as whole-model calibration); with
     ``output`` and ``resume`` (the default) each finished layer is saved in the folder
     ``<output>.orkpy-checkpoint``, a killed run given the same inputs continues after the last one
-    saved (to the same bytes), and the folder is deleted once the directory is in place. Smoothing,
-    AWQ's search and target_bpw's sensitivities still run on the whole float model.
+    saved (to the same bytes), and the folder is deleted once the directory is in place. AWQ's
+    search runs layer by layer too; smoothing and target_bpw's sensitivities still run on the whole
+    float model.
 
     The keyword form: without ``recipe``, the keywords ``kind`` ... ``rotate_placement`` are the
     recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->

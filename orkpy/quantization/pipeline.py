@@ -18,9 +18,9 @@
     write_linears    Iterator[Rounded], writer         -> ({name: PackedWeight}, {name: tier})
     manifest_settings     Recipe, Source, imatrix, ... -> the manifest's ``settings``
 
-Calibration is not one stage: smoothing, target_bpw's sensitivities and AWQ measure what they
-need on the recipe's calibration chunks with the whole float model, on the source as the stages
-before left it; GPTQ and the static activation ranges run layer by layer in
+Calibration is not one stage: smoothing and target_bpw's sensitivities measure what they need on
+the recipe's calibration chunks with the whole float model, AWQ's search with the float model a
+layer at a time (:mod:`orkpy.runtime.blocks`), each on the source as the stages before left it; GPTQ and the static activation ranges run layer by layer in
 :func:`quantize_stage` (:mod:`orkpy.quantization.layerwise`: one layer's float32 weights and Gram
 matrices at a time, byte for byte what the whole-model functions
 :func:`orkpy.quantization.gptq.gptq_linears` and :func:`orkpy.runtime.model.calibrate_source_acts`
