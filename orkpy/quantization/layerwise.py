@@ -132,9 +132,10 @@ class LayerwiseRun:
         if self.checkpoint is not None:
             got = self.checkpoint.load()
             if got is not None:
-                start, stream, qstream, self.act_stats, done = got
-                for name, tier, pw in done:
-                    yield Rounded(name, tier, pw, False)
+                start, stream, qstream, self.act_stats = got
+                for layer in range(start):  # the saved layers, one file at a time
+                    for name, tier, pw in self.checkpoint.layer(layer):
+                        yield Rounded(name, tier, pw, False)
                 if bar is not None:
                     bar.update(start)
         try:
@@ -334,9 +335,9 @@ class Checkpoint:
         return os.path.join(self.path, name)
 
     def load(self) -> Optional[tuple]:
-        """(layers done, float rows, quantized rows or None, activation statistics, [(name, tier,
-        PackedWeight or None)]) of a matching saved run, or None (nothing saved, another run's
-        folder: then started over)."""
+        """(layers done, float rows, quantized rows or None, activation statistics) of a matching
+        saved run (every layer file read and checked; :meth:`layer` gives each layer's linears),
+        or None (nothing saved, another run's folder, an unreadable one: then started over)."""
         import json
         try:
             with open(self._file("state.json"), "rb") as f:
@@ -347,16 +348,10 @@ class Checkpoint:
             self.log(f"{self.path}: a checkpoint of other inputs: started over")
             return None
         k = state["layers"]
-        done: List[tuple] = []
+        n_linears = 0
         try:
             for layer in range(k):
-                with np.load(self._file(f"layer-{layer}.npz"), allow_pickle=False) as z:
-                    meta = json.loads(bytes(z["meta"]).decode())
-                    for e in meta:
-                        pw = None if e["kind"] is None else PackedWeight(
-                            e["kind"], tuple(e["shape"]), np.array(z[e["name"] + "/store"]),
-                            np.array(z[e["name"] + "/bscale"]), group=e["group"] or None)
-                        done.append((e["name"], e["tier"], pw))
+                n_linears += len(self.layer(layer))  # each file read and checked now; kept one at a time later
             with np.load(self._file("rows.npz"), allow_pickle=False) as z:
                 if int(z["layer"]) != k:
                     raise ValueError("rows of another layer")
@@ -370,8 +365,20 @@ class Checkpoint:
         except (OSError, ValueError, KeyError) as e:
             self.log(f"{self.path}: the checkpoint is unreadable ({e}): started over")
             return None
-        self.log(f"{self.path}: resumed after layer {k} of {len(done)} linears")
-        return k, stream, qstream, acts, done
+        self.log(f"{self.path}: resumed after layer {k} ({n_linears} linears saved)")
+        return k, stream, qstream, acts
+
+    def layer(self, layer: int) -> List[tuple]:
+        """[(name, tier, PackedWeight or None)] of saved layer ``layer``."""
+        import json
+        out = []
+        with np.load(self._file(f"layer-{layer}.npz"), allow_pickle=False) as z:
+            for e in json.loads(bytes(z["meta"]).decode()):
+                pw = None if e["kind"] is None else PackedWeight(
+                    e["kind"], tuple(e["shape"]), np.array(z[e["name"] + "/store"]),
+                    np.array(z[e["name"] + "/bscale"]), group=e["group"] or None)
+                out.append((e["name"], e["tier"], pw))
+        return out
 
     def save(self, layers: int, stream: Stream, qstream: Optional[Stream], acts: Dict[str, Dict[str, Any]],
              rounded: Sequence["Rounded"]) -> None:
