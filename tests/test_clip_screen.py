@@ -120,7 +120,7 @@ def test_quantize_model_passes_the_search_and_records_it(shared, tmp_path, monke
     import json
     import subprocess
     import sys
-    import orkpy.quantization.pipeline as cal  # round_linear, the stage that calls quantize (orkpy.quantization.calibrate before the stages)
+    import orkpy.quantization.rounding as cal  # round_linear, the one call of quantize per linear (pipeline, layerwise)
     src = shared / "models/stories260K/stories260K-F16.gguf"
     alloc = shared / "models/stories260K/stories260K-Q4_0.gguf"
     quiet = dict(progress=False, log=lambda s: None)
