@@ -204,6 +204,23 @@ def test_threads_and_block_never_change_the_bytes(rng, kind):
             assert np.array_equal(r.codes, runs[0].codes) and np.array_equal(r.scales, runs[0].scales)
 
 
+@pytest.mark.parametrize("kind,group", [("int8", None), ("nf4", 32), ("int4", None)])
+def test_overwrite_gram_is_the_workspace_and_changes_nothing_else(rng, kind, group):
+    """overwrite_gram=True: the C core factors in the caller's Gram matrix (its contents are
+    gone afterwards: one K x K float64 matrix less in memory) and gives the same codes and
+    scales as a run on an untouched Gram matrix; a read-only Gram matrix is left alone."""
+    w, g = hard_case(rng, N=40, K=150)
+    want = gptq_quantize(w, g, kind, rows=3000, group_size=group)
+    g2 = g.copy()
+    got = gptq_quantize(w, g2, kind, rows=3000, group_size=group, overwrite_gram=True)
+    assert np.array_equal(got.codes, want.codes) and np.array_equal(got.scales, want.scales)
+    assert not np.array_equal(g2, g)
+    ro = g.copy()
+    ro.flags.writeable = False
+    got = gptq_quantize(w, ro, kind, rows=3000, group_size=group, overwrite_gram=True)
+    assert np.array_equal(got.codes, want.codes) and np.array_equal(ro, g)
+
+
 @pytest.mark.parametrize("K", [1, 2, 63, 64, 65, 200])
 def test_factor_is_the_cholesky_factor_of_the_inverse(rng, K):
     """_core.gptq_factor(h) = U with inv(h) = U^T U, U upper: LAPACK's cholesky(inv(h)).T to

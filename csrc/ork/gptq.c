@@ -319,8 +319,9 @@ done:
     return st;
 }
 
-ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p, void *codes,
-                    float *scales, ork_err *err) {
+/* the arguments' checks (H as given: finite, diagonal >= 0); ORK_OK when GPTQ may run */
+static ork_status gptq_check(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p,
+                             void *codes, float *scales, ork_err *err) {
     if (!w || !gram || !p || !codes || !scales) return ork_err_set(err, ORK_EINVAL, "gptq: NULL argument");
     const ork_kind_info *info = ork_kind_get(p->kind);
     if (!info) return ork_kind_check(p->kind, err);
@@ -344,14 +345,24 @@ ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, cons
         if (!isfinite(w[i]))
             return ork_err_set(err, ORK_ENONFINITE, "weight has a non-finite value (%s) at [%zu, %zu]",
                                isnan(w[i]) ? "NaN" : "Inf", i / K, i % K);
+    return ORK_OK;
+}
 
+/* GPTQ on checked arguments. A: K x K doubles holding H on entry, the call's workspace (P H' P,
+ * its Cholesky factor, then U's packed panels; reallocated when the panels outgrow it); freed
+ * here when `own`, else the caller's, left destroyed. */
+static ork_status gptq_run(const float *w, size_t N, size_t K, double *A, int own, const ork_gptq_params *p,
+                           void *codes, float *scales, ork_err *err) {
+    ork_status st = ORK_OK;
+    const ork_kind_info *info = ork_kind_get(p->kind);
+    const double *gram = A; /* read as H until A is rewritten below */
     const size_t gs = p->group && p->group < K ? p->group : K;
-    double *A = (double *)malloc(K * K * sizeof(double));
     double *U = (double *)malloc(K * K * sizeof(double));
+    double *diag = (double *)malloc(K * sizeof(double));
     uint8_t *dead = (uint8_t *)malloc(K);
     float *im = NULL;
-    if (!A || !U || !dead) {
-        st = ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ: 2 x %zu x %zu doubles)", K, K);
+    if (!U || !diag || !dead) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ: %zu x %zu doubles)", K, K);
         goto done;
     }
     if ((info->bits == 4 || info->qmax < 127) && p->rows > 0) { /* every kind but int8: the clip search */
@@ -379,12 +390,14 @@ ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, cons
         mean += dead[k] ? 1.0 : gram[k * K + k];
     }
     mean /= (double)K;
-    /* A = P H' P (lower triangle): A[i][j] = H'[K-1-i][K-1-j] */
+    /* A = P H' P (lower triangle): A[i][j] = H'[K-1-i][K-1-j], from H's strict upper triangle
+     * (in place: those sources never overlap the strict lower targets), then the diagonal */
+    for (size_t k = 0; k < K; k++) diag[k] = gram[k * K + k];
     for (size_t i = 0; i < K; i++) {
         const size_t a = K - 1 - i;
         for (size_t jj = 0; jj < i; jj++) A[i * K + jj] = gram[a * K + (K - 1 - jj)];
-        A[i * K + i] = (dead[a] ? 1.0 : gram[a * K + a]) + p->damp * mean;
     }
+    for (size_t i = 0; i < K; i++) A[i * K + i] = (dead[K - 1 - i] ? 1.0 : diag[K - 1 - i]) + p->damp * mean;
     st = factor_rev(A, K, p->nthreads, p->damp, U, err);
     if (st != ORK_OK) goto done;
     const size_t B = p->block < K ? p->block : K;
@@ -394,7 +407,8 @@ ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, cons
         need += (i2 - i1) * 4 * ((K - i2 + 3) / 4);
     }
     if (need > K * K) {
-        free(A);
+        if (own) free(A);
+        own = 1;
         if (!(A = (double *)malloc(need * sizeof(double)))) {
             st = ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ: %zu doubles)", need);
             goto done;
@@ -428,9 +442,26 @@ ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, cons
     j.row_bytes = ork_quant_row_bytes(p->kind, K);
     st = ork_parallel_for(ork_pool_threads_for(p->nthreads, (double)N * K * K, 1 << 22), N, RB, gptq_rows, &j, err);
 done:
-    free(A);
+    if (own) free(A);
     free(U);
+    free(diag);
     free(dead);
     free(im);
     return st;
+}
+
+ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p, void *codes,
+                    float *scales, ork_err *err) {
+    ork_status st = gptq_check(w, N, K, gram, p, codes, scales, err);
+    if (st != ORK_OK) return st;
+    double *A = (double *)malloc(K * K * sizeof(double));
+    if (!A) return ork_err_set(err, ORK_ENOMEM, "out of memory (GPTQ: 2 x %zu x %zu doubles)", K, K);
+    memcpy(A, gram, K * K * sizeof(double));
+    return gptq_run(w, N, K, A, 1, p, codes, scales, err);
+}
+
+ork_status ork_gptq_consume(const float *w, size_t N, size_t K, double *gram, const ork_gptq_params *p, void *codes,
+                            float *scales, ork_err *err) {
+    ork_status st = gptq_check(w, N, K, gram, p, codes, scales, err);
+    return st != ORK_OK ? st : gptq_run(w, N, K, gram, 0, p, codes, scales, err);
 }

@@ -51,6 +51,10 @@
  * multiply and an add, so every build gives the same bits). Memory: two K x K
  * double matrices (the factor, then U's panels packed for the lazy updates;
  * and U) + per work item 16 rows of K doubles.
+ * ork_gptq_consume: the same result, bit for bit, with the caller's H as the first
+ * of the two matrices (destroyed: its contents on return are unspecified, also on an
+ * error after the checks): one K x K double matrix less, for a Gram matrix that has no
+ * later reader (a 6144-wide one is 302 MB).
  * Never aborts: ORK_ENOMEM when an allocation fails, ORK_EINVAL /
  * ORK_ENONFINITE naming the bad argument.
  */
@@ -76,6 +80,10 @@ typedef struct ork_gptq_params {
  * floats (group' = 0 when group >= K): ork_quantize's layout. gram: K x K, row-major. */
 ork_status ork_gptq(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p, void *codes,
                     float *scales, ork_err *err);
+
+/* ork_gptq with `gram` as its workspace (see the contract's last paragraph): not const, destroyed. */
+ork_status ork_gptq_consume(const float *w, size_t N, size_t K, double *gram, const ork_gptq_params *p, void *codes,
+                            float *scales, ork_err *err);
 
 /* Step 2 alone: u (K x K doubles) = the upper Cholesky factor of inv(h), h used as given
  * (no damping, no dead columns; symmetric, only its upper triangle is read); u's strict

@@ -543,7 +543,8 @@ static PyMethodDef core_methods[] = {
      "f16_from_f32(x float32 (n,)) -> uint16 (n,): float16 bits, nearest, ties to even (csrc/ork/half.h)"},
     {"f16_to_f32", orkpy_f16_to_f32, METH_O, "f16_to_f32(h uint16 (n,)) -> float32 (n,): the float16 values, exactly"},
     {"gptq", (PyCFunction)(void (*)(void))orkpy_gptq, METH_VARARGS | METH_KEYWORDS,
-     "gptq(w, gram, kind, damp=0.01, block=128, rows=0, group=0, static_groups=False, threads=0) -> (codes, scales)"},
+     "gptq(w, gram, kind, damp=0.01, block=128, rows=0, group=0, static_groups=False, threads=0, "
+     "overwrite_gram=False) -> (codes, scales)"},
     {"gptq_factor", (PyCFunction)(void (*)(void))orkpy_gptq_factor, METH_VARARGS | METH_KEYWORDS,
      "gptq_factor(h, threads=0) -> float64 U (upper, inv(h) = U^T U)"},
     {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,

@@ -38,14 +38,15 @@ static PyArrayObject *as_square_f64(PyObject *obj, Py_ssize_t K, const char *nam
 
 PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"w", "gram", "kind", "damp", "block", "rows", "group", "static_groups", "threads", NULL};
+    static char *kwlist[] = {"w",     "gram",          "kind",    "damp",           "block", "rows",
+                             "group", "static_groups", "threads", "overwrite_gram", NULL};
     PyObject *w_obj, *g_obj;
     const char *kind_s;
     double damp = 0.01;
     Py_ssize_t block = 128, rows = 0, group = 0;
-    int static_groups = 0, threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpi:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
-                                     &rows, &group, &static_groups, &threads))
+    int static_groups = 0, threads = 0, overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpip:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
+                                     &rows, &group, &static_groups, &threads, &overwrite))
         return NULL;
     if (block < 1) return PyErr_Format(PyExc_ValueError, "block must be >= 1, got %zd", block);
     if (rows < 0) return PyErr_Format(PyExc_ValueError, "rows must be >= 0, got %zd", rows);
@@ -57,6 +58,9 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     if (!(w = orkpy_as_float32(w_obj, 2, "w"))) goto done;
     const npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
     if (!(g = as_square_f64(g_obj, (Py_ssize_t)K, "the Gram matrix"))) goto done;
+    /* overwrite_gram: the caller allows its Gram matrix (a float64 C-contiguous one, else the
+     * converted copy) to be the workspace, destroyed; a read-only one is left alone */
+    const int consume = overwrite && PyArray_ISWRITEABLE(g);
     ork_gptq_params p;
     memset(&p, 0, sizeof p);
     p.kind = ki->id;
@@ -75,8 +79,12 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     err.msg[0] = '\0';
     ork_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ork_gptq((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, (const double *)PyArray_DATA(g), &p,
-                  PyArray_DATA(codes), (float *)PyArray_DATA(scales), &err);
+    if (consume)
+        st = ork_gptq_consume((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, (double *)PyArray_DATA(g), &p,
+                              PyArray_DATA(codes), (float *)PyArray_DATA(scales), &err);
+    else
+        st = ork_gptq((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, (const double *)PyArray_DATA(g), &p,
+                      PyArray_DATA(codes), (float *)PyArray_DATA(scales), &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         orkpy_raise(st, &err);

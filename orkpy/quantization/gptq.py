@@ -66,7 +66,7 @@ SHARED_INPUT = {"attn_k": "attn_q", "attn_v": "attn_q", "ffn_up": "ffn_gate"}
 def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float = DEFAULT_DAMP,
                   block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0,
                   group_size: Optional[int] = None, static_groups: bool = False,
-                  threads: Optional[int] = None) -> QuantizedTensor:
+                  threads: Optional[int] = None, overwrite_gram: bool = False) -> QuantizedTensor:
     """Quantize a float ``(N, K)`` weight (``kind`` int8, nf4 or int4) with GPTQ's error
     compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc; the C core,
     csrc/ork/gptq.h, with the GIL released). ``where`` names the weight in errors. 4-bit kinds,
@@ -78,7 +78,9 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     first column, from the columns as the error feedback has left them (``static_groups=True``:
     all chosen up front from ``w``), and each column is rounded with its group's scale.
     ``threads``: worker threads (None = all cores); the result never depends on it, nor on
-    ``block``."""
+    ``block``. ``overwrite_gram=True``: a writeable float64 ``gram`` is the C core's workspace
+    (its contents destroyed, the result the same): one ``(K, K)`` float64 matrix less in memory,
+    for a Gram matrix with no later reader."""
     if kind not in KINDS:
         raise ValueError(f"{where}: unknown kind {kind!r} (GPTQ runs every kind: {', '.join(KINDS)})")
     if not (isinstance(damp, (int, float)) and not isinstance(damp, bool) and np.isfinite(damp) and damp >= 0):
@@ -100,7 +102,7 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     check_maps(maps)
     try:
         codes, scales = _core.gptq(w32, g, kind, float(damp), int(block), int(rows), group, bool(static_groups),
-                                   nthreads)
+                                   nthreads, bool(overwrite_gram))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     check_maps(maps)

@@ -251,9 +251,14 @@ class LayerwiseRun:
                 w = specs[n].weight
                 assert w is not None
                 if self.gptq:
-                    g, rows = grams[_owner(n)]
+                    o = _owner(n)
+                    g, rows = grams[o]
+                    # its last reader factors in the Gram matrix's own memory (one K x K float64 less)
+                    last = not any(_owner(m) == o and m not in done and self.plan[m].kind != "gguf" for m in names)
                     q = gptq_quantize(w, g, p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=n, rows=rows,
-                                      group_size=p.group or 0, threads=self.run.threads)
+                                      group_size=p.group or 0, threads=self.run.threads, overwrite_gram=last)
+                    if last:
+                        del g, grams[o]
                     if self.sequential:
                         self._deq[n] = q.dequantize()
                 else:

@@ -226,6 +226,21 @@ static void gptq_case(const gcase *c, const size_t *blocks, size_t nb, const cha
                   "%d threads: scales differ from the oracle's", isa, kn, N, K, c->group,
                   c->static_groups ? " static" : "", blocks[b], nt);
         }
+    for (int nt = 1; nt <= 2; nt++) { /* the caller's H as the workspace: the same bytes */
+        ork_err err;
+        double *g2 = malloc(K * K * sizeof(double));
+        memcpy(g2, gram, K * K * sizeof(double));
+        p.block = blocks[0];
+        p.nthreads = nt;
+        memset(got, 0xa5, N * rb);
+        memset(got_s, 0xa5, N * G * sizeof(float));
+        ork_status s = ork_gptq_consume(w, N, K, g2, &p, got, got_s, &err);
+        CHECK(s == ORK_OK, "%s %s consume N=%zu K=%zu: %s", isa, kn, N, K, err.msg);
+        CHECK(memcmp(got, want, N * rb) == 0 && memcmp(got_s, want_s, N * G * sizeof(float)) == 0,
+              "%s %s N=%zu K=%zu group %zu, %d threads: ork_gptq_consume differs from the oracle", isa, kn, N, K,
+              c->group, nt);
+        free(g2);
+    }
     *codes_out = want;
     *scales_out = want_s;
     free(w); free(gram); free(got); free(got_s);
