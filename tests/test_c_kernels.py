@@ -1,6 +1,7 @@
 """C-level kernel tests: every SIMD kernel against the scalar _ref, natively
-(AVX2 here) and as aarch64 NEON under qemu-aarch64; GPTQ and the input Gram
-matrix (no ISA variants) against oracles on every ISA (tests/c/test_gptq.c).
+(AVX2 here) and as aarch64 NEON under qemu-aarch64; GPTQ (its float64
+multiply-accumulate has AVX2 and NEON kernels) and the input Gram matrix against
+oracles on every ISA (tests/c/test_gptq.c).
 The core is compiled with the extension's flags (buildflags.py), once per
 compiler for the session."""
 import re
@@ -101,7 +102,7 @@ def test_c_neon_under_qemu(src, cpu, tmp_path, objdir):
     if src.stem == "test_npu":  # the NPU pipeline and fake kernels, built for aarch64 (ABI asserts included)
         assert "comparing npu" in out
         return
-    if src.stem == "test_gptq":  # no NEON variant of its own: GPTQ and the Gram matrix on each ISA vs the oracles
+    if src.stem == "test_gptq":  # GPTQ (gptq_neon.c's kernel under neon) and the Gram matrix on each ISA vs the oracles
         for isa in ("scalar", "neon"):
             assert (f"comparing gptq on {isa} against the oracle" in out
                     and f"comparing the gram matrix on {isa} against its contract's sum" in out), out

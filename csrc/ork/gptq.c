@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gptq_kernels.h"
 #include "pool.h"
 #include "quant_scalar.h"
 
@@ -24,9 +25,10 @@ static void pack_b(size_t k, size_t n, const double *B, size_t ldb, double *Bp) 
 
 /* C[r][c] += A[r][p] * B[p][c] for p = 0 .. k-1 in order, r < m, c < n, B packed (pack_b, quad
  * stride ts): each element keeps one running value (one rounding per product and per
- * addition), so the tiling only changes the memory order. */
-static void gemm_acc(size_t m, size_t n, size_t k, const double *A, size_t lda, const double *Bp, size_t ts,
-                     double *C, size_t ldc) {
+ * addition), so the tiling only changes the memory order. The scalar oracle of
+ * gptq_kernels.h; the AVX2 and NEON kernels give its bits. */
+void ork_gptq_acc_ref(size_t m, size_t n, size_t k, const double *A, size_t lda, const double *Bp, size_t ts,
+                      double *C, size_t ldc) {
     for (size_t rb = 0; rb < m; rb += MB) {
         const size_t re = m - rb < MB ? m : rb + MB;
         for (size_t c0 = 0; c0 < n; c0 += 4) {
@@ -63,12 +65,25 @@ static void gemm_acc(size_t m, size_t n, size_t k, const double *A, size_t lda, 
     }
 }
 
+ork_gptq_acc_fn ork_gptq_acc_for(ork_isa isa) {
+    switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case ORK_ISA_AVX2: return ork_gptq_acc_avx2;
+#endif
+#if defined(__aarch64__)
+    case ORK_ISA_NEON: return ork_gptq_acc_neon;
+#endif
+    default: return ork_gptq_acc_ref;
+    }
+}
+
 /* --------------------------------------------------- lower Cholesky of A -- */
 typedef struct {
     double *A;       /* K x K, lower triangle factored in place */
     size_t K, k0, k1;
     double *T;       /* -A21^T packed (pack_b layout, quad stride 4 nbk): -A[j][k0 + p] for j >= k1 */
     double *LT;      /* nbk x nbk: L[j'][j] at LT[j - k0][j' - k0] */
+    ork_gptq_acc_fn acc;
 } chol_job;
 
 static ork_status chol_trsm(void *ctx, size_t b, size_t e, ork_err *err) {
@@ -94,7 +109,7 @@ static ork_status chol_syrk(void *ctx, size_t b, size_t e, ork_err *err) {
     const chol_job *c = (const chol_job *)ctx;
     const size_t K = c->K, k0 = c->k0, k1 = c->k1;
     /* rows k1+b .. k1+e-1, columns k1 .. k1+e-1 (the strict upper part of the last rows is scratch) */
-    gemm_acc(e - b, e, k1 - k0, c->A + (k1 + b) * K + k0, K, c->T, 4 * (k1 - k0), c->A + (k1 + b) * K + k1, K);
+    c->acc(e - b, e, k1 - k0, c->A + (k1 + b) * K + k0, K, c->T, 4 * (k1 - k0), c->A + (k1 + b) * K + k1, K);
     return ORK_OK;
 }
 
@@ -118,7 +133,7 @@ static ork_status chol_lower(double *A, size_t K, int nthreads, double *T, doubl
         if (k1 == K) break;
         for (size_t j = 0; j < nbk; j++)
             for (size_t j2 = j + 1; j2 < nbk; j2++) LT[j * NB + j2] = A[(k0 + j2) * K + k0 + j];
-        chol_job c = {A, K, k0, k1, T, LT};
+        chol_job c = {A, K, k0, k1, T, LT, ork_gptq_acc_for(ork_cpu_isa())};
         const size_t M = K - k1;
         const int th = ork_pool_threads_for(nthreads, (double)M * (double)M * (double)nbk, 1 << 21);
         ork_status st = ork_parallel_for(th, M, 16, chol_trsm, &c, err);
@@ -133,6 +148,7 @@ typedef struct {
     const double *L;
     double *X;
     size_t K;
+    ork_gptq_acc_fn acc;
 } inv_job;
 
 static ork_status inv_cols(void *ctx, size_t b, size_t e, ork_err *err) {
@@ -157,7 +173,7 @@ static ork_status inv_cols(void *ctx, size_t b, size_t e, ork_err *err) {
             }
             if (i1 < K) {
                 pack_b(i1 - i0, w, v->X + i0 * K + j0, K, Bp);
-                gemm_acc(K - i1, w, i1 - i0, v->L + i1 * K + i0, K, Bp, 4 * (i1 - i0), v->X + i1 * K + j0, K);
+                v->acc(K - i1, w, i1 - i0, v->L + i1 * K + i0, K, Bp, 4 * (i1 - i0), v->X + i1 * K + j0, K);
             }
         }
     }
@@ -172,7 +188,7 @@ static ork_status factor_rev(double *A, size_t K, int nthreads, double damp, dou
     ork_status st = chol_lower(A, K, nthreads, T, T + NB * (K + 4), damp, err);
     free(T);
     if (st != ORK_OK) return st;
-    inv_job v = {A, u, K};
+    inv_job v = {A, u, K, ork_gptq_acc_for(ork_cpu_isa())};
     const size_t nblk = (K + NB - 1) / NB;
     st = ork_parallel_for(ork_pool_threads_for(nthreads, (double)K * K * K, 1 << 22), nblk, 1, inv_cols, &v, err);
     if (st != ORK_OK) return st;
@@ -213,6 +229,7 @@ typedef struct {
     uint8_t *codes;
     float *scales;
     size_t row_bytes;
+    ork_gptq_acc_fn acc;
 } gptq_job;
 
 typedef struct {
@@ -272,7 +289,7 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
             if (k % gs == 0 && k > 0 && !j->p->static_groups) {
                 const size_t end = K - k < gs ? K : k + gs;
                 if (end > i2 && k > f) { /* the group reaches past the block: bring it up to date first */
-                    gemm_acc(R, K - i2, k - f, E + (f - i1), B, up + (f - i1) * 4, 4 * (i2 - i1), W + i2, K);
+                    j->acc(R, K - i2, k - f, E + (f - i1), B, up + (f - i1) * 4, 4 * (i2 - i1), W + i2, K);
                     f = k;
                 }
                 for (size_t r = 0; r < R; r++)
@@ -308,7 +325,7 @@ static ork_status gptq_rows(void *ctx, size_t r0, size_t r1, ork_err *err) {
                 E[r * B + (k - i1)] = -e;
             }
         }
-        if (i2 < K) gemm_acc(R, K - i2, i2 - f, E + (f - i1), B, up + (f - i1) * 4, 4 * (i2 - i1), W + i2, K);
+        if (i2 < K) j->acc(R, K - i2, i2 - f, E + (f - i1), B, up + (f - i1) * 4, 4 * (i2 - i1), W + i2, K);
         up += (i2 - i1) * 4 * ((K - i2 + 3) / 4);
     }
 done:
@@ -440,6 +457,7 @@ static ork_status gptq_run(const float *w, size_t N, size_t K, double *A, int ow
     j.codes = (uint8_t *)codes;
     j.scales = scales;
     j.row_bytes = ork_quant_row_bytes(p->kind, K);
+    j.acc = ork_gptq_acc_for(ork_cpu_isa());
     st = ork_parallel_for(ork_pool_threads_for(p->nthreads, (double)N * K * K, 1 << 22), N, RB, gptq_rows, &j, err);
 done:
     if (own) free(A);

@@ -46,9 +46,11 @@
  *    so the result never depends on `block` or on the thread count: blocks
  *    of 16 rows run in parallel (ork_parallel_for).
  *
- * Plain C, double precision, no ISA variants: this is not a SIMD kernel (the
- * compiler may vectorize the loops; -ffp-contract=off forbids fusing a
- * multiply and an add, so every build gives the same bits). Memory: two K x K
+ * Double precision throughout; the multiply-accumulates (the factorization's
+ * and the lazy updates': nearly all the flops) run on the ISA's kernel of
+ * gptq_kernels.h (scalar _ref, AVX2, NEON), which computes each element as the
+ * _ref does, never fusing a multiply and an add (-ffp-contract=off), so every
+ * ISA and build gives the same bits. Memory: two K x K
  * double matrices (the factor, then U's panels packed for the lazy updates;
  * and U) + per work item 16 rows of K doubles.
  * ork_gptq_consume: the same result, bit for bit, with the caller's H as the first
