@@ -113,6 +113,9 @@ def main(argv=None):
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
     ap.add_argument("--gptq-sequential", action="store_true",
                     help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
+    ap.add_argument("--target-sensitivity", nargs="+", default=["passes"],
+                    choices=orkpy.quantization.alloc.SENSITIVITY_METHODS,
+                    help="how the target-size rows measure the sensitivities (each a row; allocation.target_sensitivity)")
     ap.add_argument("--target-narrow", action="store_true",
                     help="each Q4_K_M target row again with the 4- and 8-bit options only (no int5 / int6 tiers)")
     ap.add_argument("--target-rotate", action="store_true",
@@ -188,17 +191,18 @@ def run_model(a, name):
         if not a.no_llama:
             r = oracle.llama_kld(dst, base_kld, n_ctx=ctx)
             add("llama.cpp", label, am.linear_bytes(dst, names), r["ppl"], r["kld"])
-    plan = [(m, False, g, None) for m in a.methods for g in a.groups]
-    plan += [(m, True, g, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
-    plan += [(m, a.target_rotate, 0, at) for at in a.target_at for m in a.target_methods]
+    plan = [(m, False, g, None, None) for m in a.methods for g in a.groups]
+    plan += [(m, True, g, None, None) for m in a.rotate_methods for g in a.groups] if a.rotate else []
+    plan += [(m, a.target_rotate, 0, at, s) for at in a.target_at for m in a.target_methods
+             for s in a.target_sensitivity]
     if a.target_narrow and "Q4_K_M" in a.target_at:
-        plan += [(m, a.target_rotate, 0, "Q4_K_M/48") for m in a.target_methods]
+        plan += [(m, a.target_rotate, 0, "Q4_K_M/48", s) for m in a.target_methods for s in a.target_sensitivity]
 
-    plan += [(m, False, 0, f"oracle-{fb}") for m in a.oracle_methods for fb in ("literal", "infer")]
-    plan += [] if a.no_int8 else [("rtn", False, 0, "int8")]
+    plan += [(m, False, 0, f"oracle-{fb}", None) for m in a.oracle_methods for fb in ("literal", "infer")]
+    plan += [] if a.no_int8 else [("rtn", False, 0, "int8", None)]
     if a.gptq_sequential:
         plan = [r for p in plan for r in ([p, (p[0] + "+seq",) + p[1:]] if p[0].startswith("gptq") else [p])]
-    for method, rot, group, alloc in plan:
+    for method, rot, group, alloc, sens in plan:
         t0 = time.perf_counter()
         kw = dict(imatrix=im if method.endswith("+im") else None, kind="nf4",
                   method="gptq" if method.startswith("gptq") else "rtn", awq="awq" in method,
@@ -218,7 +222,8 @@ def run_model(a, name):
         elif alloc is not None:
             where = None
             kw.update(target_bpw=8 * budget[alloc.split("/")[0]] / params,
-                      target_options=TARGET_OPTIONS.get(alloc, orkpy.quantization.alloc.DEFAULT_OPTIONS))
+                      target_options=TARGET_OPTIONS.get(alloc, orkpy.quantization.alloc.DEFAULT_OPTIONS),
+                      target_sensitivity=sens)
         try:
             qm = orkpy.quantize_model(f32, where, **kw)
         except (NotImplementedError, ValueError) as e:
@@ -228,7 +233,8 @@ def run_model(a, name):
         label = (f"int8 all" if alloc == "int8" else f"nf4 {method}" + (f" g{group}" if group else "")
                  + (" +rot" if rot else "")
                  + (f" Q4_K_M-map {alloc[7:]} ({where.int8_share():.0%} int8)" if alloc and alloc.startswith("oracle-")
-                    else f" target@{alloc}" if alloc and alloc != "int8" else ""))
+                    else f" target@{alloc}" if alloc and alloc != "int8" else "")
+                 + (f" [{sens}]" if sens and len(a.target_sensitivity) > 1 else ""))
         secs = time.perf_counter() - t0
         for mode, m in (("w4a8", qm.to_model()), ("w-only", weight_only(qm))):
             r = orkpy.perplexity(m, tokens, n_ctx=ctx, chunks=a.chunks, kld_base=ref, progress=False)

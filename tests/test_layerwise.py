@@ -62,6 +62,39 @@ def test_layer_by_layer_equals_the_whole_model_stages(shared, method, rotate, se
     assert set(lw.timings) >= {"forward+gram" if method == "gptq" else "forward", "read"}
 
 
+def test_gram_batches_pass_count_and_the_same_bytes(shared, monkeypatch):
+    """By default one pass over a layer's rows collects all its Gram matrices (the batch limit is
+    twice the largest, what GPTQ holds for it anyway); an explicit max_bytes that holds one matrix
+    runs a pass per matrix (the earlier ones on copies of the rows): the same bytes, the same
+    activation ranges."""
+    from orkpy.runtime import blocks
+    r = Recipe.from_kwargs(kind="nf4", method="gptq", calib_ctx=64, calib_chunks=2)
+    src = open_source(str(shared / F32))
+    plan = plan_linears(linear_names(src.hp), src.split_tier_map(
+        read_allocation(str(shared / Q4KM), 5.0, "infer").tiers), r.allocation)
+    run = RunOptions(None, False, lambda s: None)
+    calls = []
+    real = blocks.Block.run
+
+    def spy(self, stream, threads=None, grams=(), **kw):
+        calls.append(len(grams))
+        return real(self, stream, threads, grams, **kw)
+
+    monkeypatch.setattr(blocks.Block, "run", spy)
+    outs = []
+    for mb in (None, 1):
+        calls.clear()
+        lw = LayerwiseRun(src, plan, r, _calib(shared), None, {}, run, True, True, max_bytes=mb)
+        outs.append(({x.name: x.packed for x in lw}, lw.act_calibration.to_bytes()))
+        n_layer = int(src.hp["n_layer"])
+        assert len(calls) == (n_layer if mb is None else 4 * n_layer), calls  # q (k, v), o, gate (up), down
+    (a, acts_a), (b, acts_b) = outs
+    assert acts_a == acts_b
+    for n in a:
+        if a[n] is not None:
+            assert np.array_equal(a[n].store, b[n].store) and np.array_equal(a[n].bscale, b[n].bscale), n
+
+
 def test_head_in_row_blocks_equals_one_piece(shared, monkeypatch):
     r = Recipe.from_kwargs(kind="nf4", method="gptq", calib_ctx=64, calib_chunks=2)
     src = open_source(str(shared / F32))

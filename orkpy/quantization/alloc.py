@@ -9,7 +9,10 @@ csrc/ork/quant.h) and ``int8`` -- so that the packed
 linears take at most ``target_bpw`` bits per weight (:func:`orkpy.formats.tiermap.packed_nbytes`: tile
 padding and scales included) at the least estimated loss.
 
-The loss of a choice is estimated per linear, one linear at a time (the others float):
+The loss of a choice is estimated per linear. By default (``method="passes"``,
+:mod:`orkpy.quantization.sensitivity`) ``KL_n`` below is estimated from 1 + 7 streamed forward
+passes for the whole model (each linear type rounded at once, its KL shared by the linears'
+output errors); ``method="per_linear"`` measures it one linear at a time (the others float):
 
 1. ``KL_n``: measured. The linear's weight is replaced by its dequantized ``ref`` option (the
    first option: the cheapest) in the float32 model, the mean KL divergence of the next-token
@@ -152,21 +155,35 @@ def names_of(src: Any) -> List[str]:
     return list(linear_names(src.hp))
 
 
+#: how the sensitivities are measured: "passes" (a few streamed forward passes for the whole
+#: model, :mod:`orkpy.quantization.sensitivity`) or "per_linear" (one pass per linear, module doc)
+SENSITIVITY_METHODS = ("passes", "per_linear")
+
+
 def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str] = DEFAULT_OPTIONS,
                   kind: str = "nf4", imatrix: Any = None, n_ctx: int = 256, chunks: int = 2,
-                  threads: Optional[int] = None, progress: bool = True) -> Dict[str, Any]:
-    """{"kl_ref": {linear: measured KL of the ref option}, "err": {linear: {tier: e}},
+                  threads: Optional[int] = None, progress: bool = True, method: str = "passes") -> Dict[str, Any]:
+    """{"kl_ref": {linear: KL of the ref option}, "err": {linear: {tier: e}},
     "loss": {linear: {tier: estimated KL}}, "bytes": {linear: {tier: bytes}}, "ref": tier,
-    "n_ctx", "chunks"} of every linear of ``src`` (module doc)."""
+    "n_ctx", "chunks", "method"} of every linear of ``src``: ``method`` "passes" estimates each
+    ``KL_n`` from ``1 + 7`` streamed passes (:mod:`orkpy.quantization.sensitivity`; also
+    ``"kl_type"``), "per_linear" measures it with one whole-model pass per linear (module doc)."""
     from ..runtime.model import LinearSpec, float_model
 
     if kind not in FOUR_BIT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(FOUR_BIT_KINDS)}, got {kind!r}")
     if not options:
         raise ValueError("options must name at least one tier")
+    if method not in SENSITIVITY_METHODS:
+        raise ValueError(f"method must be one of {', '.join(SENSITIVITY_METHODS)}, got {method!r}")
     for t in options:
         if split_tier(t)[0] == "float":
             raise ValueError(f"option {t!r} is not an integer tier ({', '.join(reversed(INT_TIERS))})")
+    opts = list(options)
+    ref = min(opts, key=lambda t: (packed_nbytes(t, 64, 4096), opts.index(t)))  # the cheapest option
+    if method == "passes":
+        from .sensitivity import sensitivities_passes
+        return sensitivities_passes(src, calib, opts, ref, kind, imatrix, n_ctx, chunks, threads, progress)
     m = float_model(src)
     toks = m.tokens(calib)
     n_chunk, it = m.chunks(toks, n_ctx, chunks)
@@ -178,11 +195,8 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
         means = {n: imatrix.values(n) for n in names_of(src) if n in imatrix}
     ref_logp = [_log_softmax(m.forward(c, threads=threads)) for c in batch]
     names = names_of(src)
-    rep: Dict[str, Any] = {"kl_ref": {}, "err": {}, "loss": {}, "bytes": {}, "ref": None, "n_ctx": int(n_ctx),
-                           "chunks": n_chunk}
-    opts = list(options)
-    ref = min(opts, key=lambda t: (packed_nbytes(t, 64, 4096), opts.index(t)))  # the cheapest option
-    rep["ref"] = ref
+    rep: Dict[str, Any] = {"kl_ref": {}, "err": {}, "loss": {}, "bytes": {}, "ref": ref, "n_ctx": int(n_ctx),
+                           "chunks": n_chunk, "method": method}
     bar = progress_bar(len(names), "sensitivity", progress, "linear")
     try:
         for n in names:
@@ -228,15 +242,17 @@ def bpw_budget(src: Any, target_bpw: float) -> Tuple[int, int]:
 def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
                       options: Sequence[str] = DEFAULT_OPTIONS, kind: str = "nf4", imatrix: Any = None,
                       n_ctx: int = 256, chunks: int = 2, threads: Optional[int] = None,
-                      progress: bool = True, report: Optional[Dict[str, Any]] = None) -> Tuple[TierMap, Dict[str, Any]]:
+                      progress: bool = True, report: Optional[Dict[str, Any]] = None,
+                      method: str = "passes") -> Tuple[TierMap, Dict[str, Any]]:
     """(TierMap, report): the tiers of every linear of ``src`` (a :class:`~orkpy.formats.source.Source`)
     at ``target_bpw`` bits per packed linear weight (module doc); ``report`` from an earlier
-    :func:`sensitivities` call (same options) skips the measurement. The map names the source's
+    :func:`sensitivities` call (same options) skips the measurement (``method``: how it measures).
+    The map names the source's
     tensors (a tied head's entry is ``token_embd.weight``; an untied embedding table stays
     float); its ggml types are the source's."""
     budget, n_w = bpw_budget(src, target_bpw)
     rep = report if report is not None else sensitivities(src, calib, options, kind, imatrix, n_ctx, chunks,
-                                                          threads, progress)
+                                                          threads, progress, method)
     names = names_of(src)
     missing = [n for n in names if n not in rep["loss"]]
     if missing:

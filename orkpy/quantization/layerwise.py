@@ -53,7 +53,10 @@ if TYPE_CHECKING:
 
 #: a streamed run's checkpoint folder: the output folder's name plus this
 CHECKPOINT_SUFFIX = ".orkpy-checkpoint"
-#: float64 Gram matrices held at once per layer (a batch per pass over the rows)
+#: float64 Gram matrices held at once per layer (a batch per pass over the rows) when no
+#: ``max_bytes`` is given: at least this, and up to twice the layer's largest Gram matrix -- what
+#: GPTQ holds anyway while it factors that one (the matrix and its factor), so one pass over the
+#: rows collects them all (Qwen3-1.7B: 400 MB, one pass a layer rather than two)
 GRAM_BYTES = 256 << 20
 #: float32 bytes of a weight read at once: a larger one (a vocabulary-sized head) is read,
 #: rounded and packed in blocks of rows
@@ -101,12 +104,12 @@ class LayerwiseRun:
     def __init__(self, src: Source, plan: Dict[str, "LinearPlan"], recipe: Recipe, calib: Union[str, ArrayLike],
                  imatrix: Optional["Imatrix"], columns: Dict[str, NDArray[Any]], run: "RunOptions",
                  gptq: bool, acts: bool, checkpoint: Optional[str] = None,
-                 max_bytes: int = GRAM_BYTES) -> None:
+                 max_bytes: Optional[int] = None) -> None:
         self.src, self.plan, self.recipe, self.run = src, plan, recipe, run
         self.imatrix, self.columns = imatrix, columns
         self.gptq, self.acts = bool(gptq), bool(acts)
         self.sequential = self.gptq and bool(recipe.rounding.gptq_sequential)
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
         c = recipe.calibration
         self.chunks, self.tokens = calib_chunks(src, calib, c.ctx, c.chunks)
         self.checkpoint = None if checkpoint is None else Checkpoint(
@@ -193,7 +196,10 @@ class LayerwiseRun:
                 if o not in owners:
                     owners.append(o)
         threads = self.run.threads
-        batches = gram_batches(owners, lambda n: specs[n].K, self.max_bytes) if owners else []
+        limit = self.max_bytes
+        if limit is None:
+            limit = max([GRAM_BYTES] + [2 * 8 * specs[o].K ** 2 for o in owners])
+        batches = gram_batches(owners, lambda n: specs[n].K, limit) if owners else []
         grams: Dict[str, Any] = {}
         done: Set[str] = set()
         if not self.sequential:  # every batch on the float rows; the last one moves them on

@@ -145,7 +145,8 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
     from .alloc import DEFAULT_OPTIONS, target_allocation
     assert a.target_bpw is not None and inputs.calib is not None  # Recipe.check_inputs
     tm, report = target_allocation(src, inputs.calib, a.target_bpw, tuple(a.target_options or DEFAULT_OPTIONS), a.kind,
-                                   inputs.imatrix, a.target_ctx, a.target_chunks, run.threads, run.progress)
+                                   inputs.imatrix, a.target_ctx, a.target_chunks, run.threads, run.progress,
+                                   method=a.target_sensitivity)
     counts: Dict[str, int] = {}
     for t in report["tiers"].values():
         counts[t] = counts.get(t, 0) + 1

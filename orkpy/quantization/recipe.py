@@ -47,6 +47,7 @@ from ..kernels.actspec import ActSpec
 from ..kernels.quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
 from ..runtime import actcal, rotate
 from ..runtime.rotate import ROTATIONS
+from .alloc import SENSITIVITY_METHODS
 
 VERSION = 1
 PLACEMENTS = rotate.PLACEMENTS
@@ -297,6 +298,8 @@ class AllocationSpec(_Section):
     npu_options: Tuple[str, ...] = _key(("w4a4", "w4a8", "int8"), _npu_options, "the tiers npu_bits chooses from")
     target_chunks: int = _key(2, _int(1, COUNT_MAX), "chunks of the sensitivity measurement")
     target_ctx: int = _key(256, _int(1, COUNT_MAX), "tokens per chunk of the sensitivity measurement")
+    target_sensitivity: str = _key("passes", _choice(SENSITIVITY_METHODS),
+                                   "how target_bpw measures the sensitivities: a few streamed passes or one per linear")
     kind: str = _key("nf4", _choice(FOUR_BIT_KINDS, " (the int4 tier's codebook)"), "the int4 tier's codebook")
     group_size: Optional[int] = _key(None, _group, "group-wise scales for tiers that name no group")
     tied_lookup: str = _key("float", _choice(TIED_LOOKUPS), "a tied model's embedding lookup")
@@ -561,6 +564,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "target_bpw": ("allocation", "target_bpw"), "target_options": ("allocation", "target_options"),
     "npu_bits": ("allocation", "npu_bits"), "npu_options": ("allocation", "npu_options"),
     "target_chunks": ("allocation", "target_chunks"), "target_ctx": ("allocation", "target_ctx"),
+    "target_sensitivity": ("allocation", "target_sensitivity"),
     "kind": ("allocation", "kind"), "group_size": ("allocation", "group_size"),
     "tied_lookup": ("allocation", "tied_lookup"),
     "method": ("rounding", "method"), "gptq_sequential": ("rounding", "gptq_sequential"),

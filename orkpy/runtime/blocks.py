@@ -74,7 +74,34 @@ class Block:
         self.layer = int(layer)
         self.names = layer_linears(self.layer)
         self.n_layer = int(src.hp["n_layer"])
-        self._fwd = _forward_model(src.hp, src.tensor, {n: specs[n] for n in self.names}, blocks=[self.layer])
+        self._src, self._specs = src, {n: specs[n] for n in self.names}
+        self._fwd = _forward_model(src.hp, src.tensor, self._specs, blocks=[self.layer])
+
+    def swap(self, name: str, spec: LinearSpec) -> LinearSpec:
+        """Put ``spec`` in place of linear ``name`` of this layer; the spec it replaces."""
+        i = self.names.index(name)
+        old = self._specs[name]
+        self._fwd.set_linear(i, spec.to_core())
+        self._specs[name] = spec
+        return old
+
+    def head_logits(self, stream: Stream, w: NDArray[np.float32], bias: Optional[NDArray[Any]] = None,
+                    threads: Optional[int] = None) -> List[NDArray[np.float32]]:
+        """The logits of the vocabulary rows whose head weight rows are ``w`` (float32 ``(V', n_embd)``,
+        ``bias`` theirs) at every position of the stream's final rows (after every layer), one
+        ``(T, V')`` array per chunk: the whole model's logits, a block of columns at a time."""
+        from .model import _forward_model
+        if stream.layer != self.n_layer:
+            raise ValueError(f"the stream's rows enter layer {stream.layer}: the head needs them after every layer")
+        fwd = _forward_model(self._src.hp, self._src.tensor, self._specs, blocks=[self.layer],
+                             head=(np.ascontiguousarray(w, np.float32), bias))
+        nthreads = 0 if threads is None else int(threads)
+        out = []
+        for x in stream.xs:
+            z = fwd.forward_hidden(x.copy(), layers=0, logits=True, threads=nthreads)
+            assert z is not None
+            out.append(z)
+        return out
 
     def run(self, stream: Stream, threads: Optional[int] = None, grams: Sequence[str] = (),
             act_prefix: Optional[int] = None, imatrix: bool = False, advance: bool = True) -> Dict[str, Any]:

@@ -146,17 +146,19 @@ def build_model(src: Source, linear: Callable[[str], Tuple[LinearSpec, str]], pa
 
 
 def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]],
-                   linears: Mapping[str, LinearSpec], blocks: Optional[Sequence[int]] = None) -> _core.ForwardModel:
+                   linears: Mapping[str, LinearSpec], blocks: Optional[Sequence[int]] = None,
+                   head: Optional[Tuple[NDArray[np.float32], Optional[NDArray[Any]]]] = None) -> _core.ForwardModel:
     """The C model from the hyper-parameters (:func:`orkpy.formats.arch.hparams`), float_of(name) ->
     float tensor (embeddings, norms, biases, RoPE factors) and a spec for every name of
     :func:`linear_names`. What each block holds comes from the architecture table. ``blocks``: a
     model of only these blocks (their settings, e.g. a sliding window, as in the whole model),
     run from hidden rows (``forward_hidden``), with no embedding table and a one-row zero head
-    of the output norm (:mod:`orkpy.runtime.blocks`); ``linears`` then needs only theirs."""
+    of the output norm (:mod:`orkpy.runtime.blocks`); ``linears`` then needs only theirs; ``head``
+    (float32 rows of the head weight, their bias or None): those rows as its head instead."""
     a = _arch.get(hp["arch"])
     biases = set(hp.get("biases", ()))
     if blocks is not None:
-        return _block_model(hp, float_of, linears, blocks, a, biases)
+        return _block_model(hp, float_of, linears, blocks, a, biases, head)
     emb = None if hp.get("packed_lookup") else float_of(EMBEDDING)  # None: the lookup reads the head's rows
     rots = _online_rots(hp)
     layers = [_layer_dict(hp, float_of, linears, i, a, biases, rots) for i in range(hp["n_layer"])]
@@ -167,15 +169,18 @@ def _forward_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]
 
 
 def _block_model(hp: Mapping[str, Any], float_of: Callable[[str], NDArray[Any]], linears: Mapping[str, LinearSpec],
-                 blocks: Sequence[int], a: Any, biases: set) -> _core.ForwardModel:
+                 blocks: Sequence[int], a: Any, biases: set,
+                 head: Optional[Tuple[NDArray[np.float32], Optional[NDArray[Any]]]] = None) -> _core.ForwardModel:
     """The C model of the blocks ``blocks`` alone (see :func:`_forward_model`): its layer ``j`` is the
-    source's layer ``blocks[j]``, its head one zero row (only its input's statistics are read)."""
+    source's layer ``blocks[j]``, its head one zero row (only its input's statistics are read) or
+    ``head``'s rows and bias (a block of the vocabulary's logits)."""
     rots = _online_rots(hp)
     layers = [_layer_dict(hp, float_of, linears, i, a, biases, rots) for i in blocks]
-    chp = dict(_arch.core_hparams(hp), n_layer=len(blocks), n_vocab=1)
-    head = ("f32", np.zeros((1, int(hp["n_embd"])), np.float32))
+    w = np.zeros((1, int(hp["n_embd"])), np.float32) if head is None else head[0]
+    chp = dict(_arch.core_hparams(hp), n_layer=len(blocks), n_vocab=int(w.shape[0]))
     rope = hp.get("rope_factors")
-    return _core.ForwardModel(chp, None, float_of(_arch.OUTPUT_NORM), head, layers,
+    return _core.ForwardModel(chp, None, float_of(_arch.OUTPUT_NORM), ("f32", w), layers,
+                              output_bias=None if head is None or head[1] is None else head[1],
                               rope_freqs=float_of(rope) if rope else None)
 
 
