@@ -10,10 +10,9 @@ from orkpy.formats.source import open_source
 from orkpy.formats.tiermap import OUTPUT
 from orkpy.quantization import alloc, sensitivity
 from orkpy.quantization.imatrix import Imatrix
-from orkpy.quantization.layerwise import calib_chunks
 from orkpy.runtime.blocks import STEMS
 from orkpy.runtime.linear import LinearSpec
-from orkpy.runtime.model import float_model, linear_names
+from orkpy.runtime.model import calib_chunks, float_model, linear_names
 
 F16 = "models/stories260K/stories260K-F16.gguf"
 TEXT = "text/tinystories-val-B.txt"

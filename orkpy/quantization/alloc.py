@@ -43,8 +43,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._io import progress_bar
-from ..kernels.quant import FOUR_BIT_KINDS, quantize
-from ..formats.tiermap import EMBEDDING, INT_TIERS, NPU_INT4_TIERS, TierEntry, TierMap, packed_nbytes, split_tier, tier_kind
+from ..kernels.quant import FOUR_BIT_KINDS
+from ..formats.tiermap import EMBEDDING, INT_TIERS, NPU_INT4_TIERS, TierEntry, TierMap, packed_nbytes, split_tier
+from .sensitivity import SENSITIVITY_METHODS, _dequantized, _error_of, sensitivities_passes
 
 
 
@@ -79,19 +80,6 @@ def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np
         tot += float(np.sum(np.exp(lp) * (lp - lq)))
         n += lp.shape[0]
     return tot / max(n, 1)
-
-
-def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
-                 threads: Optional[int] = None) -> NDArray[np.float32]:
-    """``w`` quantized at ``tier`` (int4 tiers as ``kind``, int8 / int6 / int5 as themselves) and dequantized."""
-    g = split_tier(tier)[1]
-    q = quantize(w, tier_kind(tier, kind) or "float", imatrix=im, threads=threads, group_size=g or None)
-    return q.dequantize(threads)
-
-
-def _error_of(w: NDArray[Any], deq: NDArray[np.float32], im: Optional[NDArray[np.float32]]) -> float:
-    d2 = ((deq.astype(np.float64) - np.asarray(w, np.float64)) ** 2).sum(axis=0)
-    return float(d2 @ (np.ones_like(d2) if im is None else np.asarray(im, np.float64)))
 
 
 def weighted_error(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
@@ -155,11 +143,6 @@ def names_of(src: Any) -> List[str]:
     return list(linear_names(src.hp))
 
 
-#: how the sensitivities are measured: "passes" (a few streamed forward passes for the whole
-#: model, :mod:`orkpy.quantization.sensitivity`) or "per_linear" (one pass per linear, module doc)
-SENSITIVITY_METHODS = ("passes", "per_linear")
-
-
 def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str] = DEFAULT_OPTIONS,
                   kind: str = "nf4", imatrix: Any = None, n_ctx: int = 256, chunks: int = 2,
                   threads: Optional[int] = None, progress: bool = True, method: str = "passes") -> Dict[str, Any]:
@@ -182,7 +165,6 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     opts = list(options)
     ref = min(opts, key=lambda t: (packed_nbytes(t, 64, 4096), opts.index(t)))  # the cheapest option
     if method == "passes":
-        from .sensitivity import sensitivities_passes
         return sensitivities_passes(src, calib, opts, ref, kind, imatrix, n_ctx, chunks, threads, progress)
     m = float_model(src)
     toks = m.tokens(calib)

@@ -347,7 +347,7 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     from .._io import progress_bar
     from ..runtime.blocks import Block, Stream
     from .gptq import _layer_of, gram_batches
-    from .layerwise import calib_chunks
+    from ..runtime.model import calib_chunks
 
     if not alphas or any(not (0.0 <= float(a) <= 1.0) for a in alphas) or 0.0 not in [float(a) for a in alphas]:
         raise ValueError(f"alphas must be values in [0, 1] including 0 (no scaling), got {list(alphas)!r}")

@@ -43,7 +43,7 @@ from ..kernels.quant import QuantizedTensor
 from ..runtime import actcal
 from ..runtime.blocks import Block, Stream, layer_linears
 from ..runtime.linear import LinearSpec
-from ..runtime.model import text_tokens, token_chunks
+from ..runtime.model import calib_chunks
 from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, SHARED_INPUT, gptq_quantize, gram_batches
 from .recipe import Recipe
 
@@ -61,15 +61,6 @@ GRAM_BYTES = 256 << 20
 #: float32 bytes of a weight read at once: a larger one (a vocabulary-sized head) is read,
 #: rounded and packed in blocks of rows
 HEAD_BLOCK_BYTES = 64 << 20
-
-
-def calib_chunks(src: Source, calib: Union[str, ArrayLike], n_ctx: int, chunks: Optional[int]
-                 ) -> "tuple[List[NDArray[np.int32]], NDArray[np.int32]]":
-    """The calibration chunks of ``calib`` as :meth:`orkpy.Model.chunks` cuts them, and the tokens."""
-    from ..runtime.tokenizer import Tokenizer
-    tok = Tokenizer.from_gguf(src.meta)
-    tokens = text_tokens(tok, int(src.hp["n_vocab"]), calib)
-    return list(token_chunks(tok, tokens, n_ctx, chunks)[1]), tokens
 
 
 def _owner(name: str) -> str:
@@ -462,4 +453,4 @@ def checkpoint_key(src: Source, recipe: Recipe, tokens: NDArray[np.int32], plan:
     return h.hexdigest()
 
 
-__all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "GRAM_BYTES", "HEAD_BLOCK_BYTES", "LayerwiseRun", "calib_chunks", "checkpoint_key"]
+__all__ = ["CHECKPOINT_SUFFIX", "Checkpoint", "GRAM_BYTES", "HEAD_BLOCK_BYTES", "LayerwiseRun", "checkpoint_key"]

@@ -47,7 +47,7 @@ from ..kernels.actspec import ActSpec
 from ..kernels.quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
 from ..runtime import actcal, rotate
 from ..runtime.rotate import ROTATIONS
-from .alloc import SENSITIVITY_METHODS
+from .sensitivity import SENSITIVITY_METHODS
 
 VERSION = 1
 PLACEMENTS = rotate.PLACEMENTS

@@ -30,13 +30,30 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from .._io import progress_bar
-from ..formats.tiermap import OUTPUT, packed_nbytes
+from ..formats.tiermap import OUTPUT, packed_nbytes, split_tier, tier_kind
+from ..kernels.quant import quantize
 from ..runtime.blocks import STEMS, Block, Stream, layer_linears
 from ..runtime.linear import LinearSpec
-from .alloc import _dequantized, _error_of
+from ..runtime.model import calib_chunks
 
+#: how target_bpw's sensitivities are measured (allocation.target_sensitivity): "passes" (this
+#: module) or "per_linear" (one whole-model pass per linear, :func:`orkpy.quantization.alloc.sensitivities`)
+SENSITIVITY_METHODS = ("passes", "per_linear")
 #: float32 bytes of head rows applied at once (the logits of a vocabulary block)
 HEAD_BLOCK_BYTES = 64 << 20
+
+
+def _dequantized(w: NDArray[Any], tier: str, kind: str, im: Optional[NDArray[np.float32]],
+                 threads: Optional[int] = None) -> NDArray[np.float32]:
+    """``w`` quantized at ``tier`` (int4 tiers as ``kind``, int8 / int6 / int5 as themselves) and dequantized."""
+    g = split_tier(tier)[1]
+    q = quantize(w, tier_kind(tier, kind) or "float", imatrix=im, threads=threads, group_size=g or None)
+    return q.dequantize(threads)
+
+
+def _error_of(w: NDArray[Any], deq: NDArray[np.float32], im: Optional[NDArray[np.float32]]) -> float:
+    d2 = ((deq.astype(np.float64) - np.asarray(w, np.float64)) ** 2).sum(axis=0)
+    return float(d2 @ (np.ones_like(d2) if im is None else np.asarray(im, np.float64)))
 
 
 class _OnlineKL:
@@ -100,7 +117,6 @@ def sensitivities_passes(src: Any, calib: Union[str, ArrayLike], opts: List[str]
                          imatrix: Any, n_ctx: int, chunks: int, threads: Optional[int],
                          progress: bool) -> Dict[str, Any]:
     """The report of :func:`orkpy.quantization.alloc.sensitivities` by the streamed passes (module doc)."""
-    from .layerwise import calib_chunks
     toks, _ = calib_chunks(src, calib, n_ctx, chunks)
     n_layer = int(src.hp["n_layer"])
     base = Stream(src, toks)
@@ -198,4 +214,4 @@ def _head(src: Any, last: Block, base: Stream, streams: Dict[str, Stream], opts:
     rep["bytes"][OUTPUT] = {o: packed_nbytes(o, N, K) for o in opts}
 
 
-__all__ = ["HEAD_BLOCK_BYTES", "sensitivities_passes"]
+__all__ = ["HEAD_BLOCK_BYTES", "SENSITIVITY_METHODS", "sensitivities_passes"]

@@ -226,6 +226,16 @@ def text_tokens(tokenizer: Tokenizer, n_vocab: int, text_or_tokens: Union[str, A
     return t.astype(np.int32)
 
 
+def calib_chunks(src: Source, calib: Union[str, ArrayLike], n_ctx: int, chunks: Optional[int]
+                 ) -> "Tuple[List[NDArray[np.int32]], NDArray[np.int32]]":
+    """The calibration chunks of ``calib`` (a text or token ids) for the source ``src`` as
+    :meth:`orkpy.Model.chunks` cuts them, and the tokens."""
+    from .tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(src.meta)
+    tokens = text_tokens(tok, int(src.hp["n_vocab"]), calib)
+    return list(token_chunks(tok, tokens, n_ctx, chunks)[1]), tokens
+
+
 def token_chunks(tokenizer: Tokenizer, tokens: Union[Sequence[int], NDArray[Any]], n_ctx: int,
                  chunks: Optional[int] = None, add_bos: Optional[bool] = None
                  ) -> Tuple[int, Iterator[NDArray[np.int32]]]:
