@@ -113,7 +113,7 @@ def main(argv=None):
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
     ap.add_argument("--gptq-sequential", action="store_true",
                     help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
-    ap.add_argument("--target-sensitivity", nargs="+", default=["passes"],
+    ap.add_argument("--target-sensitivity", nargs="+", default=["auto"],
                     choices=orkpy.quantization.alloc.SENSITIVITY_METHODS,
                     help="how the target-size rows measure the sensitivities (each a row; allocation.target_sensitivity)")
     ap.add_argument("--target-narrow", action="store_true",

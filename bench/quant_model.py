@@ -15,7 +15,8 @@ threads, each job in a fresh process (peak RSS from wait4, so every process is m
 (8 x 512 tokens, their calibration pass) + ``llama-quantize Q4_K_M`` with that imatrix, against
 ``orkpy quantize`` with the recipe's flags (default: Hadamard rotation + GPTQ + the static
 activation ranges, layer by layer, on the same text and the Q4_K_M file as the allocation; add
-e.g. ``--recipe-flags="--awq"``), time against the sum of llama.cpp's two jobs and peak RSS
+e.g. ``--recipe-flags="--awq"``; with ``--target-bpw B`` among them orkpy chooses its own tiers
+instead, its sensitivities measured in the run), time against the sum of llama.cpp's two jobs and peak RSS
 against the larger of theirs; orkpy's per-stage seconds from its log.
 
 The imatrix is synthetic (positive random values per input column of every linear, in llama.cpp's
@@ -202,7 +203,8 @@ def recipe_main(a):
         qt, qrss = run([lq, "--imatrix", imat, src, q4km, "Q4_K_M", a.threads])
         out = pathlib.Path(a.work) / f"qwen3-{shape}-orkpy-recipe"
         log = []
-        ot, orss = run([sys.executable, "-m", "orkpy", "quantize", src, "--alloc", q4km, *flags, "--calib", a.text,
+        alloc = [] if "--target-bpw" in flags else ["--alloc", q4km]  # a target size: orkpy's own allocation
+        ot, orss = run([sys.executable, "-m", "orkpy", "quantize", src, *alloc, *flags, "--calib", a.text,
                         "--calib-chunks", a.chunks, "--calib-ctx", 512, "-t", a.threads, "-o", out, "--overwrite",
                         "--no-progress"], log)
         lt, lrss = it + qt, max(irss, qrss)

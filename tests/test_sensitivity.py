@@ -37,7 +37,7 @@ def stories(shared):
     im = Imatrix(chunks=1)
     for n in linear_names(src.hp):
         im.add(n, rng.random(src.shapes()[src.tensor_name(n)][1]) + 0.1, 1)
-    rep = alloc.sensitivities(src, calib, kind="nf4", imatrix=im, n_ctx=64, chunks=2, progress=False)
+    rep = alloc.sensitivities(src, calib, kind="nf4", imatrix=im, n_ctx=64, chunks=2, progress=False, method="passes")
     return src, calib, im, rep
 
 
@@ -67,7 +67,7 @@ def test_each_type_and_the_head_measure_the_whole_models_kl(stories):
     assert rep["kl_ref"][OUTPUT] == pytest.approx(kl_with([OUTPUT]), rel=1e-6)
 
 
-def test_report_splits_each_types_kl_by_the_output_error(stories):
+def test_report_splits_each_types_kl_by_the_relative_output_error(stories):
     src, _, im, rep = stories
     names = linear_names(src.hp)
     assert set(rep["kl_ref"]) == set(rep["loss"]) == set(rep["err"]) == set(rep["bytes"]) == set(names)
@@ -75,9 +75,11 @@ def test_report_splits_each_types_kl_by_the_output_error(stories):
     for t in STEMS:
         ns = [n for n in names if f".{t}." in n]
         assert sum(rep["kl_ref"][n] for n in ns) == pytest.approx(rep["kl_type"][t], rel=1e-12)
-        tot = sum(rep["err"][n][ref] for n in ns)
+        rho = {n: rep["err"][n][ref] / rep["energy"][n] for n in ns}
         for n in ns:
-            assert rep["kl_ref"][n] == pytest.approx(rep["kl_type"][t] * rep["err"][n][ref] / tot, rel=1e-12)
+            w = src.linear(n).astype(np.float64)
+            assert rep["energy"][n] == pytest.approx(float((w ** 2).sum(axis=0) @ im.values(n)), rel=1e-9)
+            assert rep["kl_ref"][n] == pytest.approx(rep["kl_type"][t] * rho[n] / sum(rho.values()), rel=1e-12)
             assert rep["err"][n][ref] == pytest.approx(alloc.weighted_error(src.linear(n), ref, "nf4", im.values(n)),
                                                        rel=1e-12)
     for n in names:
@@ -89,14 +91,25 @@ def test_head_in_row_blocks_changes_nothing(stories, monkeypatch):
     src, calib, im, rep = stories
     N, K = src.shapes()[src.tensor_name(OUTPUT)][:2]
     monkeypatch.setattr(sensitivity, "HEAD_BLOCK_BYTES", 4 * K * 100)  # 100 vocabulary rows at a time
-    again = alloc.sensitivities(src, calib, kind="nf4", imatrix=im, n_ctx=64, chunks=2, progress=False)
+    again = alloc.sensitivities(src, calib, kind="nf4", imatrix=im, n_ctx=64, chunks=2, progress=False,
+                                method="passes")
     for t in STEMS:
         assert again["kl_type"][t] == pytest.approx(rep["kl_type"][t], rel=1e-9)
     assert again["kl_ref"][OUTPUT] == pytest.approx(rep["kl_ref"][OUTPUT], rel=1e-9)
     assert again["err"][OUTPUT] == pytest.approx(rep["err"][OUTPUT], rel=1e-12)
 
 
+def test_auto_measures_small_models_per_linear(stories, monkeypatch):
+    """"auto": per linear up to PER_LINEAR_MAX_BYTES of float32 weights (the report says which)."""
+    src, calib, im, _ = stories
+    assert sensitivity.auto_method(src) == "per_linear"
+    monkeypatch.setattr(sensitivity, "PER_LINEAR_MAX_BYTES", 1000)
+    assert sensitivity.auto_method(src) == "passes"
+    rep = alloc.sensitivities(src, calib, kind="nf4", imatrix=im, n_ctx=64, chunks=1, progress=False)
+    assert rep["method"] == "passes"
+
+
 def test_bad_method_is_refused(stories):
     src, calib, _, _ = stories
-    with pytest.raises(ValueError, match="method must be one of passes, per_linear"):
+    with pytest.raises(ValueError, match="method must be one of auto, passes, per_linear"):
         alloc.sensitivities(src, calib, method="each")

@@ -9,10 +9,12 @@ csrc/ork/quant.h) and ``int8`` -- so that the packed
 linears take at most ``target_bpw`` bits per weight (:func:`orkpy.formats.tiermap.packed_nbytes`: tile
 padding and scales included) at the least estimated loss.
 
-The loss of a choice is estimated per linear. By default (``method="passes"``,
-:mod:`orkpy.quantization.sensitivity`) ``KL_n`` below is estimated from 1 + 7 streamed forward
-passes for the whole model (each linear type rounded at once, its KL shared by the linears'
-output errors); ``method="per_linear"`` measures it one linear at a time (the others float):
+The loss of a choice is estimated per linear. ``method="per_linear"`` (the default ``"auto"``'s
+choice up to 1 GiB of float32 weights) measures ``KL_n`` below one linear at a time (the others
+float); ``method="passes"`` (above it; :mod:`orkpy.quantization.sensitivity`) estimates it from
+1 + 7 streamed forward passes for the whole model (each linear type rounded at once, its KL
+shared by the linears' relative output errors), faster and in bounded memory but with worse
+choices on SmolLM2 (that module's doc):
 
 1. ``KL_n``: measured. The linear's weight is replaced by its dequantized ``ref`` option (the
    first option: the cheapest) in the float32 model, the mean KL divergence of the next-token
@@ -45,7 +47,7 @@ from numpy.typing import ArrayLike, NDArray
 from .._io import progress_bar
 from ..kernels.quant import FOUR_BIT_KINDS
 from ..formats.tiermap import EMBEDDING, INT_TIERS, NPU_INT4_TIERS, TierEntry, TierMap, packed_nbytes, split_tier
-from .sensitivity import SENSITIVITY_METHODS, _dequantized, _error_of, sensitivities_passes
+from .sensitivity import SENSITIVITY_METHODS, _dequantized, _error_of, auto_method, sensitivities_passes
 
 
 
@@ -145,12 +147,13 @@ def names_of(src: Any) -> List[str]:
 
 def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str] = DEFAULT_OPTIONS,
                   kind: str = "nf4", imatrix: Any = None, n_ctx: int = 256, chunks: int = 2,
-                  threads: Optional[int] = None, progress: bool = True, method: str = "passes") -> Dict[str, Any]:
+                  threads: Optional[int] = None, progress: bool = True, method: str = "auto") -> Dict[str, Any]:
     """{"kl_ref": {linear: KL of the ref option}, "err": {linear: {tier: e}},
     "loss": {linear: {tier: estimated KL}}, "bytes": {linear: {tier: bytes}}, "ref": tier,
     "n_ctx", "chunks", "method"} of every linear of ``src``: ``method`` "passes" estimates each
     ``KL_n`` from ``1 + 7`` streamed passes (:mod:`orkpy.quantization.sensitivity`; also
-    ``"kl_type"``), "per_linear" measures it with one whole-model pass per linear (module doc)."""
+    ``"kl_type"``), "per_linear" measures it with one whole-model pass per linear (module doc),
+    "auto" per linear for a model of at most 1 GiB of float32 weights, else by the passes."""
     from ..runtime.model import LinearSpec, float_model
 
     if kind not in FOUR_BIT_KINDS:
@@ -162,6 +165,8 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     for t in options:
         if split_tier(t)[0] == "float":
             raise ValueError(f"option {t!r} is not an integer tier ({', '.join(reversed(INT_TIERS))})")
+    if method == "auto":
+        method = auto_method(src)
     opts = list(options)
     ref = min(opts, key=lambda t: (packed_nbytes(t, 64, 4096), opts.index(t)))  # the cheapest option
     if method == "passes":
@@ -225,7 +230,7 @@ def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
                       options: Sequence[str] = DEFAULT_OPTIONS, kind: str = "nf4", imatrix: Any = None,
                       n_ctx: int = 256, chunks: int = 2, threads: Optional[int] = None,
                       progress: bool = True, report: Optional[Dict[str, Any]] = None,
-                      method: str = "passes") -> Tuple[TierMap, Dict[str, Any]]:
+                      method: str = "auto") -> Tuple[TierMap, Dict[str, Any]]:
     """(TierMap, report): the tiers of every linear of ``src`` (a :class:`~orkpy.formats.source.Source`)
     at ``target_bpw`` bits per packed linear weight (module doc); ``report`` from an earlier
     :func:`sensitivities` call (same options) skips the measurement (``method``: how it measures).

@@ -298,8 +298,9 @@ class AllocationSpec(_Section):
     npu_options: Tuple[str, ...] = _key(("w4a4", "w4a8", "int8"), _npu_options, "the tiers npu_bits chooses from")
     target_chunks: int = _key(2, _int(1, COUNT_MAX), "chunks of the sensitivity measurement")
     target_ctx: int = _key(256, _int(1, COUNT_MAX), "tokens per chunk of the sensitivity measurement")
-    target_sensitivity: str = _key("passes", _choice(SENSITIVITY_METHODS),
-                                   "how target_bpw measures the sensitivities: a few streamed passes or one per linear")
+    target_sensitivity: str = _key("auto", _choice(SENSITIVITY_METHODS),
+                                   "how target_bpw measures the sensitivities: per linear, a few streamed passes, "
+                                   "or auto (per linear up to 1 GiB of float32 weights)")
     kind: str = _key("nf4", _choice(FOUR_BIT_KINDS, " (the int4 tier's codebook)"), "the int4 tier's codebook")
     group_size: Optional[int] = _key(None, _group, "group-wise scales for tiers that name no group")
     tied_lookup: str = _key("float", _choice(TIED_LOOKUPS), "a tied model's embedding lookup")

@@ -14,13 +14,20 @@ At the end each stream's logits (the head applied in blocks of vocabulary rows, 
 log-sum-exp accumulated online, so a 151,936-row head is never held in float32) give
 ``KL_type``, the mean KL divergence against the float stream's next-token distributions; the
 head's own ``KL`` comes from the float stream's final rows through the ``ref``-rounded head.
-A type's KL is shared among its linears in proportion to each one's output error at ``ref``,
-``e_n(ref)`` (:func:`orkpy.quantization.alloc.weighted_error`'s importance-weighted squared
-error): the estimate of ``KL_n`` that the per-linear method measures. (Against the per-linear
-KL on stories260K the absolute error ranks a type's linears better than the error relative to
-the weight's output energy, ``sum_k im[k] sum_n w[n, k]^2``, reported as ``"energy"``: Spearman
-0.2-1.0 against -0.9-0.9 per type; ``"resid"`` is the mean squared hidden value entering each
-layer.) Every option's loss is then ``KL_n * e_n(t) / e_n(ref)``, as there.
+A type's KL is shared among its linears in proportion to each one's relative output error at
+``ref``, ``e_n(ref) / sum_k im[k] sum_n w[n, k]^2`` (:func:`orkpy.quantization.alloc.weighted_error`'s
+importance-weighted squared error over the same weighting of the weight itself, ``"energy"`` in the
+report; ``"resid"`` is the mean squared hidden value entering each layer): the estimate of ``KL_n``
+that the per-linear method measures. Every option's loss is then ``KL_n * e_n(t) / e_n(ref)``, as there.
+
+How good the estimate is (docs/results/recipe-scale.md): on SmolLM2-135M the 8 passes take 63 s
+against 470 s for the per-linear method, but its allocations lose KL at equal bytes (+10 % at 4.5
+bits, +26 % at 5.0 with round to nearest and an imatrix): a type's linears differ by up to 3
+orders of magnitude in KL per unit of error (the first layer's ``attn_v`` / ``attn_output``), which
+no single-pass proxy tracked (relative or absolute error, the residual's energy; per-type bands of
+layers measured apart narrow it slowly). Hence ``"auto"``: per linear while the model's float32
+copy is at most :data:`PER_LINEAR_MAX_BYTES`, these passes above it, where the per-linear method
+would hold the model in float32 and run one pass per linear.
 """
 from __future__ import annotations
 
@@ -37,8 +44,11 @@ from ..runtime.linear import LinearSpec
 from ..runtime.model import calib_chunks
 
 #: how target_bpw's sensitivities are measured (allocation.target_sensitivity): "passes" (this
-#: module) or "per_linear" (one whole-model pass per linear, :func:`orkpy.quantization.alloc.sensitivities`)
-SENSITIVITY_METHODS = ("passes", "per_linear")
+#: module), "per_linear" (one whole-model pass per linear, :func:`orkpy.quantization.alloc.sensitivities`)
+#: or "auto" (per linear up to PER_LINEAR_MAX_BYTES of float32 weights, else passes)
+SENSITIVITY_METHODS = ("auto", "passes", "per_linear")
+#: "auto": the largest model (its float32 weights, bytes) measured per linear
+PER_LINEAR_MAX_BYTES = 1 << 30
 #: float32 bytes of head rows applied at once (the logits of a vocabulary block)
 HEAD_BLOCK_BYTES = 64 << 20
 
@@ -146,7 +156,7 @@ def sensitivities_passes(src: Any, calib: Union[str, ArrayLike], opts: List[str]
                 im = importance(n, got, w.shape[1])
                 err, ref_w = _options_of(w, opts, ref, kind, im, threads)
                 e = _energy(w, im)
-                rho[n] = err[ref]
+                rho[n] = err[ref] / e if e > 0 else 0.0
                 rep["energy"][n] = e
                 rep["err"][n] = err
                 rep["bytes"][n] = {o: packed_nbytes(o, w.shape[0], w.shape[1]) for o in opts}
@@ -214,4 +224,10 @@ def _head(src: Any, last: Block, base: Stream, streams: Dict[str, Stream], opts:
     rep["bytes"][OUTPUT] = {o: packed_nbytes(o, N, K) for o in opts}
 
 
-__all__ = ["HEAD_BLOCK_BYTES", "SENSITIVITY_METHODS", "sensitivities_passes"]
+def auto_method(src: Any) -> str:
+    """``"auto"``'s choice for ``src``: "per_linear" up to :data:`PER_LINEAR_MAX_BYTES` of float32 weights."""
+    n = sum(int(np.prod(s)) for s in src.shapes().values())
+    return "per_linear" if 4 * n <= PER_LINEAR_MAX_BYTES else "passes"
+
+
+__all__ = ["HEAD_BLOCK_BYTES", "PER_LINEAR_MAX_BYTES", "SENSITIVITY_METHODS", "auto_method", "sensitivities_passes"]
