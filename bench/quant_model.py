@@ -190,7 +190,8 @@ def recipe_main(a):
     flags = a.recipe_flags.split()
     print(f"calibrated recipe, {a.threads} threads, {a.chunks} x 512 calibration tokens of {os.path.basename(a.text)}, "
           f"each job alone in a fresh process; load average {os.getloadavg()[0]:.2f} at the start")
-    print(f"orkpy: {' '.join(flags)} --calib TEXT (Q4_K_M allocation); llama.cpp: llama-imatrix + llama-quantize Q4_K_M")
+    own = "its own allocation" if "--target-bpw" in flags else "Q4_K_M allocation"
+    print(f"orkpy: {' '.join(flags)} --calib TEXT ({own}); llama.cpp: llama-imatrix + llama-quantize Q4_K_M")
     print(f"{'shape':<6}{'F16 GB':>8}{'imatrix s':>11}{'quant s':>9}{'RSS GB':>8}{'orkpy s':>9}{'RSS GB':>8}"
           f"{'time':>8}{'memory':>8}")
     for shape in a.shapes:
