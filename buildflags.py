@@ -23,7 +23,7 @@ COMMON_FLAGS = ["-std=c11", "-O2", "-ffp-contract=off", "-fno-strict-aliasing", 
 DEFINES = [("_GNU_SOURCE", "1")]
 LIBS = ["m", "dl"]  # libdl: sys_linux.c dlopens libdrm (dlopen lives there before glibc 2.34)
 LINK_FLAGS = ["-pthread"]
-O3_FILES = ("model.c", "linear.c", "emu.c", "quant.c")
+O3_FILES = ("model.c", "linear.c", "emu.c", "quant.c", "gptq.c")
 
 
 def arch(machine=None):

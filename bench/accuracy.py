@@ -15,7 +15,8 @@ second), n_ctx --ctx, --chunks scored chunks, --calib-chunks calibration chunks:
              imatrix of the calibration text), awq, awq+im, gptq, gptq+awq (orkpy.quantization.awq, orkpy.quantization.gptq,
              both calibrated on the calibration text; --gptq-sequential: each gptq row again as
              "gptq+seq", its Gram matrices layer by layer on the quantized layers before, as
-             quantize_model(gptq_sequential=True)); --rotate adds the rows with both rotations
+             quantize_model(gptq_sequential=True); --gptq-float32 likewise "gptq+f32", GPTQ in float32);
+             --rotate adds the rows with both rotations
              (hadamard + online before ffn_down) for the methods in --rotate-methods. Each row twice:
              "w4a8" (the packed int8 path, per-token int8 activations) and "w-only" (the same
              weights dequantized, float activations: what the weights alone cost)
@@ -40,7 +41,7 @@ and calibrates on the scored one (SmolLM2 / Gemma-3: TinyStories B scored, wikit
     python bench/accuracy.py [--model smollm2 [gemma3 stories260k]] [--chunks 8] [--calib-chunks 8]
                              [--ctx 512] [--methods rtn rtn+im awq awq+im gptq gptq+awq]
                              [--groups 0 128 32] [--target-methods rtn+im gptq] [--target-narrow] [--no-int8]
-                             [--gptq-sequential]
+                             [--gptq-sequential] [--gptq-float32]
                              [--rotate] [--rotate-methods gptq gptq+awq] [--no-llama] [--swap]
                              [--work DIR] [--json-out FILE_WITH_{model}]
 """
@@ -111,6 +112,8 @@ def main(argv=None):
                     help="methods of the oracle rows: llama.cpp's Q4_K_M file as the allocation, read literally "
                          "(fallback types as stored) and with the intended types (issue 19)")
     ap.add_argument("--no-int8", action="store_true", help="skip the all-int8 row")
+    ap.add_argument("--gptq-float32", action="store_true",
+                    help="each gptq row again as 'gptq+f32': GPTQ's arithmetic in float32 (gptq_precision)")
     ap.add_argument("--gptq-sequential", action="store_true",
                     help="each gptq row again as 'gptq+seq': the Gram matrices layer by layer (gptq_sequential)")
     ap.add_argument("--target-sensitivity", nargs="+", default=["auto"],
@@ -202,12 +205,15 @@ def run_model(a, name):
     plan += [] if a.no_int8 else [("rtn", False, 0, "int8", None)]
     if a.gptq_sequential:
         plan = [r for p in plan for r in ([p, (p[0] + "+seq",) + p[1:]] if p[0].startswith("gptq") else [p])]
+    if a.gptq_float32:
+        plan = [r for p in plan for r in ([p, (p[0] + "+f32",) + p[1:]] if p[0].startswith("gptq") else [p])]
     for method, rot, group, alloc, sens in plan:
         t0 = time.perf_counter()
         kw = dict(imatrix=im if method.endswith("+im") else None, kind="nf4",
                   method="gptq" if method.startswith("gptq") else "rtn", awq="awq" in method,
                   calib=calib, calib_ctx=ctx, calib_chunks=a.calib_chunks, progress=False, log=lambda m: None,
-                  group_size=group or None, gptq_sequential="+seq" in method)
+                  group_size=group or None, gptq_sequential="+seq" in method,
+                  gptq_precision="float32" if "+f32" in method else "float64")
         if rot:
             if kw["imatrix"] is not None:
                 continue  # an imatrix must come from the rotated model; not a row of this table

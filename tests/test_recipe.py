@@ -336,6 +336,7 @@ FLAG_CASES = {
     "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),
     "method": (["--method", "gptq"], "rounding.method", "gptq"),
     "gptq_sequential": (["--method", "gptq", "--gptq-sequential"], "rounding.gptq_sequential", True),
+    "gptq_precision": (["--method", "gptq", "--gptq-precision", "float32"], "rounding.gptq_precision", "float32"),
     "awq": (["--awq"], "rounding.awq", True),
     "sr": (["--sr"], "rounding.sr", True),
     "seed": (["--seed", "7"], "rounding.seed", 7),

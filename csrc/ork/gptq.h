@@ -53,10 +53,22 @@
  * ISA and build gives the same bits. Memory: two K x K
  * double matrices (the factor, then U's panels packed for the lazy updates;
  * and U) + per work item 16 rows of K doubles.
- * ork_gptq_consume: the same result, bit for bit, with the caller's H as the first
- * of the two matrices (destroyed: its contents on return are unspecified, also on an
- * error after the checks): one K x K double matrix less, for a Gram matrix that has no
- * later reader (a 6144-wide one is 302 MB).
+ *
+ * Precision. ORK_GPTQ_F64 is the above. ORK_GPTQ_F32 is the same steps with every
+ * double of steps 2 and 4 a float: A = float32(P H' P) (H' damped in double as in step 1,
+ * then rounded once), the factor, the inverse and U in float (sqrtf), each row's state
+ * float w[k] = W[n][k], the 4-bit code from y = w[k] * (1.0f / s) against the float
+ * thresholds, value lev[code] * s or q * s in float, e and the updates in float; the
+ * float kernels of gptq_kernels.h (column octets), again never fused, so this too is
+ * bit-identical on every ISA, block and thread count. The Gram matrix stays double (it
+ * is a long sum); the importance and the scales are the same in both precisions.
+ * Memory: two K x K float matrices (A then U's panels; U).
+ *
+ * ork_gptq_consume: the same result, bit for bit, with the caller's H as workspace
+ * (destroyed: its contents on return are unspecified, also on an error after the
+ * checks): float64 uses it as the first of its two matrices, float32 as U (K x K floats
+ * fit in K x K doubles): one K x K matrix less, for a Gram matrix that has no later
+ * reader (a 6144-wide one is 302 MB).
  * Never aborts: ORK_ENOMEM when an allocation fails, ORK_EINVAL /
  * ORK_ENONFINITE naming the bad argument.
  */
@@ -68,6 +80,12 @@
 #include "quant.h"
 #include "status.h"
 
+/* the arithmetic of steps 2 and 4 (the contract's "Precision") */
+typedef enum ork_gptq_prec {
+    ORK_GPTQ_F64 = 0, /* double throughout (the default of a zeroed params struct) */
+    ORK_GPTQ_F32 = 1  /* float: half the memory and about twice the speed */
+} ork_gptq_prec;
+
 typedef struct ork_gptq_params {
     ork_kind kind;     /* any kind: int8, int6, int5 or a 4-bit kind */
     double damp;       /* finite, >= 0: share of mean(diag H) added to the diagonal */
@@ -76,6 +94,7 @@ typedef struct ork_gptq_params {
     size_t group;      /* 0 (one scale per row) or a multiple of 32 (ork_group_check); >= K: per row */
     int static_groups; /* group scales chosen up front from W */
     int nthreads;      /* <= 0: all cores; results never depend on it */
+    ork_gptq_prec precision; /* ORK_GPTQ_F64 (0) or ORK_GPTQ_F32 */
 } ork_gptq_params;
 
 /* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N * ork_group_count(K, group')

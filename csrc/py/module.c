@@ -544,7 +544,7 @@ static PyMethodDef core_methods[] = {
     {"f16_to_f32", orkpy_f16_to_f32, METH_O, "f16_to_f32(h uint16 (n,)) -> float32 (n,): the float16 values, exactly"},
     {"gptq", (PyCFunction)(void (*)(void))orkpy_gptq, METH_VARARGS | METH_KEYWORDS,
      "gptq(w, gram, kind, damp=0.01, block=128, rows=0, group=0, static_groups=False, threads=0, "
-     "overwrite_gram=False) -> (codes, scales)"},
+     "overwrite_gram=False, precision='float64') -> (codes, scales)"},
     {"gptq_factor", (PyCFunction)(void (*)(void))orkpy_gptq_factor, METH_VARARGS | METH_KEYWORDS,
      "gptq_factor(h, threads=0) -> float64 U (upper, inv(h) = U^T U)"},
     {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,

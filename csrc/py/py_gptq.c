@@ -39,15 +39,20 @@ static PyArrayObject *as_square_f64(PyObject *obj, Py_ssize_t K, const char *nam
 PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"w",     "gram",          "kind",    "damp",           "block", "rows",
-                             "group", "static_groups", "threads", "overwrite_gram", NULL};
+                             "group", "static_groups", "threads", "overwrite_gram", "precision", NULL};
     PyObject *w_obj, *g_obj;
     const char *kind_s;
     double damp = 0.01;
     Py_ssize_t block = 128, rows = 0, group = 0;
     int static_groups = 0, threads = 0, overwrite = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpip:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
-                                     &rows, &group, &static_groups, &threads, &overwrite))
+    const char *prec_s = "float64";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpips:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
+                                     &rows, &group, &static_groups, &threads, &overwrite, &prec_s))
         return NULL;
+    ork_gptq_prec prec;
+    if (strcmp(prec_s, "float64") == 0) prec = ORK_GPTQ_F64;
+    else if (strcmp(prec_s, "float32") == 0) prec = ORK_GPTQ_F32;
+    else return PyErr_Format(PyExc_ValueError, "precision must be 'float32' or 'float64', got '%s'", prec_s);
     if (block < 1) return PyErr_Format(PyExc_ValueError, "block must be >= 1, got %zd", block);
     if (rows < 0) return PyErr_Format(PyExc_ValueError, "rows must be >= 0, got %zd", rows);
     if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
@@ -70,6 +75,7 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     p.group = group < K ? (size_t)group : 0; /* a group of K or more is one scale per row */
     p.static_groups = static_groups;
     p.nthreads = threads;
+    p.precision = prec;
     npy_intp cdims[2] = {N, (npy_intp)ork_quant_row_bytes(p.kind, (size_t)K)};
     npy_intp sdims[2] = {N, (npy_intp)ork_group_count((size_t)K, p.group)};
     codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, orkpy_code_typenum(ki));

@@ -8,7 +8,7 @@ import sys
 
 from ..quantization.alloc import DEFAULT_OPTIONS
 from ..quantization.npu_alloc import NPU_OPTIONS
-from ..quantization.recipe import METHODS, TIED_LOOKUPS
+from ..quantization.recipe import GPTQ_PRECISIONS, METHODS, TIED_LOOKUPS
 from ._common import (_META_HELP, _MODEL_HELP, _TEXT_HELP, UsageError, _add_common_args, _add_transform_args,
                       _check_output_path, _meta_arg, _positive_int, _threshold, _warn_ctx,
                       read_text_like_llama_cpp)
@@ -39,7 +39,8 @@ CLI_KEYS = {
     "kind": "allocation.kind",
     "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
-    "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential", "awq": "rounding.awq",
+    "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential",
+    "gptq_precision": "rounding.gptq_precision", "awq": "rounding.awq",
     "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
 }
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
@@ -212,6 +213,9 @@ def add_quantize(sub):
                    help="with --method gptq: calibrate layer by layer, each layer's Gram matrices taken on the "
                         "outputs of the already-quantized layers before it (slower; default: all layers on the "
                         "float model)")
+    s.add_argument("--gptq-precision", choices=GPTQ_PRECISIONS, default="float64",
+                   help="with --method gptq: the arithmetic of its factor and error feedback; float32 is about "
+                        "twice as fast and needs half the memory (default: float64)")
     s.add_argument("--awq", action="store_true",
                    help="AWQ-style per-input-channel scales searched on --calib and folded into the norms and "
                         "producing linears before rounding (default: off)")

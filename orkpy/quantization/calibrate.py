@@ -177,7 +177,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    group_size: Optional[int] = None, target_bpw: Optional[float] = None,
                    target_options: Optional[Sequence[str]] = None, target_chunks: int = 2,
                    target_ctx: int = 256, target_sensitivity: str = "auto", tied_lookup: str = "float",
-                   gptq_sequential: bool = False,
+                   gptq_sequential: bool = False, gptq_precision: str = "float64",
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
@@ -230,7 +230,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
         act_prefix=act_prefix, method=method, awq=awq, group_size=group_size, target_bpw=target_bpw,
         target_options=target_options, target_chunks=target_chunks, target_ctx=target_ctx,
         target_sensitivity=target_sensitivity, tied_lookup=tied_lookup,
-        gptq_sequential=gptq_sequential, fallback=fallback, clip_search=clip_search,
+        gptq_sequential=gptq_sequential, gptq_precision=gptq_precision, fallback=fallback, clip_search=clip_search,
         rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options)))
     recipe.check_inputs(alloc is not None, calib is not None)
     if output is not None and os.path.lexists(output):  # before any work

@@ -253,7 +253,8 @@ class LayerwiseRun:
                     # its last reader factors in the Gram matrix's own memory (one K x K float64 less)
                     last = not any(_owner(m) == o and m not in done and self.plan[m].kind != "gguf" for m in names)
                     q = gptq_quantize(w, g, p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=n, rows=rows,
-                                      group_size=p.group or 0, threads=self.run.threads, overwrite_gram=last)
+                                      group_size=p.group or 0, threads=self.run.threads, overwrite_gram=last,
+                                      precision=self.recipe.rounding.gptq_precision)
                     if last:
                         del g, grams[o]
                     if self.sequential:
@@ -296,7 +297,8 @@ class LayerwiseRun:
             w = self.src.rows(OUTPUT, rows)
             if gram is not None:
                 parts.append(gptq_quantize(w, gram[0], p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=OUTPUT,
-                                           rows=gram[1], group_size=p.group or 0, threads=self.run.threads))
+                                           rows=gram[1], group_size=p.group or 0, threads=self.run.threads,
+                                           precision=self.recipe.rounding.gptq_precision))
             else:
                 parts.append(round_linear(w, p, self.recipe.rounding,
                                           importance(self.imatrix, OUTPUT, self.columns.get(OUTPUT), K),

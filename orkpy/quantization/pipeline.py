@@ -284,7 +284,9 @@ def manifest_settings(recipe: Recipe, src: Source, imatrix: Optional["Imatrix"],
         "rotate": t.rotate, "rotate_seed": t.rotate_seed if (t.rotate is not None or t.rotate_online) else None,
         "rotate_online": t.rotate_online, "smooth": t.smooth,
         "gptq": {"damp": DEFAULT_DAMP, "block": DEFAULT_BLOCK, "n_ctx": c.ctx, "chunks": c.chunks,
-                 **({"sequential": True} if r.gptq_sequential else {})} if r.method == "gptq" else None,
+                 **({"sequential": True} if r.gptq_sequential else {}),
+                 **({"precision": r.gptq_precision} if r.gptq_precision != "float64" else {})}
+        if r.method == "gptq" else None,
         "transform": src.info() if isinstance(src, TransformedSource) else None}
     if r.awq:  # only then: without it the manifest stays byte-identical to earlier releases
         settings["awq"] = True

@@ -47,114 +47,28 @@ static double rnd_n(void) { /* about N(0, 1): a sum of four uniforms, centred an
 }
 
 /* ------------------------------------------------------------ the oracle -- */
-/* u (K x K, upper triangle) = the upper Cholesky factor of inv(h) as gptq.h step 2 spells it:
- * A = P h P, lower Cholesky right-looking, X = L^-1 by forward substitution (sums in p ascending),
- * U = P X P. 0 when h is not positive definite. */
-static int oracle_factor(const double *h, size_t K, double *u) {
-    double *A = calloc(K * K, sizeof(double)), *X = calloc(K * K, sizeof(double));
-    int ok = 1;
-    for (size_t i = 0; i < K; i++)
-        for (size_t j = 0; j <= i; j++) A[i * K + j] = h[(K - 1 - i) * K + (K - 1 - j)];
-    for (size_t j = 0; j < K && ok; j++) {
-        if (!(A[j * K + j] > 0.0)) {
-            ok = 0;
-            break;
-        }
-        const double l = sqrt(A[j * K + j]);
-        A[j * K + j] = l;
-        for (size_t i = j + 1; i < K; i++) A[i * K + j] /= l;
-        for (size_t i = j + 1; i < K; i++)
-            for (size_t j2 = j + 1; j2 <= i; j2++) A[i * K + j2] -= A[i * K + j] * A[j2 * K + j];
-    }
-    for (size_t c = 0; c < K && ok; c++)
-        for (size_t i = c; i < K; i++) {
-            double s = 0.0;
-            for (size_t p = c; p < i; p++) s += A[i * K + p] * X[p * K + c];
-            X[i * K + c] = ((i == c ? 1.0 : 0.0) - s) / A[i * K + i];
-        }
-    for (size_t a = 0; a < K && ok; a++)
-        for (size_t b = 0; b < K; b++) u[a * K + b] = b >= a ? X[(K - 1 - a) * K + (K - 1 - b)] : 0.0;
-    free(A);
-    free(X);
-    return ok;
-}
+#define OR double
+#define OX(n) n##_d
+#define OSQRT sqrt
+#include "gptq_oracle.h"
+#undef OR
+#undef OX
+#undef OSQRT
+#define OR float
+#define OX(n) n##_f
+#define OSQRT sqrtf
+#include "gptq_oracle.h"
+#undef OR
+#undef OX
+#undef OSQRT
 
-/* ork_gptq's codes and scales by the contract, one row at a time, every error pushed at once */
+static int oracle_factor(const double *h, size_t K, double *u) { return oracle_factor_d(h, K, u); }
+
+/* the oracle of p's precision */
 static int oracle_gptq(const float *w, size_t N, size_t K, const double *gram, const ork_gptq_params *p,
                        uint8_t *codes, float *scales) {
-    const ork_kind_info *info = ork_kind_get(p->kind);
-    const size_t gs = p->group && p->group < K ? p->group : K, G = (K + gs - 1) / gs;
-    const size_t rb = ork_quant_row_bytes(p->kind, K);
-    double *h = malloc(K * K * sizeof(double)), *u = malloc(K * K * sizeof(double));
-    double *wr = malloc(K * sizeof(double));
-    float *im = NULL, *x32 = malloc(K * sizeof(float)), *inv = malloc(G * sizeof(float));
-    int ok = 1;
-    double mean = 0.0;
-    for (size_t k = 0; k < K; k++) mean += gram[k * K + k] == 0.0 ? 1.0 : gram[k * K + k];
-    mean /= (double)K;
-    memcpy(h, gram, K * K * sizeof(double));
-    for (size_t k = 0; k < K; k++) h[k * K + k] = (gram[k * K + k] == 0.0 ? 1.0 : gram[k * K + k]) + p->damp * mean;
-    if (!oracle_factor(h, K, u)) {
-        ok = 0;
-        goto done;
-    }
-    if ((info->bits == 4 || info->qmax < 127) && p->rows > 0) {
-        int any = 0;
-        im = malloc(K * sizeof(float));
-        for (size_t k = 0; k < K; k++) any |= (im[k] = (float)(gram[k * K + k] / (double)p->rows)) > 0.0f;
-        if (!any) {
-            free(im);
-            im = NULL;
-        }
-    }
-    ork_quant_params qp;
-    memset(&qp, 0, sizeof qp);
-    qp.kind = p->kind;
-    qp.imatrix = im;
-    qp.group = gs < K ? gs : 0;
-    qp.nthreads = 1;
-    for (size_t n = 0; n < N; n++) {
-        for (size_t k = 0; k < K; k++) wr[k] = (double)w[n * K + k];
-        if (info->bits == 4) memset(codes + n * rb, info->zero_code | (info->zero_code << 4), rb);
-        for (size_t k = 0; k < K; k++) {
-            const size_t g = k / gs;
-            if (k % gs == 0) { /* the group's scale: from W (static, or the first group), else from the state */
-                const size_t len = K - k < gs ? K - k : gs;
-                for (size_t c = 0; c < len; c++)
-                    x32[c] = p->static_groups || g == 0 ? w[n * K + k + c] : (float)wr[k + c];
-                ork_err err;
-                if (ork_quant_segment_scale(&qp, K, n, k, x32, len, &scales[n * G + g], &inv[g], &err) != ORK_OK) {
-                    ok = 0;
-                    goto done;
-                }
-            }
-            const float s = scales[n * G + g];
-            double val;
-            if (info->bits == 4) { /* the nearest LUT level of w / s, a tie to the upper one */
-                int c = info->zero_code;
-                if (s > 0.0f) {
-                    const double y = wr[k] * (1.0 / (double)s);
-                    c = 0;
-                    for (int t = 0; t + 1 < info->nlev; t++)
-                        if (y >= ((double)info->lut[t] + (double)info->lut[t + 1]) / 2.0) c = t + 1;
-                }
-                uint8_t *byte = codes + n * rb + k / 2;
-                *byte = k % 2 ? (uint8_t)((*byte & 0x0f) | (c << 4)) : (uint8_t)((*byte & 0xf0) | c);
-                val = (double)info->lut[c] * (double)s;
-            } else { /* round half away from zero (roundf), clamped to +-qmax */
-                float q = roundf((float)wr[k] * inv[g]);
-                q = q > (float)info->qmax ? (float)info->qmax : q < -(float)info->qmax ? -(float)info->qmax : q;
-                ((int8_t *)codes)[n * rb + k] = (int8_t)q;
-                val = (double)q * (double)s;
-            }
-            if (gram[k * K + k] == 0.0) continue; /* a dead column moves no error */
-            const double e = (wr[k] - val) / u[k * K + k];
-            for (size_t j = k + 1; j < K; j++) wr[j] -= e * u[k * K + j];
-        }
-    }
-done:
-    free(h); free(u); free(wr); free(im); free(x32); free(inv);
-    return ok;
+    return p->precision == ORK_GPTQ_F32 ? oracle_gptq_f(w, N, K, gram, p, codes, scales)
+                                        : oracle_gptq_d(w, N, K, gram, p, codes, scales);
 }
 
 /* -------------------------------------------------------------- the data -- */
@@ -199,8 +113,8 @@ typedef struct {
 } gcase;
 
 /* every (block, threads) of one case against the oracle; the codes and scales of the first run returned */
-static void gptq_case(const gcase *c, const size_t *blocks, size_t nb, const char *isa, uint8_t **codes_out,
-                      float **scales_out) {
+static void gptq_case(const gcase *c, ork_gptq_prec prec, const size_t *blocks, size_t nb, const char *isa_name,
+                      uint8_t **codes_out, float **scales_out) {
     const size_t N = c->N, K = c->K, rb = ork_quant_row_bytes(c->kind, K), G = scale_count(K, c->group);
     float *w = malloc(N * K * sizeof(float));
     double *gram = malloc(K * K * sizeof(double));
@@ -208,9 +122,12 @@ static void gptq_case(const gcase *c, const size_t *blocks, size_t nb, const cha
     float *want_s = malloc(N * G * sizeof(float)), *got_s = malloc(N * G * sizeof(float));
     make_weight(N, K, w);
     make_gram(c->M, K, c->dead, c->ndead, gram);
-    ork_gptq_params p = {c->kind, c->damp, 1, c->rows, c->group, c->static_groups, 1};
+    ork_gptq_params p = {c->kind, c->damp, 1, c->rows, c->group, c->static_groups, 1, prec};
     CHECK(oracle_gptq(w, N, K, gram, &p, want, want_s), "oracle failed");
     const char *kn = ork_kind_get(c->kind)->name;
+    char who[64]; /* the ISA and the precision, in every message */
+    snprintf(who, sizeof who, "%s %s", isa_name, prec == ORK_GPTQ_F32 ? "float32" : "float64");
+    const char *isa = who;
     for (size_t b = 0; b < nb; b++)
         for (int nt = 1; nt <= 3; nt++) {
             ork_err err;
@@ -248,8 +165,8 @@ static void gptq_case(const gcase *c, const size_t *blocks, size_t nb, const cha
 
 /* each case's output on the scalar ISA, which every other ISA's must equal */
 #define NCASES 10
-static uint8_t *first_codes[NCASES];
-static float *first_scales[NCASES];
+static uint8_t *first_codes[2][NCASES];
+static float *first_scales[2][NCASES];
 
 static void gptq_vs_oracle(const char *isa, int scalar) {
     const gcase cases[NCASES] = {
@@ -267,22 +184,25 @@ static void gptq_vs_oracle(const char *isa, int scalar) {
     };
     const size_t blocks[] = {1, 7, 64, 128, 1000}, big_blocks[] = {1, 128};
     printf("comparing gptq on %s against the oracle\n", isa);
-    for (size_t i = 0; i < NCASES; i++) {
-        uint8_t *codes;
-        float *scales;
-        if (cases[i].K > 300) gptq_case(&cases[i], big_blocks, 2, isa, &codes, &scales);
-        else gptq_case(&cases[i], blocks, sizeof blocks / sizeof *blocks, isa, &codes, &scales);
-        const size_t cb = cases[i].N * ork_quant_row_bytes(cases[i].kind, cases[i].K);
-        const size_t sb = cases[i].N * scale_count(cases[i].K, cases[i].group) * sizeof(float);
-        if (scalar) {
-            first_codes[i] = codes;
-            first_scales[i] = scales;
-            continue;
+    for (int pi = 0; pi < 2; pi++) { /* float64, float32 */
+        const ork_gptq_prec prec = pi ? ORK_GPTQ_F32 : ORK_GPTQ_F64;
+        for (size_t i = 0; i < NCASES; i++) {
+            uint8_t *codes;
+            float *scales;
+            if (cases[i].K > 300) gptq_case(&cases[i], prec, big_blocks, 2, isa, &codes, &scales);
+            else gptq_case(&cases[i], prec, blocks, sizeof blocks / sizeof *blocks, isa, &codes, &scales);
+            const size_t cb = cases[i].N * ork_quant_row_bytes(cases[i].kind, cases[i].K);
+            const size_t sb = cases[i].N * scale_count(cases[i].K, cases[i].group) * sizeof(float);
+            if (scalar) {
+                first_codes[pi][i] = codes;
+                first_scales[pi][i] = scales;
+                continue;
+            }
+            CHECK(memcmp(codes, first_codes[pi][i], cb) == 0 && memcmp(scales, first_scales[pi][i], sb) == 0,
+                  "%s %s: case %zu differs from the scalar ISA's", isa, pi ? "float32" : "float64", i);
+            free(codes);
+            free(scales);
         }
-        CHECK(memcmp(codes, first_codes[i], cb) == 0 && memcmp(scales, first_scales[i], sb) == 0,
-              "%s: case %zu differs from the scalar ISA's", isa, i);
-        free(codes);
-        free(scales);
     }
 }
 
@@ -341,10 +261,11 @@ static void diagonal_checks(const char *isa) {
     float *wsc = malloc(N * 4 * sizeof(float));
     for (size_t a = 0; a < sizeof kinds / sizeof *kinds; a++)
         for (size_t b = 0; b < sizeof groups / sizeof *groups; b++)
-            for (int stat = 0; stat <= 1; stat++) {
+            for (int stat = 0; stat <= 3; stat++) { /* bit 0: static groups; bit 1: float32 */
                 const ork_kind_info *info = ork_kind_get(kinds[a]);
                 const size_t rb = ork_quant_row_bytes(kinds[a], K), G = scale_count(K, groups[b]);
-                ork_gptq_params p = {kinds[a], 0.0, 16, rows, groups[b], stat, 2};
+                ork_gptq_params p = {kinds[a], 0.0, 16, rows, groups[b], stat & 1, 2,
+                                     stat & 2 ? ORK_GPTQ_F32 : ORK_GPTQ_F64};
                 ork_quant_params qp;
                 memset(&qp, 0, sizeof qp);
                 qp.kind = kinds[a];
@@ -355,13 +276,13 @@ static void diagonal_checks(const char *isa) {
                 CHECK(ork_gptq(w, N, K, gram, &p, codes, sc, &err) == ORK_OK, "%s", err.msg);
                 CHECK(ork_quantize(w, N, K, &qp, plain, psc, &err) == ORK_OK, "%s", err.msg);
                 CHECK(memcmp(sc, psc, N * G * sizeof(float)) == 0, "%s diagonal %s group %zu%s: scales are not "
-                      "ork_quantize's", isa, info->name, groups[b], stat ? " static" : "");
+                      "ork_quantize's", isa, info->name, groups[b], stat & 1 ? " static" : "");
                 if (info->bits == 8)
                     CHECK(memcmp(codes, plain, N * rb) == 0, "%s diagonal %s group %zu%s: codes are not "
-                          "ork_quantize's", isa, info->name, groups[b], stat ? " static" : "");
+                          "ork_quantize's", isa, info->name, groups[b], stat & 1 ? " static" : "");
                 CHECK(oracle_gptq(w, N, K, gram, &p, want, wsc) && memcmp(codes, want, N * rb) == 0,
                       "%s diagonal %s group %zu%s: codes are not the nearest levels", isa, info->name, groups[b],
-                      stat ? " static" : "");
+                      stat & 1 ? " static" : "");
             }
     free(w); free(im); free(gram); free(codes); free(plain); free(want); free(sc); free(psc); free(wsc);
 }
@@ -390,19 +311,19 @@ static void feedback_helps(const char *isa) {
     uint8_t codes[32 * 64], plain[32 * 64];
     make_weight(N, K, w);
     make_gram(200, K, NULL, 0, gram);
-    for (size_t a = 0; a < 2; a++) {
-        ork_gptq_params p = {kinds[a], 0.01, 16, 0, 0, 0, 1};
+    for (size_t a = 0; a < 4; a++) { /* each kind in float64, then float32 */
+        ork_gptq_params p = {kinds[a % 2], 0.01, 16, 0, 0, 0, 1, a < 2 ? ORK_GPTQ_F64 : ORK_GPTQ_F32};
         ork_quant_params qp;
         memset(&qp, 0, sizeof qp);
-        qp.kind = kinds[a];
+        qp.kind = kinds[a % 2];
         qp.nthreads = 1;
         ork_err err;
         CHECK(ork_gptq(w, N, K, gram, &p, codes, sc, &err) == ORK_OK, "%s", err.msg);
         CHECK(ork_quantize(w, N, K, &qp, plain, psc, &err) == ORK_OK, "%s", err.msg);
-        const double eg = out_err(w, N, K, gram, kinds[a], codes, sc);
-        const double er = out_err(w, N, K, gram, kinds[a], plain, psc);
-        CHECK(eg < 0.9 * er, "%s %s: GPTQ's output error %g is not below plain rounding's %g", isa,
-              ork_kind_get(kinds[a])->name, eg, er);
+        const double eg = out_err(w, N, K, gram, kinds[a % 2], codes, sc);
+        const double er = out_err(w, N, K, gram, kinds[a % 2], plain, psc);
+        CHECK(eg < 0.9 * er, "%s %s %s: GPTQ's output error %g is not below plain rounding's %g", isa,
+              ork_kind_get(kinds[a % 2])->name, a < 2 ? "float64" : "float32", eg, er);
     }
     free(w); free(gram);
 }
@@ -507,10 +428,11 @@ int main(void) {
     }
     bad_arguments();
     CHECK(tested > 0, "no SIMD ISA to compare");
-    for (size_t i = 0; i < NCASES; i++) {
-        free(first_codes[i]);
-        free(first_scales[i]);
-    }
+    for (int pi = 0; pi < 2; pi++)
+        for (size_t i = 0; i < NCASES; i++) {
+            free(first_codes[pi][i]);
+            free(first_scales[pi][i]);
+        }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
