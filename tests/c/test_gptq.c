@@ -2,16 +2,17 @@
  * collects for it (linear.h, "Input Gram matrix"), natively and on aarch64
  * under qemu.
  *
- * Neither has an ISA variant (plain C in double; the compiler may vectorize,
- * -ffp-contract=off keeps the bits): what runs per ISA is the segment scale
- * GPTQ takes from ork_quant_segment_scale, whose clip search uses the active
+ * What runs per ISA: GPTQ's multiply-accumulate kernels (gptq_kernels.h,
+ * float64 and float32), the Gram matrix's tile, and the segment scale GPTQ
+ * takes from ork_quant_segment_scale, whose clip search uses the active
  * quantizer table. So everything below runs once per available ISA (scalar
  * and AVX2 here, scalar and NEON on aarch64) and the results are compared
  * across ISAs too.
- *   - GPTQ against an oracle written here from the contract alone: the
+ *   - GPTQ in both precisions (float64, float32: gptq.h "Precision") against
+ *     an oracle per precision written from the contract alone (gptq_oracle.h): the
  *     factor of step 2 the textbook way (right-looking Cholesky of P H P,
  *     forward substitution, reversal), then the eager column loop of step 4
- *     in double; codes and scales byte for byte, over odd shapes (K = 1, K
+ *     in that precision; codes and scales byte for byte, over odd shapes (K = 1, K
  *     not a multiple of the 64-column panels, odd K for the padding nibble),
  *     every kind family, dead columns, static and dynamic groups, several
  *     blocks and thread counts (shapes big enough that the pool splits the
