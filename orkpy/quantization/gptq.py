@@ -59,10 +59,10 @@ from ..kernels.quant import KIND_INFO, KINDS, QuantizedTensor, _check_threads, c
 DEFAULT_DAMP = 0.01
 #: columns updated at once (memory order only: the result does not depend on it)
 DEFAULT_BLOCK = 128
+#: GPTQ's arithmetic (csrc/ork/gptq.h "Precision"): the factor and the error feedback in float64
+#: (the default) or float32; the Gram matrix is float64 in both
+PRECISIONS = ("float64", "float32")
 #: linears whose input is another's (the same norm output): they share its Gram matrix
-#: GPTQ's arithmetic (csrc/ork/gptq.h "Precision"): the factor and the error feedback in float32
-#: or float64; the Gram matrix is float64 in both
-PRECISIONS = ("float32", "float64")
 SHARED_INPUT = {"attn_k": "attn_q", "attn_v": "attn_q", "ffn_up": "ffn_gate"}
 
 

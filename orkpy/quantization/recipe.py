@@ -47,6 +47,7 @@ from ..kernels.actspec import ActSpec
 from ..kernels.quant import CLIP_SEARCHES, FOUR_BIT_KINDS, check_group
 from ..runtime import actcal, rotate
 from ..runtime.rotate import ROTATIONS
+from .gptq import PRECISIONS
 from .sensitivity import SENSITIVITY_METHODS
 
 VERSION = 1
@@ -54,8 +55,8 @@ PLACEMENTS = rotate.PLACEMENTS
 FALLBACKS = tiermap.FALLBACK_MODES
 TIED_LOOKUPS = ("float", "packed")
 METHODS = ("rtn", "gptq")
-#: GPTQ's arithmetic (csrc/ork/gptq.h "Precision"; the Gram matrix is float64 in both)
-GPTQ_PRECISIONS = ("float64", "float32")
+#: GPTQ's arithmetic (the registry lives with GPTQ: orkpy.quantization.gptq.PRECISIONS)
+GPTQ_PRECISIONS = PRECISIONS
 _MANIFEST_FORMAT = modeldir.FORMAT  # a model directory's manifest holds the recipe it was made with
 
 Key = Tuple[str, ...]
