@@ -8,7 +8,7 @@ import sys
 
 from .. import __version__
 from .._core import NPUError, UnavailableError
-from . import evaluate, generate, inspect, quantize
+from . import evaluate, generate, inspect, quantize, serve
 from ._common import (EPILOG, _RUNTIME_ERRORS, UsageError, _check_output_path, _fill_slots,  # noqa: F401
                       _Parser, read_text_like_llama_cpp)
 # the command functions, here too: main() runs orkpy.cli._cmd_<name> (tests replace one)
@@ -16,10 +16,12 @@ from .evaluate import _cmd_ffn_sweep, _cmd_gate, _cmd_ppl  # noqa: F401
 from .generate import _cmd_generate  # noqa: F401
 from .inspect import _cmd_gguf_info, _cmd_info, _cmd_npu_dump, _cmd_npu_plan, _cmd_quant_report, _cmd_tier_map  # noqa: F401
 from .quantize import _cmd_dequantize, _cmd_imatrix, _cmd_quantize, _cmd_recipe  # noqa: F401
+from .serve import _cmd_serve  # noqa: F401
 
 # every subcommand, in the order `orkpy --help` lists them: (name, the function that adds its parser)
 SUBCOMMANDS = (
     ("generate", generate.add_generate),
+    ("serve", serve.add_serve),
     ("info", inspect.add_info),
     ("quant-report", inspect.add_quant_report),
     ("ppl", evaluate.add_ppl),
