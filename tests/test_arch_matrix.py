@@ -1,4 +1,4 @@
-"""The architecture table's cells beyond loading (README "Architectures"): on a synthetic
+"""The architecture table's cells beyond loading (docs/api.md "Architectures and real models"): on a synthetic
 model of every architecture (tests/archgen.py, written with orkpy's writer), the quantizer
 (quantize_model with a mixed int8/int4 tier map, saved and reloaded), imatrix collection,
 the fused FFN chain (SiLU or Gemma's GELU-tanh LUT) and the NPU path (every packed linear

@@ -20,6 +20,15 @@ def test_gate_synthetic(capsys, tmp_path):
     assert os.path.isfile(tmp_path / "model-imatrix" / "manifest.json")
 
 
+def test_gate_synthetic_table_shows_what_orkpy_claims(capsys, tmp_path):
+    """The README's first table (`orkpy gate` with no arguments, its defaults): the imatrix row has a lower
+    mean KL than the row without it (a demo must not teach the opposite of the product's claim)."""
+    assert main(["gate", "--no-progress"]) == 0
+    cols = {r[:36].strip(): r[36:].split() for r in _table_rows(capsys.readouterr().out)}
+    ours, plain = cols["ours: alloc + imatrix + nf4"], cols["ours without imatrix (nf4)"]
+    assert float(ours[3]) < float(plain[3]), (ours, plain)
+
+
 @pytest.mark.gate
 def test_gate_on_real_files(shared, capsys, tmp_path):
     st = shared / "models" / "stories260K"

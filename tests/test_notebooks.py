@@ -7,6 +7,8 @@ The stored notebooks carry their outputs (figures visible when browsing the
 repository); those are checked for the figure and the claims too."""
 import json
 import math
+import os
+import re
 
 import pytest
 
@@ -104,6 +106,43 @@ def test_stored_notebook_has_outputs(path):
     nb = nbformat.read(path, as_version=4)
     check(path, nb, claims_of(nb)["chunks"])
     assert claims_of(nb)["chunks"] >= 100
+
+
+def _table_lines(nb):
+    """The printed PPL table's rows: {(configuration, alloc): int8 share text ("" when blank)}."""
+    out = {}
+    for c in nb.cells:
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            for line in o.get("text", "").splitlines():
+                if re.match(r"^(F32 \(reference\)|llama\.cpp|all-int8|ours|uniform|double)", line):
+                    share = re.search(r"(\d+\.\d%)\s*$", line)
+                    alloc = "Q4_0" if " Q4_0 " in line else "Q4_K_M" if " Q4_K_M " in line else "-"
+                    out[(line[:42].strip(), alloc)] = share.group(1) if share else ""
+    return out
+
+
+def test_ppl_table_text_agrees_with_its_table():
+    """The notebook's words about the allocations match its table: the float reference has no int8 share,
+    both allocation files are mixed (neither all int8)."""
+    path = ROOT / "notebooks" / "ppl_table.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    rows = _table_lines(nb)
+    assert rows[("F32 (reference)", "-")] == "" and rows[("llama.cpp Q8_0 (GGUF-native)", "-")] == ""
+    for alloc in ("Q4_0", "Q4_K_M"):
+        share = float(rows[("ours: fp16 + alloc + imatrix + NF4", alloc)].rstrip("%"))
+        assert 0 < share < 100, (alloc, share)
+    words = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "allocates everything to int8" not in words and "both files are genuinely mixed" in words
+
+
+def test_the_documented_way_to_run_a_notebook_works():
+    """docs/develop.md's command (`jupyter execute`, nbclient's) is installed with the test extras."""
+    import subprocess
+    import sys
+    assert "cd notebooks && jupyter execute --inplace" in (ROOT / "docs" / "develop.md").read_text(encoding="utf-8")
+    exe = os.path.join(os.path.dirname(sys.executable), "jupyter")
+    p = subprocess.run([exe, "execute", "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "execute" in (p.stdout + p.stderr).lower()
 
 
 def test_there_is_a_notebook():

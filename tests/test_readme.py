@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as pasted.
+"""Every ```python block of README.md and docs/api.md (the API by topic, moved out of the README) runs
+as pasted (tests/test_newcomer.py runs them in the interactive interpreter too).
 
 Each block is extracted in order and run alone in a fresh interpreter
 (``python -c``): no namespace is shared between blocks, so each one carries
@@ -22,6 +23,8 @@ import pytest
 from conftest import ROOT
 
 README = ROOT / "README.md"
+#: the documents whose python blocks run as pasted
+RUN_AS_PASTED = [README, ROOT / "docs" / "api.md"]
 SHELL_LANGS = {"sh", "bash", "console", "shell", "text"}
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 
@@ -36,7 +39,8 @@ def fenced_blocks(text):
     return out
 
 
-BLOCKS = [(code, head) for lang, code, head in fenced_blocks(README.read_text(encoding="utf-8")) if lang == "python"]
+BLOCKS = [(code, f"{doc.name}: {head}") for doc in RUN_AS_PASTED
+          for lang, code, head in fenced_blocks(doc.read_text(encoding="utf-8")) if lang == "python"]
 
 
 def _id(i):
@@ -44,10 +48,20 @@ def _id(i):
 
 
 def test_readme_has_python_blocks_and_no_other_code_fences():
-    blocks = fenced_blocks(README.read_text(encoding="utf-8"))
-    assert len(BLOCKS) >= 7
-    untested = [(lang, head) for lang, _, head in blocks if lang != "python" and lang not in SHELL_LANGS]
-    assert not untested, f"fenced blocks that this test would not execute: {untested}"
+    assert len(BLOCKS) >= 9
+    for doc in RUN_AS_PASTED:
+        blocks = fenced_blocks(doc.read_text(encoding="utf-8"))
+        assert any(lang == "python" for lang, _, _ in blocks), doc.name
+        untested = [(lang, head) for lang, _, head in blocks if lang != "python" and lang not in SHELL_LANGS]
+        assert not untested, f"{doc.name}: fenced blocks that this test would not execute: {untested}"
+
+
+def test_readme_is_short_and_links_the_pages_its_details_moved_to():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 120
+    for page in ("docs/api.md", "docs/cli.md", "docs/develop.md", "docs/server.md", "docs/recipes.md",
+                 "docs/results/"):
+        assert f"]({page})" in text, page
 
 
 def test_readme_names_no_placeholder_files():

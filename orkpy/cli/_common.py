@@ -237,11 +237,19 @@ def _weights_arg(spec):
     if spec in PATHS:
         return spec
     if not os.path.exists(spec):
-        raise UsageError(f"--weights {spec!r} is neither a path name ({', '.join(PATHS)}) nor a file")
+        raise UsageError(f"--weights {spec!r}: not a weight path (one of {', '.join(PATHS)}) and no such file (an "
+                         "emit-map or an allocation GGUF)")
     return read_allocation(spec).tiers
 
 
 _PACKED_WEIGHTS = "int8, nf4, int4, an emit-map file or an allocation GGUF with int8/int4 tiers"
+
+
+def weights_help():
+    """--weights' help: every weight path orkpy.runtime.model.PATHS names, then the files it takes."""
+    from ..runtime.model import PATHS
+    return (f"a weight path for every linear ({'|'.join(PATHS)}), an emit-map file, or a mixed GGUF used as "
+            "allocation oracle")
 
 
 def _int_arg(minimum, what, even=False):

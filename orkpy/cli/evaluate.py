@@ -6,7 +6,7 @@ import sys
 
 from ._common import (_META_HELP, _MODEL_HELP, _PACKED_WEIGHTS, _TEXT_HELP, UsageError, _add_act_args,
                       _add_common_args, _add_transform_args, _check_output_path, _meta_arg, _positive_int,
-                      _transform_kwargs, _warn_ctx, _weights_arg, read_text_like_llama_cpp)
+                      _transform_kwargs, _warn_ctx, _weights_arg, read_text_like_llama_cpp, weights_help)
 
 def _kl_files(args):
     """(save_logprobs, kld_base) from --save-logprobs / --kld-base or llama-perplexity's spelling:
@@ -178,7 +178,7 @@ def add_ppl(sub):
     _add_common_args(s, ctx=512)
     s.add_argument("--meta", metavar="GGUF", default=None, help=_META_HELP + " (default: none)")
     s.add_argument("--weights", default="gguf",
-                   help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
+                   help=weights_help())
     s.add_argument("--int4-kind", choices=FOUR_BIT_KINDS, default="nf4",
                    help="codebook of the int4-tier linears when --weights is a map or an allocation")
     s.add_argument("--npu", choices=BACKENDS, default=None,
@@ -252,6 +252,10 @@ def add_gate(sub):
         if a.dest == "chunks":
             a.help = ("score at most N chunks (default: every whole chunk of the text, or without --calib every "
                       "chunk before the held-out calibration part)")
+        if a.dest == "ctx":  # why not llama.cpp's 512, which ppl and imatrix default to
+            a.help = ("tokens per chunk (default 256: the context of the stories260K figures llama-perplexity "
+                      "gives in ../shared and of the synthetic model's tables; ppl and imatrix default to 512, as "
+                      "llama.cpp)")
     s.add_argument("--calib", metavar="TEXT", default=None,
                    help="calibration text for the imatrix (default: hold out the evaluation text's last "
                         "--calib-chunks chunks and score only the chunks before them; the synthetic model has its "

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from ._common import UsageError, _count, _positive_int, _weights_arg, read_text_like_llama_cpp
+from ._common import UsageError, _count, _positive_int, _weights_arg, read_text_like_llama_cpp, weights_help
 # generate takes no --meta: a GGUF or a model folder carries its own hyper-parameters and tokenizer
 _GENERATE_MODEL_HELP = "GGUF model or a quantized model folder; or -m/--model"
 
@@ -69,7 +69,7 @@ def add_generate(sub):
     s.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                    help="worker threads; never changes a result (default: all cores)")
     s.add_argument("--weights", default="gguf",
-                   help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
+                   help=weights_help())
     s.add_argument("--int4-kind", choices=FOUR_BIT_KINDS, default="nf4",
                    help="codebook of the int4-tier linears when --weights is a map or an allocation")
     s.set_defaults(func=_cmd_generate, _slots=("model",), _slots_required=True)

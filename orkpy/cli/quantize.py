@@ -76,13 +76,25 @@ def _online_rotation_fits(args):
     return not isinstance(n_ff, int) or hadamard_factors(n_ff) is not None
 
 
+def _base_recipe(spec):
+    """--recipe's value: a recipe file or model directory when the path exists, else a named recipe
+    (orkpy.quantization.named.NAMED), else the file's own error (a missing file, naming it)."""
+    from ..quantization.named import NAMED, named_recipe
+    from ..quantization.recipe import Recipe
+    if not os.path.exists(spec) and spec in NAMED:
+        return named_recipe(spec)
+    if not os.path.exists(spec) and os.sep not in spec and "." not in spec:
+        return named_recipe(spec)  # neither a path nor a name: the error lists the names
+    return Recipe.load(spec)
+
+
 def recipe_from_args(args):
     """The recipe (orkpy.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
     model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
     command line on top (without --recipe, every recipe option's value, defaults included)."""
     from ..quantization.recipe import Recipe, RecipeError
 
-    base = Recipe.load(args.recipe) if args.recipe is not None else Recipe()
+    base = _base_recipe(args.recipe) if args.recipe is not None else Recipe()
     given = _given_options(args) if args.recipe is not None else None
     d = base.to_dict()
     for dest, path in CLI_KEYS.items():
@@ -138,7 +150,25 @@ def _cmd_quantize(args):
     mid = "".join(f", {t} {b[t]:,} bytes" for t in INT_TIERS if t not in ("int8", "int4") and b.get(t))
     print(f"{qm}\nwrote {out} (int8 {b['int8']:,} bytes{mid}, int4 {b['int4']:,} bytes; "
           f"int8 share of weight storage {qm.int8_share():.1%})")
+    print(size_line(out, qm))
     return 0
+
+
+def size_line(out, qm):
+    """The closing line's sizes: the model directory on disk (float.gguf apart: the float tensors and,
+    for a tied model, the embedding table unless --tied-lookup packed) and the NPU weight bytes per token."""
+    from ..formats.modeldir import FLOAT_FILE
+    files = {fn: os.path.getsize(os.path.join(out, fn)) for fn in os.listdir(out)
+             if os.path.isfile(os.path.join(out, fn))}
+    total, fl = sum(files.values()), files.get(FLOAT_FILE, 0)
+    nb, nw = qm.npu_bytes()
+    line = (f"size: {total / 1e6:.2f} MB on disk ({FLOAT_FILE} {fl / 1e6:.2f} MB of it); NPU weight bytes per token "
+            f"{nb / 1e6:.2f} MB ({8 * nb / max(nw, 1):.2f} bits per packed weight; the NPU reads every 8-bit-activation "
+            "tier as int8)")
+    if qm._src.tied and qm.settings.get("tied_lookup") != "packed" and fl > total / 4:
+        line += ("\nnote: float.gguf holds the tied embedding table as well as the packed head; --tied-lookup packed "
+                 "stores it once (the lookup dequantizes the packed rows)")
+    return line
 
 
 def _cmd_recipe(args):
@@ -256,8 +286,10 @@ def add_quantize(sub):
 
 
 def _add_recipe_arg(s):
-    s.add_argument("--recipe", metavar="FILE", default=None,
-                   help="a quantization recipe (JSON; TOML on Python 3.11+; docs/recipes.md), or a model directory "
+    from ..quantization.named import NAMED
+    s.add_argument("--recipe", metavar="NAME|FILE", default=None,
+                   help=f"a named recipe ({', '.join(NAMED)}: what was measured to work, docs/recipes.md), a "
+                        "quantization recipe file (JSON; TOML on Python 3.11+), or a model directory "
                         "whose recipe is run again; the recipe options given on the command line override its keys "
                         "(default: none, the options alone; `orkpy recipe` prints what they mean)")
 

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from ._common import UsageError, _positive_int, _weights_arg
+from ._common import UsageError, _positive_int, _weights_arg, weights_help
 
 _SERVE_MODEL_HELP = "GGUF model or a quantized model folder; or -m/--model"
 
@@ -57,7 +57,7 @@ def add_serve(sub):
     s.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                    help="worker threads; never changes a result (default: all cores)")
     s.add_argument("--weights", default="gguf",
-                   help="fp32|gguf|int8|nf4|int4, an emit-map file, or a mixed GGUF used as allocation oracle")
+                   help=weights_help())
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level")
     s.set_defaults(func=_cmd_serve, _slots=("model",), _slots_required=True)

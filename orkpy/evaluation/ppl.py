@@ -75,6 +75,8 @@ class PPLResult:
     config: Dict[str, Any] = field(default_factory=dict)
     kld: Optional[Dict[str, float]] = None
     chunk_ppl: List[float] = field(default_factory=list)  # running PPL after each chunk
+    chunk_kld: List[float] = field(default_factory=list)  # with kld_base: each chunk's mean KL divergence
+    chunk_same_top: List[float] = field(default_factory=list)  # with kld_base: each chunk's same-top-token share
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(asdict(self), **kw)
@@ -461,7 +463,8 @@ def perplexity(model: Union[Model, QuantizedModel], text_or_tokens: Union[str, A
     ppl = math.exp(mean)
     err = ppl * math.sqrt(max(m2 - mean * mean, 0.0) / (count - 1))
     result = PPLResult(ppl=ppl, ppl_err=err, nll_mean=mean, n_tokens=n, chunks=n_chunk, n_ctx=n_ctx, scored=count,
-                       wall_time=0.0, config=dict(model.config, add_bos=bool(add_bos)), chunk_ppl=chunk_ppl)
+                       wall_time=0.0, config=dict(model.config, add_bos=bool(add_bos)), chunk_ppl=chunk_ppl,
+                       chunk_kld=[float(k.mean()) for k in kl], chunk_same_top=[float(x.mean()) for x in same])
     if save_logprobs is not None:
         with atomic_open(save_logprobs) as f:
             np.savez(f, version=LP_VERSION, nll=allnll, tokens=tokens[: n_chunk * n_ctx], n_ctx=n_ctx, **saved)

@@ -1,6 +1,7 @@
 """A small seeded synthetic Llama-layout model that orkpy generates itself,
 so the end-to-end gate runs on a fresh machine with no model. Its weights are
-random (with a few x20 input channels, like real outlier channels): its
+random (with a few x20 input channels, like real outlier channels, and norm
+gains that make a few activation channels 8x larger, as real models' do): its
 perplexity means nothing; it proves the pipeline.
 
 ``make_synthetic(dirpath, seed=0)`` writes:
@@ -88,6 +89,9 @@ def make_synthetic(dirpath, seed=0, n_layer=4, n_embd=128, n_ff=352, n_head=4, n
         a[:, outlier[:K]] *= 20
         return a.astype(np.float16)
 
+    # salient activation channels, as real models' norm gains make them: a few inputs of every linear that the
+    # norms feed run 8x larger than the rest (what an imatrix is for)
+    gain = np.where(rng.random(n_embd) < 0.05, 8.0, 1.0).astype(np.float32)
     tensors = [("token_embd.weight", (rng.standard_normal((V, n_embd)) * 0.05).astype(np.float16)),
                ("output_norm.weight", np.ones(n_embd, np.float32))]
     entries = {"token_embd.weight": TierEntry("int8", "Q6_K", (V, n_embd))}
@@ -96,8 +100,7 @@ def make_synthetic(dirpath, seed=0, n_layer=4, n_embd=128, n_ff=352, n_head=4, n
         shapes = {"attn_q": (n_embd, n_embd), "attn_k": (n_head_kv * hd, n_embd), "attn_v": (n_head_kv * hd, n_embd),
                   "attn_output": (n_embd, n_embd), "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd),
                   "ffn_down": (n_embd, n_ff)}
-        tensors += [(p + "attn_norm.weight", np.ones(n_embd, np.float32)),
-                    (p + "ffn_norm.weight", np.ones(n_embd, np.float32))]
+        tensors += [(p + "attn_norm.weight", gain.copy()), (p + "ffn_norm.weight", gain.copy())]
         for t, shp in shapes.items():
             tensors.append((p + t + ".weight", w(*shp)))
             more = t in ("attn_v", "ffn_down") and use_more_bits(i, n_layer)

@@ -46,7 +46,8 @@ def ppl_table(model_dir, text, reference="F32", source="F16", native=("Q8_0", "Q
 
         ref = load_model(f(reference))
         r0 = perplexity(ref, text, save_logprobs=base_lp, **kw)
-        rows.append(Row(f"{reference} (reference)", "-", r0.ppl, r0.ppl_err, 0.0, 0.0, 1.0, 1.0))
+        # the float reference has no integer tiers: no int8 share (blank, as llama.cpp's own files)
+        rows.append(Row(f"{reference} (reference)", "-", r0.ppl, r0.ppl_err, 0.0, 0.0, 1.0, float("nan")))
         for tag in native:
             add(f"llama.cpp {tag} (GGUF-native)", "-", load_model(f(tag)), float("nan"))
         add("all-int8 w8a8", "-", load_model(f(source), weights="int8"), 1.0)

@@ -38,6 +38,8 @@ relaxation). Deterministic: ties break by linear order.
 from __future__ import annotations
 
 import heapq
+import sys
+import time
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -175,6 +177,7 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     toks = m.tokens(calib)
     n_chunk, it = m.chunks(toks, n_ctx, chunks)
     batch = list(it)
+    t_pass = time.perf_counter()
     if imatrix is None:  # the mean squared input of every linear on the same chunks (collect_imatrix's values)
         stats = m.collect_activation_stats(iter(batch), threads)
         means = {n: (np.asarray(v, np.float64) / max(int(c), 1)).astype(np.float32) for n, (v, c) in stats.items()}
@@ -182,6 +185,12 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
         means = {n: imatrix.values(n) for n in names_of(src) if n in imatrix}
     ref_logp = [_log_softmax(m.forward(c, threads=threads)) for c in batch]
     names = names_of(src)
+    if progress:  # the cost before it is paid: one such pass per linear
+        t_pass = time.perf_counter() - t_pass
+        print(f"sensitivity: {len(names)} linears measured one at a time, each a forward pass over {n_chunk} x "
+              f"{n_ctx} tokens: about {_duration(t_pass * len(names))} here (from the first pass; "
+              f"allocation.target_sensitivity='passes' takes 8 passes and chooses less well, docs/recipes.md)",
+              file=sys.stderr, flush=True)
     rep: Dict[str, Any] = {"kl_ref": {}, "err": {}, "loss": {}, "bytes": {}, "ref": ref, "n_ctx": int(n_ctx),
                            "chunks": n_chunk, "method": method}
     bar = progress_bar(len(names), "sensitivity", progress, "linear")
@@ -216,6 +225,34 @@ def sensitivities(src: Any, calib: Union[str, ArrayLike], options: Sequence[str]
     return rep
 
 
+def _duration(sec: float) -> str:
+    return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} minutes" if sec < 7200 else f"{sec / 3600:.1f} hours"
+
+
+def cheapest_bytes(src: Any, options: Sequence[str]) -> int:
+    """The packed bytes of the linears of ``src`` each at its cheapest tier of ``options``: the
+    smallest size a target allocation over those options can reach."""
+    shapes = src.shapes()
+    total = 0
+    for n in names_of(src):
+        N, K = (int(d) for d in shapes[src.tensor_name(n)][:2])
+        total += min(packed_nbytes(t, N, K) for t in options)
+    return total
+
+
+def check_target(src: Any, target_bpw: float, options: Sequence[str]) -> Tuple[int, int]:
+    """(budget bytes, weights) of ``target_bpw``, checked before any measurement: a ValueError
+    giving the smallest reachable bits per weight when the cheapest tiers do not fit."""
+    budget, n_w = bpw_budget(src, target_bpw)
+    low = cheapest_bytes(src, options)
+    if low > budget:
+        least = math.ceil(800.0 * low / n_w) / 100.0  # rounded up to 0.01 bit: a target that fits
+        raise ValueError(f"target_bpw={target_bpw:g} is below the smallest size these tiers reach on this model: "
+                         f"{8.0 * low / n_w:.3f} bits per weight ({low:,} bytes for {n_w:,} linear weights, each "
+                         f"linear at its cheapest of {', '.join(options)}); give a target of at least {least:.2f}")
+    return budget, n_w
+
+
 def bpw_budget(src: Any, target_bpw: float) -> Tuple[int, int]:
     """(bytes, weights) of the packed linears of ``src`` at ``target_bpw`` bits per weight."""
     if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not math.isfinite(target_bpw) \
@@ -237,7 +274,7 @@ def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
     The map names the source's
     tensors (a tied head's entry is ``token_embd.weight``; an untied embedding table stays
     float); its ggml types are the source's."""
-    budget, n_w = bpw_budget(src, target_bpw)
+    budget, n_w = check_target(src, target_bpw, options)  # before the measurement: an impossible size fails at once
     rep = report if report is not None else sensitivities(src, calib, options, kind, imatrix, n_ctx, chunks,
                                                           threads, progress, method)
     names = names_of(src)
@@ -265,5 +302,5 @@ def target_allocation(src: Any, calib: Union[str, ArrayLike], target_bpw: float,
     return tm, out
 
 
-__all__ = ["DEFAULT_OPTIONS", "bpw_budget", "choose", "mean_kl", "sensitivities", "target_allocation",
+__all__ = ["DEFAULT_OPTIONS", "bpw_budget", "cheapest_bytes", "check_target", "choose", "mean_kl", "sensitivities", "target_allocation",
            "weighted_error"]

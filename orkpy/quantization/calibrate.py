@@ -109,6 +109,18 @@ class QuantizedModel:
             out[kind_tier(pw.kind)] += pw.nbytes  # a 4-bit codebook counts as int4
         return out
 
+    def npu_bytes(self) -> Tuple[int, int]:
+        """(NPU weight bytes per token, packed weights): what the RK3588's NPU reads per decoded token
+        for the packed linears (:func:`orkpy.quantization.npu_alloc.npu_nbytes`: int8 for every
+        8-bit-activation tier, whatever its file bits; 4 bits for w4a4 / w4a8), and their weights."""
+        from .npu_alloc import npu_nbytes
+        nb = nw = 0
+        for name, pw in self.tensors.items():
+            N, K = pw.shape
+            nb += npu_nbytes(self.tiers.get(name, kind_tier(pw.kind)), N, K)
+            nw += N * K
+        return nb, nw
+
     def int8_share(self) -> float:
         """The int8 share of weight storage: int8 bytes / (int8 + int4 bytes) of the
         packed linear weights (``PackedWeight.nbytes``); ``TierMap.int8_share()``
@@ -181,9 +193,10 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
-                   recipe: Optional[Recipe] = None, resume: bool = True) -> QuantizedModel:
-    """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`; see
-    docs/recipes.md for every key) says; float-tier linears stay float.
+                   recipe: Union[Recipe, StrPath, None] = None, resume: bool = True) -> QuantizedModel:
+    """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`, a named recipe's
+    name such as ``"q4km"``, or a recipe file's path; docs/recipes.md has every key and the named
+    recipes) says; float-tier linears stay float.
 
     The inputs: ``source`` (a GGUF; F32/F16/BF16 = the intended fp16 source, a quantized GGUF =
     the double-quant comparison, said loudly; or a safetensors checkpoint), ``alloc`` (the
@@ -242,6 +255,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     run = RunOptions(threads, progress, log if log is not None else (lambda msg: print(msg, file=sys.stderr)))
     inputs = Inputs(os.fspath(source), alloc, im, calib, meta)
 
+    from .named import known_bad
+    for msg in known_bad(recipe):  # settings measured to hurt, said first
+        run.log(msg)
     clock = Stopwatch()
     opened = clock("open", open_stage, inputs, recipe)
     src = clock("transform", transform_stage, opened.src, recipe, calib, threads)
@@ -292,12 +308,16 @@ class Stopwatch:
             self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def _recipe_of(recipe: Optional[Recipe], kw: Dict[str, Any]) -> Recipe:
+def _recipe_of(recipe: Union[Recipe, StrPath, None], kw: Dict[str, Any]) -> Recipe:
     """quantize_model's recipe: ``recipe``, or the one its keywords mean (the keyword form)."""
+    if isinstance(recipe, (str, os.PathLike)):  # a named recipe (orkpy.quantization.named), else a file / model dir
+        from .named import NAMED, named_recipe
+        recipe = named_recipe(recipe) if (isinstance(recipe, str) and recipe in NAMED and not os.path.exists(recipe)) \
+            else Recipe.load(recipe)
     if recipe is not None:
         if not isinstance(recipe, Recipe):
-            raise TypeError(f"recipe must be an orkpy.Recipe (Recipe.load(path) reads a file), got "
-                            f"{type(recipe).__name__}")
+            raise TypeError(f"recipe must be an orkpy.Recipe, a named recipe's name or a recipe file's path "
+                            f"(Recipe.load(path) reads a file), got {type(recipe).__name__}")
         given = keywords_given(kw)
         if given:
             raise ValueError(f"recipe= and the recipe keyword(s) {', '.join(k + '=' for k in given)} both given: "

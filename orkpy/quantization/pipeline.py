@@ -93,11 +93,15 @@ class Scaled(NamedTuple):
 
 def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
     """Read the source and, unless ``allocation.target_bpw`` or ``allocation.npu_bits`` chooses the
-    tiers later, the allocation oracle (checked to fit the source)."""
+    tiers later, the allocation oracle (checked to fit the source); a ``target_bpw`` below the
+    smallest size its tiers reach is refused here."""
     a = recipe.allocation
     if a.target_bpw is not None or a.npu_bits is not None:
         src = open_source(inputs.source, inputs.meta)
         _check_float_tensors(src)
+        if a.target_bpw is not None:  # an unreachable size fails here, before any measurement
+            from .alloc import DEFAULT_OPTIONS, check_target
+            check_target(src, a.target_bpw, tuple(a.target_options or DEFAULT_OPTIONS))
         return Opened(src, linear_names(src.hp), None, None)
     if inputs.alloc is None:
         raise ValueError("alloc= is required (a mixed GGUF, an emit-map or a TierMap) unless target_bpw= or npu_bits= is given")
@@ -126,11 +130,40 @@ def transform_stage(src: Source, recipe: Recipe, calib: Union[str, ArrayLike, No
                               t.rotate_placement)
 
 
+def four_bit_oracle_note(allocation: Any, tm: TierMap) -> Optional[str]:
+    """A warning when a GGUF oracle that its file type calls 4-bit (or less: Q4_1, Q4_K_M, IQ4_XS,
+    Q3_K_M, ...) maps every linear to int8 at the threshold (Q4_1 is 5.0 bits per weight with its
+    scales: int8 at the default threshold 5), saying which threshold gives its 4-bit types the int4
+    tier; None otherwise."""
+    import re
+    from ..formats.gguf import GGUFFile, ggml_type_info
+    from ..formats.tiermap import FILE_TYPES
+    if allocation.kind != "gguf" or allocation.path is None:
+        return None
+    ft = GGUFFile(allocation.path).metadata.get("general.file_type")
+    name = FILE_TYPES.get(ft, ("", ""))[0] if isinstance(ft, int) else ""
+    if not re.search(r"_(I?Q[1-4])", name):
+        return None
+    tiers = [(n, e) for n, e in tm.entries.items() if split_tier(e.tier)[0] not in ("float",)]
+    if not tiers or any(split_tier(e.tier)[0] != "int8" for _, e in tiers):
+        return None
+    low = {e.intended or e.ggml_type for _, e in tiers if re.match(r"I?Q[1-4]_", e.intended or e.ggml_type)}
+    top = max((ggml_type_info(t)["bits_per_weight"] for t in low), default=0.0)
+    fix = (f"--threshold {top + 0.25:g} (allocation.threshold) maps its {', '.join(sorted(low))} tensors "
+           f"({top:g} bits per weight with their scales) to int4" if low
+           else "an emit-map (--emit-map, then edit) or --target-bpw chooses other tiers")
+    return (f"warning: {os.path.basename(allocation.path)} is a {name} file, but at threshold {allocation.threshold:g} "
+            f"bits per weight every linear maps to int8 (a type at or above the threshold is int8): {fix}")
+
+
 def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, run: RunOptions) -> Allocated:
     """The oracle's tiers, or the tiers :func:`orkpy.quantization.alloc.target_allocation` chooses for
     ``allocation.target_bpw``, or :func:`orkpy.quantization.npu_alloc.npu_allocation` for
     ``allocation.npu_bits`` (sensitivities measured on the transformed source)."""
     if opened.tiers is not None and opened.allocation is not None:
+        note = four_bit_oracle_note(opened.allocation, opened.tiers)
+        if note:
+            run.log(note)
         return Allocated(opened.tiers, opened.allocation, None)
     a = recipe.allocation
     if a.npu_bits is not None:
