@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping
 
 from .recipe import Recipe, RecipeError
 
-_NPU = {"transform": {"rotate": "hadamard", "rotate_online": True}, "rounding": {"method": "gptq"}}
+_NPU: Dict[str, Dict[str, Any]] = {"transform": {"rotate": "hadamard", "rotate_online": True}, "rounding": {"method": "gptq"}}
 
 
 @dataclass(frozen=True)
