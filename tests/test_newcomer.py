@@ -87,6 +87,13 @@ def test_weights_option_words_and_help(capsys):
         assert "|".join(PATHS) in text.replace("| ", "|"), cmd
 
 
+def test_gate_says_why_its_context_differs_from_ppl(capsys):
+    with pytest.raises(SystemExit):
+        main(["gate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default 256: the context of the stories260K figures" in text and "ppl and imatrix default to 512" in text
+
+
 # 6. the closing line: the size on disk and the NPU bytes per token
 def test_quantize_prints_the_size_and_npu_bytes(shared, tmp_path, capsys):
     out = tmp_path / "q"
