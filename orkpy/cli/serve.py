@@ -1,5 +1,6 @@
 """The serve command: an OpenAI-compatible HTTP server for one model (orkpy.server)."""
 import argparse
+import os
 import sys
 
 from ._common import UsageError, _positive_int, _weights_arg, weights_help
@@ -30,7 +31,8 @@ def _cmd_serve(args):
     model = load_model(args.model, weights=_weights_arg(args.weights), threads=args.threads)
     app = create_app(model, alias=args.alias, n_ctx=args.ctx, threads=args.threads, api_key=args.api_key)
     eng = app.state.engine
-    print(f"orkpy serve: {model} as {args.alias or model.path!r}, context {eng.n_ctx} tokens per request; "
+    alias = args.alias or os.path.basename(str(model.path))  # create_app's default id
+    print(f"orkpy serve: {model} as model id {alias!r}, context {eng.n_ctx} tokens per request; "
           f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
