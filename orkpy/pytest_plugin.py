@@ -15,8 +15,8 @@ Fixtures:
 - ``orkpy_reference`` (session): the float reference's log-probs on the text, made once per test
   session (:class:`orkpy.evaluation.assertions.Reference`);
 - ``orkpy_gate`` (session): ``orkpy_gate(model=None, max_kl=None, max_dppl=None,
-  max_dppl_rel=None, min_same_top=None, reference=None, text=None)`` scores a model (default:
-  ``--orkpy-model``) against the reference (default: the options'; other references and texts
+  max_dppl_rel=None, min_same_top=None, reference=None, text=None)`` scores a model (a path or a
+  loaded :class:`orkpy.Model`; default: ``--orkpy-model``) against the reference (default: the options'; other references and texts
   are made once each and kept for the session) and fails the test with a readable report (mean KL,
   delta PPL, same-top share, the worst chunks) when a threshold is exceeded; it returns the
   :class:`~orkpy.evaluation.assertions.GateResult`.
@@ -63,7 +63,7 @@ class Gate:
         if v is None and name in OPTIONS:
             pytest.fail(f"orkpy gate: no {name}: give --orkpy-{name} PATH (or pass {name}= to orkpy_gate)",
                         pytrace=False)
-        if name in OPTIONS and not os.path.exists(os.fspath(v)):
+        if name in OPTIONS and isinstance(v, (str, os.PathLike)) and not os.path.exists(os.fspath(v)):
             pytest.fail(f"orkpy gate: the {name} {os.fspath(v)!r} does not exist", pytrace=False)
         return v
 

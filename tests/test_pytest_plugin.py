@@ -17,7 +17,8 @@ def test_q4_close_to_float(orkpy_gate):
 
 
 def test_q8_closer(orkpy_gate, orkpy_reference):
-    r = orkpy_gate("{q8}", max_kl=0.01, min_same_top=0.9)
+    import orkpy
+    r = orkpy_gate(orkpy.load_model("{q8}"), max_kl=0.01, min_same_top=0.9)   # a loaded model too
     assert r.kl < 0.01 and orkpy_reference.chunks == 4
 '''
 
