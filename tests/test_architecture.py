@@ -182,7 +182,7 @@ def test_subpackage_files_are_modules_of_their_own(tmp_path):
 
 #: the stage subpackages from the bottom up (docs/architecture.md "Layout"); the top-level modules
 #: (_core, _typing, __init__, __main__) sit outside the order
-LAYERS = ("kernels", "formats", "runtime", "quantization", "evaluation", "cli")
+LAYERS = ("kernels", "formats", "runtime", "quantization", "evaluation", "server", "cli")
 #: imports that run up the stage order, each with its reason; nothing else may
 UPWARD = {
 }

@@ -1,4 +1,4 @@
-"""orkpy's pytest plugin (orkpy/pytest_plugin.py): registered by its entry point, run by pytest's
+"""orkpy's pytest plugin (orkpy/evaluation/pytest_plugin.py): registered by its entry point, run by pytest's
 own ``pytester`` on stories260K (Q4_0 and Q8_0 against the F32 reference, 4 chunks of 128 tokens of
 the TinyStories text): a passing and a failing gate, the report's text, the reference made once per
 session, a clear failure when an option is missing. orkpy's own gate below uses the plugin's
@@ -25,7 +25,7 @@ def test_q8_closer(orkpy_gate, orkpy_reference):
 
 def test_registered_by_its_entry_point():
     eps = importlib.metadata.entry_points(group="pytest11")
-    assert [e.value for e in eps if e.name == "orkpy"] == ["orkpy.pytest_plugin"]
+    assert [e.value for e in eps if e.name == "orkpy"] == ["orkpy.evaluation.pytest_plugin"]
 
 
 def _args(shared):

@@ -640,10 +640,10 @@ def test_manifest_nested_too_deep_or_too_big(saved):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda m: m.update(version=True), "manifest version True; this orkpy .* reads version 1: quantize the model again"),
+    (lambda m: m.update(version=True), "manifest version True; this orkpy reads version 1: quantize the model again"),
     (lambda m: m.update(version=1.0), "manifest version 1.0; this orkpy"),
     (lambda m: m.update(version="1"), "manifest version '1'; this orkpy"),
-    (lambda m: m.update(version=2), r"manifest version 2; this orkpy \(0\.\d+\.\d+\) reads version 1: upgrade orkpy"),
+    (lambda m: m.update(version=2), "manifest version 2; this orkpy reads version 1: upgrade orkpy"),
     (lambda m: m["tensors"]["blk.0.attn_q.weight"].update(shape=[True, 64]), "shape"),
     (lambda m: m["tensors"]["blk.0.attn_q.weight"].update(file=["x"]), "'file'"),
     (lambda m: m["tensors"]["blk.0.attn_q.weight"].update(sha256=None), "'sha256'"),

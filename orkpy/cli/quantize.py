@@ -165,7 +165,7 @@ def size_line(out, qm):
     line = (f"size: {total / 1e6:.2f} MB on disk ({FLOAT_FILE} {fl / 1e6:.2f} MB of it); NPU weight bytes per token "
             f"{nb / 1e6:.2f} MB ({8 * nb / max(nw, 1):.2f} bits per packed weight; the NPU reads every 8-bit-activation "
             "tier as int8)")
-    if qm._src.tied and qm.settings.get("tied_lookup") != "packed" and fl > total / 4:
+    if qm.tied and qm.settings.get("tied_lookup") != "packed" and fl > total / 4:
         line += ("\nnote: float.gguf holds the tied embedding table as well as the packed head; --tied-lookup packed "
                  "stores it once (the lookup dequantizes the packed rows)")
     return line

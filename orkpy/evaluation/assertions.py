@@ -1,6 +1,6 @@
 """Accuracy gates as assertions: a quantized model's paired mean KL divergence, perplexity and
 same-top-token share against its float reference on a text, checked against thresholds, with a
-report a person can read when it fails (the pytest plugin :mod:`orkpy.pytest_plugin` builds on it;
+report a person can read when it fails (the pytest plugin :mod:`orkpy.evaluation.pytest_plugin` builds on it;
 ``tests/test_pytest_plugin.py``).
 
 :class:`Reference` is the float model's log-probs on the text, made once

@@ -116,16 +116,11 @@ def read_manifest(dfd: int, path: str) -> Dict[str, Any]:
     version = manifest.get("version")
     if type(version) is not int or version != VERSION:  # not true, not 1.0
         newer = type(version) is int and version > VERSION
-        raise FormatError(f"{mpath}: manifest version {version!r}; this orkpy ({_orkpy_version()}) reads version "
+        raise FormatError(f"{mpath}: manifest version {version!r}; this orkpy reads version "
                           f"{VERSION}: " + ("upgrade orkpy (pip install -U orkpy), or quantize the model again with "
                                             "this one" if newer else "quantize the model again with this orkpy "
                                             "(orkpy quantize SOURCE ... --recipe THIS_DIR reuses its recipe)"))
     return manifest
-
-
-def _orkpy_version() -> str:
-    from .. import __version__
-    return str(__version__)
 
 
 def listed_files(manifest: Dict[str, Any], mpath: str

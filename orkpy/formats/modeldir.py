@@ -244,10 +244,7 @@ class ModelDirWriter:
 
             floats: List[Tuple[str, LazyTensor]] = []
             for name in names:
-                # F16 as stored; a tied embedding table stored quantized (its packed head holds the same rows)
-                # as F16 too rather than as its F32 dequantization: half the bytes (SmolLM2: 56 MB, not 113)
-                f16 = src.type_of(name) == "F16" or (name == EMBEDDING and bool(src.tied)
-                                                     and src.type_of(name) not in ("F32", "BF16"))
+                f16 = src.type_of(name) == "F16" or (name == EMBEDDING and src.tied and src.type_of(name) not in ("F32", "BF16"))  # a quantized tied table: F16
                 big = len(shapes[name]) == 2 and 4 * int(np.prod(shapes[name])) > ROWS_BYTES
                 floats.append((name, LazyTensor(shapes[name], np.float16 if f16 else np.float32,
                                                 functools.partial(make_rows if big else make, name, f16), blocks=big)))

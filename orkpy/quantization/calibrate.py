@@ -109,6 +109,11 @@ class QuantizedModel:
             out[kind_tier(pw.kind)] += pw.nbytes  # a 4-bit codebook counts as int4
         return out
 
+    @property
+    def tied(self) -> bool:
+        """Whether the source's head is its embedding table (tied)."""
+        return bool(self._src.tied)
+
     def npu_bytes(self) -> Tuple[int, int]:
         """(NPU weight bytes per token, packed weights): what the RK3588's NPU reads per decoded token
         for the packed linears (:func:`orkpy.quantization.npu_alloc.npu_nbytes`: int8 for every

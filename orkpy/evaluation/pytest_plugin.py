@@ -69,7 +69,7 @@ class Gate:
 
     def reference(self, reference: Any = None, text: Any = None) -> Any:
         """The float reference's log-probs (made once per reference, text, context and chunk count)."""
-        from .evaluation.assertions import make_reference
+        from .assertions import make_reference
         ref = os.path.abspath(os.fspath(self.option("reference", reference)))
         txt = os.path.abspath(os.fspath(self.option("text", text)))
         n_ctx = int(self.config.getoption("--orkpy-ctx"))
@@ -83,7 +83,7 @@ class Gate:
     def __call__(self, model: Any = None, max_kl: Optional[float] = None, max_dppl: Optional[float] = None,
                  max_dppl_rel: Optional[float] = None, min_same_top: Optional[float] = None,
                  reference: Any = None, text: Any = None) -> Any:
-        from .evaluation.assertions import AccuracyGateFailure, check_gate
+        from .assertions import AccuracyGateFailure, check_gate
         m = self.option("model", model)
         try:
             return check_gate(m, self.reference(reference, text), max_kl, max_dppl, max_dppl_rel, min_same_top,
