@@ -76,25 +76,14 @@ def _online_rotation_fits(args):
     return not isinstance(n_ff, int) or hadamard_factors(n_ff) is not None
 
 
-def _base_recipe(spec):
-    """--recipe's value: a recipe file or model directory when the path exists, else a named recipe
-    (orkpy.quantization.named.NAMED), else the file's own error (a missing file, naming it)."""
-    from ..quantization.named import NAMED, named_recipe
-    from ..quantization.recipe import Recipe
-    if not os.path.exists(spec) and spec in NAMED:
-        return named_recipe(spec)
-    if not os.path.exists(spec) and os.sep not in spec and "." not in spec:
-        return named_recipe(spec)  # neither a path nor a name: the error lists the names
-    return Recipe.load(spec)
-
-
 def recipe_from_args(args):
     """The recipe (orkpy.Recipe) a quantize / recipe command line means: --recipe FILE (a recipe, or a
     model directory whose recipe is re-run; none: the defaults) with the recipe options given on the
     command line on top (without --recipe, every recipe option's value, defaults included)."""
+    from ..quantization.named import resolve_recipe
     from ..quantization.recipe import Recipe, RecipeError
 
-    base = _base_recipe(args.recipe) if args.recipe is not None else Recipe()
+    base = resolve_recipe(args.recipe) if args.recipe is not None else Recipe()
     given = _given_options(args) if args.recipe is not None else None
     d = base.to_dict()
     for dest, path in CLI_KEYS.items():

@@ -315,10 +315,9 @@ class Stopwatch:
 
 def _recipe_of(recipe: Union[Recipe, StrPath, None], kw: Dict[str, Any]) -> Recipe:
     """quantize_model's recipe: ``recipe``, or the one its keywords mean (the keyword form)."""
-    if isinstance(recipe, (str, os.PathLike)):  # a named recipe (orkpy.quantization.named), else a file / model dir
-        from .named import NAMED, named_recipe
-        recipe = named_recipe(recipe) if (isinstance(recipe, str) and recipe in NAMED and not os.path.exists(recipe)) \
-            else Recipe.load(recipe)
+    if isinstance(recipe, (str, os.PathLike)):  # a named recipe, a recipe file or a model directory
+        from .named import resolve_recipe
+        recipe = resolve_recipe(recipe)
     if recipe is not None:
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be an orkpy.Recipe, a named recipe's name or a recipe file's path "

@@ -8,6 +8,7 @@ exists is always read as a file or model directory, never as a name.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping
 
@@ -87,6 +88,16 @@ def known_bad(recipe: Recipe) -> List[str]:
     return out
 
 
+def resolve_recipe(spec: Any) -> Recipe:
+    """A recipe given by name or path (``--recipe``, ``quantize_model(recipe=)``): an existing path is a
+    recipe file or model directory (:meth:`Recipe.load`); else a :data:`NAMED` recipe; a word that is
+    neither (no separator, no dot) is a RecipeError listing the names; anything else Recipe.load's error."""
+    path = os.fspath(spec)
+    if not os.path.exists(path) and isinstance(spec, str) and (spec in NAMED or (os.sep not in spec and "." not in spec)):
+        return named_recipe(spec)
+    return Recipe.load(path)
+
+
 def named_recipe(name: str) -> Recipe:
     """The :class:`Recipe` of a :data:`NAMED` recipe; RecipeError listing the names otherwise."""
     r = NAMED.get(name)
@@ -96,4 +107,4 @@ def named_recipe(name: str) -> Recipe:
     return r.recipe()
 
 
-__all__ = ["GPTQ_MIN_TOKENS", "NAMED", "NamedRecipe", "known_bad", "named_recipe"]
+__all__ = ["GPTQ_MIN_TOKENS", "NAMED", "NamedRecipe", "known_bad", "named_recipe", "resolve_recipe"]
