@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import orkpy
+from orkpy import _core
 from orkpy.runtime.rotate import TransformedSource, hadamard, hadamard_factors, rotate_source, rotation
 from orkpy.runtime.model import transformed_source
 from orkpy.formats.source import open_source
@@ -345,3 +346,50 @@ def test_rotate_placement_without_rotate_is_an_error(shared):
     import orkpy
     with pytest.raises(ValueError, match="needs rotate="):
         orkpy.load_model(shared / "models/stories260K/stories260K-F32.gguf", rotate_placement="online")
+
+
+# -- the fast Hadamard transform (csrc/ork/hadamard.h) the rotated source computes with --
+
+@pytest.mark.parametrize("n", [1, 2, 64, 576, 640, 1536, 2048, 6144])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_hadamard_rows_equals_the_dense_product(n, threads):
+    from orkpy.runtime.rotate import _paley, fast_of, hadamard_factors, rotation
+    p, m = hadamard_factors(n)
+    h = hadamard(n)
+    hp = _paley(p) if p > 1 else None
+    x = np.random.default_rng(n).standard_normal((19, n))
+    y = x.copy()
+    _core.hadamard_rows(y, hp, 0.5, threads)
+    np.testing.assert_allclose(y, 0.5 * (x @ h), rtol=0, atol=1e-12 * np.sqrt(n))
+    one = x.copy()
+    _core.hadamard_rows(one, hp, 0.5, 1)
+    assert np.array_equal(one, y)  # rows apart: the same bytes on any thread count
+    q, _ = rotation(n, "hadamard", seed=3)
+    f = fast_of(q)
+    assert f is not None
+    np.testing.assert_allclose(f.right(x), x @ q, rtol=0, atol=1e-13 * np.sqrt(n))
+    np.testing.assert_allclose(f.left_t(x.T), q.T @ x.T, rtol=0, atol=1e-13 * np.sqrt(n))
+    np.testing.assert_allclose(f.right(x[0]), x[0] @ q, rtol=0, atol=1e-13 * np.sqrt(n))
+
+
+def test_fast_of_only_the_matrices_it_reproduces():
+    from orkpy.runtime.rotate import fast_of, rotation
+    q, _ = rotation(64, "orthogonal", seed=0)
+    assert fast_of(q) is None  # a random orthogonal matrix stays a dense product
+    h, _ = rotation(64, "hadamard", seed=0)
+    bad = h.copy()
+    bad[3, 5] = -bad[3, 5]
+    assert fast_of(bad) is None and fast_of(h) is not None
+    assert fast_of(np.eye(3)) is None  # no Hadamard matrix of order 3
+
+
+def test_hadamard_rows_refuses_bad_input():
+    x = np.zeros((2, 12))
+    with pytest.raises(ValueError):
+        _core.hadamard_rows(x, None, 1.0)  # 12 is not a power of two
+    with pytest.raises(ValueError):
+        _core.hadamard_rows(x, np.ones((5, 5)), 1.0)  # 5 does not divide 12
+    with pytest.raises(TypeError):
+        _core.hadamard_rows(np.zeros((2, 8), np.float32), None, 1.0)
+    with pytest.raises(TypeError):
+        _core.hadamard_rows(np.zeros((8, 2)).T, None, 1.0)  # not C-contiguous

@@ -66,6 +66,8 @@ PyObject *orkpy_mm_i4_partials(PyObject *self, PyObject *args, PyObject *kw);
  * gptq_factor(h, threads) -> U, the upper Cholesky factor of inv(h) (csrc/ork/gptq.h) */
 PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *orkpy_gptq_factor(PyObject *self, PyObject *args, PyObject *kw);
+/* hadamard_rows(x, hp, scale, threads) -> None: x <- scale * x kron(hp, H_m) in place (csrc/ork/hadamard.h) */
+PyObject *orkpy_hadamard_rows(PyObject *self, PyObject *args);
 
 /* py_map.c: orkpy._core.MappedFile (guarded read-only file mappings, csrc/ork/mapguard.h) */
 int orkpy_map_init(PyObject *module);

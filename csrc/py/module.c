@@ -545,6 +545,8 @@ static PyMethodDef core_methods[] = {
     {"gptq", (PyCFunction)(void (*)(void))orkpy_gptq, METH_VARARGS | METH_KEYWORDS,
      "gptq(w, gram, kind, damp=0.01, block=128, rows=0, group=0, static_groups=False, threads=0, "
      "overwrite_gram=False, precision='float64') -> (codes, scales)"},
+    {"hadamard_rows", orkpy_hadamard_rows, METH_VARARGS,
+     "hadamard_rows(x, hp, scale, threads=0) -> None: x <- scale * x @ kron(hp, H_m) in place (float64 rows)"},
     {"gptq_factor", (PyCFunction)(void (*)(void))orkpy_gptq_factor, METH_VARARGS | METH_KEYWORDS,
      "gptq_factor(h, threads=0) -> float64 U (upper, inv(h) = U^T U)"},
     {"mapguard_state", orkpy_mapguard_state, METH_NOARGS,

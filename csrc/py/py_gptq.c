@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../ork/gptq.h"
+#include "../ork/hadamard.h"
 #include "bindings.h"
 #include "errors.h"
 
@@ -136,4 +137,44 @@ PyObject *orkpy_gptq_factor(PyObject *self, PyObject *args, PyObject *kw) {
         return orkpy_raise(st, &err);
     }
     return (PyObject *)u;
+}
+
+/* hadamard_rows(x, hp, scale, threads=0) -> None: x (float64, C-contiguous, writeable, (rows, p * m)) becomes
+ * scale * x @ kron(hp, H_m) in place (csrc/ork/hadamard.h); hp a (p, p) float64 array or None (p = 1) */
+PyObject *orkpy_hadamard_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *hpo;
+    double scale;
+    int threads = 0;
+    if (!PyArg_ParseTuple(args, "OOd|i:hadamard_rows", &xo, &hpo, &scale, &threads) ||
+        orkpy_check_threads(threads) < 0)
+        return NULL;
+    if (!PyArray_Check(xo) || PyArray_TYPE((PyArrayObject *)xo) != NPY_FLOAT64 ||
+        PyArray_NDIM((PyArrayObject *)xo) != 2 || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)xo) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)xo) || !PyArray_ISALIGNED((PyArrayObject *)xo)) {
+        PyErr_SetString(PyExc_TypeError, "x must be a writeable, aligned, C-contiguous 2-D float64 array");
+        return NULL;
+    }
+    PyArrayObject *x = (PyArrayObject *)xo, *hp = NULL;
+    size_t p = 1, n = (size_t)PyArray_DIM(x, 1);
+    if (hpo != Py_None) {
+        if (!(hp = orkpy_as_exact(hpo, NPY_FLOAT64, 2, "hp"))) return NULL;
+        p = (size_t)PyArray_DIM(hp, 0);
+        if (PyArray_DIM(hp, 1) != PyArray_DIM(hp, 0) || p == 0 || n % p != 0) {
+            PyErr_Format(PyExc_ValueError, "hp must be (p, p) with p dividing x's %zu columns, got (%zd, %zd)", n,
+                         (Py_ssize_t)PyArray_DIM(hp, 0), (Py_ssize_t)PyArray_DIM(hp, 1));
+            Py_DECREF(hp);
+            return NULL;
+        }
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_hadamard_rows_f64((double *)PyArray_DATA(x), (size_t)PyArray_DIM(x, 0), p, n / p,
+                               hp ? (const double *)PyArray_DATA(hp) : NULL, scale, threads, &err);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(hp);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
 }
