@@ -41,7 +41,7 @@ def test_output_error_is_the_squared_output_error():
         dw = q.dequantize().astype(np.float64) / s[None, :] - w
         want = float(((x @ dw.T) ** 2).sum())
         got = awq.output_error(w, s, x.T @ x, kind)
-        assert got == pytest.approx(want, rel=1e-9), kind
+        assert got == pytest.approx(want, rel=1e-5), kind  # the product with G in float32
     m = np.array([0.0, 1.0, 4.0, 16.0])
     s = awq.scale_of(m, 0.5)
     assert s.max() * s.min() == pytest.approx(1.0) and s[0] == s[1]  # a dead channel takes the smallest live m

@@ -95,6 +95,50 @@ def test_gram_batches_pass_count_and_the_same_bytes(shared, monkeypatch):
             assert np.array_equal(a[n].store, b[n].store) and np.array_equal(a[n].bscale, b[n].bscale), n
 
 
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+def test_awq_inside_the_run_equals_its_own_pass(shared, monkeypatch, method):
+    """AWQ searched block by block inside the run (awq.LayerAwq) finds the scales its own pass over
+    the float model finds (awq_scales: the same alphas; the magnitudes to float rounding: the rows
+    now come through the scaled blocks before), costs one pass a block fewer (GPTQ's Gram matrices
+    scaled exactly: diag(1/s) G diag(1/s)), and rounds as the scaled source does."""
+    from orkpy.quantization import awq
+    from orkpy.runtime import blocks
+    r = Recipe.from_kwargs(kind="nf4", method=method, calib_ctx=64, calib_chunks=3, awq=True)
+    src = transformed_source(open_source(str(shared / F32)), "hadamard", 0)
+    names = linear_names(src.hp)
+    plan = plan_linears(names, src.split_tier_map(read_allocation(str(shared / Q4KM), 5.0, "infer").tiers),
+                        r.allocation)
+    text = _calib(shared)
+    run = RunOptions(None, False, lambda s: None)
+    kinds = {n: p.kind for n, p in plan.items() if p.kind != "gguf"}
+    scales, rep = awq.awq_scales(src, text, kinds, n_ctx=64, chunks=3, progress=False)
+    two = {x.name: x.packed for x in LayerwiseRun(awq.apply_awq(src, scales), plan, r, text, None,
+                                                   awq.column_scales(src.hp, scales), run, method == "gptq", True)}
+    passes = []
+    real = blocks.Block.run
+
+    def counted(self, stream, threads=None, grams=(), act_prefix=None, imatrix=False, advance=True):
+        passes.append((self.layer, bool(grams), advance))
+        return real(self, stream, threads, grams, act_prefix, imatrix, advance)
+    monkeypatch.setattr(blocks.Block, "run", counted)
+    la = awq.LayerAwq(src, kinds, 64, 3)
+    lw = LayerwiseRun(src, plan, r, text, None, {}, run, method == "gptq", True, awq=la)
+    one = {x.name: x.packed for x in lw}
+    n_layer = src.hp["n_layer"]
+    # a Gram pass that leaves the rows, then one that moves them on (RTN: the same two passes)
+    assert passes == [(i, g, a) for i in range(n_layer) for g, a in ((True, False), (False, True))]
+    assert la.report["alpha"] == rep["alpha"] and list(la.scales) == list(scales)
+    for k in scales:
+        np.testing.assert_allclose(la.scales[k], scales[k], rtol=1e-5)
+    assert lw.src.info()["awq"]["alpha"] == rep["alpha"]
+    same = sum(int(np.array_equal(one[n].store, two[n].store)) for n in names if one[n] is not None)
+    assert same >= 0.8 * sum(1 for n in names if one[n] is not None), same  # ties of float rounding aside
+    for n in names:
+        if one[n] is not None:
+            a, b = one[n].store.view(np.uint8), two[n].store.view(np.uint8)
+            assert np.mean(a != b) < 0.02, n
+
+
 def test_head_in_row_blocks_equals_one_piece(shared, monkeypatch):
     r = Recipe.from_kwargs(kind="nf4", method="gptq", calib_ctx=64, calib_chunks=2)
     src = open_source(str(shared / F32))
@@ -115,10 +159,11 @@ def _dir_files(d):
     return sorted(os.listdir(d))
 
 
-def test_a_killed_run_resumes_to_the_same_directory(shared, tmp_path, monkeypatch):
+@pytest.mark.parametrize("awq", [False, True])
+def test_a_killed_run_resumes_to_the_same_directory(shared, tmp_path, monkeypatch, awq):
     src = shared / F32
     kw = dict(alloc=shared / Q4KM, calib=_calib(shared), calib_ctx=64, calib_chunks=3, method="gptq",
-              rotate="hadamard", **QUIET)
+              rotate="hadamard", awq=awq, **QUIET)
     full = tmp_path / "full"
     orkpy.quantize_model(src, output=full, **kw)
     assert not os.path.exists(str(full) + CHECKPOINT_SUFFIX)  # removed once the directory is in place

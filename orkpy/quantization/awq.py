@@ -56,7 +56,18 @@ way (docs/results/weight-accuracy.md): about what a few groups' alpha changes mo
 :func:`search_layer` searches one block's groups from that block's Gram matrices and weights
 alone (an engine that runs the model layer by layer calls it per layer).
 
-The Gram matrices come from the float model run a layer at a time (:mod:`orkpy.runtime.blocks`:
+Arithmetic: ``dW`` in float64 (the scaled weight rounded as the source computes it), its product
+with ``G`` in float32 (sgemm: half the time of the float64 product that dominates the search, a
+relative error near 1e-6), a block of :data:`ERROR_ROWS` rows at a time (no float64 copy of a
+group's weights: an 8B model's ``ffn_gate`` + ``ffn_up`` would be 805 MB).
+
+Inside a quantization (``quantize_model(..., awq=True, calib=...)``) the search runs in the
+layer-by-layer run itself (:class:`LayerAwq`): each block's scales from the Gram matrices that
+run collects for GPTQ anyway, scaled exactly afterwards, so AWQ costs no pass of its own
+(SmolLM2-135M, gptq+awq, 8 x 512 calibration, wikitext-2 8 x 512: mean KL 0.2946 / 0.2759 (w4a8 /
+weight-only) against 0.3007 / 0.2760 with its own pass; stories260K 0.0513 / 0.0504 against
+0.0510 / 0.0504). :func:`awq_scales` below is the standalone search:
+the Gram matrices come from the float model run a layer at a time (:mod:`orkpy.runtime.blocks`:
 the calibration rows through one layer, then the next), one layer's float32 weights and its
 matrices in memory (at most ``max_bytes`` of them per pass over the layer's rows): the same
 matrices, hence the same scales, as a whole-model pass (SmolLM2-135M's 120 and stories260K's 20
@@ -64,8 +75,8 @@ groups: equal, 2026-12-06), without the model's float32 copy the whole-model pas
 
 :func:`awq_scales` ``(src, calib, kinds, ...)`` -> ``(scales, report)``; :func:`apply_awq` returns the
 source with the scales folded in (a :class:`~orkpy.runtime.rotate.TransformedSource`; a rotated source
-keeps its rotation); ``quantize_model(..., awq=True, calib=...)`` and ``orkpy quantize --awq`` run
-both (with ``method="gptq"``, GPTQ's Gram matrices come from the scaled model).
+keeps its rotation); ``quantize_model(..., awq=True, calib=...)`` and ``orkpy quantize --awq`` search
+inside the layer-by-layer run instead (:class:`LayerAwq`, above).
 """
 from __future__ import annotations
 
@@ -82,6 +93,8 @@ DEFAULT_ALPHAS: Tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_SAMPLE_ROWS = 128
 #: how many of the "fast" search's best estimates (alpha = 0 among them) are quantized in full
 DEFAULT_VERIFY = 1
+#: rows of a weight whose exact errors are computed at once (two (rows, K) float64 temporaries)
+ERROR_ROWS = 1024
 #: the scale searches: "fast" (the default, module doc) and "grid" (every alpha quantized in full)
 SEARCHES = ("fast", "grid")
 
@@ -153,25 +166,33 @@ def _dw(w: NDArray[Any], s: NDArray[Any], gdiag: NDArray[np.float64], kind: str,
 
 def _row_errors(w: NDArray[Any], s: NDArray[Any], g: NDArray[Any], gdiag: NDArray[np.float64],
                 kind: str, threads: Optional[int]) -> NDArray[Any]:
-    """Each row's ``dw G dw^T`` (:func:`_dw`; ``w``, ``s`` and ``g`` of one dtype). Every kind AWQ
-    searches quantizes each row on its own, so a subset of the rows gives the same values as the whole."""
-    if w.shape[0] == 0:
-        return np.zeros(0, w.dtype)
-    dw = _dw(w, s, gdiag, kind, threads)
-    return np.einsum("nk,nk->n", dw @ g, dw)
+    """Each row's ``dw G dw^T``: ``dw`` (:func:`_dw`) in ``s``'s dtype, the product in ``g``'s
+    (``w`` converted a block of :data:`ERROR_ROWS` rows at a time: a few (rows, K) temporaries, not
+    copies of the whole weight). Every kind AWQ searches quantizes each row on its own, so a subset
+    of the rows gives the same values as the whole."""
+    N = w.shape[0]
+    out = np.empty(N, g.dtype)
+    for r in range(0, N, ERROR_ROWS):
+        dw = _dw(np.asarray(w[r:r + ERROR_ROWS], s.dtype), s, gdiag, kind, threads).astype(g.dtype, copy=False)
+        out[r:r + ERROR_ROWS] = np.einsum("nk,nk->n", dw @ g, dw)
+        del dw
+    return out
 
 
-def _error(w64: NDArray[np.float64], s: NDArray[np.float64], g: NDArray[np.float64], gdiag: NDArray[np.float64],
+def _error(w64: NDArray[Any], s: NDArray[np.float64], g: NDArray[Any], gdiag: NDArray[np.float64],
            kind: str, threads: Optional[int]) -> float:
-    """:func:`output_error` of the float64 weight ``w64`` and ``gdiag = diag(g)`` (computed once per group)."""
+    """:func:`output_error` of the weight ``w64`` and ``gdiag = diag(g)`` (once per group; ``g`` float32)."""
     return float(_row_errors(w64, s, g, gdiag, kind, threads).sum())
 
 
 def output_error(w: NDArray[Any], s: NDArray[np.float64], g: NDArray[np.float64], kind: str,
                  threads: Optional[int] = None) -> float:
     """``tr(dW G dW^T)`` of ``w`` (N, K) quantized as ``kind`` after scaling its columns by ``s``
-    (the module doc's ``err`` for one linear)."""
-    return _error(np.asarray(w, np.float64), s, g, np.diag(g), kind, threads)
+    (the module doc's ``err`` for one linear): ``dW`` in float64 (the weight scaled as the source
+    scales it), the product with ``G`` in float32 (sgemm; a relative error near 1e-6, far below
+    what separates two alphas)."""
+    g = np.asarray(g, np.float64)
+    return _error(w, np.asarray(s, np.float64), g.astype(np.float32), np.diag(g), kind, threads)
 
 
 def sample_rows(err0: ArrayLike, n: int) -> Tuple[NDArray[np.intp], NDArray[np.float64]]:
@@ -251,14 +272,15 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     error's minimum kept; ``"fast"``: the candidates scored on ``sample`` rows per linear, only
     ``alpha = 0`` and the ``verify`` best estimates quantized in full."""
     _check_search(search, sample, verify)
-    w64 = [np.asarray(w, np.float64) for w in ws]  # once per group, not per alpha
+    w64 = list(ws)  # each converted to float64 a block of rows at a time (_row_errors)
     gdiag = np.diag(g)
+    g32 = g.astype(np.float32)  # every product with G in float32: the search's largest cost at half the time
     if search == "grid":
         errs: Dict[float, float] = {}
         best: Optional[Tuple[float, float]] = None
         for a in alphas:
             s = scale_of(m, a)
-            e = sum(_error(w, expand(s), g, gdiag, k, threads) for w, k in zip(w64, kinds))
+            e = sum(_error(w, expand(s), g32, gdiag, k, threads) for w, k in zip(w64, kinds))
             errs[float(a)] = e
             if best is None or e < best[1]:
                 best = (float(a), e)
@@ -268,11 +290,10 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     if grid[0] != 0.0:
         raise ValueError(f"alphas must include 0 (no scaling), got {list(alphas)!r}")
     s0 = expand(scale_of(m, 0.0))
-    err0 = [_row_errors(w, s0, g, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
+    err0 = [_row_errors(w, s0, g32, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
     errs = {0.0: float(sum(float(e.sum()) for e in err0))}
     picks = [sample_rows(e, int(sample)) for e in err0]
-    sub = [w[idx].astype(np.float32) for w, (idx, _) in zip(w64, picks)]  # the estimates in float32
-    g32 = g.astype(np.float32)
+    sub = [np.asarray(w[idx], np.float64).astype(np.float32) for w, (idx, _) in zip(w64, picks)]  # estimates in float32
     est: Dict[int, float] = {0: errs[0.0]}  # sum(weights * err0[rows]) is exactly the error at alpha 0
 
     def f(i: int) -> float:
@@ -285,7 +306,7 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     for b in sorted(est, key=lambda i: (est[i], i))[:verify]:  # the best estimates quantized in full
         if b:
             s = expand(scale_of(m, grid[b]))
-            errs[grid[b]] = float(sum(_error(w, s, g, gdiag, k, threads) for w, k in zip(w64, kinds)))
+            errs[grid[b]] = float(sum(_error(w, s, g32, gdiag, k, threads) for w, k in zip(w64, kinds)))
     a = min(errs, key=lambda x: (errs[x], x))  # never worse than alpha = 0 on the exact error
     return GroupSearch(a, scale_of(m, a), errs, {grid[i]: v for i, v in sorted(est.items())})
 
@@ -393,6 +414,74 @@ def awq_scales(src: Any, calib: Union[str, ArrayLike], kinds: Union[str, Mapping
     return out, rep
 
 
+class LayerAwq:
+    """AWQ inside the layer-by-layer run (:class:`orkpy.quantization.layerwise.LayerwiseRun`):
+    for each block, :meth:`search` takes the Gram matrices of that block's inputs -- collected
+    by the run's own pass over the rows, the scales of the blocks before already folded in -- and
+    searches the block's groups (:func:`search_layer`); :meth:`source` is ``base`` with every
+    scale found so far folded in (:func:`apply_awq`), from which the run reads the block's
+    scaled weights; :meth:`scale_grams` turns the block's input Gram matrices into those of the
+    scaled inputs exactly (``x / s``: ``diag(1/s) G diag(1/s)``), so GPTQ needs no second
+    pass for them. The model's float function is unchanged by every scale, so the rows flowing
+    to the next block are the same function of the text as without AWQ. ``kinds``: {linear:
+    kind} of the packed linears (a group with a float linear is skipped)."""
+
+    def __init__(self, base: Any, kinds: Mapping[str, str], n_ctx: int, chunks: int,
+                 alphas: Sequence[float] = DEFAULT_ALPHAS, search: str = "fast", sample: int = DEFAULT_SAMPLE_ROWS,
+                 verify: int = DEFAULT_VERIFY) -> None:
+        _check_search(search, sample, verify)
+        self.base, self.hp = base, base.hp
+        self.kinds = {n: k for n, k in kinds.items() if k not in (None, "gguf")}
+        self.alphas, self.search_kind, self.sample, self.verify = tuple(alphas), search, int(sample), int(verify)
+        self.n_ctx, self.chunks = int(n_ctx), int(chunks)
+        self.scales: Dict[str, NDArray[np.float64]] = {}
+        self.report: Dict[str, Any] = {"alpha": {}, "error": {}, "estimate": {}}
+
+    def groups(self, layer: int) -> List[Tuple[str, List[str], str]]:
+        """The groups of block ``layer`` searched (every linear packed)."""
+        return [(k, lins, inp) for k, lins, inp in layer_groups(self.hp, int(layer))
+                if all(n in self.kinds for n in lins)]
+
+    def inputs(self, layer: int) -> List[str]:
+        """The linears (in forward order) whose input Gram matrices block ``layer``'s search reads."""
+        return [inp for _, _, inp in self.groups(layer)]
+
+    def search(self, layer: int, weights: Mapping[str, NDArray[Any]],
+               grams: Mapping[str, Tuple[NDArray[np.float64], int]], threads: Optional[int]) -> None:
+        """Search the groups of block ``layer`` whose input is in ``grams`` (unscaled inputs and
+        ``weights``) and keep their scales."""
+        self.scales.update(search_layer(weights, grams, self.kinds, self.hp, layer, self.alphas, threads,
+                                        self.search_kind, self.sample, self.verify, self.report))
+
+    def scale_grams(self, layer: int, grams: Dict[str, Tuple[NDArray[np.float64], int]]) -> None:
+        """Block ``layer``'s Gram matrices (unscaled inputs) made those of the scaled inputs, in place."""
+        for key, lins, inp in self.groups(layer):
+            if key in self.scales and inp in grams:
+                s = _expand(np.asarray(self.scales[key], np.float64), self.hp, key)
+                g = grams[inp][0]
+                g /= s[:, None]
+                g /= s[None, :]
+
+    def info(self) -> Dict[str, Any]:
+        """What a model directory's manifest records of the search."""
+        return {"n_ctx": self.n_ctx, "chunks": self.chunks, "alpha": dict(self.report["alpha"])}
+
+    def source(self) -> Any:
+        """``base`` with the scales found so far folded in."""
+        return apply_awq(self.base, self.scales, self.info())
+
+    def columns(self, layer: int) -> Dict[str, NDArray[np.float64]]:
+        """{linear: its input columns' scales} of block ``layer``'s scaled linears (an imatrix's columns divide by them)."""
+        return {n: v for n, v in column_scales(self.hp, {k: self.scales[k] for k, _, _ in self.groups(layer)
+                                                         if k in self.scales}).items()}
+
+    def summary(self) -> str:
+        """The log line of the whole search."""
+        al = self.report["alpha"]
+        return (f"awq: scales of {len(self.scales)} groups folded in (alpha per group: "
+                + ", ".join(f"{a:g}: {sum(1 for v in al.values() if v == a)}" for a in sorted(set(al.values()))) + ")")
+
+
 def _float_specs(src: Any, layer: int) -> Dict[str, Any]:
     """{name: float32 LinearSpec} of block ``layer``'s linears (one layer's weights in memory)."""
     from ..runtime.blocks import layer_linears
@@ -421,5 +510,5 @@ def apply_awq(src: Any, scales: Mapping[str, NDArray[np.float64]], info: Optiona
                                                        "online": False, "awq": dict(info or {})})
 
 
-__all__ = ["DEFAULT_ALPHAS", "DEFAULT_SAMPLE_ROWS", "DEFAULT_VERIFY", "GroupSearch", "SEARCHES", "apply_awq", "awq_scales", "column_scales",
+__all__ = ["DEFAULT_ALPHAS", "DEFAULT_SAMPLE_ROWS", "DEFAULT_VERIFY", "GroupSearch", "LayerAwq", "SEARCHES", "apply_awq", "awq_scales", "column_scales",
            "groups", "layer_groups", "output_error", "sample_rows", "scale_of", "search_group", "search_layer"]

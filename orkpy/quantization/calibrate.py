@@ -222,8 +222,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     ``output`` and ``resume`` (the default) each finished layer is saved in the folder
     ``<output>.orkpy-checkpoint``, a killed run given the same inputs continues after the last one
     saved (to the same bytes), and the folder is deleted once the directory is in place. AWQ's
-    search runs layer by layer too; smoothing and target_bpw's sensitivities still run on the whole
-    float model.
+    search runs inside that run, block by block, on the Gram matrices GPTQ uses; smoothing runs on
+    the whole float model, target_bpw's sensitivities too below 1 GiB of float32 weights.
 
     The keyword form: without ``recipe``, the keywords ``kind`` ... ``rotate_placement`` are the
     recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
@@ -234,13 +234,13 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     names the key. The model directory's manifest records the recipe (``Recipe.load(dir)`` reads
     it back), the inputs by file name and sha256, and the settings loading needs.
 
-    The stages (:mod:`orkpy.quantization.pipeline`): source -> transform -> allocate -> AWQ scales -> GPTQ or
+    The stages (:mod:`orkpy.quantization.pipeline`): source -> transform -> allocate -> (AWQ scales ->) GPTQ or
     round-to-nearest, packed one linear at a time -> write -> activation calibration -> manifest.
     ``QuantizedModel.alloc_map`` is the allocation used (``.save(path)`` writes the emit-map),
     ``alloc_report`` target_bpw's estimates."""
     from .imatrix import Imatrix
     from .pipeline import (Inputs, RunOptions, allocate_stage, manifest_settings, open_stage, plan_linears,
-                           quantize_stage, scale_stage, transform_stage)
+                           quantize_stage, transform_stage)
 
     recipe = _recipe_of(recipe, dict(
         kind=kind, sr=sr, seed=seed, threshold=threshold, clip_grid=clip_grid, rotate=rotate, rotate_seed=rotate_seed,
@@ -267,7 +267,6 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     opened = clock("open", open_stage, inputs, recipe)
     src = clock("transform", transform_stage, opened.src, recipe, calib, threads)
     allocated = clock("allocate", allocate_stage, opened, src, recipe, inputs, run)
-    src, columns = clock("awq", scale_stage, src, allocated.tiers, opened.names, recipe, calib, run)
     writer = None
     if output is not None:  # streaming: an error removes what was written (ModelDirWriter)
         from ..formats.modeldir import ModelDirWriter
@@ -278,8 +277,9 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     with writer if writer is not None else contextlib.nullcontext():
         double_quant = _double_quant(src, opened.names, inputs.source, run.log)
         plan = plan_linears(opened.names, allocated.tiers, recipe.allocation)
-        tensors, tiers, act_calib, lw = clock("linears", quantize_stage, src, plan, recipe, inputs, columns, run,
+        tensors, tiers, act_calib, lw = clock("linears", quantize_stage, src, plan, recipe, inputs, run,
                                               writer, output if resume else None)
+        src = src if lw is None else lw.src  # AWQ's scales folded in as the run went
         source_hash, alloc_info = hashes_of()
         hashes = {"source": source_hash, "alloc": alloc_info,
                   "imatrix": None if im is None else {"sha256": im.sha256(), "chunks": im.chunks}}

@@ -20,6 +20,13 @@ float32). What this computes equals the whole-model stages byte for byte: the sa
 them (a second stream through each layer's dequantized GPTQ weights), the activation ranges
 still from the float rows, as the whole-model sequential mode does.
 
+AWQ (``awq``, :class:`orkpy.quantization.awq.LayerAwq`): each block's scales are searched on that
+block's input Gram matrices, from one pass of the rows through the block as the scales of the
+blocks before left it, and folded in before the block is read for rounding; when that one pass
+held every Gram matrix GPTQ needs, they are scaled exactly (``diag(1/s) G diag(1/s)``) and the
+block's second pass only moves the rows on and collects the activation statistics. The model's
+float copy is never held and AWQ needs no pass of its own.
+
 Progress: one bar over the layers (``layer i/n``, the stage, the time left). A run given a
 ``checkpoint`` folder (:class:`Checkpoint`) saves each finished layer (its packed linears, the
 rows, the statistics so far) and a restarted run continues after the last one saved, to the
@@ -48,6 +55,7 @@ from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, SHARED_INPUT, gptq_quantize, gram
 from .recipe import Recipe
 
 if TYPE_CHECKING:
+    from .awq import LayerAwq
     from .imatrix import Imatrix
     from .rounding import LinearPlan, Rounded, RunOptions
 
@@ -95,9 +103,10 @@ class LayerwiseRun:
     def __init__(self, src: Source, plan: Dict[str, "LinearPlan"], recipe: Recipe, calib: Union[str, ArrayLike],
                  imatrix: Optional["Imatrix"], columns: Dict[str, NDArray[Any]], run: "RunOptions",
                  gptq: bool, acts: bool, checkpoint: Optional[str] = None,
-                 max_bytes: Optional[int] = None) -> None:
+                 max_bytes: Optional[int] = None, awq: Optional["LayerAwq"] = None) -> None:
         self.src, self.plan, self.recipe, self.run = src, plan, recipe, run
-        self.imatrix, self.columns = imatrix, columns
+        self.imatrix, self.columns = imatrix, dict(columns)
+        self.awq = awq
         self.gptq, self.acts = bool(gptq), bool(acts)
         self.sequential = self.gptq and bool(recipe.rounding.gptq_sequential)
         self.max_bytes = None if max_bytes is None else int(max_bytes)
@@ -125,6 +134,12 @@ class LayerwiseRun:
         qstream: Optional[Stream] = None
         if self.checkpoint is not None:
             got = self.checkpoint.load()
+            if got is not None and self.awq is not None:
+                try:
+                    self._awq_resume(got[0])
+                except (OSError, ValueError, KeyError) as e:
+                    self.run.log(f"{self.checkpoint.path}: the checkpoint's AWQ scales are unreadable ({e}): started over")
+                    got = None
             if got is not None:
                 start, stream, qstream, self.act_stats = got
                 for layer in range(start):  # the saved layers, one file at a time
@@ -145,7 +160,9 @@ class LayerwiseRun:
                 out: List[Rounded] = []
                 last = yield from self._layer(layer, stream, qstream, out, bar)
                 if self.checkpoint is not None:
-                    self.checkpoint.save(layer + 1, stream, qstream, self.act_stats, out)
+                    self.checkpoint.save(layer + 1, stream, qstream, self.act_stats, out,
+                                         None if self.awq is None else self.awq.scales,
+                                         None if self.awq is None else self.awq.report["alpha"])
                 if bar is not None:
                     bar.update(1)
             if bar is not None:
@@ -177,8 +194,6 @@ class LayerwiseRun:
         """Calibrate and round layer ``layer`` (a generator of its Rounded linears; returns its
         float Block, which the head's statistics use after the last layer)."""
         names = layer_linears(layer)
-        specs = self._specs(layer)
-        blk = Block(self.src, layer, specs)
         packed = [n for n in names if self.plan[n].kind != "gguf"]
         owners: List[str] = []
         if self.gptq:
@@ -187,12 +202,23 @@ class LayerwiseRun:
                 if o not in owners:
                     owners.append(o)
         threads = self.run.threads
+        scaled = self._awq_layer(layer, stream, owners) if self.awq is not None else None
+        specs = self._specs(layer)
+        blk = Block(self.src, layer, specs)
+        done: Set[str] = set()
+        if scaled is not None:  # AWQ's pass held every Gram matrix: one more pass moves the rows on
+            t0 = time.perf_counter()
+            got = blk.run(stream, threads, act_prefix=self.prefix if self.acts else None)
+            self.act_stats.update(got.get("acts", {}))
+            self._timed("forward", t0)
+            yield from self._round(names, specs, scaled, done, out, until=None)
+            self.src.release()
+            return blk
         limit = self.max_bytes
         if limit is None:
             limit = max([GRAM_BYTES] + [2 * 8 * specs[o].K ** 2 for o in owners])
         batches = gram_batches(owners, lambda n: specs[n].K, limit) if owners else []
         grams: Dict[str, Any] = {}
-        done: Set[str] = set()
         if not self.sequential:  # every batch on the float rows; the last one moves them on
             if not batches:
                 t0 = time.perf_counter()
@@ -228,6 +254,55 @@ class LayerwiseRun:
         yield from self._round(names, specs, {}, done, out, until=None)
         self.src.release()
         return blk
+
+    def _awq_layer(self, layer: int, stream: Stream, owners: List[str]) -> Optional[Dict[str, Any]]:
+        """AWQ's scales of block ``layer`` searched on its inputs (a pass of the rows through the
+        block, not moving them on) and folded into :attr:`src`; returns GPTQ's Gram matrices of the
+        scaled inputs when that one pass held all of them (else None: the block's own passes follow)."""
+        assert self.awq is not None
+        inputs = self.awq.inputs(layer)
+        if not inputs:
+            return None
+        specs = self._specs(layer)
+        blk = Block(self.src, layer, specs)
+        need = [n for n in layer_linears(layer) if n in set(owners) | set(inputs)]
+        limit = self.max_bytes
+        if limit is None:
+            limit = max([GRAM_BYTES] + [2 * 8 * specs[o].K ** 2 for o in need])
+        batches = gram_batches(need, lambda n: specs[n].K, limit)
+        keep = len(batches) == 1 and self.gptq and not self.sequential
+        kept: Dict[str, Any] = {}
+        for batch in batches:
+            t0 = time.perf_counter()
+            grams = blk.run(stream, self.run.threads, grams=batch, advance=False)["grams"]
+            self._timed("forward+gram", t0)
+            t0 = time.perf_counter()
+            lins = {n for _, ls, inp in self.awq.groups(layer) if inp in grams for n in ls}
+            weights = {n: specs[n].weight for n in lins}
+            assert all(w is not None for w in weights.values())  # read in float32 by _specs
+            self.awq.search(layer, weights, grams, self.run.threads)  # type: ignore[arg-type]
+            self._timed("awq search", t0)
+            if keep:
+                kept = grams
+            del grams
+        del blk, specs
+        self.src.release()
+        self.src = self.awq.source()
+        self.columns.update(self.awq.columns(layer))
+        if not keep:
+            return None
+        self.awq.scale_grams(layer, kept)
+        return kept
+
+    def _awq_resume(self, start: int) -> None:
+        """The scales of the ``start`` saved blocks folded in (a resumed run)."""
+        assert self.awq is not None and self.checkpoint is not None
+        scales, alphas = self.checkpoint.awq()
+        self.awq.scales.update(scales)
+        self.awq.report["alpha"].update(alphas)
+        self.src = self.awq.source()
+        for layer in range(start):
+            self.columns.update(self.awq.columns(layer))
 
     def _round(self, names: Sequence[str], specs: Dict[str, LinearSpec], grams: Dict[str, Any], done: set,
                out: List["Rounded"], until: Optional[str]) -> Iterator["Rounded"]:
@@ -384,9 +459,17 @@ class Checkpoint:
                 out.append((e["name"], e["tier"], pw))
         return out
 
+    def awq(self) -> tuple:
+        """({scale key: s}, {scale key: alpha}) of the saved blocks' AWQ scales."""
+        with np.load(self._file("awq.npz"), allow_pickle=False) as z:
+            alphas = {k[:-len("/alpha")]: float(z[k]) for k in z.files if k.endswith("/alpha")}
+            return {k: np.array(z[k]) for k in z.files if not k.endswith("/alpha")}, alphas
+
     def save(self, layers: int, stream: Stream, qstream: Optional[Stream], acts: Dict[str, Dict[str, Any]],
-             rounded: Sequence["Rounded"]) -> None:
-        """Record layer ``layers - 1`` finished: its linears, the rows entering layer ``layers``."""
+             rounded: Sequence["Rounded"], awq: Optional[Dict[str, NDArray[np.float64]]] = None,
+             alphas: Optional[Dict[str, float]] = None) -> None:
+        """Record layer ``layers - 1`` finished: its linears, the rows entering layer ``layers``
+        (and the AWQ scales so far, ``awq``, with their ``alphas``)."""
         import json
         from .._io import atomic_write
         if not os.path.isdir(self.path):
@@ -408,6 +491,9 @@ class Checkpoint:
             rows["qxs"] = np.stack(qstream.xs)
         _save_npz(self._file("rows.npz"), rows)
         _save_acts(self._file("acts.npz"), acts)
+        if awq is not None:
+            _save_npz(self._file("awq.npz"), {**{k: np.asarray(v) for k, v in awq.items()},
+                                              **{k + "/alpha": np.float64(a) for k, a in (alphas or {}).items()}})
         atomic_write(self._file("state.json"), [json.dumps({"key": self.key, "layers": layers}).encode()])
 
     def remove(self) -> None:

@@ -8,19 +8,20 @@
     transform_stage  Source, Recipe, calib             -> Source     rotation / SmoothQuant folded in
     allocate_stage   Opened, Source, Recipe, Inputs    -> Allocated  the oracle's tiers, or target_bpw's
                                                                      choice (its sensitivities measured)
-    scale_stage      Source, TierMap, Recipe, calib    -> Scaled     AWQ's scales searched and folded in
     plan_linears     names, TierMap, AllocationSpec    -> {name: LinearPlan}  tier, kind, group per linear
     quantize_stage   Source, plan, Recipe, Inputs, ... -> packed linears, tiers, ActCalibration | None
-                       with a calibration text: layer by layer (orkpy.quantization.layerwise: GPTQ,
-                       the static activation ranges, resumable); without: round_linears
+                       with a calibration text: layer by layer (orkpy.quantization.layerwise: AWQ's
+                       scales searched and folded in, GPTQ, the static activation ranges,
+                       resumable); without: round_linears
     round_linears    Source, plan, RoundingSpec, ...   -> Iterator[Rounded]  each linear rounded and
                                                                      packed, one at a time
     write_linears    Iterator[Rounded], writer         -> ({name: PackedWeight}, {name: tier})
     manifest_settings     Recipe, Source, imatrix, ... -> the manifest's ``settings``
 
 Calibration is not one stage: smoothing and target_bpw's sensitivities measure what they need on
-the recipe's calibration chunks with the whole float model, AWQ's search with the float model a
-layer at a time (:mod:`orkpy.runtime.blocks`), each on the source as the stages before left it; GPTQ and the static activation ranges run layer by layer in
+the recipe's calibration chunks (target_bpw's a layer at a time above 1 GiB of float32 weights),
+each on the source as the stages before left it; AWQ's search, GPTQ and the static activation
+ranges run layer by layer in
 :func:`quantize_stage` (:mod:`orkpy.quantization.layerwise`: one layer's float32 weights and Gram
 matrices at a time, byte for byte what the whole-model functions
 :func:`orkpy.quantization.gptq.gptq_linears` and :func:`orkpy.runtime.model.calibrate_source_acts`
@@ -81,14 +82,6 @@ class Allocated(NamedTuple):
     tiers: TierMap
     allocation: Allocation
     report: Optional[Dict[str, Any]]
-
-
-class Scaled(NamedTuple):
-    """The source with AWQ's scales folded in, and each linear's input-column scales (empty
-    without AWQ) that rescale an imatrix."""
-
-    src: Source
-    columns: Dict[str, NDArray[Any]]
 
 
 def open_stage(inputs: Inputs, recipe: Recipe) -> Opened:
@@ -188,24 +181,6 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
     return Allocated(tm, read_allocation(tm, a.threshold), report)
 
 
-def scale_stage(src: Source, tm: TierMap, names: List[str], recipe: Recipe, calib: Union[str, ArrayLike, None],
-                run: RunOptions) -> Scaled:
-    """With ``rounding.awq``: AWQ's per-input-channel scales searched on ``calib`` for the
-    linears' rounding and folded into the norms / producing linears (:mod:`orkpy.quantization.awq`)."""
-    if not recipe.rounding.awq or calib is None:
-        return Scaled(src, {})
-    from .awq import apply_awq, awq_scales, column_scales
-    c, kind = recipe.calibration, recipe.allocation.kind
-    qkinds = {n: tier_path(tm.linear_tier(n), kind) for n in names}
-    scales, arep = awq_scales(src, calib, {n: k for n, k in qkinds.items() if k != "gguf"}, n_ctx=c.ctx,
-                              chunks=c.chunks, threads=run.threads, progress=run.progress)
-    src = apply_awq(src, scales, {"n_ctx": arep["n_ctx"], "chunks": arep["chunks"], "alpha": arep["alpha"]})
-    run.log(f"awq: scales of {len(scales)} groups folded in (alpha per group: "
-            + ", ".join(f"{a:g}: {sum(1 for v in arep['alpha'].values() if v == a)}"
-                        for a in sorted(set(arep["alpha"].values()))) + ")")
-    return Scaled(src, column_scales(src.hp, scales))
-
-
 def plan_linears(names: List[str], tm: TierMap, allocation: AllocationSpec) -> Dict[str, LinearPlan]:
     """Every linear's :class:`LinearPlan`, in ``names``' order: its tier in ``tm`` (the int4 tier
     on ``allocation.kind``), ``allocation.group_size`` for a packed tier that names no group."""
@@ -279,26 +254,37 @@ def write_linears(rounded: Iterable[Rounded], writer: Optional[ModelDirWriter], 
 
 
 def quantize_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, inputs: Inputs,
-                   columns: Dict[str, NDArray[Any]], run: RunOptions, writer: Optional[ModelDirWriter],
+                   run: RunOptions, writer: Optional[ModelDirWriter],
                    checkpoint_of: Optional[StrPath]) -> Tuple[Dict[str, PackedWeight], Dict[str, str],
                                                               Optional[ActCalibration], Any]:
     """(packed linears, tiers, activation ranges or None, the LayerwiseRun or None): every linear
     rounded and written. With a calibration text, layer by layer (:mod:`orkpy.quantization.layerwise`:
-    GPTQ when the recipe says so, the activation ranges; ``checkpoint_of``: the output folder whose
+    GPTQ when the recipe says so, AWQ's scales searched and folded in block by block
+    (``rounding.awq``; the run's ``src`` is then the scaled source, which the model directory's
+    float tensors come from), the activation ranges; ``checkpoint_of``: the output folder whose
     checkpoint makes the run resumable); without, each linear rounded as it is read."""
     if inputs.calib is not None:
         from .layerwise import CHECKPOINT_SUFFIX, LayerwiseRun
-        lw = LayerwiseRun(src, plan, recipe, inputs.calib, inputs.imatrix, columns, run,
+        awq = None
+        if recipe.rounding.awq:
+            from .awq import LayerAwq
+            c = recipe.calibration
+            awq = LayerAwq(src, {n: p.kind for n, p in plan.items()}, c.ctx, 0)
+        lw = LayerwiseRun(src, plan, recipe, inputs.calib, inputs.imatrix, {}, run,
                           gptq=recipe.rounding.method == "gptq", acts=True,
                           checkpoint=None if checkpoint_of is None else
-                          os.path.abspath(os.fspath(checkpoint_of)) + CHECKPOINT_SUFFIX)
+                          os.path.abspath(os.fspath(checkpoint_of)) + CHECKPOINT_SUFFIX, awq=awq)
+        if awq is not None:
+            awq.chunks = len(lw.chunks)
         tensors, tiers = write_linears(lw, writer, src, lambda: None)
+        if awq is not None:
+            run.log(awq.summary())
         act = lw.act_calibration
         run.log(f"calibrated the activations of {len(act or ())} linears on {len(lw.chunks)} chunks of "
                 f"{recipe.calibration.ctx} tokens")
         return tensors, tiers, act, lw
     bar = progress_bar(len(plan), "quantize", run.progress, "tensor")
-    tensors, tiers = write_linears(round_linears(src, plan, recipe.rounding, inputs.imatrix, columns, {}, run.threads),
+    tensors, tiers = write_linears(round_linears(src, plan, recipe.rounding, inputs.imatrix, {}, {}, run.threads),
                                    writer, src, bar.update if bar is not None else (lambda: None))
     if bar is not None:
         bar.close()
@@ -334,6 +320,6 @@ def manifest_settings(recipe: Recipe, src: Source, imatrix: Optional["Imatrix"],
     return settings
 
 
-__all__ = ["Allocated", "Inputs", "LinearPlan", "Opened", "Rounded", "RunOptions", "Scaled", "allocate_stage",
+__all__ = ["Allocated", "Inputs", "LinearPlan", "Opened", "Rounded", "RunOptions", "allocate_stage",
            "importance", "manifest_settings", "open_stage", "plan_linears", "quantize_stage", "round_linear",
-           "round_linears", "scale_stage", "transform_stage", "write_linears"]
+           "round_linears", "transform_stage", "write_linears"]
