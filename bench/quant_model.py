@@ -3,7 +3,8 @@
     python bench/quant_model.py [--shapes 0.6B 1.7B 4B] [--threads 2] [--kind nf4] [--work DIR]
 
 For each Qwen3 shape (random F16 weights, only the shapes matter: hidden / FFN / layers / heads of
-Qwen3-0.6B, -1.7B and -4B, a 2048-token vocabulary, tied head), in the same run and with the same
+Qwen3-0.6B, -1.7B, -4B and -8B (13.9 GB of F16; not in the default list), a 2048-token vocabulary,
+tied head), in the same run and with the same
 threads, each job in a fresh process (peak RSS from wait4, so every process is measured alone):
 
 - ``llama-quantize F16 -> Q4_K_M`` (without and with an imatrix), and
@@ -44,7 +45,8 @@ from oracle import llama_bin  # noqa: E402
 from orkpy.formats.gguf_write import LazyTensor, write_gguf  # noqa: E402
 
 #: Qwen3 config.json shapes: hidden, intermediate, layers, heads, KV heads (head_dim 128)
-SHAPES = {"0.6B": (1024, 3072, 28, 16, 8), "1.7B": (2048, 6144, 28, 16, 8), "4B": (2560, 9728, 36, 32, 8)}
+SHAPES = {"0.6B": (1024, 3072, 28, 16, 8), "1.7B": (2048, 6144, 28, 16, 8), "4B": (2560, 9728, 36, 32, 8),
+          "8B": (4096, 12288, 36, 32, 8)}
 VOCAB = 2048
 HEAD_DIM = 128
 

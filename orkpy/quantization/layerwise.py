@@ -272,21 +272,27 @@ class LayerwiseRun:
         batches = gram_batches(need, lambda n: specs[n].K, limit)
         keep = len(batches) == 1 and self.gptq and not self.sequential
         kept: Dict[str, Any] = {}
-        for batch in batches:
+        for bi, batch in enumerate(batches):
             t0 = time.perf_counter()
             grams = blk.run(stream, self.run.threads, grams=batch, advance=False)["grams"]
             self._timed("forward+gram", t0)
             t0 = time.perf_counter()
-            lins = {n for _, ls, inp in self.awq.groups(layer) if inp in grams for n in ls}
-            weights = {n: specs[n].weight for n in lins}
-            assert all(w is not None for w in weights.values())  # read in float32 by _specs
-            self.awq.search(layer, weights, grams, self.run.threads)  # type: ignore[arg-type]
+            last = bi == len(batches) - 1
+            if last:  # the passes are done: the weights go group by group as they are searched
+                del blk
+                self.src.release()
+            for _, lins, inp in self.awq.groups(layer):
+                if inp not in grams:
+                    continue
+                weights = {n: (specs.pop(n) if last else specs[n]).weight for n in lins}
+                assert all(w is not None for w in weights.values())  # read in float32 by _specs
+                self.awq.search(layer, weights, {inp: grams[inp]}, self.run.threads)  # type: ignore[arg-type]
+                del weights
             self._timed("awq search", t0)
             if keep:
                 kept = grams
             del grams
-        del blk, specs
-        self.src.release()
+        del specs
         self.src = self.awq.source()
         self.columns.update(self.awq.columns(layer))
         if not keep:

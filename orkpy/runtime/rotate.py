@@ -224,10 +224,12 @@ class _Fast:
     def __init__(self, signs: NDArray[np.float64], hp: Optional[NDArray[np.float64]], scale: float) -> None:
         self.signs, self.hp, self.scale = signs, hp, float(scale)
 
-    def right(self, a: NDArray[Any]) -> NDArray[np.float64]:
-        """``a @ M`` of rows ``a`` (2-D, or one 1-D row), a new float64 array."""
-        x = np.array(a, np.float64, order="C", ndmin=2)
-        x *= self.signs[None, :]
+    def right(self, a: NDArray[Any], cols: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
+        """``(a diag(cols)) @ M`` of rows ``a`` (2-D, or one 1-D row; ``cols`` None: ones), a new
+        float64 array (the column factor and the signs in one pass: times +-1 is exact)."""
+        f = self.signs if cols is None else np.asarray(cols, np.float64) * self.signs
+        x = np.multiply(np.asarray(a, np.float64), f, dtype=np.float64)
+        x = np.ascontiguousarray(x.reshape(1, -1) if x.ndim == 1 else x)
         _core.hadamard_rows(x, self.hp, self.scale)
         return x if np.ndim(a) == 2 else x[0]
 
@@ -254,9 +256,14 @@ def fast_of(m: Optional[NDArray[np.float64]]) -> Optional[_Fast]:
     return _Fast(signs, hp, 1.0 / np.sqrt(n))
 
 
-def _mul(a: NDArray[Any], m: NDArray[np.float64], fast: Optional[_Fast]) -> NDArray[np.float64]:
-    """``a @ m`` in float64, fast when ``fast`` is ``m``'s :func:`fast_of`."""
-    return fast.right(a) if fast is not None else np.asarray(a, np.float64) @ m
+def _mul(a: NDArray[Any], m: NDArray[np.float64], fast: Optional[_Fast],
+         cols: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
+    """``(a diag(cols)) @ m`` in float64 (``cols`` None: ``a @ m``), fast when ``fast`` is ``m``'s
+    :func:`fast_of`."""
+    if fast is not None:
+        return fast.right(a, cols)
+    a = np.asarray(a, np.float64)
+    return (a if cols is None else a * cols[None, :]) @ m
 
 
 # ----------------------------------------------------------- the source --
@@ -307,6 +314,7 @@ class TransformedSource(Source):
         self._nrotf = None if norm_online is None else fast_of(norm_online[1])
         self._onlinef = None if online is None else fast_of(online[1])
         self._r = head_rot
+        self._rf = fast_of(head_rot)
         self._s = dict(scales)
         self._info = dict(info)
         self._shapes = base.shapes()
@@ -396,9 +404,9 @@ class TransformedSource(Source):
         norm) or ``W diag(s)`` of a linear fed by the norm ``norm``."""
         w = np.asarray(w, np.float64)
         if self._q is not None:
-            w = _mul(w * np.asarray(self.base.tensor(norm), np.float64)[None, :], self._q, self._qf)
+            w = _mul(w, self._q, self._qf, np.asarray(self.base.tensor(norm), np.float64))
         elif self._nrot is not None and norm != OUTPUT_NORM:
-            w = _mul(w * self._nrot[0][None, :], self._nrot[1], self._nrotf)
+            w = _mul(w, self._nrot[1], self._nrotf, self._nrot[0])
         s = self._s.get(norm)
         return w * s[None, :] if s is not None else w
 
@@ -421,7 +429,14 @@ class TransformedSource(Source):
         if stem == "attn_v":
             if self._r is not None:  # per KV head: R^T V_j (rows; a bias alike)
                 hd = self.hp["head_dim"]
-                a = np.einsum("cd,jc...->jd...", self._r, a.reshape(-1, hd, *a.shape[1:])).reshape(a.shape)
+                if self._rf is None:
+                    a = np.einsum("cd,jc...->jd...", self._r, a.reshape(-1, hd, *a.shape[1:])).reshape(a.shape)
+                elif a.ndim == 1:
+                    a = self._rf.right(a.reshape(-1, hd)).reshape(a.shape)
+                else:  # each head's (hd, K) block: R^T V_j = (V_j^T R)^T
+                    K = a.shape[1]
+                    t = np.ascontiguousarray(a.reshape(-1, hd, K).transpose(0, 2, 1)).reshape(-1, hd)
+                    a = np.ascontiguousarray(self._rf.right(t).reshape(-1, K, hd).transpose(0, 2, 1)).reshape(a.shape)
             return _div_rows(a, self._s.get(_pair(i, "attn_v")))
         if stem == "ffn_up":
             if self._online is not None:  # the random signs of the online rotation
@@ -442,10 +457,12 @@ class TransformedSource(Source):
             s = self._s.get(_pair(i, "ffn_up"))
             w = w * s[None, :] if s is not None else w
             if self._online is not None:  # W diag(signs) H / sqrt(n_ff): the input arrives rotated online
-                w = _mul(w * self._online[0][None, :], self._online[1], self._onlinef)
+                w = _mul(w, self._online[1], self._onlinef, self._online[0])
             return w
         hd, nh, nkv = self.hp["head_dim"], self.hp["n_head"], self.hp["n_head_kv"]
-        if self._r is not None:
+        if self._r is not None and self._rf is not None:
+            w = self._rf.right(w.reshape(-1, hd)).reshape(w.shape)
+        elif self._r is not None:
             w = np.einsum("nhc,cd->nhd", w.reshape(w.shape[0], nh, hd), self._r).reshape(w.shape)
         s = self._s.get(_pair(i, "attn_v"))
         if s is not None:
