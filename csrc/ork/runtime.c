@@ -379,6 +379,11 @@ void ork_rt_grams_free(ork_rt_grams *t) {
 }
 
 void ork_rt_gram_symmetric(const double *u, size_t K, double *g) {
+    if (g == u) { /* in place: each lower entry from its upper mirror (never written) */
+        for (size_t r = 1; r < K; r++)
+            for (size_t c = 0; c < r; c++) g[r * K + c] = u[c * K + r];
+        return;
+    }
     for (size_t r = 0; r < K; r++)
         for (size_t c = 0; c < K; c++) g[r * K + c] = c >= r ? u[r * K + c] : u[c * K + r];
 }

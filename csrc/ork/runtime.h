@@ -99,7 +99,7 @@ typedef struct ork_rt_grams {
 ork_status ork_runtime_gram_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, ork_err *err);
 ork_status ork_runtime_gram_take(ork_runtime *rt, ork_rt_grams *out, ork_err *err);
 void ork_rt_grams_free(ork_rt_grams *t);
-/* the full symmetric K x K matrix g of a collected upper triangle */
+/* the full symmetric K x K matrix g of a collected upper triangle (g == upper: mirrored in place) */
 void ork_rt_gram_symmetric(const double *upper, size_t K, double *g);
 
 /* Activation statistics (linear.h ork_act_stats) of every linear's input, the first `prefix` rows of

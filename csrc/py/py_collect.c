@@ -95,6 +95,8 @@ PyObject *orkpy_fwd_gram_enable(FwdObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static void gram_capsule_free(PyObject *cap) { free(PyCapsule_GetPointer(cap, "orkpy.gram")); }
+
 /* gram_take() -> {index: (G float64 (K, K) symmetric, rows)}; stops accumulating */
 PyObject *orkpy_fwd_gram_take(FwdObject *self, PyObject *unused) {
     (void)unused;
@@ -112,8 +114,19 @@ PyObject *orkpy_fwd_gram_take(FwdObject *self, PyObject *unused) {
         if (!t.upper[i]) continue;
         const size_t K = ork_runtime_linear(self->rt, i)->K;
         npy_intp dims[2] = {(npy_intp)K, (npy_intp)K};
-        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT64);
-        if (a) ork_rt_gram_symmetric(t.upper[i], K, (double *)PyArray_DATA(a));
+        /* no copy: the buffer is mirrored in place and the array owns it (a capsule frees it), so
+         * the hand-over never holds a matrix twice (an 8B model's ffn_down: 1.2 GB) */
+        ork_rt_gram_symmetric(t.upper[i], K, t.upper[i]);
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNewFromData(2, dims, NPY_FLOAT64, t.upper[i]);
+        PyObject *cap = a ? PyCapsule_New(t.upper[i], "orkpy.gram", gram_capsule_free) : NULL;
+        if (cap && PyArray_SetBaseObject(a, cap) == 0) {
+            t.upper[i] = NULL; /* the array's now */
+        } else {
+            if (cap) { /* SetBaseObject failed and stole cap: it frees the buffer with the capsule */
+                t.upper[i] = NULL;
+            }
+            Py_CLEAR(a);
+        }
         PyObject *item = a ? Py_BuildValue("(NK)", a, (unsigned long long)t.rows[i]) : NULL;
         PyObject *key = item ? PyLong_FromSize_t(i) : NULL;
         int r = key ? PyDict_SetItem(out, key, item) : -1;

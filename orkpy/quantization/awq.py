@@ -95,6 +95,8 @@ DEFAULT_SAMPLE_ROWS = 128
 DEFAULT_VERIFY = 1
 #: rows of a weight whose exact errors are computed at once (two (rows, K) float64 temporaries)
 ERROR_ROWS = 1024
+#: columns of G converted to float32 at once for the search's products
+GRAM_COLUMNS = 2048
 #: the scale searches: "fast" (the default, module doc) and "grid" (every alpha quantized in full)
 SEARCHES = ("fast", "grid")
 
@@ -166,22 +168,26 @@ def _dw(w: NDArray[Any], s: NDArray[Any], gdiag: NDArray[np.float64], kind: str,
 
 def _row_errors(w: NDArray[Any], s: NDArray[Any], g: NDArray[Any], gdiag: NDArray[np.float64],
                 kind: str, threads: Optional[int]) -> NDArray[Any]:
-    """Each row's ``dw G dw^T``: ``dw`` (:func:`_dw`) in ``s``'s dtype, the product in ``g``'s
-    (``w`` converted a block of :data:`ERROR_ROWS` rows at a time: a few (rows, K) temporaries, not
-    copies of the whole weight). Every kind AWQ searches quantizes each row on its own, so a subset
+    """Each row's ``dw G dw^T`` (float32): ``dw`` (:func:`_dw`) in ``s``'s dtype, the product in
+    float32, ``w`` a block of :data:`ERROR_ROWS` rows and ``G`` (float64 or float32) a block of
+    :data:`GRAM_COLUMNS` columns at a time (converting a block costs 1 / ERROR_ROWS of its
+    product): a few temporaries, no copy of the whole weight or of ``G``. Every kind AWQ searches quantizes each row on its own, so a subset
     of the rows gives the same values as the whole."""
-    N = w.shape[0]
-    out = np.empty(N, g.dtype)
+    N, K = w.shape
+    out = np.zeros(N, np.float32)
     for r in range(0, N, ERROR_ROWS):
-        dw = _dw(np.asarray(w[r:r + ERROR_ROWS], s.dtype), s, gdiag, kind, threads).astype(g.dtype, copy=False)
-        out[r:r + ERROR_ROWS] = np.einsum("nk,nk->n", dw @ g, dw)
+        dw = _dw(np.asarray(w[r:r + ERROR_ROWS], s.dtype), s, gdiag, kind, threads).astype(np.float32, copy=False)
+        for c in range(0, K, GRAM_COLUMNS):  # G's columns in float32 a block at a time: no float32 copy of G
+            gb = np.asarray(g[:, c:c + GRAM_COLUMNS], np.float32)
+            out[r:r + ERROR_ROWS] += np.einsum("nk,nk->n", dw @ gb, dw[:, c:c + GRAM_COLUMNS])
+            del gb
         del dw
     return out
 
 
 def _error(w64: NDArray[Any], s: NDArray[np.float64], g: NDArray[Any], gdiag: NDArray[np.float64],
            kind: str, threads: Optional[int]) -> float:
-    """:func:`output_error` of the weight ``w64`` and ``gdiag = diag(g)`` (once per group; ``g`` float32)."""
+    """:func:`output_error` of the weight ``w64`` and ``gdiag = diag(g)`` (once per group)."""
     return float(_row_errors(w64, s, g, gdiag, kind, threads).sum())
 
 
@@ -192,7 +198,7 @@ def output_error(w: NDArray[Any], s: NDArray[np.float64], g: NDArray[np.float64]
     scales it), the product with ``G`` in float32 (sgemm; a relative error near 1e-6, far below
     what separates two alphas)."""
     g = np.asarray(g, np.float64)
-    return _error(w, np.asarray(s, np.float64), g.astype(np.float32), np.diag(g), kind, threads)
+    return _error(w, np.asarray(s, np.float64), g, np.diag(g), kind, threads)
 
 
 def sample_rows(err0: ArrayLike, n: int) -> Tuple[NDArray[np.intp], NDArray[np.float64]]:
@@ -274,13 +280,12 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     _check_search(search, sample, verify)
     w64 = list(ws)  # each converted to float64 a block of rows at a time (_row_errors)
     gdiag = np.diag(g)
-    g32 = g.astype(np.float32)  # every product with G in float32: the search's largest cost at half the time
     if search == "grid":
         errs: Dict[float, float] = {}
         best: Optional[Tuple[float, float]] = None
         for a in alphas:
             s = scale_of(m, a)
-            e = sum(_error(w, expand(s), g32, gdiag, k, threads) for w, k in zip(w64, kinds))
+            e = sum(_error(w, expand(s), g, gdiag, k, threads) for w, k in zip(w64, kinds))
             errs[float(a)] = e
             if best is None or e < best[1]:
                 best = (float(a), e)
@@ -290,7 +295,7 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     if grid[0] != 0.0:
         raise ValueError(f"alphas must include 0 (no scaling), got {list(alphas)!r}")
     s0 = expand(scale_of(m, 0.0))
-    err0 = [_row_errors(w, s0, g32, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
+    err0 = [_row_errors(w, s0, g, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
     errs = {0.0: float(sum(float(e.sum()) for e in err0))}
     picks = [sample_rows(e, int(sample)) for e in err0]
     sub = [np.asarray(w[idx], np.float64).astype(np.float32) for w, (idx, _) in zip(w64, picks)]  # estimates in float32
@@ -299,14 +304,14 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     def f(i: int) -> float:
         if i not in est:
             s = expand(scale_of(m, grid[i])).astype(np.float32)
-            est[i] = float(sum(float((_row_errors(w, s, g32, gdiag, k, threads) * wt).sum())
+            est[i] = float(sum(float((_row_errors(w, s, g, gdiag, k, threads) * wt).sum())
                                for w, k, (_, wt) in zip(sub, kinds, picks)))
         return est[i]
     _ternary(f, len(grid))
     for b in sorted(est, key=lambda i: (est[i], i))[:verify]:  # the best estimates quantized in full
         if b:
             s = expand(scale_of(m, grid[b]))
-            errs[grid[b]] = float(sum(_error(w, s, g32, gdiag, k, threads) for w, k in zip(w64, kinds)))
+            errs[grid[b]] = float(sum(_error(w, s, g, gdiag, k, threads) for w, k in zip(w64, kinds)))
     a = min(errs, key=lambda x: (errs[x], x))  # never worse than alpha = 0 on the exact error
     return GroupSearch(a, scale_of(m, a), errs, {grid[i]: v for i, v in sorted(est.items())})
 

@@ -228,16 +228,17 @@ class _Fast:
         """``(a diag(cols)) @ M`` of rows ``a`` (2-D, or one 1-D row; ``cols`` None: ones), a new
         float64 array (the column factor and the signs in one pass: times +-1 is exact)."""
         f = self.signs if cols is None else np.asarray(cols, np.float64) * self.signs
-        x = np.multiply(np.asarray(a, np.float64), f, dtype=np.float64)
-        x = np.ascontiguousarray(x.reshape(1, -1) if x.ndim == 1 else x)
+        a = np.asarray(a)
+        x = np.multiply(a.reshape(1, -1) if a.ndim == 1 else a, f, dtype=np.float64, order="C")  # one new array
         _core.hadamard_rows(x, self.hp, self.scale)
-        return x if np.ndim(a) == 2 else x[0]
+        return x if a.ndim == 2 else x[0]
 
     def left_t(self, a: NDArray[Any]) -> NDArray[np.float64]:
-        """``M^T @ a`` of a column-side tensor ``a`` ((n, K) or (n,))."""
+        """``M^T @ a`` of a column-side tensor ``a`` ((n, K) or (n,)): a Fortran-ordered view of one
+        new array (the caller's float32 conversion makes the one copy)."""
         if np.ndim(a) == 1:
             return self.right(a)
-        return np.ascontiguousarray(self.right(np.asarray(a).T).T)
+        return self.right(np.asarray(a).T).T
 
 
 def fast_of(m: Optional[NDArray[np.float64]]) -> Optional[_Fast]:
@@ -402,25 +403,34 @@ class TransformedSource(Source):
     def _input_side(self, w: NDArray[Any], norm: str) -> NDArray[np.float64]:
         """``W diag(g) Q diag(s)`` (rotating), ``W diag(signs) H`` (rotated online after the
         norm) or ``W diag(s)`` of a linear fed by the norm ``norm``."""
-        w = np.asarray(w, np.float64)
         if self._q is not None:
             w = _mul(w, self._q, self._qf, np.asarray(self.base.tensor(norm), np.float64))
         elif self._nrot is not None and norm != OUTPUT_NORM:
             w = _mul(w, self._nrot[1], self._nrotf, self._nrot[0])
+        else:
+            w = np.array(w, np.float64)  # a copy of its own: scaled in place below
         s = self._s.get(norm)
-        return w * s[None, :] if s is not None else w
+        if s is not None:
+            w *= s[None, :]  # in place: the transforms above made a new array (one float64 copy at a time)
+        return w
 
     def _compute(self, name: str) -> NDArray[np.float64]:
         if name == OUTPUT:
             return self._input_side(self.base.linear(OUTPUT), OUTPUT_NORM)
-        a = np.asarray(self.base.tensor(name), np.float64)
+        raw: NDArray[Any] = self.base.tensor(name)
+        a: NDArray[Any]
+        i, rest = _split(name)
+        if i is not None and rest.endswith(".weight") and rest.rsplit(".", 1)[0] in _IN_GROUPS:
+            a = raw  # float32: _input_side makes the one float64 copy
+        else:
+            a = np.array(raw, np.float64)  # this tensor's own float64 copy (changed in place below)
+        del raw
         if name == OUTPUT_NORM or name.endswith(("attn_norm.weight", "ffn_norm.weight")):
             g = np.ones_like(a) if self._q is not None else a
             if self._nrot is not None and name != OUTPUT_NORM:  # the online rotation's random signs
                 g = g * self._nrot[0]
             s = self._s.get(name)
             return g / s if s is not None else g
-        i, rest = _split(name)
         assert i is not None
         stem, kind = rest.rsplit(".", 1)
         p = f"blk.{i}."
@@ -440,7 +450,7 @@ class TransformedSource(Source):
             return _div_rows(a, self._s.get(_pair(i, "attn_v")))
         if stem == "ffn_up":
             if self._online is not None:  # the random signs of the online rotation
-                a = a * (self._online[0][:, None] if a.ndim == 2 else self._online[0])
+                a *= self._online[0][:, None] if a.ndim == 2 else self._online[0]
             return _div_rows(a, self._s.get(_pair(i, "ffn_up")))
         if stem in _OUT_LINEARS:
             if kind == "weight":
@@ -452,10 +462,11 @@ class TransformedSource(Source):
 
     def _out_columns(self, w: NDArray[np.float64], i: int, stem: str) -> NDArray[np.float64]:
         """attn_output: each query head's columns ``W_h R``, times its KV head's scales;
-        ffn_down: columns times the up scales."""
+        ffn_down: columns times the up scales (``w`` is the caller's own float64 copy: scaled in place)."""
         if stem == "ffn_down":
             s = self._s.get(_pair(i, "ffn_up"))
-            w = w * s[None, :] if s is not None else w
+            if s is not None:
+                w *= s[None, :]
             if self._online is not None:  # W diag(signs) H / sqrt(n_ff): the input arrives rotated online
                 w = _mul(w, self._online[1], self._onlinef, self._online[0])
             return w
@@ -466,15 +477,16 @@ class TransformedSource(Source):
             w = np.einsum("nhc,cd->nhd", w.reshape(w.shape[0], nh, hd), self._r).reshape(w.shape)
         s = self._s.get(_pair(i, "attn_v"))
         if s is not None:
-            w = w * np.repeat(s.reshape(nkv, 1, hd), nh // nkv, axis=1).reshape(-1)[None, :]
+            w *= np.repeat(s.reshape(nkv, 1, hd), nh // nkv, axis=1).reshape(-1)[None, :]
         return w
 
 
 def _div_rows(a: NDArray[np.float64], s: Optional[NDArray[np.float64]]) -> NDArray[np.float64]:
-    """Rows (or a bias's entries) divided by ``s``."""
+    """Rows (or a bias's entries) of ``a`` (the caller's own float64 array) divided by ``s``."""
     if s is None:
         return a
-    return a / (s[:, None] if a.ndim == 2 else s)
+    a /= s[:, None] if a.ndim == 2 else s  # in place: ``a`` is the caller's own copy
+    return a
 
 
 def _right(a: NDArray[Any], m: Optional[NDArray[np.float64]], fast: Optional[_Fast] = None) -> NDArray[np.float32]:
