@@ -393,3 +393,37 @@ def test_hadamard_rows_refuses_bad_input():
         _core.hadamard_rows(np.zeros((2, 8), np.float32), None, 1.0)
     with pytest.raises(TypeError):
         _core.hadamard_rows(np.zeros((8, 2)).T, None, 1.0)  # not C-contiguous
+
+
+@pytest.mark.parametrize("case,how", [(c, h) for c in sorted(CASES) + ["gemma3"]
+                                      for h in ("hadamard", "orthogonal", "online")
+                                      if not (c == "gemma3" and h == "orthogonal")])  # Gemma: Hadamard only
+def test_a_linear_computed_in_blocks_equals_the_whole(tmp_path, monkeypatch, case, how):
+    """A large transformed weight is computed a block of rows (input side) or of whole heads' columns
+    (attn_output / ffn_down) at a time (TransformedSource._blocks, 64 MB of float64 each): every linear
+    the same as computed whole, AWQ-style scales folded in too."""
+    from orkpy.quantization import awq
+    from orkpy.runtime import rotate as rot
+    p, _, _ = _make(tmp_path, case)
+    src = open_source(p)
+    kw = {"hadamard": dict(rotate="hadamard"), "orthogonal": dict(rotate="orthogonal", seed=4),
+          "online": dict(rotate="hadamard", online=True, seed=1)}[how]
+    t = rotate_source(src, **kw)
+    rng = np.random.default_rng(0)
+    shapes = t.shapes()
+    scales = {k: rng.uniform(0.5, 2.0, shapes[inp][1] if not k.endswith("attn_v>") else
+                             t.hp["n_head_kv"] * t.hp["head_dim"])
+              for k, _, inp in awq.groups(t.hp)}
+    t = awq.apply_awq(t, scales)
+    names = [n for n in t.shapes() if n.startswith("blk.") and n.endswith(".weight") and len(t.shapes()[n]) == 2]
+    whole = {n: t.tensor(n) for n in names}
+    monkeypatch.setattr(rot, "_BLOCK_BYTES", 8 * 8 * 40)  # a few rows / heads per block
+    blocked = 0
+    for n in names:
+        blocked += t._blocks(n) is not None
+        got = t.tensor(n)
+        if how == "orthogonal":  # dense products: BLAS may round a block of rows otherwise
+            np.testing.assert_allclose(got, whole[n], rtol=1e-6, atol=1e-7, err_msg=n)
+        else:
+            np.testing.assert_array_equal(got, whole[n], err_msg=n)
+    assert blocked >= len(names) * 2 // 3, blocked

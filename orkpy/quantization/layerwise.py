@@ -185,7 +185,10 @@ class LayerwiseRun:
 
     def _specs(self, layer: int) -> Dict[str, LinearSpec]:
         t0 = time.perf_counter()
-        specs = {n: LinearSpec.f32(n, self.src.linear(n)) for n in layer_linears(layer)}
+        specs = {}
+        for n in layer_linears(layer):
+            specs[n] = LinearSpec.f32(n, self.src.linear(n))
+            self.src.release(caches=False)  # the file's pages of this linear: read, not kept in memory
         self._timed("read", t0)
         return specs
 

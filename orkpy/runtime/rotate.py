@@ -119,6 +119,7 @@ from ..formats.tiermap import EMBEDDING, OUTPUT
 ROTATIONS = ("hadamard", "orthogonal")
 
 _ROW_BLOCK = 16384  # rows of a big tensor (the embedding) transformed at a time, float64
+_BLOCK_BYTES = 64 << 20  # float64 bytes of a linear's weight transformed at a time (TransformedSource._blocks)
 
 # ------------------------------------------------------------ Hadamard --
 
@@ -388,7 +389,38 @@ class TransformedSource(Source):
             if self._emb is None:
                 self._emb = _right(self.base.tensor(EMBEDDING), self._q, self._qf)
             return self._emb
-        return np.ascontiguousarray(self._compute(name), dtype=np.float32)
+        how = self._blocks(name)
+        if how is None:
+            return np.ascontiguousarray(self._compute(name), dtype=np.float32)
+        axis, step = how
+        out = np.empty(self._shapes[name], np.float32)
+        raw = None if axis == 0 else self.base.tensor(name)
+        for b in range(0, out.shape[axis], step):  # every row (column) computed as in the whole tensor
+            sl = slice(b, min(out.shape[axis], b + step))
+            if axis == 0:
+                out[sl] = self._compute(name, rows=sl)
+            else:
+                out[:, sl] = self._compute(name, cols=sl, raw=raw)
+        return out
+
+    def _blocks(self, name: str) -> Optional[Tuple[int, int]]:
+        """(axis, step): a block linear's weight larger than :data:`_BLOCK_BYTES` in float64 computed a
+        block of rows (axis 0: the input-side linears, whose transforms act on each row) or of columns
+        (axis 1: ``attn_output`` / ``ffn_down``, whose ``Q^T`` mixes rows, unless ``ffn_down``'s input is
+        rotated online) at a time, blocks of whole heads; None: the whole tensor at once."""
+        i, rest = _split(name)
+        if i is None or not rest.endswith(".weight") or len(self._shapes[name]) != 2:
+            return None
+        stem = rest.rsplit(".", 1)[0]
+        N, K = self._shapes[name]
+        if 8 * N * K <= _BLOCK_BYTES:
+            return None
+        hd = int(self.hp.get("head_dim") or 1)
+        if stem in _IN_GROUPS:
+            return 0, max(hd, _BLOCK_BYTES // (8 * K) // hd * hd)
+        if stem == "attn_output" or (stem == "ffn_down" and self._online is None):
+            return 1, max(hd, _BLOCK_BYTES // (8 * N) // hd * hd)
+        return None
 
     def rows(self, name: str, ids: Union[slice, NDArray[Any]]) -> NDArray[np.float32]:
         if name == EMBEDDING and name in self._changed and self._emb is None:
@@ -414,10 +446,18 @@ class TransformedSource(Source):
             w *= s[None, :]  # in place: the transforms above made a new array (one float64 copy at a time)
         return w
 
-    def _compute(self, name: str) -> NDArray[np.float64]:
+    def _compute(self, name: str, rows: Optional[slice] = None, cols: Optional[slice] = None,
+                 raw: Optional[NDArray[Any]] = None) -> NDArray[Any]:
+        """Tensor ``name`` in float64; of a block linear's weight only ``rows`` (input side) or
+        ``cols`` (``raw``: the whole stored tensor) when given (:meth:`_blocks`)."""
         if name == OUTPUT:
             return self._input_side(self.base.linear(OUTPUT), OUTPUT_NORM)
-        raw: NDArray[Any] = self.base.tensor(name)
+        if rows is not None:
+            raw = self.base.rows(name, rows)
+        elif raw is None:
+            raw = self.base.tensor(name)
+        if cols is not None:
+            raw = raw[:, cols]
         a: NDArray[Any]
         i, rest = _split(name)
         if i is not None and rest.endswith(".weight") and rest.rsplit(".", 1)[0] in _IN_GROUPS:
@@ -447,24 +487,26 @@ class TransformedSource(Source):
                     K = a.shape[1]
                     t = np.ascontiguousarray(a.reshape(-1, hd, K).transpose(0, 2, 1)).reshape(-1, hd)
                     a = np.ascontiguousarray(self._rf.right(t).reshape(-1, K, hd).transpose(0, 2, 1)).reshape(a.shape)
-            return _div_rows(a, self._s.get(_pair(i, "attn_v")))
+            return _div_rows(a, _part(self._s.get(_pair(i, "attn_v")), rows))
         if stem == "ffn_up":
             if self._online is not None:  # the random signs of the online rotation
-                a *= self._online[0][:, None] if a.ndim == 2 else self._online[0]
-            return _div_rows(a, self._s.get(_pair(i, "ffn_up")))
+                sg = self._online[0] if rows is None else self._online[0][rows]
+                a *= sg[:, None] if a.ndim == 2 else sg
+            return _div_rows(a, _part(self._s.get(_pair(i, "ffn_up")), rows))
         if stem in _OUT_LINEARS:
             if kind == "weight":
-                a = self._out_columns(a, i, stem)
+                a = self._out_columns(a, i, stem, cols)
             if self._q is None:
                 return a
             return self._qf.left_t(a) if self._qf is not None else self._q.T @ a
         return a
 
-    def _out_columns(self, w: NDArray[np.float64], i: int, stem: str) -> NDArray[np.float64]:
+    def _out_columns(self, w: NDArray[Any], i: int, stem: str, cols: Optional[slice] = None
+                     ) -> NDArray[Any]:
         """attn_output: each query head's columns ``W_h R``, times its KV head's scales;
         ffn_down: columns times the up scales (``w`` is the caller's own float64 copy: scaled in place)."""
         if stem == "ffn_down":
-            s = self._s.get(_pair(i, "ffn_up"))
+            s = _part(self._s.get(_pair(i, "ffn_up")), cols)
             if s is not None:
                 w *= s[None, :]
             if self._online is not None:  # W diag(signs) H / sqrt(n_ff): the input arrives rotated online
@@ -474,14 +516,19 @@ class TransformedSource(Source):
         if self._r is not None and self._rf is not None:
             w = self._rf.right(w.reshape(-1, hd)).reshape(w.shape)
         elif self._r is not None:
-            w = np.einsum("nhc,cd->nhd", w.reshape(w.shape[0], nh, hd), self._r).reshape(w.shape)
+            w = np.einsum("nhc,cd->nhd", w.reshape(w.shape[0], -1, hd), self._r).reshape(w.shape)
         s = self._s.get(_pair(i, "attn_v"))
         if s is not None:
-            w *= np.repeat(s.reshape(nkv, 1, hd), nh // nkv, axis=1).reshape(-1)[None, :]
+            w *= np.repeat(s.reshape(nkv, 1, hd), nh // nkv, axis=1).reshape(-1)[None, cols if cols is not None else slice(None)]
         return w
 
 
-def _div_rows(a: NDArray[np.float64], s: Optional[NDArray[np.float64]]) -> NDArray[np.float64]:
+def _part(v: Optional[NDArray[Any]], sl: Optional[slice]) -> Optional[NDArray[Any]]:
+    """``v[sl]`` (None stays None; no slice: all of it)."""
+    return v if (v is None or sl is None) else v[sl]
+
+
+def _div_rows(a: NDArray[Any], s: Optional[NDArray[Any]]) -> NDArray[Any]:
     """Rows (or a bias's entries) of ``a`` (the caller's own float64 array) divided by ``s``."""
     if s is None:
         return a
