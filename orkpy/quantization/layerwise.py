@@ -158,6 +158,7 @@ class LayerwiseRun:
                 if bar is not None:
                     bar.set_postfix(layer=f"{layer + 1}/{n_layer}", stage="calibrate")
                 out: List[Rounded] = []
+                last = None  # the block before (its float32 weights) goes before this one is read
                 last = yield from self._layer(layer, stream, qstream, out, bar)
                 if self.checkpoint is not None:
                     self.checkpoint.save(layer + 1, stream, qstream, self.act_stats, out,

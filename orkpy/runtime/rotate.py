@@ -394,7 +394,10 @@ class TransformedSource(Source):
             return np.ascontiguousarray(self._compute(name), dtype=np.float32)
         axis, step = how
         out = np.empty(self._shapes[name], np.float32)
-        raw = None if axis == 0 else self.base.tensor(name)
+        raw: Optional[NDArray[Any]] = None
+        if axis == 1:  # the stored float16 when the file holds it (no float32 copy of the whole tensor)
+            raw = self.base.linear_stored(name)
+            raw = self.base.tensor(name) if raw is None else raw
         for b in range(0, out.shape[axis], step):  # every row (column) computed as in the whole tensor
             sl = slice(b, min(out.shape[axis], b + step))
             if axis == 0:
