@@ -99,6 +99,9 @@ def test_c_neon_under_qemu(src, cpu, tmp_path, objdir):
     if src.stem == "test_act_range":  # scalar double code: the aarch64 build against the values' exact error
         assert "comparing the range error" in out
         return
+    if src.stem == "test_hadamard":  # scalar double code: the aarch64 build against the dense product
+        assert "comparing the fast transform" in out
+        return
     if src.stem == "test_npu":  # the NPU pipeline and fake kernels, built for aarch64 (ABI asserts included)
         assert "comparing npu" in out
         return
