@@ -353,7 +353,8 @@ def test_rotate_placement_without_rotate_is_an_error(shared):
 @pytest.mark.parametrize("n", [1, 2, 64, 576, 640, 1536, 2048, 6144])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_hadamard_rows_equals_the_dense_product(n, threads):
-    from orkpy.runtime.rotate import _paley, fast_of, hadamard_factors, rotation
+    from orkpy.runtime.hadamard import fast_of, hadamard_factors, paley as _paley
+    from orkpy.runtime.rotate import rotation
     p, m = hadamard_factors(n)
     h = hadamard(n)
     hp = _paley(p) if p > 1 else None
@@ -373,7 +374,8 @@ def test_hadamard_rows_equals_the_dense_product(n, threads):
 
 
 def test_fast_of_only_the_matrices_it_reproduces():
-    from orkpy.runtime.rotate import fast_of, rotation
+    from orkpy.runtime.hadamard import fast_of
+    from orkpy.runtime.rotate import rotation
     q, _ = rotation(64, "orthogonal", seed=0)
     assert fast_of(q) is None  # a random orthogonal matrix stays a dense product
     h, _ = rotation(64, "hadamard", seed=0)

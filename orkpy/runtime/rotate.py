@@ -98,7 +98,8 @@ so the norm weight becomes ``1 / s``); ``stats`` must then come from the rotated
 before a rotation would be undone by the norm folding.)
 
 The transformed tensors are computed in float64 and stored float32 (a randomized Hadamard
-rotation as a fast transform, :class:`_Fast`: ``O(n log n)`` per row rather than a dense product); their stored type
+rotation as a fast transform, :mod:`orkpy.runtime.hadamard`: ``O(n log n)`` per row rather than a
+dense product); their stored type
 (:meth:`TransformedSource.type_of`) is F32 (or the source's quantized type, so
 ``quantize_model`` still reports a double quant).
 """
@@ -109,10 +110,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 from numpy.typing import NDArray
 
-from .. import _core
 from ..formats import arch as _arch
 from ..formats.source import FLOAT_TYPES, Source
 from ..formats.tiermap import EMBEDDING, OUTPUT
+from .hadamard import FastRotation, fast_of, hadamard, hadamard_factors, paley, right_product
 
 #: rotation kinds: "hadamard" (randomized Hadamard, random orthogonal where no Hadamard is
 #: built for the order) and "orthogonal" (random orthogonal always)
@@ -122,79 +123,6 @@ _ROW_BLOCK = 16384  # rows of a big tensor (the embedding) transformed at a time
 _BLOCK_BYTES = 64 << 20  # float64 bytes of a linear's weight transformed at a time (TransformedSource._blocks)
 
 # ------------------------------------------------------------ Hadamard --
-
-
-def _is_prime(n: int) -> bool:
-    if n < 2:
-        return False
-    f = 2
-    while f * f <= n:
-        if n % f == 0:
-            return False
-        f += 1
-    return True
-
-
-def _jacobsthal(q: int) -> NDArray[np.float64]:
-    """Q_ij = chi(j - i) for a prime q (chi: the quadratic character mod q, chi(0) = 0)."""
-    chi = np.full(q, -1.0)
-    chi[0] = 0.0
-    chi[[(x * x) % q for x in range(1, q)]] = 1.0
-    idx = (np.arange(q)[None, :] - np.arange(q)[:, None]) % q
-    return chi[idx]
-
-
-def _paley(p: int) -> Optional[NDArray[np.float64]]:
-    """A Hadamard matrix of order p by Paley's constructions (I: p - 1 a prime = 3 mod 4;
-    II: p / 2 - 1 a prime = 1 mod 4), else None."""
-    q = p - 1
-    if _is_prime(q) and q % 4 == 3:
-        c = np.zeros((p, p))
-        c[0, 1:], c[1:, 0], c[1:, 1:] = 1.0, -1.0, _jacobsthal(q)
-        return np.eye(p) + c
-    if p % 2 == 0:
-        q = p // 2 - 1
-        if _is_prime(q) and q % 4 == 1:
-            c = np.zeros((q + 1, q + 1))
-            c[0, 1:], c[1:, 0], c[1:, 1:] = 1.0, 1.0, _jacobsthal(q)
-            return np.kron(c, np.array([[1.0, 1.0], [1.0, -1.0]])) + np.kron(np.eye(q + 1),
-                                                                            np.array([[1.0, -1.0], [-1.0, -1.0]]))
-    return None
-
-
-def hadamard_factors(n: int) -> Optional[Tuple[int, int]]:
-    """(p, 2^k) with n = p * 2^k and a Hadamard matrix of order p that :func:`hadamard`
-    builds (the smallest such p), or None."""
-    if n < 1:
-        return None
-    k = 0
-    while n % (2 << k) == 0:
-        k += 1
-    for j in range(k, -1, -1):
-        p = n >> j
-        if p == 1 or (p % 4 == 0 and _paley(p) is not None):
-            return p, 1 << j
-    return None
-
-
-def hadamard(n: int) -> Optional[NDArray[np.float64]]:
-    """A Hadamard matrix of order n (entries +-1, ``H H^T = n I``), float64, or None when
-    none is built for n: ``H_p (Paley) kron H_{2^k} (Sylvester)`` (see the module doc)."""
-    f = hadamard_factors(n)
-    if f is None:
-        return None
-    p, two = f
-    h: NDArray[Any] = np.ones((1, 1))
-    while h.shape[0] < two:
-        h = np.block([[h, h], [h, -h]])
-    if p > 1:
-        hp = _paley(p)
-        assert hp is not None
-        h = np.kron(hp, h)
-    if not np.array_equal(h @ h.T, n * np.eye(n)):  # the constructions are exact in float64
-        raise AssertionError(f"Hadamard construction of order {n} failed")
-    return h
-
 
 def rotation(n: int, kind: str = "hadamard", seed: int = 0) -> Tuple[NDArray[np.float64], str]:
     """(an orthogonal n x n float64 matrix, how it was built). ``"hadamard"``:
@@ -215,57 +143,6 @@ def rotation(n: int, kind: str = "hadamard", seed: int = 0) -> Tuple[NDArray[np.
     q *= np.sign(np.diag(r))[None, :]
     return q, f"random orthogonal {n} (QR of a Gaussian" + (", no Hadamard built for this order)"
                                                            if kind == "hadamard" else ")")
-
-
-class _Fast:
-    """``a @ M`` for float64 rows and ``M = diag(signs) kron(H_p, H_m) / sqrt(n)`` (the matrices this
-    module builds) by the fast transform of csrc/ork/hadamard.h: ``n log2(m) + n p`` operations per
-    row instead of ``n^2``; equal to the dense product to float64 rounding."""
-
-    def __init__(self, signs: NDArray[np.float64], hp: Optional[NDArray[np.float64]], scale: float) -> None:
-        self.signs, self.hp, self.scale = signs, hp, float(scale)
-
-    def right(self, a: NDArray[Any], cols: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
-        """``(a diag(cols)) @ M`` of rows ``a`` (2-D, or one 1-D row; ``cols`` None: ones), a new
-        float64 array (the column factor and the signs in one pass: times +-1 is exact)."""
-        f = self.signs if cols is None else np.asarray(cols, np.float64) * self.signs
-        a = np.asarray(a)
-        x = np.multiply(a.reshape(1, -1) if a.ndim == 1 else a, f, dtype=np.float64, order="C")  # one new array
-        _core.hadamard_rows(x, self.hp, self.scale)
-        return x if a.ndim == 2 else x[0]
-
-    def left_t(self, a: NDArray[Any]) -> NDArray[np.float64]:
-        """``M^T @ a`` of a column-side tensor ``a`` ((n, K) or (n,)): a Fortran-ordered view of one
-        new array (the caller's float32 conversion makes the one copy)."""
-        if np.ndim(a) == 1:
-            return self.right(a)
-        return self.right(np.asarray(a).T).T
-
-
-def fast_of(m: Optional[NDArray[np.float64]]) -> Optional[_Fast]:
-    """The :class:`_Fast` form of ``m`` when it is exactly ``diag(signs) H / sqrt(n)`` as :func:`rotation`
-    (or ``H / sqrt(n)``, signs 1) builds it from :func:`hadamard`; else None (a dense product then)."""
-    if m is None or m.ndim != 2 or m.shape[0] != m.shape[1]:
-        return None
-    n = m.shape[0]
-    h, f = hadamard(n), hadamard_factors(n)
-    if h is None or f is None:
-        return None
-    signs = np.sign(m[:, 0]) * h[:, 0]
-    if not np.array_equal(m, signs[:, None] * h / np.sqrt(n)):
-        return None
-    hp = _paley(f[0]) if f[0] > 1 else None
-    return _Fast(signs, hp, 1.0 / np.sqrt(n))
-
-
-def _mul(a: NDArray[Any], m: NDArray[np.float64], fast: Optional[_Fast],
-         cols: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
-    """``(a diag(cols)) @ m`` in float64 (``cols`` None: ``a @ m``), fast when ``fast`` is ``m``'s
-    :func:`fast_of`."""
-    if fast is not None:
-        return fast.right(a, cols)
-    a = np.asarray(a, np.float64)
-    return (a if cols is None else a * cols[None, :]) @ m
 
 
 # ----------------------------------------------------------- the source --
@@ -439,9 +316,9 @@ class TransformedSource(Source):
         """``W diag(g) Q diag(s)`` (rotating), ``W diag(signs) H`` (rotated online after the
         norm) or ``W diag(s)`` of a linear fed by the norm ``norm``."""
         if self._q is not None:
-            w = _mul(w, self._q, self._qf, np.asarray(self.base.tensor(norm), np.float64))
+            w = right_product(w, self._q, self._qf, np.asarray(self.base.tensor(norm), np.float64))
         elif self._nrot is not None and norm != OUTPUT_NORM:
-            w = _mul(w, self._nrot[1], self._nrotf, self._nrot[0])
+            w = right_product(w, self._nrot[1], self._nrotf, self._nrot[0])
         else:
             w = np.array(w, np.float64)  # a copy of its own: scaled in place below
         s = self._s.get(norm)
@@ -513,7 +390,7 @@ class TransformedSource(Source):
             if s is not None:
                 w *= s[None, :]
             if self._online is not None:  # W diag(signs) H / sqrt(n_ff): the input arrives rotated online
-                w = _mul(w, self._online[1], self._onlinef, self._online[0])
+                w = right_product(w, self._online[1], self._onlinef, self._online[0])
             return w
         hd, nh, nkv = self.hp["head_dim"], self.hp["n_head"], self.hp["n_head_kv"]
         if self._r is not None and self._rf is not None:
@@ -539,13 +416,13 @@ def _div_rows(a: NDArray[Any], s: Optional[NDArray[Any]]) -> NDArray[Any]:
     return a
 
 
-def _right(a: NDArray[Any], m: Optional[NDArray[np.float64]], fast: Optional[_Fast] = None) -> NDArray[np.float32]:
+def _right(a: NDArray[Any], m: Optional[NDArray[np.float64]], fast: Optional[FastRotation] = None) -> NDArray[np.float32]:
     """float32 ``a @ m`` computed in float64, a block of rows at a time (``fast``: :func:`fast_of` ``m``)."""
     if m is None:
         return np.asarray(a, np.float32)
     out = np.empty(a.shape, np.float32)
     for r in range(0, a.shape[0], _ROW_BLOCK):
-        out[r:r + _ROW_BLOCK] = _mul(a[r:r + _ROW_BLOCK], m, fast)
+        out[r:r + _ROW_BLOCK] = right_product(a[r:r + _ROW_BLOCK], m, fast)
     return out
 
 
@@ -707,7 +584,7 @@ def down_rot_block(n_ff: int, what: str = "n_ff", use: str = "the online down ro
     if f is None:
         raise ValueError(f"no Hadamard matrix of order {what} = {n_ff} for {use}")
     p = f[0]
-    hp = _paley(p) if p > 1 else np.ones((1, 1))
+    hp = paley(p) if p > 1 else np.ones((1, 1))
     assert hp is not None
     return np.ascontiguousarray(hp / np.sqrt(n_ff), dtype=np.float32)
 
