@@ -91,3 +91,19 @@ def load_bench(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def block_passes(monkeypatch):
+    """Every pass of rows through a block (orkpy.runtime.blocks.Block.run) recorded as
+    (layer, Gram matrices collected, rows moved on, inputs captured), in order."""
+    from orkpy.runtime import blocks
+    passes = []
+    real = blocks.Block.run
+
+    def counted(self, stream, *a, **kw):
+        got = real(self, stream, *a, **kw)
+        passes.append((self.layer, list(kw.get("grams", ())), kw.get("advance", True), list(kw.get("capture", ()))))
+        return got
+    monkeypatch.setattr(blocks.Block, "run", counted)
+    return passes

@@ -183,22 +183,15 @@ def test_folded_scales_keep_the_float_function(tmp_path, case):
         awq.awq_scales(src, calib, "nf4", n_ctx=64, chunks=1, alphas=(0.5, 1.0), progress=False)
 
 
-def test_layer_by_layer_passes_and_the_same_scales(tmp_path, monkeypatch):
+def test_layer_by_layer_passes_and_the_same_scales(tmp_path, block_passes):
     """awq_scales runs the float model a layer at a time (orkpy/runtime/blocks.py): per layer one
     pass over its rows per run of inputs whose Gram matrices fit max_bytes, the last one moving
     the rows on; the scales, alphas and errors do not depend on max_bytes."""
-    from orkpy.runtime import blocks
     p = tmp_path / "q.gguf"
     archgen.make("qwen3", p, n_layer=4)
     src = open_source(p)
     calib = archgen.tokens(256, seed=3)
-    passes = []
-    real = blocks.Block.run
-
-    def counted(self, stream, threads=None, grams=(), act_prefix=None, imatrix=False, advance=True):
-        passes.append((self.layer, list(grams), advance))
-        return real(self, stream, threads, grams, act_prefix, imatrix, advance)
-    monkeypatch.setattr(blocks.Block, "run", counted)
+    passes = block_passes
     kinds = {n: ("int8" if "ffn_down" in n else "nf4") for n in orkpy.runtime.model.linear_names(src.hp)}
     two = 2 * 64 * 64 * 8  # two D x D matrices
     got = {}
@@ -206,7 +199,7 @@ def test_layer_by_layer_passes_and_the_same_scales(tmp_path, monkeypatch):
         passes.clear()
         sc, rep = awq.awq_scales(src, calib, kinds, n_ctx=64, chunks=2, progress=False,
                                  **({} if mb is None else {"max_bytes": mb}))
-        got[mb] = sc, rep, list(passes)
+        got[mb] = sc, rep, [p[:3] for p in passes]
     inputs = [inp for _, _, inp in awq.groups(src.hp)]  # attn_q, ffn_gate, attn_output, ffn_down per layer
     assert got[None][2] == [(i, inputs[4 * i:4 * i + 4], True) for i in range(4)]
     assert got[1][2] == [(i, [n], k == 3) for i in range(4) for k, n in enumerate(inputs[4 * i:4 * i + 4])]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from orkpy.formats.source import open_source
-from orkpy.runtime.blocks import Block, Stream, embed, layer_linears
+from orkpy.runtime.blocks import Block, Stream, embed, input_stats, layer_linears
 from orkpy.runtime.linear import LinearSpec
 from orkpy.runtime.model import float_model, linear_names, transformed_source
 
@@ -105,3 +105,48 @@ def test_bad_calls_raise_named_errors(tmp_path):
     x = np.full((4, D), np.nan, np.float32)
     assert fwd.forward_hidden(x, layers=0) is None  # no layer, no head: nothing runs, x as it was
     assert np.isnan(x).all()
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3", "llama-tied-fused_qkv"])
+def test_captured_inputs_give_the_hooks_statistics(tmp_path, case):
+    """A block's captured linear inputs are the rows its hooks see: their statistics
+    (input_stats) equal the act-stats hook's bit for bit (the prefix left out per chunk), and
+    divided by a per-column scale they equal the hook's statistics of the scaled values."""
+    p, _, _ = _make(tmp_path, case)
+    src = open_source(str(p))
+    chunks = _chunks(src, n=3, T=37)
+    st = Stream(src, chunks)
+    rng = np.random.default_rng(0)
+    for l in range(src.hp["n_layer"]):
+        names = layer_linears(l)
+        b = Block(src, l, {n: LinearSpec.f32(n, src.linear(n)) for n in names})
+        before = [x.copy() for x in st.xs]
+        r = b.run(st, act_prefix=2, capture=names, advance=False, grams=names[:1])
+        assert all(np.array_equal(x, y) for x, y in zip(before, st.xs))  # advance=False: rows unmoved
+        calls = [c.size for c in chunks]
+        for n in names:
+            x = r["inputs"][n]
+            assert x.dtype == np.float32 and x.shape == (sum(calls), src.linear(n).shape[1])
+            got = input_stats(x, calls, 2)
+            for k, v in r["acts"][n].items():
+                assert np.array_equal(np.asarray(got[k]), np.asarray(v)), (n, k)
+            s = rng.uniform(0.5, 2.0, x.shape[1]).astype(np.float32)
+            want = input_stats(x / s, calls, 2)
+            got = input_stats(x, calls, 2, divisor=s)
+            for k, v in want.items():
+                assert np.array_equal(np.asarray(got[k]), np.asarray(v)), (n, k)
+        b.run(st, capture=names[:2])  # advancing: the next layer's rows
+    with pytest.raises(ValueError, match="calls hold"):
+        input_stats(np.zeros((4, 3), np.float32), [3], 0)
+    with pytest.raises(ValueError, match="divisor"):
+        input_stats(np.zeros((4, 3), np.float32), [4], 0, divisor=np.array([1, 0, 1]))
+    b0 = Block(src, 0, {n: LinearSpec.f32(n, src.linear(n)) for n in layer_linears(0)})
+    with pytest.raises(ValueError, match="not a linear of layer"):
+        b0.run(Stream(src, chunks), capture=["blk.1.attn_q.weight"])
+    fwd = float_model(src)._fwd
+    fwd.capture_enable([0], 1)  # room for one row: a chunk of more is refused, nothing appended
+    with pytest.raises(ValueError, match="capture holds 1 rows"):
+        fwd.forward_hidden(embed(src, chunks[0]), layers=1)
+    assert fwd.capture_take()[0].shape == (0, src.linear(linear_names(src.hp)[0]).shape[1])
+    with pytest.raises(RuntimeError, match="not enabled"):
+        fwd.capture_take()

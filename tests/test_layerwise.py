@@ -20,6 +20,7 @@ from orkpy.quantization.layerwise import CHECKPOINT_SUFFIX, Checkpoint, Layerwis
 from orkpy.quantization.gptq import gptq_linears
 from orkpy.quantization.pipeline import RunOptions, plan_linears, round_linears
 from orkpy.quantization.recipe import Recipe
+from orkpy.runtime.blocks import layer_linears
 from orkpy.runtime.model import calibrate_source_acts, linear_names, transformed_source
 
 F32 = "models/stories260K/stories260K-F32.gguf"
@@ -62,32 +63,23 @@ def test_layer_by_layer_equals_the_whole_model_stages(shared, method, rotate, se
     assert set(lw.timings) >= {"forward+gram" if method == "gptq" else "forward", "read"}
 
 
-def test_gram_batches_pass_count_and_the_same_bytes(shared, monkeypatch):
+def test_gram_batches_pass_count_and_the_same_bytes(shared, block_passes):
     """By default one pass over a layer's rows collects all its Gram matrices (the batch limit is
     twice the largest, what GPTQ holds for it anyway); an explicit max_bytes that holds one matrix
     runs a pass per matrix (the earlier ones on copies of the rows): the same bytes, the same
     activation ranges."""
-    from orkpy.runtime import blocks
     r = Recipe.from_kwargs(kind="nf4", method="gptq", calib_ctx=64, calib_chunks=2)
     src = open_source(str(shared / F32))
     plan = plan_linears(linear_names(src.hp), src.split_tier_map(
         read_allocation(str(shared / Q4KM), 5.0, "infer").tiers), r.allocation)
     run = RunOptions(None, False, lambda s: None)
-    calls = []
-    real = blocks.Block.run
-
-    def spy(self, stream, threads=None, grams=(), **kw):
-        calls.append(len(grams))
-        return real(self, stream, threads, grams, **kw)
-
-    monkeypatch.setattr(blocks.Block, "run", spy)
     outs = []
     for mb in (None, 1):
-        calls.clear()
+        block_passes.clear()
         lw = LayerwiseRun(src, plan, r, _calib(shared), None, {}, run, True, True, max_bytes=mb)
         outs.append(({x.name: x.packed for x in lw}, lw.act_calibration.to_bytes()))
         n_layer = int(src.hp["n_layer"])
-        assert len(calls) == (n_layer if mb is None else 4 * n_layer), calls  # q (k, v), o, gate (up), down
+        assert len(block_passes) == (n_layer if mb is None else 4 * n_layer), block_passes  # q (k, v), o, gate (up), down
     (a, acts_a), (b, acts_b) = outs
     assert acts_a == acts_b
     for n in a:
@@ -96,11 +88,12 @@ def test_gram_batches_pass_count_and_the_same_bytes(shared, monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["gptq", "rtn"])
-def test_awq_inside_the_run_equals_its_own_pass(shared, monkeypatch, method):
+def test_awq_inside_the_run_equals_its_own_pass(shared, block_passes, monkeypatch, method):
     """AWQ searched block by block inside the run (awq.LayerAwq) finds the scales its own pass over
     the float model finds (awq_scales: the same alphas; the magnitudes to float rounding: the rows
-    now come through the scaled blocks before), costs one pass a block fewer (GPTQ's Gram matrices
-    scaled exactly: diag(1/s) G diag(1/s)), and rounds as the scaled source does."""
+    now come through the scaled blocks before), runs one pass a block (GPTQ's Gram matrices scaled
+    exactly: diag(1/s) G diag(1/s); the activation statistics from the kept inputs divided by the
+    scales) and rounds and calibrates as the scaled source does."""
     from orkpy.quantization import awq
     from orkpy.runtime import blocks
     r = Recipe.from_kwargs(kind="nf4", method=method, calib_ctx=64, calib_chunks=3, awq=True)
@@ -112,21 +105,24 @@ def test_awq_inside_the_run_equals_its_own_pass(shared, monkeypatch, method):
     run = RunOptions(None, False, lambda s: None)
     kinds = {n: p.kind for n, p in plan.items() if p.kind != "gguf"}
     scales, rep = awq.awq_scales(src, text, kinds, n_ctx=64, chunks=3, progress=False)
-    two = {x.name: x.packed for x in LayerwiseRun(awq.apply_awq(src, scales), plan, r, text, None,
-                                                   awq.column_scales(src.hp, scales), run, method == "gptq", True)}
-    passes = []
-    real = blocks.Block.run
-
-    def counted(self, stream, threads=None, grams=(), act_prefix=None, imatrix=False, advance=True):
-        passes.append((self.layer, bool(grams), advance))
-        return real(self, stream, threads, grams, act_prefix, imatrix, advance)
-    monkeypatch.setattr(blocks.Block, "run", counted)
+    lw2 = LayerwiseRun(awq.apply_awq(src, scales), plan, r, text, None, awq.column_scales(src.hp, scales), run,
+                       method == "gptq", True)
+    two = {x.name: x.packed for x in lw2}
+    block_passes.clear()
     la = awq.LayerAwq(src, kinds, 64, 3)
     lw = LayerwiseRun(src, plan, r, text, None, {}, run, method == "gptq", True, awq=la)
     one = {x.name: x.packed for x in lw}
     n_layer = src.hp["n_layer"]
-    # a Gram pass that leaves the rows, then one that moves them on (RTN: the same two passes)
-    assert passes == [(i, g, a) for i in range(n_layer) for g, a in ((True, False), (False, True))]
+    # one pass a block: its Gram matrices (GPTQ's, or AWQ's inputs' alone), the rows moved on, the
+    # block's inputs kept for the scaled inputs' statistics (q for q/k/v, gate for gate/up)
+    grams = [n for n in layer_linears(0) if "attn_k" not in n and "attn_v" not in n and "ffn_up" not in n]
+    assert [(p[0], p[2], p[3]) for p in block_passes] == [(i, True, [g.replace("blk.0.", f"blk.{i}.") for g in grams])
+                                                          for i in range(n_layer)]
+    assert all(p[1] for p in block_passes)
+    a, b = lw.act_calibration, lw2.act_calibration
+    assert list(a.clips("max")) == list(b.clips("max"))
+    for m in ("max", "mse"):
+        np.testing.assert_allclose(list(a.clips(m).values()), list(b.clips(m).values()), rtol=1e-3)
     assert la.report["alpha"] == rep["alpha"] and list(la.scales) == list(scales)
     for k in scales:
         np.testing.assert_allclose(la.scales[k], scales[k], rtol=1e-5)

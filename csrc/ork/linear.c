@@ -82,6 +82,34 @@ static void act_stats_add(const ork_linear *l, const float *x, size_t M) {
     if (M > s->skip_rows) s->rows += M - s->skip_rows;
 }
 
+ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, size_t K, const size_t *calls,
+                                  size_t n_calls, const float *divisor, ork_err *err) {
+    size_t total = 0, most = 0;
+    for (size_t c = 0; c < n_calls; c++) {
+        total += calls[c];
+        if (calls[c] > most) most = calls[c];
+    }
+    if (total != M) return ork_err_set(err, ORK_EINVAL, "the calls hold %zu rows, the input %zu", total, M);
+    ork_linear l;
+    memset(&l, 0, sizeof l);
+    l.path = ORK_LIN_F32;
+    l.K = K;
+    l.act_stats = s;
+    float *buf = NULL;
+    if (divisor && most && !(buf = (float *)malloc(most * K * sizeof(float)))) return ORK_ENOMEM;
+    for (size_t c = 0, m0 = 0; c < n_calls; m0 += calls[c], c++) {
+        const float *xc = x + m0 * K;
+        if (divisor) {
+            for (size_t m = 0; m < calls[c]; m++)
+                for (size_t k = 0; k < K; k++) buf[m * K + k] = xc[m * K + k] / divisor[k];
+            xc = buf;
+        }
+        act_stats_add(&l, xc, calls[c]);
+    }
+    free(buf);
+    return ORK_OK;
+}
+
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) {
         if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->group)
@@ -233,6 +261,13 @@ static ork_status gram_add(const ork_linear *l, const float *x, size_t M, int nt
 }
 
 static ork_status linear_product(const ork_linear *l, const float *x, size_t M, float *y, int nthreads, ork_err *err) {
+    if (l->cap) {
+        if (M > l->cap_rows - *l->cap_used)
+            return ork_err_set(err, ORK_EINVAL, "the input capture holds %zu rows: %zu more do not fit after %zu",
+                               l->cap_rows, M, *l->cap_used);
+        memcpy(l->cap + *l->cap_used * l->K, x, M * l->K * sizeof(float));
+        *l->cap_used += M;
+    }
     if (l->xx_sum) {
         ork_status st = gram_add(l, x, M, nthreads, err);
         if (st) return st;

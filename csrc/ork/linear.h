@@ -67,6 +67,9 @@
  * accumulator per output, docs/npu.md) nor with outlier channels: ORK_EINVAL.
  * Activation statistics: when act_stats is set, every ork_linear_apply adds
  * its input to them (ork_act_stats below), before any quantization.
+ * Input capture: when cap is set, every ork_linear_apply appends its M input
+ * rows to cap (row *cap_used on, then *cap_used += M), before any use; rows
+ * beyond cap_rows are refused (ORK_EINVAL) and nothing is appended.
  */
 #ifndef ORK_LINEAR_H
 #define ORK_LINEAR_H
@@ -108,6 +111,15 @@ typedef struct ork_act_stats {
 int ork_act_stats_bin(float v);
 double ork_act_stats_edge(int bin);
 
+/* Add the rows of x (M x K, row-major) to s as a float linear's hook adds its
+ * calls' inputs (no clip, no outlier channels): the rows in calls of calls[c]
+ * rows each (sum = M), the first s->skip_rows rows of each call counted in
+ * ch_absmax only. With divisor (K) non-NULL each value is x[m][k] / divisor[k]
+ * (float division) before it is counted; divisor entries must be nonzero.
+ * ORK_EINVAL when the calls do not sum to M, ORK_ENOMEM. */
+ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, size_t K, const size_t *calls,
+                                  size_t n_calls, const float *divisor, ork_err *err);
+
 /* An external int8 matmul for a packed linear (an NPU backend):
  * acc (M, N) int32 = xq (M rows of K values, row stride ldq >= K) times the
  * linear's int8 weight values. */
@@ -130,6 +142,9 @@ typedef struct ork_linear {
     double *xx_sum;        /* optional input Gram matrix, upper triangle (see above) */
     uint64_t *xx_count;
     size_t group;          /* ORK_LIN_PACKED: 0 per-channel bscale (N); else group-wise bscale (N x G), pack.h */
+    float *cap;            /* optional input capture (see above): room for cap_rows rows of K, *cap_used filled */
+    size_t cap_rows;
+    size_t *cap_used;
 } ork_linear;
 
 /* The activation settings of a linear: a packed linear's spec valid for its K

@@ -17,6 +17,8 @@ struct ork_runtime {
     float *astats_ch;      /* their per-channel maxima, all linears back to back */
     double **xx;           /* per linear: its input Gram matrix (K x K) or NULL (NULL when off) */
     uint64_t *xxn;
+    float **cap;           /* per linear: its captured input rows or NULL (NULL when off) */
+    size_t *capn;
     /* the owners of the settings (runtime.h "Owners"), allocated by a successful check */
     void **route_owner;  /* per linear: its NPU route's */
     void **linear_owner; /* per linear: a replacement's arrays' */
@@ -114,6 +116,22 @@ static void free_gram(ork_runtime *rt) {
     rt->xxn = NULL;
 }
 
+/* stop the input capture (unhook the linears) and free its buffers */
+static void free_capture(ork_runtime *rt) {
+    const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
+    for (size_t i = 0; i < n; i++) {
+        ork_linear *l = linear_at(rt, i);
+        l->cap = NULL;
+        l->cap_rows = 0;
+        l->cap_used = NULL;
+    }
+    for (size_t i = 0; rt->cap && i < n; i++) free(rt->cap[i]);
+    free(rt->cap);
+    free(rt->capn);
+    rt->cap = NULL;
+    rt->capn = NULL;
+}
+
 /* stop the imatrix collection (unhook the linears) and free its buffers */
 static void free_imatrix(ork_runtime *rt) {
     const size_t n = rt->layers ? ork_runtime_n_linears(rt) : 0;
@@ -138,6 +156,7 @@ void ork_runtime_free(ork_runtime *rt, void (*release)(void *owner)) {
     if (!rt) return;
     free_act_stats(rt);
     free_gram(rt);
+    free_capture(rt);
     free_ffn_stats(rt);
     free_imatrix(rt);
     const size_t n = rt->route_owner ? ork_runtime_n_linears(rt) : 0;
@@ -182,6 +201,9 @@ static ork_status set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, 
     tmp.act_stats = l->act_stats;
     tmp.xx_sum = l->xx_sum;
     tmp.xx_count = l->xx_count;
+    tmp.cap = l->cap;
+    tmp.cap_rows = l->cap_rows;
+    tmp.cap_used = l->cap_used;
     tmp.int_mm = NULL; /* the NPU route held the old weight's values */
     tmp.int_mm_ctx = NULL;
     *l = tmp;
@@ -386,6 +408,75 @@ void ork_rt_gram_symmetric(const double *u, size_t K, double *g) {
     }
     for (size_t r = 0; r < K; r++)
         for (size_t c = 0; c < K; c++) g[r * K + c] = c >= r ? u[r * K + c] : u[c * K + r];
+}
+
+/* ------------------------------------------------------------ capture -- */
+static ork_status capture_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, size_t rows, ork_err *err) {
+    ork_status st = no_ffn_chain(rt, "an input capture", err);
+    if (st != ORK_OK) return st;
+    const size_t n = ork_runtime_n_linears(rt);
+    free_capture(rt);
+    rt->cap = (float **)calloc(n ? n : 1, sizeof(float *));
+    rt->capn = (size_t *)calloc(n ? n : 1, sizeof(size_t));
+    if (!rt->cap || !rt->capn) {
+        free_capture(rt);
+        return ORK_ENOMEM;
+    }
+    for (size_t k = 0; k < n_idx; k++) {
+        const int64_t i = idx[k];
+        if (i < 0 || (uint64_t)i >= n) {
+            st = ork_err_set(err, ORK_EINVAL, "linear index %lld is outside 0..%zu", (long long)i, n - 1);
+            break;
+        }
+        ork_linear *l = linear_at(rt, (size_t)i);
+        if (rt->cap[i]) continue;
+        if (rows && l->K > SIZE_MAX / sizeof(float) / rows) {
+            st = ork_err_set(err, ORK_EINVAL, "a capture of %zu rows of %zu floats is too large", rows, l->K);
+            break;
+        }
+        if (!(rt->cap[i] = (float *)malloc((rows ? rows : 1) * l->K * sizeof(float)))) {
+            st = ork_err_set(err, ORK_ENOMEM, "out of memory for the input capture of linear %lld (%zu x %zu floats)",
+                             (long long)i, rows, l->K);
+            break;
+        }
+        l->cap = rt->cap[i];
+        l->cap_rows = rows;
+        l->cap_used = &rt->capn[i];
+    }
+    if (st != ORK_OK) free_capture(rt);
+    return st;
+}
+
+ork_status ork_runtime_capture_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, size_t rows, ork_err *err) {
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = capture_enable(rt, idx, n_idx, rows, err);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+ork_status ork_runtime_capture_take(ork_runtime *rt, ork_rt_capture *out, ork_err *err) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&rt->lock);
+    ork_status st = ORK_OK;
+    if (!rt->cap) {
+        st = ork_err_set(err, ORK_ESTATE, "input capture is not enabled");
+    } else {
+        out->n = ork_runtime_n_linears(rt);
+        out->x = rt->cap;
+        out->used = rt->capn;
+        rt->cap = NULL; /* handed over; the hooks come off */
+        rt->capn = NULL;
+        free_capture(rt);
+    }
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
+void ork_rt_capture_free(ork_rt_capture *t) {
+    for (size_t i = 0; t->x && i < t->n; i++) free(t->x[i]);
+    free(t->x);
+    free(t->used);
+    memset(t, 0, sizeof *t);
 }
 
 /* --------------------------------------------------- activation stats -- */

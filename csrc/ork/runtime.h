@@ -102,6 +102,17 @@ void ork_rt_grams_free(ork_rt_grams *t);
 /* the full symmetric K x K matrix g of a collected upper triangle (g == upper: mirrored in place) */
 void ork_rt_gram_symmetric(const double *upper, size_t K, double *g);
 
+/* Input capture (linear.h) of the linears at positions idx (each in [0, n_linears)): room for `rows` input
+ * rows each, filled in call order; take hands the buffers over (the caller frees each with free()). */
+typedef struct ork_rt_capture {
+    size_t n;     /* linears */
+    float **x;    /* (n): linear i's rows (used[i] x K, row-major), or NULL if not captured */
+    size_t *used; /* (n) */
+} ork_rt_capture;
+ork_status ork_runtime_capture_enable(ork_runtime *rt, const int64_t *idx, size_t n_idx, size_t rows, ork_err *err);
+ork_status ork_runtime_capture_take(ork_runtime *rt, ork_rt_capture *out, ork_err *err);
+void ork_rt_capture_free(ork_rt_capture *t);
+
 /* Activation statistics (linear.h ork_act_stats) of every linear's input, the first `prefix` rows of
  * each call of a block linear counted in ch_absmax only (not the head's) */
 typedef struct ork_rt_act_stats {

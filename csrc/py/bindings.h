@@ -87,6 +87,7 @@ PyObject *orkpy_nll_rows(PyObject *self, PyObject *args);
 PyObject *orkpy_ffn_lut(PyObject *self, PyObject *arg);
 PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused);  /* py_collect.c */
 PyObject *orkpy_act_stats_edges(PyObject *self, PyObject *unused); /* py_collect.c */
+PyObject *orkpy_act_stats_rows(PyObject *self, PyObject *args, PyObject *kw); /* py_collect.c */
 PyObject *orkpy_range_mse(PyObject *self, PyObject *args);         /* py_collect.c */
 /* ffn_modes() -> tuple of the FFN chain's mode names (ffn_chain.h) */
 PyObject *orkpy_ffn_modes(PyObject *self, PyObject *unused);

@@ -579,6 +579,9 @@ static PyMethodDef core_methods[] = {
     {"ffn_hist_edges", orkpy_ffn_hist_edges, METH_NOARGS, "lower edges of the |silu| histogram bins (+ top)"},
     {"range_mse", orkpy_range_mse, METH_VARARGS,
      "range_mse(count, sum, sum2, clips, qmax, threads=0) -> float64 squared error of each static range"},
+    {"act_stats_rows", (PyCFunction)(void (*)(void))orkpy_act_stats_rows, METH_VARARGS | METH_KEYWORDS,
+     "act_stats_rows(x, calls, prefix=0, divisor=None) -> the activation statistics of x's rows (float32 (M, K)) "
+     "as a float linear's hook counts them, calls of these row counts, each value divided by divisor (K,)"},
     {"act_stats_edges", orkpy_act_stats_edges, METH_NOARGS,
      "lower edges of the activation statistics' |x| histogram bins (+ inf)"},
     {"ffn_modes", orkpy_ffn_modes, METH_NOARGS, "ffn_modes() -> tuple of the FFN chain's mode names"},

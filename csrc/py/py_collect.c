@@ -61,20 +61,18 @@ PyObject *orkpy_fwd_imatrix_take(FwdObject *self, PyObject *unused) {
     return out;
 }
 
-/* gram_enable(indices): start accumulating the input Gram matrix (linear.h) of the linears at these
- * positions of linear_names; replaces a collection in progress */
-PyObject *orkpy_fwd_gram_enable(FwdObject *self, PyObject *args) {
-    PyObject *seq;
-    if (!PyArg_ParseTuple(args, "O", &seq) || orkpy_fwd_ready(self) < 0) return NULL;
-    PyObject *fast = PySequence_Fast(seq, "gram_enable expects a sequence of linear indices");
+/* a sequence of ints as a PyMem_Malloc'ed int64 array (*n entries), or NULL with an exception set */
+static int64_t *index_list(PyObject *seq, const char *what, Py_ssize_t *n) {
+    PyObject *fast = PySequence_Fast(seq, what);
     if (!fast) return NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    int64_t *idx = (int64_t *)PyMem_Malloc((size_t)(n ? n : 1) * sizeof *idx);
+    *n = PySequence_Fast_GET_SIZE(fast);
+    int64_t *idx = (int64_t *)PyMem_Malloc((size_t)(*n ? *n : 1) * sizeof *idx);
     if (!idx) {
         Py_DECREF(fast);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return NULL;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
+    for (Py_ssize_t k = 0; k < *n; k++) {
         Py_ssize_t i = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(fast, k), PyExc_OverflowError);
         if (i == -1 && PyErr_Occurred()) {
             PyMem_Free(idx);
@@ -84,6 +82,17 @@ PyObject *orkpy_fwd_gram_enable(FwdObject *self, PyObject *args) {
         idx[k] = (int64_t)i;
     }
     Py_DECREF(fast);
+    return idx;
+}
+
+/* gram_enable(indices): start accumulating the input Gram matrix (linear.h) of the linears at these
+ * positions of linear_names; replaces a collection in progress */
+PyObject *orkpy_fwd_gram_enable(FwdObject *self, PyObject *args) {
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O", &seq) || orkpy_fwd_ready(self) < 0) return NULL;
+    Py_ssize_t n = 0;
+    int64_t *idx = index_list(seq, "gram_enable expects a sequence of linear indices", &n);
+    if (!idx) return NULL;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
@@ -148,6 +157,30 @@ PyObject *orkpy_fwd_act_stats_enable(FwdObject *self, PyObject *args) {
     RT_CALL(ork_runtime_act_stats_enable(self->rt, (size_t)prefix, &err));
 }
 
+/* the dict of one linear's statistics (act_stats_take's items) */
+static PyObject *stats_dict(const ork_act_stats *s, size_t K_) {
+    npy_intp K = (npy_intp)K_, B = ORK_ASTATS_BINS;
+    PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT32);
+    PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_UINT64);
+    PyArrayObject *s1 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
+    PyArrayObject *s2 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
+    if (!ch || !c || !s1 || !s2) {
+        Py_XDECREF(ch);
+        Py_XDECREF(c);
+        Py_XDECREF(s1);
+        Py_XDECREF(s2);
+        return NULL;
+    }
+    if (K) memcpy(PyArray_DATA(ch), s->ch_absmax, (size_t)K * sizeof(float));
+    memcpy(PyArray_DATA(c), s->count, sizeof s->count);
+    memcpy(PyArray_DATA(s1), s->sum, sizeof s->sum);
+    memcpy(PyArray_DATA(s2), s->sum2, sizeof s->sum2);
+    /* "N" steals the arrays even on failure */
+    return Py_BuildValue("{s:K,s:K,s:d,s:N,s:N,s:N,s:N}", "rows", (unsigned long long)s->rows, "n_clipped",
+                         (unsigned long long)s->n_clipped, "absmax", (double)s->absmax, "ch_absmax", ch, "count", c,
+                         "sum", s1, "sum2", s2);
+}
+
 /* act_stats_take() -> list per linear (linear_names order) of dict(rows, n_clipped, absmax, ch_absmax float32 (K,),
  * count uint64 (B,), sum, sum2 float64 (B,)); stops collecting */
 PyObject *orkpy_fwd_act_stats_take(FwdObject *self, PyObject *unused) {
@@ -163,28 +196,8 @@ PyObject *orkpy_fwd_act_stats_take(FwdObject *self, PyObject *unused) {
     if (st != ORK_OK) return orkpy_raise(st, &err);
     PyObject *out = PyList_New((Py_ssize_t)t.n);
     for (size_t i = 0; out && i < t.n; i++) {
-        const ork_act_stats *s = &t.st[i];
-        npy_intp K = (npy_intp)ork_runtime_linear(self->rt, i)->K, B = ORK_ASTATS_BINS;
-        PyArrayObject *ch = (PyArrayObject *)PyArray_SimpleNew(1, &K, NPY_FLOAT32);
-        PyArrayObject *c = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_UINT64);
-        PyArrayObject *s1 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
-        PyArrayObject *s2 = (PyArrayObject *)PyArray_SimpleNew(1, &B, NPY_FLOAT64);
-        if (!ch || !c || !s1 || !s2) {
-            Py_XDECREF(ch);
-            Py_XDECREF(c);
-            Py_XDECREF(s1);
-            Py_XDECREF(s2);
-            Py_CLEAR(out);
-            break;
-        }
-        memcpy(PyArray_DATA(ch), s->ch_absmax, (size_t)K * sizeof(float));
-        memcpy(PyArray_DATA(c), s->count, sizeof s->count);
-        memcpy(PyArray_DATA(s1), s->sum, sizeof s->sum);
-        memcpy(PyArray_DATA(s2), s->sum2, sizeof s->sum2);
-        PyObject *item = Py_BuildValue("{s:K,s:K,s:d,s:N,s:N,s:N,s:N}", "rows", (unsigned long long)s->rows,
-                                       "n_clipped", (unsigned long long)s->n_clipped, "absmax", (double)s->absmax,
-                                       "ch_absmax", ch, "count", c, "sum", s1, "sum2", s2);
-        if (!item) { /* "N" steals the arrays even on failure */
+        PyObject *item = stats_dict(&t.st[i], ork_runtime_linear(self->rt, i)->K);
+        if (!item) {
             Py_CLEAR(out);
             break;
         }
@@ -307,4 +320,143 @@ PyObject *orkpy_ffn_hist_edges(PyObject *self, PyObject *unused) {
     for (int i = 0; i <= ORK_FFN_HIST; i++) e[i] = ork_ffn_hist_edge(i);
     e[0] = 0.0;
     return (PyObject *)a;
+}
+
+/* capture_enable(indices, rows): start capturing the input rows (linear.h) of the linears at these positions
+ * of linear_names, room for `rows` rows each; replaces a capture in progress */
+PyObject *orkpy_fwd_capture_enable(FwdObject *self, PyObject *args) {
+    PyObject *seq;
+    Py_ssize_t rows;
+    if (!PyArg_ParseTuple(args, "On:capture_enable", &seq, &rows) || orkpy_fwd_ready(self) < 0) return NULL;
+    if (rows < 0) return PyErr_Format(PyExc_ValueError, "rows must be >= 0, got %zd", rows);
+    Py_ssize_t n = 0;
+    int64_t *idx = index_list(seq, "capture_enable expects a sequence of linear indices", &n);
+    if (!idx) return NULL;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_runtime_capture_enable(self->rt, idx, (size_t)n, (size_t)rows, &err);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(idx);
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    Py_RETURN_NONE;
+}
+
+static void capture_capsule_free(PyObject *cap) { free(PyCapsule_GetPointer(cap, "orkpy.capture")); }
+
+/* capture_take() -> {index: float32 (rows, K) of the captured inputs}; stops capturing. No copy: each array
+ * owns its buffer (a capsule frees it) */
+PyObject *orkpy_fwd_capture_take(FwdObject *self, PyObject *unused) {
+    (void)unused;
+    if (orkpy_fwd_ready(self) < 0) return NULL;
+    ork_rt_capture t;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_runtime_capture_take(self->rt, &t, &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) return orkpy_raise(st, &err);
+    PyObject *out = PyDict_New();
+    for (size_t i = 0; out && i < t.n; i++) {
+        if (!t.x[i]) continue;
+        npy_intp dims[2] = {(npy_intp)t.used[i], (npy_intp)ork_runtime_linear(self->rt, i)->K};
+        PyArrayObject *a = (PyArrayObject *)PyArray_SimpleNewFromData(2, dims, NPY_FLOAT32, t.x[i]);
+        PyObject *cap = a ? PyCapsule_New(t.x[i], "orkpy.capture", capture_capsule_free) : NULL;
+        if (cap && PyArray_SetBaseObject(a, cap) == 0) {
+            t.x[i] = NULL; /* the array's now */
+        } else {
+            if (cap) t.x[i] = NULL; /* SetBaseObject stole cap: the capsule frees the buffer */
+            Py_CLEAR(a);
+        }
+        PyObject *key = a ? PyLong_FromSize_t(i) : NULL;
+        int r = key ? PyDict_SetItem(out, key, (PyObject *)a) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(a);
+        if (r < 0) Py_CLEAR(out);
+    }
+    ork_rt_capture_free(&t);
+    return out;
+}
+
+/* act_stats_rows(x, calls, prefix=0, divisor=None) -> the statistics dict of act_stats_take's items of the rows
+ * of x (float32 (M, K)) as a float linear's hook counts its inputs: calls (row counts summing to M) as its
+ * calls, the first prefix rows of each counted in ch_absmax only; with divisor (K,) each value divided by it */
+PyObject *orkpy_act_stats_rows(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"x", "calls", "prefix", "divisor", NULL};
+    PyObject *xo, *calls_o, *div_o = Py_None;
+    Py_ssize_t prefix = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|nO:act_stats_rows", kwlist, &xo, &calls_o, &prefix, &div_o))
+        return NULL;
+    if (prefix < 0) return PyErr_Format(PyExc_ValueError, "prefix must be >= 0, got %zd", prefix);
+    PyArrayObject *x = (PyArrayObject *)PyArray_FROM_OTF(xo, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+    if (!x) return NULL;
+    PyArrayObject *d = NULL;
+    PyObject *out = NULL;
+    size_t *calls = NULL;
+    Py_ssize_t n = 0;
+    if (PyArray_NDIM(x) != 2) {
+        PyErr_Format(PyExc_ValueError, "x must be 2-D (rows, K), got %d dimensions", PyArray_NDIM(x));
+        goto done;
+    }
+    const size_t M = (size_t)PyArray_DIM(x, 0), K = (size_t)PyArray_DIM(x, 1);
+    if (div_o != Py_None) {
+        d = (PyArrayObject *)PyArray_FROM_OTF(div_o, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
+        if (!d) goto done;
+        if (PyArray_NDIM(d) != 1 || (size_t)PyArray_DIM(d, 0) != K) {
+            PyErr_Format(PyExc_ValueError, "divisor must have shape (%zu,), one value per column of x", K);
+            goto done;
+        }
+        const float *dv = (const float *)PyArray_DATA(d);
+        for (size_t k = 0; k < K; k++)
+            if (!(dv[k] != 0.0f) || !isfinite(dv[k])) {
+                PyErr_Format(PyExc_ValueError, "divisor[%zu] is %g: every divisor must be finite and nonzero", k,
+                             (double)dv[k]);
+                goto done;
+            }
+    }
+    int64_t *c64 = index_list(calls_o, "calls must be a sequence of row counts", &n);
+    if (!c64) goto done;
+    calls = (size_t *)PyMem_Malloc((size_t)(n ? n : 1) * sizeof *calls);
+    for (Py_ssize_t i = 0; calls && i < n; i++) {
+        if (c64[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "calls[%zd] is %lld: row counts must be >= 0", i, (long long)c64[i]);
+            PyMem_Free(c64);
+            goto done;
+        }
+        calls[i] = (size_t)c64[i];
+    }
+    PyMem_Free(c64);
+    if (!calls) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ork_act_stats *st = (ork_act_stats *)calloc(1, sizeof *st);
+    float *ch = (float *)calloc(K ? K : 1, sizeof(float));
+    if (!st || !ch) {
+        free(st);
+        free(ch);
+        PyErr_NoMemory();
+        goto done;
+    }
+    st->ch_absmax = ch;
+    st->skip_rows = (size_t)prefix;
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ork_act_stats_add_rows(st, (const float *)PyArray_DATA(x), M, K, calls, (size_t)n,
+                                d ? (const float *)PyArray_DATA(d) : NULL, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != ORK_OK) orkpy_raise(rc, &err);
+    else out = stats_dict(st, K);
+    free(ch);
+    free(st);
+done:
+    PyMem_Free(calls);
+    Py_XDECREF(d);
+    Py_DECREF(x);
+    return out;
 }

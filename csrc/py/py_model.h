@@ -37,6 +37,8 @@ PyObject *orkpy_fwd_imatrix_enable(FwdObject *self, PyObject *unused);
 PyObject *orkpy_fwd_imatrix_take(FwdObject *self, PyObject *unused);
 PyObject *orkpy_fwd_gram_enable(FwdObject *self, PyObject *args);
 PyObject *orkpy_fwd_gram_take(FwdObject *self, PyObject *unused);
+PyObject *orkpy_fwd_capture_enable(FwdObject *self, PyObject *args);
+PyObject *orkpy_fwd_capture_take(FwdObject *self, PyObject *unused);
 PyObject *orkpy_fwd_act_stats_enable(FwdObject *self, PyObject *args);
 PyObject *orkpy_fwd_act_stats_take(FwdObject *self, PyObject *unused);
 PyObject *orkpy_fwd_ffn_stats_enable(FwdObject *self, PyObject *unused);

@@ -56,10 +56,12 @@ way (docs/results/weight-accuracy.md): about what a few groups' alpha changes mo
 :func:`search_layer` searches one block's groups from that block's Gram matrices and weights
 alone (an engine that runs the model layer by layer calls it per layer).
 
-Arithmetic: ``dW`` in float64 (the scaled weight rounded as the source computes it), its product
-with ``G`` in float32 (sgemm: half the time of the float64 product that dominates the search, a
-relative error near 1e-6), a block of :data:`ERROR_ROWS` rows at a time (no float64 copy of a
-group's weights: an 8B model's ``ffn_gate`` + ``ffn_up`` would be 805 MB).
+Arithmetic: the scaled weight ``W diag(s)`` computed in float64 and rounded to float32, as the
+source computes it, so the codes measured are the codes stored; ``dW`` and its product with ``G``
+in float32 (sgemm over ``G``'s upper block triangle: about half the multiply-adds of the full
+product, which dominates the search; a relative error near 1e-6, far below what separates two
+alphas), a block of :data:`ERROR_ROWS` rows at a time (no copy of a group's weights: an 8B
+model's ``ffn_gate`` + ``ffn_up`` in float64 would be 805 MB).
 
 Inside a quantization (``quantize_model(..., awq=True, calib=...)``) the search runs in the
 layer-by-layer run itself (:class:`LayerAwq`): each block's scales from the Gram matrices that
@@ -93,10 +95,11 @@ DEFAULT_ALPHAS: Tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_SAMPLE_ROWS = 128
 #: how many of the "fast" search's best estimates (alpha = 0 among them) are quantized in full
 DEFAULT_VERIFY = 1
-#: rows of a weight whose exact errors are computed at once (two (rows, K) float64 temporaries)
+#: rows of a weight whose errors are computed at once (a (rows, K) float64 temporary, float32 ones)
 ERROR_ROWS = 1024
-#: columns of G converted to float32 at once for the search's products
-GRAM_COLUMNS = 2048
+#: columns of G converted to float32 at once for the search's products (the upper block triangle:
+#: smaller blocks skip more of G's lower half, 512: 56 % of the full product at K = 2048)
+GRAM_COLUMNS = 512
 #: the scale searches: "fast" (the default, module doc) and "grid" (every alpha quantized in full)
 SEARCHES = ("fast", "grid")
 
@@ -154,32 +157,41 @@ def scale_of(m: NDArray[np.float64], alpha: float) -> NDArray[np.float64]:
 
 
 def _dw(w: NDArray[Any], s: NDArray[Any], gdiag: NDArray[np.float64], kind: str,
-        threads: Optional[int]) -> NDArray[Any]:
-    """``deq(Q(w diag(s))) diag(1/s) - w``, quantized as stored (module doc), in ``w``'s dtype
-    (float64, or float32 for the estimates)."""
-    ws = (w * s[None, :]).astype(np.float32)
+        threads: Optional[int]) -> NDArray[np.float32]:
+    """``deq(Q(w diag(s))) diag(1/s) - w`` in float32, ``w`` quantized as stored (module doc): the
+    scaled weight ``w diag(s)`` computed in ``s``'s dtype (float64 for the exact errors: as the
+    source scales it; float32 for the estimates) and rounded to float32 before it is quantized."""
+    ws = np.multiply(w, s[None, :], dtype=s.dtype).astype(np.float32, copy=False)
     im = None if kind == "int8" else np.maximum(gdiag / (s * s), 0.0).astype(np.float32)
     q = quantize(ws, kind, imatrix=im, threads=threads)
-    dw = q.dequantize(threads).astype(w.dtype, copy=False)
-    dw /= s  # in place: the same values as deq / s - w, one (N, K) temporary fewer
+    del ws
+    dw = np.asarray(q.dequantize(threads), np.float32)
+    dw /= s.astype(np.float32)  # in place: the same values as deq / s - w, one (N, K) temporary fewer
     dw -= w
     return dw
 
 
 def _row_errors(w: NDArray[Any], s: NDArray[Any], g: NDArray[Any], gdiag: NDArray[np.float64],
                 kind: str, threads: Optional[int]) -> NDArray[Any]:
-    """Each row's ``dw G dw^T`` (float32): ``dw`` (:func:`_dw`) in ``s``'s dtype, the product in
-    float32, ``w`` a block of :data:`ERROR_ROWS` rows and ``G`` (float64 or float32) a block of
-    :data:`GRAM_COLUMNS` columns at a time (converting a block costs 1 / ERROR_ROWS of its
-    product): a few temporaries, no copy of the whole weight or of ``G``. Every kind AWQ searches quantizes each row on its own, so a subset
-    of the rows gives the same values as the whole."""
+    """Each row's ``dw G dw^T`` (float32): ``dw`` (:func:`_dw`), the product in
+    float32 over G's upper block triangle only (``G`` symmetric: a block of :data:`GRAM_COLUMNS`
+    columns ``B`` adds ``dw_B G_BB dw_B`` plus twice ``dw_B G_{B,after} dw_after``, about half
+    the multiply-adds of the full product), ``w`` a block of :data:`ERROR_ROWS` rows and ``G``
+    (float64 or float32) a block of columns at a time (converting a block costs 1 / ERROR_ROWS
+    of its product): a few temporaries, no copy of the whole weight or of ``G``. Every kind AWQ
+    searches quantizes each row on its own, so a subset of the rows gives the same values as
+    the whole."""
     N, K = w.shape
     out = np.zeros(N, np.float32)
     for r in range(0, N, ERROR_ROWS):
-        dw = _dw(np.asarray(w[r:r + ERROR_ROWS], s.dtype), s, gdiag, kind, threads).astype(np.float32, copy=False)
+        dw = _dw(np.asarray(w[r:r + ERROR_ROWS], np.float32), s, gdiag, kind, threads)
+        acc = out[r:r + ERROR_ROWS]
         for c in range(0, K, GRAM_COLUMNS):  # G's columns in float32 a block at a time: no float32 copy of G
-            gb = np.asarray(g[:, c:c + GRAM_COLUMNS], np.float32)
-            out[r:r + ERROR_ROWS] += np.einsum("nk,nk->n", dw @ gb, dw[:, c:c + GRAM_COLUMNS])
+            e = min(K, c + GRAM_COLUMNS)
+            gb = np.asarray(g[c:, c:e], np.float32)  # the block's rows from its diagonal down
+            acc += np.einsum("nk,nk->n", dw[:, c:e] @ gb[:e - c], dw[:, c:e])
+            if e < K:
+                acc += 2.0 * np.einsum("nk,nk->n", dw[:, e:] @ gb[e - c:], dw[:, c:e])
             del gb
         del dw
     return out
@@ -194,9 +206,9 @@ def _error(w64: NDArray[Any], s: NDArray[np.float64], g: NDArray[Any], gdiag: ND
 def output_error(w: NDArray[Any], s: NDArray[np.float64], g: NDArray[np.float64], kind: str,
                  threads: Optional[int] = None) -> float:
     """``tr(dW G dW^T)`` of ``w`` (N, K) quantized as ``kind`` after scaling its columns by ``s``
-    (the module doc's ``err`` for one linear): ``dW`` in float64 (the weight scaled as the source
-    scales it), the product with ``G`` in float32 (sgemm; a relative error near 1e-6, far below
-    what separates two alphas)."""
+    (the module doc's ``err`` for one linear): the weight scaled in float64 as the source scales
+    it, ``dW`` and the product with ``G`` in float32 (sgemm; a relative error near 1e-6, far
+    below what separates two alphas)."""
     g = np.asarray(g, np.float64)
     return _error(w, np.asarray(s, np.float64), g, np.diag(g), kind, threads)
 
@@ -278,7 +290,7 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     error's minimum kept; ``"fast"``: the candidates scored on ``sample`` rows per linear, only
     ``alpha = 0`` and the ``verify`` best estimates quantized in full."""
     _check_search(search, sample, verify)
-    w64 = list(ws)  # each converted to float64 a block of rows at a time (_row_errors)
+    w64 = list(ws)  # each read a block of rows at a time (_row_errors)
     gdiag = np.diag(g)
     if search == "grid":
         errs: Dict[float, float] = {}
@@ -298,7 +310,7 @@ def search_group(ws: Sequence[NDArray[Any]], kinds: Sequence[str], g: NDArray[np
     err0 = [_row_errors(w, s0, g, gdiag, k, threads) for w, k in zip(w64, kinds)]  # alpha 0 in full
     errs = {0.0: float(sum(float(e.sum()) for e in err0))}
     picks = [sample_rows(e, int(sample)) for e in err0]
-    sub = [np.asarray(w[idx], np.float64).astype(np.float32) for w, (idx, _) in zip(w64, picks)]  # estimates in float32
+    sub = [np.asarray(w[idx], np.float32) for w, (idx, _) in zip(w64, picks)]  # estimates in float32
     est: Dict[int, float] = {0: errs[0.0]}  # sum(weights * err0[rows]) is exactly the error at alpha 0
 
     def f(i: int) -> float:

@@ -23,9 +23,12 @@ still from the float rows, as the whole-model sequential mode does.
 AWQ (``awq``, :class:`orkpy.quantization.awq.LayerAwq`): each block's scales are searched on that
 block's input Gram matrices, from one pass of the rows through the block as the scales of the
 blocks before left it, and folded in before the block is read for rounding; when that one pass
-held every Gram matrix GPTQ needs, they are scaled exactly (``diag(1/s) G diag(1/s)``) and the
-block's second pass only moves the rows on and collects the activation statistics. The model's
-float copy is never held and AWQ needs no pass of its own.
+held every Gram matrix GPTQ needs, they are scaled exactly (``diag(1/s) G diag(1/s)``). The same
+pass moves the rows on (the scales do not change the block's float function) and keeps the
+block's linear inputs (:data:`CAPTURE_BYTES` at most), whose statistics divided by the scales
+are the scaled inputs' activation statistics: one pass a block. Over that size (or with the Gram
+matrices in several passes) a second pass through the scaled block moves the rows and collects
+the statistics. The model's float copy is never held and AWQ needs no pass of its own.
 
 Progress: one bar over the layers (``layer i/n``, the stage, the time left). A run given a
 ``checkpoint`` folder (:class:`Checkpoint`) saves each finished layer (its packed linears, the
@@ -37,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Optional, Sequence, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -48,7 +51,7 @@ from ..formats.tiermap import OUTPUT
 from ..kernels.packed import PackedWeight, pack
 from ..kernels.quant import QuantizedTensor
 from ..runtime import actcal
-from ..runtime.blocks import Block, Stream, layer_linears
+from ..runtime.blocks import Block, Stream, input_stats, layer_linears
 from ..runtime.linear import LinearSpec
 from ..runtime.model import calib_chunks
 from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, SHARED_INPUT, gptq_quantize, gram_batches
@@ -66,6 +69,11 @@ CHECKPOINT_SUFFIX = ".orkpy-checkpoint"
 #: GPTQ holds anyway while it factors that one (the matrix and its factor), so one pass over the
 #: rows collects them all (Qwen3-1.7B: 400 MB, one pass a layer rather than two)
 GRAM_BYTES = 256 << 20
+#: float32 bytes of a block's linear inputs an AWQ run keeps from its Gram pass (one copy per distinct
+#: input, every calibration row): within it that pass also moves the rows on and the activation
+#: statistics come from the kept inputs divided by the scales, one pass a block instead of two
+#: (Qwen3-1.7B, 8 x 512 tokens: 201 MB; 4B: 310 MB; 8B: 403 MB, over it: two passes, less memory)
+CAPTURE_BYTES = 320 << 20
 #: float32 bytes of a weight read at once: a larger one (a vocabulary-sized head) is read,
 #: rounded and packed in blocks of rows
 HEAD_BLOCK_BYTES = 64 << 20
@@ -206,22 +214,20 @@ class LayerwiseRun:
                 if o not in owners:
                     owners.append(o)
         threads = self.run.threads
-        scaled = self._awq_layer(layer, stream, owners) if self.awq is not None else None
+        scaled, moved = self._awq_layer(layer, stream, owners) if self.awq is not None else (None, False)
         specs = self._specs(layer)
         blk = Block(self.src, layer, specs)
         done: Set[str] = set()
-        if scaled is not None:  # AWQ's pass held every Gram matrix: one more pass moves the rows on
-            t0 = time.perf_counter()
-            got = blk.run(stream, threads, act_prefix=self.prefix if self.acts else None)
-            self.act_stats.update(got.get("acts", {}))
-            self._timed("forward", t0)
-            yield from self._round(names, specs, scaled, done, out, until=None)
+        if scaled is not None or moved:  # AWQ's pass held every Gram matrix, or moved the rows on, or both
+            if not moved:
+                t0 = time.perf_counter()
+                got = blk.run(stream, threads, act_prefix=self.prefix if self.acts else None)
+                self.act_stats.update(got.get("acts", {}))
+                self._timed("forward", t0)
+            yield from self._round(names, specs, scaled or {}, done, out, until=None)
             self.src.release()
             return blk
-        limit = self.max_bytes
-        if limit is None:
-            limit = max([GRAM_BYTES] + [2 * 8 * specs[o].K ** 2 for o in owners])
-        batches = gram_batches(owners, lambda n: specs[n].K, limit) if owners else []
+        batches = gram_batches(owners, lambda n: specs[n].K, self._gram_limit(specs, owners)) if owners else []
         grams: Dict[str, Any] = {}
         if not self.sequential:  # every batch on the float rows; the last one moves them on
             if not batches:
@@ -259,26 +265,40 @@ class LayerwiseRun:
         self.src.release()
         return blk
 
-    def _awq_layer(self, layer: int, stream: Stream, owners: List[str]) -> Optional[Dict[str, Any]]:
+    def _gram_limit(self, specs: Mapping[str, LinearSpec], names: Sequence[str]) -> int:
+        """Bytes of Gram matrices one pass over a block's rows may hold: ``max_bytes``, else
+        :data:`GRAM_BYTES` or twice the largest of ``names``' (what GPTQ holds anyway)."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return max([GRAM_BYTES] + [2 * 8 * specs[n].K ** 2 for n in names])
+
+    def _awq_layer(self, layer: int, stream: Stream, owners: List[str]) -> Tuple[Optional[Dict[str, Any]], bool]:
         """AWQ's scales of block ``layer`` searched on its inputs (a pass of the rows through the
-        block, not moving them on) and folded into :attr:`src`; returns GPTQ's Gram matrices of the
-        scaled inputs when that one pass held all of them (else None: the block's own passes follow)."""
+        block) and folded into :attr:`src`. Returns (GPTQ's Gram matrices of the scaled inputs when
+        that one pass held all of them, else None; whether that pass also moved the rows on and
+        gave the activation statistics, from the block's inputs it kept, at most
+        :data:`CAPTURE_BYTES`, divided by the scales). The block's own passes give what it did not."""
         assert self.awq is not None
         inputs = self.awq.inputs(layer)
         if not inputs:
-            return None
+            return None, False
         specs = self._specs(layer)
         blk = Block(self.src, layer, specs)
-        need = [n for n in layer_linears(layer) if n in set(owners) | set(inputs)]
-        limit = self.max_bytes
-        if limit is None:
-            limit = max([GRAM_BYTES] + [2 * 8 * specs[o].K ** 2 for o in need])
-        batches = gram_batches(need, lambda n: specs[n].K, limit)
-        keep = len(batches) == 1 and self.gptq and not self.sequential
+        names = layer_linears(layer)
+        need = [n for n in names if n in set(owners) | set(inputs)]
+        batches = gram_batches(need, lambda n: specs[n].K, self._gram_limit(specs, need))
+        single = len(batches) == 1 and not self.sequential
+        keep = single and self.gptq
         kept: Dict[str, Any] = {}
+        capture = sorted({_owner(n) for n in names}, key=names.index) if self.acts else []
+        rows = sum(int(x.shape[0]) for x in stream.xs)
+        move = single and 4 * rows * sum(specs[n].K for n in capture) <= CAPTURE_BYTES
+        captured: Dict[str, NDArray[np.float32]] = {}
         for bi, batch in enumerate(batches):
             t0 = time.perf_counter()
-            grams = blk.run(stream, self.run.threads, grams=batch, advance=False)["grams"]
+            got = blk.run(stream, self.run.threads, grams=batch, advance=move, capture=capture if move else ())
+            grams, captured = got["grams"], got.get("inputs", {})
+            del got
             self._timed("forward+gram", t0)
             t0 = time.perf_counter()
             last = bi == len(batches) - 1
@@ -299,10 +319,18 @@ class LayerwiseRun:
         del specs
         self.src = self.awq.source()
         self.columns.update(self.awq.columns(layer))
+        if captured:  # the scaled inputs' statistics: each captured input divided by its readers' scales
+            t0 = time.perf_counter()
+            calls = [int(x.shape[0]) for x in stream.xs]
+            cols = self.awq.columns(layer)
+            for n in names:
+                self.act_stats[n] = input_stats(captured[_owner(n)], calls, self.prefix, cols.get(n))
+            del captured
+            self._timed("act stats", t0)
         if not keep:
-            return None
+            return None, move
         self.awq.scale_grams(layer, kept)
-        return kept
+        return kept, move
 
     def _awq_resume(self, start: int) -> None:
         """The scales of the ``start`` saved blocks folded in (a resumed run)."""

@@ -104,19 +104,23 @@ class Block:
         return out
 
     def run(self, stream: Stream, threads: Optional[int] = None, grams: Sequence[str] = (),
-            act_prefix: Optional[int] = None, imatrix: bool = False, advance: bool = True) -> Dict[str, Any]:
+            act_prefix: Optional[int] = None, imatrix: bool = False, advance: bool = True,
+            capture: Sequence[str] = ()) -> Dict[str, Any]:
         """Run this layer on the stream's rows (in place with ``advance``, else on copies),
         collecting the Gram matrices of the linears ``grams`` ({name: (G, rows)} under
         ``"grams"``), with ``act_prefix`` not None the activation statistics ({name: stats},
         ``"acts"``) and with ``imatrix`` the squared-input sums ({name: (sums, rows)},
-        ``"imatrix"``), as :class:`orkpy.Model`'s collectors give them."""
+        ``"imatrix"``), as :class:`orkpy.Model`'s collectors give them; the inputs of the linears
+        ``capture`` ({name: float32 (rows, K)}, every chunk's rows in order, ``"inputs"``: what
+        :func:`input_stats` turns into the activation statistics later)."""
         if stream.layer != self.layer:
             raise ValueError(f"the stream's rows enter layer {stream.layer}, not layer {self.layer}")
         idx = {n: i for i, n in enumerate(self.names)}
-        bad = [n for n in grams if n not in idx]
+        bad = [n for n in list(grams) + list(capture) if n not in idx]
         if bad:
             raise ValueError(f"{bad[0]!r} is not a linear of layer {self.layer}")
-        got = self._collect(stream.xs, [idx[n] for n in grams], act_prefix, imatrix, advance, threads, None)
+        got = self._collect(stream.xs, [idx[n] for n in grams], act_prefix, imatrix, advance, threads, None,
+                            [idx[n] for n in capture])
         if advance:
             stream.layer += 1
         return got
@@ -137,7 +141,8 @@ class Block:
         return out
 
     def _collect(self, xs: List[NDArray[np.float32]], gram_idx: List[int], act_prefix: Optional[int], imatrix: bool,
-                 advance: bool, threads: Optional[int], head: Optional[str]) -> Dict[str, Any]:
+                 advance: bool, threads: Optional[int], head: Optional[str],
+                 capture: Sequence[int] = ()) -> Dict[str, Any]:
         """One pass over ``xs`` with the requested hooks on: this layer (``head`` None) or only the
         head from positions ``"last"`` / ``"half"``; the statistics of the part that ran."""
         fwd = self._fwd
@@ -148,6 +153,8 @@ class Block:
             fwd.act_stats_enable(int(act_prefix))
         if imatrix:
             fwd.imatrix_enable()
+        if capture:
+            fwd.capture_enable(list(capture), sum(int(x.shape[0]) for x in xs))
         try:
             for x in xs:
                 T = x.shape[0]
@@ -160,6 +167,7 @@ class Block:
             g = fwd.gram_take() if gram_idx else None
             a = fwd.act_stats_take() if act_prefix is not None else None
             im = fwd.imatrix_take() if imatrix else None
+            cap = fwd.capture_take() if capture else None
         keys = self.names + [OUTPUT]
         sel = range(len(self.names)) if head is None else [HEAD]
         out: Dict[str, Any] = {}
@@ -169,11 +177,23 @@ class Block:
             out["acts"] = {keys[i]: a[i] for i in sel}
         if im is not None:
             out["imatrix"] = {keys[i]: (im[i][0], int(im[i][1])) for i in sel}
+        if cap is not None:
+            out["inputs"] = {keys[i]: cap[i] for i in capture}
         return out
+
+
+def input_stats(x: NDArray[np.float32], calls: Sequence[int], prefix: int,
+                divisor: Optional[NDArray[Any]] = None) -> Dict[str, Any]:
+    """The activation statistics a block pass with ``act_prefix=prefix`` collects of a linear's
+    input, from that input's rows captured by :meth:`Block.run` (``calls``: each chunk's row
+    count), each value divided by ``divisor`` (per column) first: a scaled input's statistics
+    from the unscaled rows (the layer-by-layer AWQ run, :mod:`orkpy.quantization.layerwise`)."""
+    return _core.act_stats_rows(x, [int(c) for c in calls], int(prefix),
+                                None if divisor is None else np.asarray(divisor, np.float32))
 
 
 #: the head's linear index in a block's C model (after the layer's linears)
 HEAD = len(STEMS)
 
 
-__all__ = ["Block", "STEMS", "Stream", "embed", "layer_linears"]
+__all__ = ["Block", "STEMS", "Stream", "embed", "input_stats", "layer_linears"]
