@@ -8,6 +8,7 @@ import pytest
 
 from orkpy.formats.source import open_source
 from orkpy.formats.tiermap import OUTPUT
+from orkpy.kernels.quant import quantize
 from orkpy.quantization import alloc, sensitivity
 from orkpy.quantization.imatrix import Imatrix
 from orkpy.runtime.blocks import STEMS
@@ -113,3 +114,22 @@ def test_bad_method_is_refused(stories):
     src, calib, _, _ = stories
     with pytest.raises(ValueError, match="method must be one of auto, passes, per_linear"):
         alloc.sensitivities(src, calib, method="each")
+
+
+def test_options_on_sampled_rows_estimate_the_whole_weights_errors(rng):
+    """Above 2 x OPTION_ROWS rows the options other than ref are quantized on OPTION_ROWS evenly
+    rows drawn in proportion to ref's error per row: ref's error exact, the others within 3 % of the
+    whole weight's (rows of unequal scales, outlier columns); at or below it every row, exactly."""
+    from orkpy.quantization.alloc import DEFAULT_OPTIONS
+    opts, ref = list(DEFAULT_OPTIONS), "int4"
+    K = 256
+    im = rng.uniform(0.1, 3.0, K).astype(np.float32)
+    for N, tol in ((3000, 0.03), (2 * sensitivity.OPTION_ROWS, 1e-12)):
+        w = (rng.standard_normal((N, K)) * np.exp(rng.normal(0, 0.5, (N, 1)))).astype(np.float32)
+        w[:, :4] *= 8.0  # outlier input channels
+        err, ref_w = sensitivity._options_of(w, opts, ref, "nf4", im, None)
+        assert list(err) == opts
+        np.testing.assert_array_equal(ref_w, quantize(w, "nf4", imatrix=im).dequantize())  # int4 tiers as the kind
+        for t in opts:
+            exact = alloc.weighted_error(w, t, "nf4", im)
+            assert err[t] == pytest.approx(exact, rel=1e-12 if t == ref else tol), (N, t)

@@ -120,6 +120,8 @@ class LayerwiseRun:
         self.max_bytes = None if max_bytes is None else int(max_bytes)
         c = recipe.calibration
         self.chunks, self.tokens = calib_chunks(src, calib, c.ctx, c.chunks)
+        if awq is not None:  # the manifest records the chunks the scales were searched on
+            awq.chunks = len(self.chunks)
         self.checkpoint = None if checkpoint is None else Checkpoint(
             checkpoint, checkpoint_key(src, recipe, self.tokens, plan, imatrix), run.log)
         prefix = recipe.activation.prefix

@@ -269,13 +269,11 @@ def quantize_stage(src: Source, plan: Dict[str, LinearPlan], recipe: Recipe, inp
         if recipe.rounding.awq:
             from .awq import LayerAwq
             c = recipe.calibration
-            awq = LayerAwq(src, {n: p.kind for n, p in plan.items()}, c.ctx, 0)
+            awq = LayerAwq(src, {n: p.kind for n, p in plan.items()}, c.ctx, 0)  # chunks: the run's
         lw = LayerwiseRun(src, plan, recipe, inputs.calib, inputs.imatrix, {}, run,
                           gptq=recipe.rounding.method == "gptq", acts=True,
                           checkpoint=None if checkpoint_of is None else
                           os.path.abspath(os.fspath(checkpoint_of)) + CHECKPOINT_SUFFIX, awq=awq)
-        if awq is not None:
-            awq.chunks = len(lw.chunks)
         tensors, tiers = write_linears(lw, writer, src, lambda: None)
         if awq is not None:
             run.log(awq.summary())
