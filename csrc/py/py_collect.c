@@ -412,8 +412,8 @@ PyObject *orkpy_act_stats_rows(PyObject *self, PyObject *args, PyObject *kw) {
         const float *dv = (const float *)PyArray_DATA(d);
         for (size_t k = 0; k < K; k++)
             if (!(dv[k] != 0.0f) || !isfinite(dv[k])) {
-                PyErr_Format(PyExc_ValueError, "divisor[%zu] is %g: every divisor must be finite and nonzero", k,
-                             (double)dv[k]);
+                PyErr_Format(PyExc_ValueError, "divisor[%zu] is zero or not finite: every divisor must be finite "
+                             "and nonzero", k);
                 goto done;
             }
     }
