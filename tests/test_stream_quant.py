@@ -357,13 +357,17 @@ def test_a_failed_write_drops_the_queued_jobs_and_stays_failed(tmp_path, monkeyp
 def test_a_saved_weight_mapped_without_a_reload(tmp_path, kind, group):
     """The writer maps each file it has just written from the packed weight (packed._map_saved) instead
     of loading it: the same store, scales, kind and group as load_packed gives, the store a view of the
-    file (int6 / int5, unpacked in memory, are loaded); a file that is not what was written is refused."""
+    file; int6 / int5 (5 / 6 bits a code in the file, int8 tiles in memory) hold nothing in memory but
+    their scales until the store is first read, then the int8 tiles load_packed gives; a file that is not
+    what was written is refused."""
     from orkpy.kernels.packed import _map_saved, load_packed, save_packed_sha256
     w = np.random.default_rng(5).standard_normal((70, 200)).astype(np.float32)
     pw = orkpy.pack(orkpy.quantize(w, kind, group_size=group or None))
     fp = tmp_path / f"w.{kind}"
     save_packed_sha256(pw, fp, durable=False, direct=True)
     got, want = _map_saved(pw, fp), load_packed(fp)
+    views = got._file_views()  # what it holds before any use: every array a view of the file, or a scale
+    assert sum(v.nbytes for v in views if not maps_of(v)) <= got.bscale.nbytes  # at most its scales in memory
     assert (got.kind, got.shape, got.group) == (want.kind, want.shape, want.group)
     assert np.array_equal(got.store, want.store) and np.array_equal(got.bscale, want.bscale)
     assert got.bscale.dtype == np.float32 and not got.store.flags.writeable

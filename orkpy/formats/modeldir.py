@@ -198,8 +198,8 @@ class ModelDirWriter:
         digest = save_packed_sha256(pw, fp, durable=False, direct=True)
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
-        pw = _map_saved(pw, fp)  # (int6 / int5: loaded, unpacked in memory)
-        for m in maps_of(pw.store, pw.bscale):  # pages a load's checks read go back to the file
+        pw = _map_saved(pw, fp)  # (int6 / int5: unpacked when first used)
+        for m in maps_of(*pw._file_views()):  # pages a load's checks read go back to the file
             m.release()
         return pw
 

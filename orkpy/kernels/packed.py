@@ -95,6 +95,10 @@ class PackedWeight:
             raise ValueError(f"a {self.kind} store cannot be read as {kind}: the codes or layouts differ")
         return PackedWeight._trusted(kind, self.shape, self.store, self.bscale, self.source, self.group)
 
+    def _file_views(self) -> Tuple[Any, ...]:
+        """The arrays of this weight that may view a file, read without unpacking anything."""
+        return (self.store, self.bscale)
+
     def _mapped(self) -> Tuple[MappedFile, ...]:
         """The file mappings store and bscale view (recomputed if either attribute was replaced)."""
         if self._mapped_for[0] is not self.store or self._mapped_for[1] is not self.bscale:
@@ -304,14 +308,46 @@ def save_packed_sha256(pw: PackedWeight, path: StrPath, durable: bool = True, di
     return h.hexdigest()
 
 
+class _UnpackedOnUse(PackedWeight):
+    """An int6 / int5 weight as :func:`_map_saved` returns it: ``_raw``, its 6 / 5-bit file store,
+    views the file just written, and the int8 tile store the kernels read is unpacked from it the
+    first time :attr:`store` is read, then kept (what :func:`load_packed` holds). Until then none
+    of it is in memory: a streamed quantization holds its int6 / int5 linears as mapped files, as
+    it holds the others, not one int8 byte a weight each (Qwen3-1.7B at 5 bits a weight: about
+    40 MB a layer)."""
+
+    _raw: Optional[NDArray[np.uint8]] = None
+    _unpacked: Optional[NDArray[Any]] = None
+
+    @property
+    def store(self) -> NDArray[Any]:
+        if self._unpacked is None:
+            raw = self._raw
+            assert raw is not None
+            with guarded(maps_of(raw)):  # the file changed under it: FormatError
+                s = _core.store_from_file(raw, self.kind, self.N, self.K)
+            s.flags.writeable = False  # read-only, as a mapped store is
+            self._unpacked = s.reshape(_core.packed_layout(self.kind, self.N, self.K, self.group)["store_shape"])
+            self._raw = None
+        return self._unpacked
+
+    @store.setter
+    def store(self, value: Optional[NDArray[Any]]) -> None:
+        self._unpacked = value
+
+    def _file_views(self) -> Tuple[Any, ...]:
+        return (self.bscale,) if self._raw is None else (self._raw, self.bscale)
+
+
 def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
     """``pw`` as a read-only mapping of the file :func:`save_packed` has just written from it: the store
     (and per-row scales) view the file, without :func:`load_packed`'s checks, which would read the whole
     int8 store back (after a direct write, from the disk); the bytes are ``pw``'s, which pack() checked.
-    Group scales (float16 in the file) are ``pw``'s float32 values, as load_packed widens them. A weight
-    that is itself mapped, or whose file store differs from its memory store (int6 / int5), is loaded."""
+    Group scales (float16 in the file) are ``pw``'s float32 values, as load_packed widens them. A store
+    kept in another form in the file (int6 / int5) is unpacked from it when first used
+    (:class:`_UnpackedOnUse`). A weight that is itself mapped is loaded."""
     layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
-    if pw._mapped() or layout["file_store_bytes"] != layout["store_bytes"]:
+    if pw._mapped():
         return load_packed(path)
     m = MappedFile(os.fspath(path))
     size = len(m)
@@ -319,13 +355,20 @@ def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
         m.close()
         raise FormatError(f"{os.fspath(path)}: {size} bytes, {layout['file_bytes']} were written")
     buf = memoryview(m)
-    store = np.frombuffer(buf, dtype=layout["store_dtype"], count=layout["store_bytes"], offset=layout["store_offset"])
     if pw.group:
         scales = np.array(pw.bscale, dtype=np.float32).reshape(pw.N, layout["G"])
     else:
         scales = np.frombuffer(buf, dtype="<f4", count=pw.N, offset=layout["scales_offset"])
-    return PackedWeight._trusted(pw.kind, (pw.N, pw.K), store.reshape(layout["store_shape"]),
-                                 scales.astype(np.float32, copy=False), source=os.fspath(path), group=pw.group)
+    scales = scales.astype(np.float32, copy=False)
+    if layout["file_store_bytes"] != layout["store_bytes"]:
+        lazy = _UnpackedOnUse._trusted(pw.kind, (pw.N, pw.K), None, scales,  # type: ignore[arg-type]
+                                       source=os.fspath(path), group=pw.group)
+        assert isinstance(lazy, _UnpackedOnUse)
+        lazy._raw = np.frombuffer(buf, dtype=np.uint8, count=layout["file_store_bytes"], offset=layout["store_offset"])
+        return lazy
+    store = np.frombuffer(buf, dtype=layout["store_dtype"], count=layout["store_bytes"], offset=layout["store_offset"])
+    return PackedWeight._trusted(pw.kind, (pw.N, pw.K), store.reshape(layout["store_shape"]), scales,
+                                 source=os.fspath(path), group=pw.group)
 
 
 def load_packed(path: StrPath, mmap: bool = True, mapping: Optional[MappedFile] = None) -> PackedWeight:
