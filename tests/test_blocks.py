@@ -140,6 +140,11 @@ def test_captured_inputs_give_the_hooks_statistics(tmp_path, case):
         input_stats(np.zeros((4, 3), np.float32), [3], 0)
     with pytest.raises(ValueError, match="divisor"):
         input_stats(np.zeros((4, 3), np.float32), [4], 0, divisor=np.array([1, 0, 1]))
+    from orkpy import _core  # counts summing to 2^64 + 4 (4 rows, wrapped): refused, nothing read past x
+    with pytest.raises(ValueError, match=r"calls\[1\] = \d+ rows"):
+        _core.act_stats_rows(np.zeros((4, 3), np.float32), [2, 2**63 - 1, 2**63 - 1, 4])
+    with pytest.raises(ValueError, match="prefix"):
+        _core.act_stats_rows(np.zeros((4, 3), np.float32), [4], -1)
     b0 = Block(src, 0, {n: LinearSpec.f32(n, src.linear(n)) for n in layer_linears(0)})
     with pytest.raises(ValueError, match="not a linear of layer"):
         b0.run(Stream(src, chunks), capture=["blk.1.attn_q.weight"])

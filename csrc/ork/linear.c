@@ -86,6 +86,9 @@ ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, si
                                   size_t n_calls, const float *divisor, ork_err *err) {
     size_t total = 0, most = 0;
     for (size_t c = 0; c < n_calls; c++) {
+        if (calls[c] > M - total)  /* checked before the sum, which could otherwise wrap around */
+            return ork_err_set(err, ORK_EINVAL, "calls[%zu] = %zu rows: the calls hold more rows than the input's %zu",
+                               c, calls[c], M);
         total += calls[c];
         if (calls[c] > most) most = calls[c];
     }

@@ -402,6 +402,10 @@ PyObject *orkpy_act_stats_rows(PyObject *self, PyObject *args, PyObject *kw) {
         goto done;
     }
     const size_t M = (size_t)PyArray_DIM(x, 0), K = (size_t)PyArray_DIM(x, 1);
+    if (prefix < 0) {
+        PyErr_Format(PyExc_ValueError, "prefix is %zd: it must be >= 0", prefix);
+        goto done;
+    }
     if (div_o != Py_None) {
         d = (PyArrayObject *)PyArray_FROM_OTF(div_o, NPY_FLOAT32, NPY_ARRAY_IN_ARRAY);
         if (!d) goto done;
