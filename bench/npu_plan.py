@@ -248,6 +248,10 @@ def precision_maps(args, name, d):
            ("W4A4", cost.uniform_map(d, "w4a4"), "every linear int4 x int4 -> int16, K tiles <= 480, int32 sums"),
            ("W4A8", cost.uniform_map(d, "w4a8"), "every linear int4 weights x int8 activations as two int4 digits "
                                                   "(two rows per token on the int4 mode)")]
+    for g in args.groups:  # group-wise weight scales: one K tile per group, its int16 block scaled on the host
+        if g <= npu.INT4_MAX_KT:
+            out.append((f"W4A8 g{g}", cost.uniform_map(d, f"w4a8-g{g}"), f"W4A8 with one weight scale per {g} inputs: "
+                        f"K tiles of {g}, each tile's int16 block back to the host"))
     if args.alloc:
         pm = cost.read_alloc(args.alloc, d)
         cpu = sum(v == "float" for v in pm.values())

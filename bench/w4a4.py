@@ -179,11 +179,19 @@ def run_model(a, name):
         row("w4a4 gptq, static", q4, ActSpec("static"))
     q4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None)) for n, q in q4t.items()}
     row("w4a8 gptq (int8 acts as 2 digits)", q4d, ActSpec())
+    for g in a.groups:  # group-wise int4 weight scales (one per g of K): on the NPU, one K tile per group
+        qg = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False, group_size=g)
+        row(f"w4a4 gptq, group {g}", {n: orkpy.pack(q) for n, q in qg.items()}, ActSpec())
+        row(f"w4a8 gptq, group {g}", {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None, group=q.group))
+                                       for n, q in qg.items()}, ActSpec())
+        del qg
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}
     m8 = row("w8a8 gptq, per-token", q8, ActSpec())
     head = "output.weight"
     row("w4a4 gptq, head w8a8", {n: (q8[n] if n == head else q4[n]) for n in names}, ActSpec())
+    if not a.npu_bits:
+        return rows
     # the mixed allocation: sensitivities on the calibration text (not the scored one)
     t = time.time()
     toks = fm.tokens(calib)
@@ -219,7 +227,9 @@ def main(argv=None):
     ap.add_argument("--calib-chunks", type=int, default=8)
     ap.add_argument("--sens-chunks", type=int, default=1, help="calibration chunks the sensitivities are measured on")
     ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--npu-bits", type=float, nargs="+", default=[5.0])
+    ap.add_argument("--npu-bits", type=float, nargs="*", default=[5.0], help="the mixes' budgets (none: no mix rows)")
+    ap.add_argument("--groups", type=int, nargs="*", default=[],
+                    help="rows with group-wise int4 weight scales, one per this many inputs (GPTQ, w4a4 and w4a8)")
     ap.add_argument("--rows", nargs="*", default=["baseline", "rtn", "static"],
                     help="optional rows: baseline rtn static (the gptq, w8a8 and mix rows always run)")
     ap.add_argument("--text")

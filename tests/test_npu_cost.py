@@ -46,6 +46,32 @@ def test_tiny_shape_by_hand():
     assert rt["t_tasks_ms"] == pytest.approx(8 * 3.0 / 3 / 1e3)
 
 
+def test_grouped_int4_precisions_plan_one_k_tile_per_group():
+    """w4a8-g32 / w4a4-g64: the per-channel precision's weight bytes and bits, each matmul planned with K
+    tiles of its group size (TINY: K = 64, down 128 -> 2 tiles, 4 for down: 18 tasks at g32), its int16
+    blocks back to the host: a round trip after its group even with norms and SwiGLU on the NPU."""
+    from orkpy.runtime import npu
+    a = cost.Assumptions(bandwidth_gbs=1.0)
+    r = cost.token_cost(TINY, cost.uniform_map(TINY, "w4a8"), a)
+    rg = cost.token_cost(TINY, cost.uniform_map(TINY, "w4a8-g32"), a)
+    assert (rg["w_bytes"], rg["bits"], rg["submits"]) == (r["w_bytes"], 4.0, 5)
+    assert (r["tasks"], rg["tasks"]) == (8, 6 * 2 + 4 + 2)
+    want_out = sum(npu.chain_plan([(2, K, N, "int4")], max_k=32)["out_bytes"] for _, K, N in cost.linears(TINY))
+    assert rg["out_bytes"] == want_out > r["out_bytes"]
+    assert cost.token_cost(TINY, cost.uniform_map(TINY, "w4a4-g64"), a)["tasks"] == 9  # only down splits
+    ew = cost.Assumptions(out_cvt=True, resident_acts=True, npu_elementwise=True)
+    assert [len(s) for s in cost.segments(TINY, cost.uniform_map(TINY, "w4a8"), ew)] == [3, 5]
+    assert [len(s) for s in cost.segments(TINY, cost.uniform_map(TINY, "w4a8-g32"), ew)] == [3, 1, 2, 1, 1]
+    pm = cost.uniform_map(TINY, "w4a8")
+    pm["blk.0.attn_output.weight"] = "w4a8-g32"  # only its own output comes back
+    assert [len(s) for s in cost.segments(TINY, pm, ew)] == [3, 1, 4]
+    assert cost.token_cost(TINY, pm, ew)["out_bytes"] > cost.token_cost(TINY, cost.uniform_map(TINY, "w4a8"), ew)[
+        "out_bytes"]
+    for bad in ("w4a8-g48", "int8-g32", "w4a8-g512", "w4a8-g032", "w4a8-g", "w4a8-g-32"):
+        with pytest.raises(ValueError, match="precision"):
+            cost.uniform_map(TINY, bad)
+
+
 def test_float_linears_are_host_round_trips():
     """A float linear runs on the host: its group's input comes back and its output goes out."""
     pm = cost.uniform_map(TINY, "int8")

@@ -69,10 +69,31 @@ LAYER_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "
 AFTER_GROUP = ("attention", "norm", "swiglu", "norm")
 HEAD = "output.weight"
 PRECISIONS = ("int8", "w4a4", "w4a8", "float")
+#: int4 precisions with group-wise weight scales: "w4a4-g128", "w4a8-g32" (one float scale per G weights of
+#: a row; G a multiple of 32 up to npu.INT4_MAX_KT). On the NPU each group is its own K tile (the planner's
+#: max_k = G), whose int16 block the host scales by the group's scale before adding: the weight bytes of the
+#: per-channel precision, K / G tiles and int16 output blocks per matmul instead of K / 480, and the output
+#: comes back to the host (a round trip after its group even where norms or SwiGLU are assumed on the NPU)
+GROUPED = ("w4a4", "w4a8")
 BITS = {"int8": 8, "w4a4": 4, "w4a8": 4}
 #: activation rows per token of a precision: w4a8 runs each int8 activation as two int4 digits (two rows)
 ROWS = {"int8": 1, "w4a4": 1, "w4a8": 2}
 MAX_TASKS_PER_SUBMIT = 4095  # the vendor driver's tasks per hardware commit (docs/npu.md, sources)
+
+
+def split_precision(p) -> Tuple[str, int]:
+    """(base precision, group size or 0) of a precision name (``"w4a8-g128"`` -> ("w4a8", 128)); a
+    ValueError names anything else."""
+    base, sep, g = str(p).partition("-g")
+    if base not in PRECISIONS or (sep and base not in GROUPED):
+        raise ValueError(f"unknown precision {p!r} (expected one of {', '.join(PRECISIONS)}, or "
+                         f"{' / '.join(GROUPED)} with -gG group-wise scales)")
+    if not sep:
+        return base, 0
+    if not (g.isdigit() and g[0] != "0" and int(g) % 32 == 0 and 32 <= int(g) <= npu.INT4_MAX_KT):
+        raise ValueError(f"precision {p!r}: the group size must be a multiple of 32 from 32 to {npu.INT4_MAX_KT} "
+                         "(one K tile of the int4 mode)")
+    return base, int(g)
 
 
 def linears(d) -> List[Tuple[str, int, int]]:
@@ -86,9 +107,8 @@ def linears(d) -> List[Tuple[str, int, int]]:
 
 
 def uniform_map(d, precision) -> Dict[str, str]:
-    """Every linear at one precision ("int8", "w4a4" or "float")."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
+    """Every linear at one precision ("int8", "w4a4", "w4a8", a grouped "w4a8-g128", or "float")."""
+    split_precision(precision)
     return {name: precision for name, _, _ in linears(d)}
 
 
@@ -97,7 +117,7 @@ def npu_bits(d, pmap) -> float:
     over their weights (per-output-channel scales, 32 / K bits more, and float linears excluded)."""
     num = den = 0
     for name, K, N in linears(d):
-        p = pmap[name]
+        p = split_precision(pmap[name])[0]
         if p != "float":
             num += BITS[p] * K * N
             den += K * N
@@ -163,13 +183,21 @@ def read_alloc(path, d) -> Dict[str, str]:
     names = [n for n, _, _ in linears(d)]
     unknown = sorted(set(raw) - set(names))
     missing = [n for n in names if n not in raw]
-    bad = sorted(f"{n}: {v!r}" for n, v in raw.items() if v not in PRECISIONS)
+    bad = sorted(f"{n}: {v!r}" for n, v in raw.items() if not _valid(v))
     problems = (("names no linear of the model has", unknown), ("misses", missing),
-                ("has values other than " + " / ".join(PRECISIONS), bad))
+                ("has values other than " + " / ".join(PRECISIONS) + " (or w4a4-gG / w4a8-gG)", bad))
     for what, items in problems:
         if items:
             raise ValueError(f"{path}: {what}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}")
     return {n: raw[n] for n in names}
+
+
+def _valid(p) -> bool:
+    try:
+        split_precision(p)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +283,7 @@ def segments(d, pmap, a: Assumptions) -> List[List[Tuple[str, int, int, str]]]:
     seq += [("group", [HEAD]), ("host", "token")]
     out: List[List[Tuple[str, int, int, str]]] = []
     cur: List[Tuple[str, int, int, str]] = []
+    combine = False  # the group before holds group-wise scales: the host combines its K tiles
 
     def close():
         if cur:
@@ -263,9 +292,10 @@ def segments(d, pmap, a: Assumptions) -> List[List[Tuple[str, int, int, str]]]:
 
     for kind, item in seq:
         if kind == "host":
-            if not host_on_npu.get(item, False):
+            if combine or not host_on_npu.get(item, False):
                 close()
             continue
+        combine = any(split_precision(pmap[n])[1] for n in item)
         cpu = any(pmap[n] == "float" for n in item)
         if cpu:  # a float linear runs on the host: its group's input comes back, its output goes out
             close()
@@ -278,6 +308,30 @@ def segments(d, pmap, a: Assumptions) -> List[List[Tuple[str, int, int, str]]]:
             close()
     close()
     return out
+
+
+def _segment_cost(key, a: Assumptions, chain: Callable) -> Tuple[int, int, int, int, int]:
+    """(weight, input, output, command bytes, tasks) of one submit's matmuls ``key`` [(K, N, precision)]:
+    one chain; with group-wise scales, each matmul planned on its own with K tiles of its group size
+    (a chain's regions are its matmuls' own plans), its int16 blocks coming back whatever out_cvt says."""
+    def shape(K, N, p):
+        base = split_precision(p)[0]
+        return (ROWS[base], K, N, "int4" if BITS[base] == 4 else "int8")
+
+    def out_of(c, parts):
+        return sum(math.ceil(N / 64) * 64 for _, N, _ in parts) if a.out_cvt else c["out_bytes"]
+
+    if not any(split_precision(p)[1] for _, _, p in key):
+        c = chain([shape(*k) for k in key])
+        return sum(p["w_bytes"] for p in c["parts"]), c["in_bytes"], out_of(c, key), c["cmd_bytes"], c["n_tasks"]
+    tot = [0, 0, 0, 0, 0]
+    for K, N, p in key:
+        g = split_precision(p)[1]
+        c = chain([shape(K, N, p)], max_k=g) if g else chain([shape(K, N, p)])
+        got = (c["parts"][0]["w_bytes"], c["in_bytes"], c["out_bytes"] if g else out_of(c, [(K, N, p)]),
+               c["cmd_bytes"], c["n_tasks"])
+        tot = [t + v for t, v in zip(tot, got)]
+    return tot[0], tot[1], tot[2], tot[3], tot[4]
 
 
 def token_cost(d, pmap, a: Assumptions, chain: Optional[Callable] = None) -> Dict:
@@ -293,9 +347,7 @@ def token_cost(d, pmap, a: Assumptions, chain: Optional[Callable] = None) -> Dic
     for seg in segs:
         key = tuple((K, N, p) for _, K, N, p in seg)
         if key not in cache:
-            c = chain([(ROWS[p], K, N, "int4" if BITS[p] == 4 else "int8") for K, N, p in key])
-            out = sum(math.ceil(N / 64) * 64 for _, N, _ in key) if a.out_cvt else c["out_bytes"]
-            cache[key] = (sum(p["w_bytes"] for p in c["parts"]), c["in_bytes"], out, c["cmd_bytes"], c["n_tasks"])
+            cache[key] = _segment_cost(key, a, chain)
         w, i, o, cmd, nt = cache[key]
         for k, v in zip(tot, (w, i, o, cmd)):
             tot[k] += v
