@@ -305,3 +305,25 @@ def test_packed_weight_as_kind_shares_the_int4_codes():
     assert d.kind == "w4a8" and d.store is pw.store and d.bscale is pw.bscale and pw.as_kind("w4a4") is pw
     with pytest.raises(ValueError, match="cannot be read as int8"):
         pw.as_kind("int8")
+
+
+def test_grouped_w4a8_partials_are_int4_jobs_split_on_group_boundaries():
+    """A w4a8 weight with group-wise scales (one per g inputs): the CPU model's int32 partial per group
+    (``matmul_int``, (G, M, N), which its output scales and adds in group order) is exactly what the
+    NPU's int4 mode returns for that group's K slice, the activations as two digit rows, through the
+    emulator with K tiles of the group size -- the NPU side of docs/results/w4a4.md's grouped rows
+    (the host's combination of the groups is not on the device path yet)."""
+    from orkpy.kernels import int4
+    rng = np.random.default_rng(10)
+    for M, K, N, g in ((1, 576, 64, 64), (3, 1536, 40, 128), (2, 640, 96, 32), (1, 200, 64, 96)):
+        q = orkpy.quantize(rng.standard_normal((N, K)).astype(np.float32), "w4a8", group_size=g)
+        xq = rng.integers(-119, 120, (M, K)).astype(np.int8)
+        xq[0, :16] = -119
+        want = orkpy.pack(q).matmul_int(xq)
+        assert want.shape == (-(-K // g), M, N)
+        h, lo = int4.split_digits(xq)
+        for i in range(want.shape[0]):
+            sl = slice(i * g, min(K, (i + 1) * g))
+            dig = orkpy.runtime.npu.matmul_w4a4(np.concatenate([h[:, sl], lo[:, sl]]), q.codes[:, sl], max_k=g)
+            np.testing.assert_array_equal(dig[:M].astype(np.int64) * 16 + dig[M:], want[i])
+        np.testing.assert_array_equal(want.sum(0), xq.astype(np.int64) @ q.codes.astype(np.int64).T)
