@@ -182,8 +182,8 @@ def run_model(a, name):
     for g in a.groups:  # group-wise int4 weight scales (one per g of K): on the NPU, one K tile per group
         qg = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False, group_size=g)
         row(f"w4a4 gptq, group {g}", {n: orkpy.pack(q) for n, q in qg.items()}, ActSpec())
-        row(f"w4a8 gptq, group {g}", {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None, group=q.group))
-                                       for n, q in qg.items()}, ActSpec())
+        row(f"w4a8 gptq, group {g}", {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None,
+                                                                     group=q.group)) for n, q in qg.items()}, ActSpec())
         del qg
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}

@@ -67,7 +67,7 @@ def test_grouped_int4_precisions_plan_one_k_tile_per_group():
     assert [len(s) for s in cost.segments(TINY, pm, ew)] == [3, 1, 4]
     assert cost.token_cost(TINY, pm, ew)["out_bytes"] > cost.token_cost(TINY, cost.uniform_map(TINY, "w4a8"), ew)[
         "out_bytes"]
-    for bad in ("w4a8-g48", "int8-g32", "w4a8-g512", "w4a8-g032", "w4a8-g", "w4a8-g-32"):
+    for bad in ("w4a8-g48", "int8-g32", "w4a8-g512", "w4a8-g032", "w4a8-g", "w4a8-g-32", "w4a8-g\u00b2"):
         with pytest.raises(ValueError, match="precision"):
             cost.uniform_map(TINY, bad)
 

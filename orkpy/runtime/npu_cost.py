@@ -90,7 +90,7 @@ def split_precision(p) -> Tuple[str, int]:
                          f"{' / '.join(GROUPED)} with -gG group-wise scales)")
     if not sep:
         return base, 0
-    if not (g.isdigit() and g[0] != "0" and int(g) % 32 == 0 and 32 <= int(g) <= npu.INT4_MAX_KT):
+    if not (g.isascii() and g.isdigit() and g[0] != "0" and int(g) % 32 == 0 and 32 <= int(g) <= npu.INT4_MAX_KT):
         raise ValueError(f"precision {p!r}: the group size must be a multiple of 32 from 32 to {npu.INT4_MAX_KT} "
                          "(one K tile of the int4 mode)")
     return base, int(g)
@@ -166,7 +166,8 @@ def mix_map(d, budget_bits=5.0, low="w4a4") -> Tuple[Dict[str, str], List[str]]:
 
 
 def read_alloc(path, d) -> Dict[str, str]:
-    """A precision map from a JSON file {tensor name: "w4a4" | "int8" | "float"} naming every linear
+    """A precision map from a JSON file {tensor name: "w4a4" | "w4a8" | "int8" | "float", or a grouped
+    "w4a8-g128" ...} naming every linear
     of ``d`` (the tied head may be named ``token_embd.weight``). Unknown names, missing linears and
     other values are a ValueError naming them."""
     with open(path, "rb") as f:
