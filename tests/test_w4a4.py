@@ -239,7 +239,7 @@ class _Args:
     def __init__(self, work):
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
-        self.no_llama, self.work, self.json_out = True, str(work), None
+        self.no_llama, self.work, self.json_out, self.groups = True, str(work), None, []
 
 
 # ------------------------------------------------- the CPU model is the contract --

@@ -34,7 +34,7 @@ from .._io import (atomic_write, fsync_dir, fsync_file, fsync_files, json_finite
 from .._mapped import check as check_maps
 from .._mapped import MappedFile, maps_of
 from .._typing import StrPath
-from ..kernels.packed import PackedWeight, _map_saved, load_packed, save_packed_sha256
+from ..kernels.packed import PackedWeight, _map_saved, _release_pages, load_packed, save_packed_sha256
 from .arch import PACKED_LOOKUP_KEY
 from .gguf import GGUFFile
 from .source import Source
@@ -199,8 +199,7 @@ class ModelDirWriter:
         self.entries[name] = {"tier": tier, "kind": pw.kind, "file": fn, "shape": list(pw.shape),
                               "sha256": digest}
         pw = _map_saved(pw, fp)  # (int6 / int5: unpacked when first used)
-        for m in maps_of(*pw._file_views()):  # pages a load's checks read go back to the file
-            m.release()
+        _release_pages(pw)  # pages a load's checks read go back to the file
         return pw
 
     def finish(self, tiers: Mapping[str, str], float_linears: Mapping[str, str], src: Source,

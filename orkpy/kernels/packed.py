@@ -339,6 +339,12 @@ class _UnpackedOnUse(PackedWeight):
         return (self.bscale,) if self._raw is None else (self._raw, self.bscale)
 
 
+def _release_pages(pw: PackedWeight) -> None:
+    """Give the pages of the files ``pw`` views back to the kernel (their values stay), unpacking nothing."""
+    for m in maps_of(*pw._file_views()):
+        m.release()
+
+
 def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
     """``pw`` as a read-only mapping of the file :func:`save_packed` has just written from it: the store
     (and per-row scales) view the file, without :func:`load_packed`'s checks, which would read the whole
