@@ -31,7 +31,8 @@ Per layer (after each mix row): qkv, attn_output, gate/up, down as 8 (W8A8), d (
 NPU would run them today: inflated to int8); file MB: the packed linears as stored.
 
     python bench/w4a4.py [--model smollm2 gemma3 stories260k] [--chunks 8] [--calib-chunks 8]
-                         [--npu-bits 5.0] [--sens-chunks 1] [--no-llama] [--work DIR] [--json-out F_{model}]
+                         [--npu-bits [5.0 ...]] [--groups G ...] [--mix-group G] [--sens-chunks 1]
+                         [--no-llama] [--work DIR] [--json-out F_{model}]
 """
 import argparse
 import json
@@ -179,12 +180,19 @@ def run_model(a, name):
         row("w4a4 gptq, static", q4, ActSpec("static"))
     q4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None)) for n, q in q4t.items()}
     row("w4a8 gptq (int8 acts as 2 digits)", q4d, ActSpec())
-    for g in a.groups:  # group-wise int4 weight scales (one per g of K): on the NPU, one K tile per group
+    mixed4 = (q4, q4d)  # the 4-bit stores the mixes choose from: per channel, or --mix-group's
+    for g in sorted(set(a.groups) | ({a.mix_group} if a.mix_group else set())):
+        # group-wise int4 weight scales (one per g of K): on the NPU, one K tile per group
         qg = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False, group_size=g)
-        row(f"w4a4 gptq, group {g}", {n: orkpy.pack(q) for n, q in qg.items()}, ActSpec())
-        row(f"w4a8 gptq, group {g}", {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None,
-                                                                     group=q.group)) for n, q in qg.items()}, ActSpec())
-        del qg
+        g4 = {n: orkpy.pack(q) for n, q in qg.items()}
+        g4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None, group=q.group))
+               for n, q in qg.items()}
+        if g in a.groups:
+            row(f"w4a4 gptq, group {g}", g4, ActSpec())
+            row(f"w4a8 gptq, group {g}", g4d, ActSpec())
+        if g == a.mix_group:
+            mixed4 = (g4, g4d)
+        del qg, g4, g4d
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}
     m8 = row("w8a8 gptq, per-token", q8, ActSpec())
@@ -198,7 +206,8 @@ def run_model(a, name):
     _, it = fm.chunks(toks, ctx, a.sens_chunks)
     batch = list(it)
     ref_lp = npu_alloc.reference_logprobs(fm, batch)
-    packs = {"w4a4": q4, "w4a8": q4d, "int8": q8}
+    packs = {"w4a4": mixed4[0], "w4a8": mixed4[1], "int8": q8}
+    gtag = f", group {a.mix_group}" if a.mix_group else ""
     lo = {t: {n: LinearSpec.from_packed(n, packs[t][n], act_spec=resolve(ActSpec(), n, cal, packs[t][n].K, "bench", t))
               for n in names} for t in ("w4a4", "w4a8")}
     sens = npu_alloc.group_sensitivities(m8, lo, batch, ref_lp, progress=False)
@@ -207,7 +216,7 @@ def run_model(a, name):
     for options in (("w4a4", "int8"), ("w4a4", "w4a8", "int8")):
         for bits in a.npu_bits:
             tiers, rep = npu_alloc.choose_npu(shapes, sens["kl"], bits, options)
-            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)})", {n: packs[tiers[n]][n] for n in names}, ActSpec())
+            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)}{gtag})", {n: packs[tiers[n]][n] for n in names}, ActSpec())
             rows[-1]["alloc"] = rep
             cnt = {t: [g for g, tt in rep["groups"].items() if tt == t] for t in options}
             print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(rep["groups"]))
@@ -230,6 +239,8 @@ def main(argv=None):
     ap.add_argument("--npu-bits", type=float, nargs="*", default=[5.0], help="the mixes' budgets (none: no mix rows)")
     ap.add_argument("--groups", type=int, nargs="*", default=[],
                     help="rows with group-wise int4 weight scales, one per this many inputs (GPTQ, w4a4 and w4a8)")
+    ap.add_argument("--mix-group", type=int, default=0,
+                    help="the mixes' 4-bit options with group-wise scales, one per this many inputs (0: per channel)")
     ap.add_argument("--rows", nargs="*", default=["baseline", "rtn", "static"],
                     help="optional rows: baseline rtn static (the gptq, w8a8 and mix rows always run)")
     ap.add_argument("--text")

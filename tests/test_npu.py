@@ -513,6 +513,48 @@ def test_forward_through_npu_is_bit_identical(shared, be, fk):
     assert np.array_equal(m.forward(toks), cpu)
 
 
+@pytest.mark.parametrize("be,fk", BACKENDS, ids=IDS)
+def test_w4a4_and_w4a8_linears_run_in_the_int4_mode(shared, be, fk):
+    """A model's w4a4 / w4a8 linears go to the NPU in its int4 mode, resident at half a byte a weight:
+    w4a4 rows as int4 rows, w4a8's int8 activations and w4a4's int8 sink row as two int4 digit rows
+    each; the logits are bit-identical to the CPU path's, at prefill and at decode (one row)."""
+    from orkpy.runtime.model import load_model
+    m = load_model(str(shared / "models" / "stories260K" / "stories260K-F16.gguf"),
+                   weights={"default": "w4a4", "blk.0.attn_v.weight": "w4a8", "blk.1.ffn_down.weight": "w4a8",
+                            "blk.2.ffn_up.weight": "int8", "output.weight": "gguf"})
+    assert m.linears["blk.0.attn_q.weight"].act_spec.prefix == 1  # the sink row: int8 codes to +-119
+    toks = (np.arange(1, 97) * 37) % 512
+    cpu = m.forward(toks)
+    one = m.forward(toks[:1])
+    d = npu.Device(be, fake_kernel=fk)
+    assert npu.use_npu(m, d) == 35
+    assert np.array_equal(m.forward(toks), cpu)
+    assert np.array_equal(m.forward(toks[:1]), one)
+    npu.use_npu(m, None)
+    # the weights themselves: int4 layout (half the int8 upload's bytes), any int8 code up to 119
+    rng = np.random.default_rng(12)
+    for kind in ("w4a4", "w4a8"):
+        pw = orkpy.pack(orkpy.quantize(rng.standard_normal((128, 640)).astype(np.float32), kind))
+        w4, w8 = d.upload(pw), d.upload(pw, precision="int8")
+        assert (w4.precision, w8.precision) == ("int4", "int8") and w4.nbytes * 2 <= w8.nbytes
+        xq = rng.integers(-128, 120, (5, 640)).astype(np.int8)
+        xq[1] = rng.integers(-8, 8, 640)     # a row that fits int4: one int4 row
+        xq[2, :3] = (-128, 119, -8)          # the digits' edges
+        want = pw.matmul_int(xq)
+        np.testing.assert_array_equal(d.matmul(xq, w4), want)
+        np.testing.assert_array_equal(d.matmul(xq, w8), want)
+        bad = xq.copy()
+        bad[3, 7] = 120
+        with pytest.raises(ValueError, match=r"code 120 at \(row 3, k 7\)"):
+            d.matmul(bad, w4)
+        with pytest.raises(ValueError, match="int4 store"):
+            d.job([w4])
+    with pytest.raises(ValueError, match="int4 mode"):
+        d.upload(orkpy.pack(orkpy.quantize(rng.standard_normal((64, 64)).astype(np.float32), "int8")),
+                 precision="int4")
+    d.close()
+
+
 def test_cli_npu_plan(capsys):
     from orkpy.cli import main
     assert main(["npu-plan", "544", "8192", "8192", "--limit", "2"]) == 0

@@ -312,7 +312,7 @@ def test_device_int4_weights_matmul_and_mixed_job(be, fk):
         assert np.array_equal(y8, ref(a4, b8)) and np.array_equal(y4, ref(a4, b4))
         with pytest.raises(ValueError, match="outside"):
             d.matmul(np.full((4, 1000), 9, np.int8), w4)
-        with pytest.raises(ValueError, match="PackedWeight"):
+        with pytest.raises(ValueError, match="cannot run in the int4 mode"):  # int8 codes are not int4 codes
             from orkpy.kernels.packed import pack
             from orkpy.kernels.quant import quantize
             d.upload(pack(quantize(np.ones((64, 64), np.float32), "int8")), precision="int4")

@@ -114,9 +114,10 @@ def test_prefix_rows_stay_int8_at_four_bits():
     w = np.eye(x.shape[1], dtype=np.float32)
     pw = orkpy.pack(orkpy.quantize(w, "int8"))
     y = pw.matmul(x, act=ActSpec(bits=4, prefix=1))
-    y8 = pw.matmul(x, act=ActSpec(bits=8))
+    y8 = pw.matmul(x, act=ActSpec(bits=8, digits=True))
     y4 = pw.matmul(x, act=ActSpec(bits=4))
-    np.testing.assert_array_equal(y[0], y8[0])   # the sink row: int8
+    np.testing.assert_array_equal(y[0], y8[0])   # the sink row: int8 codes to +-119 (two int4 digits on the NPU)
+    assert not np.array_equal(y[0], pw.matmul(x, act=ActSpec(bits=8))[0])
     np.testing.assert_array_equal(y[1:], y4[1:])
 
 
@@ -239,7 +240,7 @@ class _Args:
     def __init__(self, work):
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
-        self.no_llama, self.work, self.json_out, self.groups = True, str(work), None, []
+        self.no_llama, self.work, self.json_out, self.groups, self.mix_group = True, str(work), None, [], 0
 
 
 # ------------------------------------------------- the CPU model is the contract --

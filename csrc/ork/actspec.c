@@ -214,9 +214,10 @@ ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, con
     }
     const size_t p = spec->prefix < M ? spec->prefix : M; /* prefix rows keep their absmax, at 8 bits */
     if (M > p && (st = row->range(spec, x + p * K, M - p, K, ascale + p, err))) return st;
-    /* 127, or 7 at 4 bits; 119 with digits */
+    /* 127, or 7 at 4 bits; 119 with digits, and for the 8-bit prefix rows of a 4-bit spec (two int4 digits) */
     const float qmax = spec->digits ? (float)ORK_ACT_DIGITS_QMAX : (float)((1 << (spec->bits - 1)) - 1);
-    const float qmax8 = spec->digits ? (float)ORK_ACT_DIGITS_QMAX : (float)((1 << (ORK_ACT_BITS - 1)) - 1);
+    const float qmax8 = spec->digits || spec->bits < ORK_ACT_BITS ? (float)ORK_ACT_DIGITS_QMAX
+                                                                  : (float)((1 << (ORK_ACT_BITS - 1)) - 1);
     for (size_t m = 0; m < M; m++) {
         float a = ascale[m], qm = m < p ? qmax8 : qmax;
         int8_t *q = xq + m * ldq;

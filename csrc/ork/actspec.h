@@ -19,8 +19,9 @@
  *               positions, so these are the sequence's first positions
  *               (linear.h "prefix"): the attention sink, whose massive
  *               activations no 4-bit grid serves, stays int8 in a w4a4
- *               linear (its product is int8 x the int4 weight codes: on a
- *               device the host's, once, at prefill)
+ *               linear, its codes stopping at +-ORK_ACT_DIGITS_QMAX = 119
+ *               at 4 bits (as with digits, below), so that the NPU's int4
+ *               mode runs the row as two int4 digit rows (npu/device.h)
  *   outliers    n_outliers input channels (strictly increasing, < K) kept out
  *               of the int8 product and added in float (linear.h "outliers");
  *               allowed with every mode

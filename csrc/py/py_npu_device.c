@@ -135,19 +135,23 @@ done:
     return result;
 }
 
-/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0) -> NPUWeight */
+/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0, precision="int8")
+ * -> NPUWeight (int4: device.h ork_npu_device_upload_store) */
 static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", NULL};
-    const char *ks;
+    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", "precision", NULL};
+    const char *ks, *prec = NULL;
     PyObject *so, *lo;
     long long N, K, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLL:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLLz:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn,
+                                     &prec) ||
         dev_check(self))
         return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(ks);
     ork_npu_plan_opts o;
     uint32_t n, k;
-    if (!ki || orkpy_u32_arg(N, "N", &n) || orkpy_u32_arg(K, "K", &k) || orkpy_npu_caps_arg(mm, mk, mn, &o)) return NULL;
+    if (!ki || orkpy_u32_arg(N, "N", &n) || orkpy_u32_arg(K, "K", &k) || orkpy_npu_caps_arg(mm, mk, mn, &o) ||
+        orkpy_npu_prec_arg(prec, &o))
+        return NULL;
     PyArrayObject *s = NULL, *l = NULL;
     PyObject *result = NULL;
     if (!(s = orkpy_as_exact(so, NPY_UINT8, 1, "store")) || !(l = orkpy_as_exact(lo, NPY_INT8, 1, "lut"))) goto done;
@@ -334,7 +338,7 @@ static PyMethodDef dev_methods[] = {
     {"upload", (PyCFunction)(void (*)(void))dev_upload, METH_VARARGS | METH_KEYWORDS,
      "upload(B int8 (N, K), max_m=0, max_k=0, max_n=0, precision='int8') -> NPUWeight resident on the device"},
     {"upload_packed", (PyCFunction)(void (*)(void))dev_upload_packed, METH_VARARGS | METH_KEYWORDS,
-     "upload_packed(kind, store, lut, N, K, ...) -> NPUWeight from a PackedWeight tile store"},
+     "upload_packed(kind, store, lut, N, K, ..., precision='int8') -> NPUWeight from a PackedWeight tile store"},
     {"matmul", (PyCFunction)dev_matmul, METH_VARARGS, "matmul(weight, A int8 (M, K)) -> int32 (M, N)"},
     {"job", (PyCFunction)dev_job, METH_VARARGS,
      "job(weights, M) -> NPUJob: the weights' matmuls at M rows, chained into one submit, planned once"},
@@ -378,6 +382,10 @@ static PyObject *weight_nbytes(WeightObject *self, void *c) {
     (void)c;
     return PyLong_FromUnsignedLongLong(ork_npu_dweight_nbytes(self->w));
 }
+static PyObject *weight_precision(WeightObject *self, void *c) {
+    (void)c;
+    return PyUnicode_FromString(ork_npu_dweight_precision(self->w) == ORK_NPU_PREC_INT4 ? "int4" : "int8");
+}
 
 /* the row counts M the model hook holds a planned-once job for, in slot order */
 static PyObject *weight_job_rows(WeightObject *self, void *c) {
@@ -401,6 +409,8 @@ static PyGetSetDef weight_getset[] = {{"shape", (getter)weight_shape, NULL, "(N,
                                        "row counts M the model's NPU hook runs as cached planned-once jobs", NULL},
                                       {"npu_address", (getter)weight_addr, NULL, "32-bit NPU address", NULL},
                                       {"nbytes", (getter)weight_nbytes, NULL, "device buffer bytes", NULL},
+                                      {"precision", (getter)weight_precision, NULL,
+                                       "'int8' or 'int4' (resident in the int4 layout, half a byte a weight)", NULL},
                                       {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject WeightType = {

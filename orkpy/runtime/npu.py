@@ -30,7 +30,7 @@ import numpy as np
 from .. import _core
 from .._core import FormatError, NPUCommandError, NPUError, NPUTimeoutError, NPUUnavailableError  # noqa: F401
 from .._mapped import guarded, maps_of
-from ..kernels.quant import KINDS
+from ..kernels.quant import KIND_INFO, KINDS
 
 #: The backends, from the C table (csrc/ork/npu/backend.h): "emu", "rknpu", "rocket".
 BACKENDS = _core.npu_backends()
@@ -75,6 +75,9 @@ def available():
 #: The precisions of a plan: "int8" (int8 x int8 -> int32) and "int4" (int4 x int4 -> int16 per K tile of at
 #: most INT4_MAX_KT codes, the tiles' int16 blocks summed on the host in int32; csrc/ork/npu/plan.h, "int4").
 PRECISIONS = ("int8", "int4")
+#: The packed kinds whose weights the NPU multiplies in its int4 mode (integer codes stored in 4 bits:
+#: w4a4, w4a8; derived from the kind registry): :meth:`Device.upload` keeps them in the int4 layout.
+INT4_KINDS = tuple(k for k, i in KIND_INFO.items() if i.levels is None and i.store_bits == 4)
 #: The largest K tile of an int4 plan: 480 x 8 x 8 = 30720 <= 32767, so no int16 partial overflows for any codes.
 INT4_MAX_KT = 480
 
@@ -163,29 +166,33 @@ class Device:
         self.backend = backend
         self._dev = _core.NPUDevice(backend, fake_kernel, emu_base, timeout_ms)
 
-    def upload(self, b, *, max_m=0, max_k=0, max_n=0, precision="int8"):
-        """b: an int8 (N, K) array or a PackedWeight (its int8 values: the
-        codes of int8, the LUT values of nf4/int4; scales stay on the host).
-        ``precision="int4"``: b is an int8 array of codes in [-8, 7], resident
-        in the int4 layout; matmuls with it take int8 activation codes in
-        [-8, 7] and return the exact int32 product (int16 K tiles summed)."""
+    def upload(self, b, *, max_m=0, max_k=0, max_n=0, precision=None):
+        """b: an int8 (N, K) array or a PackedWeight; scales stay on the host.
+        ``precision`` (None: "int4" for a PackedWeight of a kind the NPU runs in its int4
+        mode -- w4a4, w4a8 -- else "int8"): "int8" uploads b's int8 values (the codes of
+        int8, the LUT values of nf4/int4, w4a4 / w4a8 codes inflated to a byte);
+        "int4" keeps b resident in the int4 layout (half a byte a weight): an array of
+        codes in [-8, 7], whose matmuls take int4 activation codes, or a w4a4 / w4a8
+        PackedWeight, whose matmuls take its kind's activation codes (w4a8: int8 codes
+        in [-128, 119], each run as two int4 digit rows, docs/w4a4.md). Every matmul
+        returns the exact int32 product (int16 K tiles summed)."""
         from ..kernels.packed import PackedWeight
 
         if isinstance(b, PackedWeight):
-            if precision != "int8":
-                raise ValueError(f"a PackedWeight uploads at precision 'int8' (its int8 values), not {precision!r}; "
-                                 "pass its int8 codes as an array for int4")
-            return self._upload_store(b.kind, b.store, *b.shape, max_m=max_m, max_k=max_k, max_n=max_n)
-        return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n, precision)
+            if precision is None:
+                precision = "int4" if b.kind in INT4_KINDS else "int8"
+            return self._upload_store(b.kind, b.store, *b.shape, max_m=max_m, max_k=max_k, max_n=max_n,
+                                      precision=precision)
+        return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n, precision or "int8")
 
-    def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0):
+    def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0, precision="int8"):
         """A packed tile store of ``kind`` (N, K) (pack.h layout) -> NPUWeight."""
         from ..kernels.packed import _lut
         lut = _lut(kind)
         lut = np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)  # int8 needs no LUT
         with guarded(maps_of(store)):  # a store viewing a file that changes raises FormatError (docs/security.md)
             return self._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8), lut, N, K,
-                                           max_m, max_k, max_n)
+                                           max_m, max_k, max_n, precision)
 
     def matmul(self, a, b, **opts):
         """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a

@@ -1,6 +1,8 @@
 /* device.c - see device.h. */
 #include "device.h"
 
+#include "../pack.h"
+
 #include <stdatomic.h>
 
 static _Atomic(const ork_npu_test_kernel *) g_test_kernel = NULL;
@@ -46,6 +48,8 @@ struct ork_npu_dweight {
     ork_npu_weight w;
     uint32_t N, K, addr; /* as uploaded: set before the weight is handed out, never written after (read without */
     uint64_t nbytes;     /* the lock; a close zeroes w.bo under it) */
+    int split;           /* 1: an int4 weight from a store, whose matmuls take int8 codes (run_weight's digit rows);
+                            0: int8 weights and int4 code arrays. Set at upload like N and K */
     int live;            /* 0 once the device closed (its buffer is gone) */
     /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by the device's lock, freed
      * before w (release, and the device's close) */
@@ -246,14 +250,42 @@ ork_status ork_npu_device_upload_i8(ork_npu_device *d, const int8_t *B, uint32_t
     return finish_upload(d, w, st, out, err);
 }
 
+/* A store's codes as an int8 (N, K) matrix for an int4 upload: the kind's codes must fit int4 (an integer
+ * kind of qmax <= 7: w4a4, w4a8). */
+static ork_status int4_codes(ork_kind kind, const void *store, uint32_t N, uint32_t K, int8_t **B, ork_err *err) {
+    *B = NULL;
+    const ork_kind_info *ki = ork_kind_get(kind);
+    if (!ki) return ork_err_set(err, ORK_EINVAL, "npu upload: unknown kind %d", (int)kind);
+    if (ki->bits != 8 || ki->qmax > 7)
+        return ork_err_set(err, ORK_EINVAL, "npu upload: a %s weight cannot run in the int4 mode (its codes are not "
+                           "integers in [-8, 7]; upload it at precision int8)", ki->name);
+    *B = (int8_t *)malloc((size_t)N * K + 1);
+    if (!*B) return ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
+    ork_status st = ork_unpack(kind, store, N, K, *B, err);
+    if (st != ORK_OK) {
+        free(*B);
+        *B = NULL;
+    }
+    return st;
+}
+
 ork_status ork_npu_device_upload_store(ork_npu_device *d, ork_kind kind, const void *store, const int8_t lut[16],
                                        uint32_t N, uint32_t K, const ork_npu_plan_opts *opts, ork_npu_dweight **out,
                                        ork_err *err) {
     *out = NULL;
     ork_status st;
+    int8_t *B = NULL;
+    if (opts && opts->precision == ORK_NPU_PREC_INT4 && (st = int4_codes(kind, store, N, K, &B, err)) != ORK_OK)
+        return st;
     ork_npu_dweight *w = new_weight(d, err, &st);
-    if (!w) return st;
-    st = ork_npu_weight_upload_store(d->dev, kind, store, lut, N, K, opts, &w->w, err);
+    if (!w) {
+        free(B);
+        return st;
+    }
+    w->split = B != NULL;
+    st = B ? ork_npu_weight_upload_i8(d->dev, B, N, K, K, opts, &w->w, err)
+           : ork_npu_weight_upload_store(d->dev, kind, store, lut, N, K, opts, &w->w, err);
+    free(B);
     return finish_upload(d, w, st, out, err);
 }
 
@@ -285,8 +317,6 @@ ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ct
     const int ok = w->live && w->dev->dev;
     pthread_mutex_unlock(&w->dev->lock);
     if (!ok) return ork_err_set(err, ORK_EINVAL, "the NPU weight's device is closed");
-    if (w->w.opts.precision != ORK_NPU_PREC_INT8) /* set at upload, never written after */
-        return ork_err_set(err, ORK_EINVAL, "an int4 NPU weight cannot serve a model linear (its int_mm takes int8 codes)");
     *fn = ork_npu_dweight_int_mm;
     *ctx = w;
     *N = w->N;
@@ -300,6 +330,7 @@ void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K) {
 }
 uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w) { return w->addr; }
 uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w) { return w->nbytes; }
+ork_npu_precision ork_npu_dweight_precision(const ork_npu_dweight *w) { return w->w.opts.precision; }
 
 int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SLOTS]) {
     int n = 0;
@@ -310,12 +341,15 @@ int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SL
     return n;
 }
 
+static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, size_t M, size_t lda, int32_t *C,
+                             int cached, ork_err *err);
+
 ork_status ork_npu_device_matmul(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, uint32_t M, int32_t *C,
                                  ork_err *err) {
     pthread_mutex_lock(&d->lock);
     ork_status st = !d->dev                 ? closed(err)
                     : w->dev != d || !w->live ? ork_err_set(err, ORK_EINVAL, "the weight belongs to another NPU device")
-                                            : ork_npu_matmul(d->dev, &w->w, A, M, (size_t)w->w.K, C, d->timeout_ms, err);
+                                            : run_weight(d, w, A, M, (size_t)w->w.K, C, 0, err);
     pthread_mutex_unlock(&d->lock);
     return st;
 }
@@ -336,6 +370,9 @@ ork_status ork_npu_device_job(ork_npu_device *d, ork_npu_dweight *const *w, uint
     for (uint32_t i = 0; st == ORK_OK && i < n; i++) {
         if (w[i]->dev != d || !w[i]->live)
             st = ork_err_set(err, ORK_EINVAL, "weight %u of the job belongs to another NPU device", i);
+        else if (w[i]->split)
+            st = ork_err_set(err, ORK_EINVAL, "weight %u of the job is an int4 store's (its rows may become two int4 "
+                             "digit rows): run it with matmul or as a model linear", i);
         else ws[i] = &w[i]->w;
     }
     if (st == ORK_OK) st = ork_npu_job_make(d->dev, ws, n, M, &j->j, err);
@@ -414,15 +451,91 @@ static ork_status weight_job(ork_npu_device *d, ork_npu_dweight *w, uint32_t M, 
 ork_status ork_npu_dweight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err) {
     ork_npu_dweight *w = (ork_npu_dweight *)ctx;
     ork_npu_device *d = w->dev;
-    if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
     pthread_mutex_lock(&d->lock);
-    ork_npu_job *job = NULL;
-    ork_status st;
-    if (!d->dev || !w->live)
-        st = ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed");
-    else if ((st = weight_job(d, w, (uint32_t)M, &job, err)) == ORK_OK)
-        st = job ? ork_npu_job_run(d->dev, job, &xq, &ldq, &acc, d->timeout_ms, err)
-                 : ork_npu_matmul(d->dev, &w->w, xq, (uint32_t)M, ldq, acc, d->timeout_ms, err);
+    ork_status st = !d->dev || !w->live ? ork_err_set(err, ORK_EINVAL, "the NPU device of a linear layer was closed")
+                                        : run_weight(d, w, xq, M, ldq, acc, 1, err);
     pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+/* C (M, N) = A (M rows, stride lda) times w, with d's lock held and w live on d: through w's cached job
+ * at the call's row count when `cached` (the forward pass's hook) or planned for the call. An int4 weight
+ * uploaded from a store (split) takes any int8 code in [-128, 119]: a row whose codes all lie in [-8, 7]
+ * is one int4 row, any other row two int4 digit rows h = floor((x + 8) / 16), l = x - 16 h (both in
+ * [-8, 7]; quant.h "w4a8"), all in one matmul, and the row's result is its int32 or 16 acc_h + acc_l: the
+ * int8 x code product exactly (w4a8 rows, and the int8 prefix rows of a w4a4 linear's activation spec).
+ * A code above 119 has no two digits: ORK_EINVAL naming it (actspec.h "digits" stops at 119). */
+static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, size_t M, size_t lda, int32_t *C,
+                             int cached, ork_err *err) {
+    const size_t K = w->K, N = w->N;
+    if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
+    size_t rows = M, wide = 0; /* rows of the matmul; input rows that need two digit rows */
+    if (w->split)
+        for (size_t m = 0; m < M; m++) {
+            int fits = 1;
+            for (size_t k = 0; k < K; k++) {
+                const int x = A[m * lda + k];
+                if (x > ORK_ACT_DIGITS_QMAX)
+                    return ork_err_set(err, ORK_EINVAL, "npu: activation code %d at (row %zu, k %zu) has no two int4 "
+                                       "digits (an int4 weight takes codes in [-128, %d])", x, m, k, ORK_ACT_DIGITS_QMAX);
+                fits &= x >= -8 && x <= 7;
+            }
+            wide += !fits;
+        }
+    rows += wide;
+    if (rows > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
+    int8_t *D = NULL;
+    int32_t *T = NULL;
+    size_t *at = NULL; /* input row m -> its first matmul row (its high digits when wide, low ones at + 1) */
+    const int8_t *in = A;
+    size_t ld = lda;
+    int32_t *out = C;
+    if (wide) {
+        D = (int8_t *)malloc(rows * K + 1);
+        T = (int32_t *)malloc(rows * N * sizeof *T + 1);
+        at = (size_t *)malloc((M + 1) * sizeof *at);
+        if (!D || !T || !at) {
+            free(D);
+            free(T);
+            free(at);
+            return ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
+        }
+        size_t r = 0;
+        for (size_t m = 0; m < M; m++) {
+            const int8_t *x = A + m * lda;
+            int fits = 1;
+            for (size_t k = 0; k < K; k++) fits &= x[k] >= -8 && x[k] <= 7;
+            at[m] = r;
+            if (fits) {
+                memcpy(D + r++ * K, x, K);
+                continue;
+            }
+            for (size_t k = 0; k < K; k++) {
+                const int v = x[k] + 8, h = (v - (v & 15)) / 16; /* floor(v / 16), v in [-120, 127] */
+                D[r * K + k] = (int8_t)h;
+                D[(r + 1) * K + k] = (int8_t)(x[k] - 16 * h);
+            }
+            r += 2;
+        }
+        at[M] = r;
+        in = D;
+        ld = K;
+        out = T;
+    }
+    ork_npu_job *job = NULL;
+    ork_status st = cached ? weight_job(d, w, (uint32_t)rows, &job, err) : ORK_OK;
+    if (st == ORK_OK)
+        st = job ? ork_npu_job_run(d->dev, job, &in, &ld, &out, d->timeout_ms, err)
+                 : ork_npu_matmul(d->dev, &w->w, in, (uint32_t)rows, ld, out, d->timeout_ms, err);
+    if (st == ORK_OK && wide)
+        for (size_t m = 0; m < M; m++) {
+            const int32_t *t = T + at[m] * N;
+            if (at[m + 1] - at[m] == 1) memcpy(C + m * N, t, N * sizeof *C);
+            else
+                for (size_t n = 0; n < N; n++) C[m * N + n] = 16 * t[n] + t[N + n];
+        }
+    free(D);
+    free(T);
+    free(at);
     return st;
 }

@@ -100,7 +100,12 @@ int ork_npu_device_fake_report(ork_npu_device *d, ork_npu_fake_report *r);
 /* inject faults into the fake kernel; ORK_EINVAL when the device has none */
 ork_status ork_npu_device_set_faults(ork_npu_device *d, unsigned faults, ork_err *err);
 
-/* upload an int8 (N, K) matrix (row stride K) / a packed tile store of `kind` (pack.h; lut for 4-bit kinds) */
+/* upload an int8 (N, K) matrix (row stride K) / a packed tile store of `kind` (pack.h; lut for 4-bit kinds).
+ * At precision int4 (opts->precision): a matrix holds int4 codes and its matmuls take int4 activation codes;
+ * a store must be of an integer kind whose codes fit int4 (w4a4, w4a8: ORK_EINVAL otherwise), resident in the
+ * int4 layout (half a byte a weight), and its matmuls take int8 codes in [-128, 119]: a row whose codes fit
+ * [-8, 7] runs as one int4 row, any other as two int4 digit rows combined in int32 (quant.h "w4a8"), so
+ * every matmul, the forward pass's hook included, returns the exact int32 product the CPU kernels give. */
 ork_status ork_npu_device_upload_i8(ork_npu_device *d, const int8_t *B, uint32_t N, uint32_t K,
                                     const ork_npu_plan_opts *opts, ork_npu_dweight **out, ork_err *err);
 ork_status ork_npu_device_upload_store(ork_npu_device *d, ork_kind kind, const void *store, const int8_t lut[16],
@@ -119,6 +124,7 @@ ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ct
 void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K);
 uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w);    /* 32-bit NPU address */
 uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w);  /* device buffer bytes */
+ork_npu_precision ork_npu_dweight_precision(const ork_npu_dweight *w); /* int8, or int4 (the int4 layout) */
 /* the row counts M the forward pass's hook holds a cached job for, in slot order; returns how many */
 int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SLOTS]);
 
@@ -126,7 +132,8 @@ int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SL
 ork_status ork_npu_device_matmul(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, uint32_t M, int32_t *C,
                                  ork_err *err);
 
-/* a job of n weights (each live on d) at M rows (backend.h ork_npu_job) */
+/* a job of n weights (each live on d) at M rows (backend.h ork_npu_job); not of an int4 store's weight
+ * (its digit rows: ORK_EINVAL) */
 ork_status ork_npu_device_job(ork_npu_device *d, ork_npu_dweight *const *w, uint32_t n, uint32_t M,
                               ork_npu_djob **out, ork_err *err);
 /* C[i] (M, N_i) = A[i] (M, K_i) (row stride lda[i]) times weight i, one submit; ORK_EINVAL once the device closed */
@@ -140,9 +147,10 @@ uint32_t ork_npu_djob_M(const ork_npu_djob *j);
 uint32_t ork_npu_djob_tasks(const ork_npu_djob *j);
 uint64_t ork_npu_djob_cmd_bytes(const ork_npu_djob *j);
 
-/* The forward pass's hook (linear.h ork_int_mm_fn; ctx = an ork_npu_dweight): the int8 matmul of a
- * packed linear on the weight's device, through the weight's cached job at this M (decode) or planned
- * for this call. Both give the same int32 products. */
+/* The forward pass's hook (linear.h ork_int_mm_fn; ctx = an ork_npu_dweight): the integer matmul of a
+ * packed linear on the weight's device (int4 weights as ork_npu_device_upload_store says), through the
+ * weight's cached job at the call's row count (digit rows included; decode) or planned for this call. Both give the
+ * same int32 products. */
 ork_status ork_npu_dweight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err);
 
 
