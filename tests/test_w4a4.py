@@ -179,10 +179,48 @@ def test_input_groups_and_the_knapsack():
     assert t3["blk.0.ffn_up.weight"] == "w4a8" and t3["blk.0.attn_q.weight"] == "w4a4"
     with pytest.raises(ValueError, match="int8 last"):
         npu_alloc.check_options(("int8", "w4a4"))
+    # group-wise 4-bit options (each group one int4 K tile): up to the int4 mode's 480, never int8's
+    assert npu_alloc.check_options(("w4a4-g32", "w4a8-g480", "w4a8", "int8")) == ("w4a4-g32", "w4a8-g480", "w4a8", "int8")
+    for bad in (("w4a8-g512", "int8"), ("w4a8-g33", "int8"), ("int8-g32", "int8"), ("w4a8", "int8-g32"),
+                ("w4a8", "int8", "int8"), ("int4-g32", "int8")):
+        with pytest.raises(ValueError, match="npu_options"):
+            npu_alloc.check_options(bad)
+    assert split_tier("w4a8-g128") == ("w4a8", 128) and npu_alloc.npu_nbytes("w4a8-g32", 64, 64) == 64 * 64 // 2
+    kl["w4a8-g32"] = {g: min(v, kl["w4a8"][g]) / 2 for g, v in kl4.items()}  # the least loss at the same bytes
+    t4, _ = npu_alloc.choose_npu(shapes, kl, 4, ("w4a4", "w4a8", "w4a8-g32", "int8"))
+    assert set(t4.values()) == {"w4a8-g32"}
 
 
 # ----------------------------------------------------- stories260K end to end --
 needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason="../shared/models/stories260K is absent")
+
+
+@needs_stories
+def test_cli_npu_bits_with_grouped_tiers(tmp_path):
+    """--npu-tiers takes group-wise 4-bit tiers: the allocation, the emit-map and the saved model carry
+    them (w4a8-g32: int4 codes, one scale per 32 inputs), load_model runs them on the CPU, and the NPU
+    route refuses them by name (the device path runs per-channel int4 only)."""
+    out = tmp_path / "g"
+    r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "4.5", "--npu-tiers",
+                        "w4a4-g32", "w4a8-g32", "int8", "--calib", str(TEXT), "--calib-chunks", "1", "--calib-ctx",
+                        "128", "--no-progress", "-o", str(out), "--emit-map", str(tmp_path / "g.map")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "input groups: w4a4-g32" in r.stderr
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["recipe"]["allocation"]["npu_options"] == ["w4a4-g32", "w4a8-g32", "int8"]
+    m = orkpy.load_model(out)
+    got = {(s.kind, s.group) for s in m.linears.values()}
+    assert got <= {("w4a4", 32), ("w4a8", 32), ("int8", 0)} and ("int8", 0) in got and len(got) >= 2
+    tm = orkpy.TierMap.load(tmp_path / "g.map")
+    assert all(tm.linear_tier(n) == (f"{s.kind}-g32" if s.group else s.kind) for n, s in m.linears.items())
+    assert np.isfinite(m.forward(np.arange(1, 33))).all()
+    with pytest.raises(ValueError, match="group-wise scales"):
+        orkpy.runtime.npu.use_npu(m, "emu")
+    r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "5", "--npu-tiers",
+                        "w4a8-g512", "int8", "--calib", str(TEXT), "-o", str(tmp_path / "bad")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "w4a8-g512" in r.stderr and not (tmp_path / "bad").exists()
 
 
 @needs_stories

@@ -250,9 +250,10 @@ def add_quantize(sub):
                         "sensitivities measured on "
                         "--calib, instead of --alloc; unless given otherwise also --rotate hadamard --rotate-online "
                         "--method gptq (docs/w4a4.md) (default: off)")
-    s.add_argument("--npu-tiers", nargs="+", choices=NPU_OPTIONS, default=list(NPU_OPTIONS), metavar="TIER",
+    s.add_argument("--npu-tiers", nargs="+", default=list(NPU_OPTIONS), metavar="TIER",
                    help="the tiers --npu-bits chooses from, int8 last: w4a4 (4-bit activations), w4a8 (int8 "
-                        "activations as two int4 digits; 4 NPU bits too), int8 (default: w4a4 w4a8 int8)")
+                        "activations as two int4 digits; 4 NPU bits too), either with group-wise weight scales "
+                        "(w4a8-g32: one per 32 inputs, a multiple of 32 up to 480), int8 (default: w4a4 w4a8 int8)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

@@ -47,7 +47,8 @@ most once); ``shape`` is NumPy order, ASCII decimals without sign or leading
 zero joined by ``x``; tiers are ``int8``, ``int4``, ``float`` (``int8``/``int4``
 only for 2-D shapes), and ``int8-g<G>`` / ``int4-g<G>`` for the same tiers with
 group-wise scales, one per ``G`` inputs (G a multiple of 32 in [32, 4096];
-csrc/ork/pack.h); the threshold is a finite number in (0, 64). The ggml type
+csrc/ork/pack.h; the NPU's int4-mode tiers ``w4a4-g<G>`` / ``w4a8-g<G>`` up to
+480, its int4 K tile); the threshold is a finite number in (0, 64). The ggml type
 records where the tier came from; it need not agree with the tier rule
 (``embeddings=``/``output=`` and hand edits override tiers).
 
@@ -114,20 +115,24 @@ TIER_KINDS: Dict[str, Optional[str]] = _integer_tiers()
 #: The integer tiers, widest first ("int8", "int6", "int5", "int4"), then the NPU's int4-mode tiers "w4a8"
 #: and "w4a4" (docs/w4a4.md), derived from the kind registry.
 INT_TIERS: Tuple[str, ...] = tuple(TIER_KINDS)
-#: The base tiers; the integer ones may carry a group size: "int4-g32" (not w4a4 / w4a8: the NPU's int4
-#: mode returns one accumulator per output).
+#: The base tiers; the integer ones may carry a group size: "int4-g32", "w4a8-g128" (w4a4 / w4a8 up to
+#: NPU_INT4_MAX_GROUP).
 TIERS: Tuple[str, ...] = INT_TIERS + ("float",)
 #: Bits per stored code of each integer tier (int6 / int5: uniform 6 / 5-bit codes, int8 computed): the
 #: kind registry's ``store_bits`` of the kinds that run it.
 TIER_BITS: Dict[str, int] = {t: (KIND_INFO[k].store_bits if k else 4) for t, k in TIER_KINDS.items()}
 #: Activation bits of each integer tier (8; 4 for w4a4): what its linears' inputs are quantized to.
 TIER_ACT_BITS: Dict[str, int] = {t: (KIND_INFO[k].act_bits if k else 8) for t, k in TIER_KINDS.items()}
-#: The tiers the NPU runs in its int4 x int4 mode ("w4a8", "w4a4"): per channel only.
+#: The tiers the NPU runs in its int4 x int4 mode ("w4a8", "w4a4"); with a group size at most
+#: NPU_INT4_MAX_GROUP ("w4a8-g32": each group one int4 K tile whose int16 block the host scales).
 NPU_INT4_TIERS: Tuple[str, ...] = tuple(t for t, k in TIER_KINDS.items() if k and _npu_int4(KIND_INFO[k]))
 #: Bits per weight the NPU reads per token for each tier: int4 codebooks, int5 and int6 are inflated to
 #: int8 in NPU memory (8); w4a4's and w4a8's codes are 4 bits there (the int4 mode). ``float``: 0 (host).
 NPU_BITS: Dict[str, int] = {**{t: (4 if t in NPU_INT4_TIERS else 8) for t in INT_TIERS}, "float": 0}
-_GROUPED = re.compile(f"({'|'.join(t for t in INT_TIERS if t not in NPU_INT4_TIERS)})-g([1-9][0-9]{{1,3}})")
+#: The largest group of an int4-mode tier: the int4 mode's K tile (csrc/ork/npu/plan.h ORK_NPU_INT4_MAX_KT),
+#: so that a group's partial sum is one task's int16 block.
+NPU_INT4_MAX_GROUP = 480
+_GROUPED = re.compile(f"({'|'.join(INT_TIERS)})-g([1-9][0-9]{{1,3}})")
 #: The tiers ``embeddings=`` / ``output=`` (and ``orkpy tier-map --embeddings / --output-tier``) take.
 OVERRIDES = ("by_type", "int8", "int4", "float")
 
@@ -208,9 +213,11 @@ def split_tier(tier: str) -> Tuple[str, int]:
     if tier in TIERS:
         return tier, 0
     m = _GROUPED.fullmatch(tier) if isinstance(tier, str) else None
-    if m is None or int(m.group(2)) % 32 or int(m.group(2)) > 4096:
+    limit = 4096 if m is None or m.group(1) not in NPU_INT4_TIERS else NPU_INT4_MAX_GROUP
+    if m is None or int(m.group(2)) % 32 or int(m.group(2)) > limit:
         raise ValueError(f"unknown tier {tier!r} (expected {', '.join(TIERS)}, or an integer tier with a group size: "
-                         "'int4-g32', a multiple of 32 up to 4096)")
+                         f"'int4-g32', a multiple of 32 up to 4096; up to {NPU_INT4_MAX_GROUP} for "
+                         f"{' / '.join(NPU_INT4_TIERS)}, the int4 mode's K tile)")
     return m.group(1), int(m.group(2))
 
 

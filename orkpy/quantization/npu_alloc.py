@@ -21,6 +21,10 @@ pass per group and low option (SmolLM2-135M: 121 groups), measured end to end, s
 error and the weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
 :func:`orkpy.quantization.alloc.choose` on (NPU bytes, measured KL increase): upgrades to W8A8
 taken greedily by KL saved per NPU byte while the budget allows.
+
+The 4-bit options may carry group-wise weight scales (``"w4a8-g32"``, :func:`check_options`): the
+same codes and NPU weight bytes, one scale per group of inputs (on the NPU each group one int4 K tile,
+scaled on the host); measured and chosen like the per-channel ones.
 """
 from __future__ import annotations
 
@@ -172,10 +176,11 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
 
         stores: Dict[str, Any] = {}
 
-        def spec_of(n: str, kind: str) -> Any:
-            key = f"{n}:{KIND_INFO[kind].store_bits}"  # w4a4 and w4a8: the same codes, one store
+        def spec_of(n: str, tier: str) -> Any:
+            kind, g = split_tier(tier)
+            key = f"{n}:{KIND_INFO[kind].store_bits}:{g}"  # w4a4 and w4a8: the same codes, one store
             if key not in stores:
-                stores[key] = pack(quantize(src.linear(n), kind, threads=threads))
+                stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None))
             pw = stores[key]
             return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind))
         lo = {t: {n: spec_of(n, t) for n in names} for t in low}
@@ -194,14 +199,26 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     return tm, rep
 
 
+def _npu_tier(t: object) -> bool:
+    """Whether ``t`` is an NPU allocation's tier: one of NPU_OPTIONS, the 4-bit ones also with a group size
+    (``w4a8-g32``: group-wise scales, each group one int4 K tile, orkpy.formats.tiermap.split_tier)."""
+    try:
+        base, g = split_tier(t)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return False
+    return base in NPU_OPTIONS and (g == 0 or base != "int8")
+
+
 def check_options(options: Sequence[str]) -> Tuple[str, ...]:
-    """The options of an NPU allocation: NPU tiers (w4a4, w4a8, int8), distinct, the last one int8 (the
-    high option every group is measured against); ValueError naming what is wrong."""
+    """The options of an NPU allocation: NPU tiers (w4a4, w4a8, int8; w4a4 / w4a8 also with group-wise
+    scales, e.g. ``w4a8-g32``), distinct, the last one int8 (the high option every group is measured
+    against); ValueError naming what is wrong."""
     opts = tuple(options)
-    bad = [t for t in opts if t not in NPU_OPTIONS]
-    if bad or len(set(opts)) != len(opts) or len(opts) < 2 or opts[-1] != "int8":
-        raise ValueError(f"npu_options must be distinct tiers among {', '.join(NPU_OPTIONS)}, int8 last and at least "
-                         f"one 4-bit tier before it, got {list(opts)}")
+    bad = [t for t in opts if not _npu_tier(t)]
+    if bad or len(set(opts)) != len(opts) or len(opts) < 2 or opts[-1] != "int8" or "int8" in opts[:-1]:
+        raise ValueError(f"npu_options must be distinct tiers among {', '.join(NPU_OPTIONS)} (the 4-bit ones also "
+                         f"with a group size: 'w4a8-g32', a multiple of 32 up to 480), int8 last and at least one "
+                         f"4-bit tier before it, got {list(opts)}")
     return opts
 
 
