@@ -555,6 +555,28 @@ def test_w4a4_and_w4a8_linears_run_in_the_int4_mode(shared, be, fk):
     d.close()
 
 
+@pytest.mark.parametrize("be,fk", BACKENDS, ids=IDS)
+def test_grouped_weights_return_per_group_partials(be, fk):
+    """A weight with group-wise scales runs as one job whose K tiles are its groups: the device returns
+    (G, M, N) int32 partial sums, exactly the CPU model's (pack.h "Group-wise scales"), for int8, nf4 and
+    the int4 mode (w4a8's int8 rows as digit rows), K not a multiple of the group included."""
+    rng = np.random.default_rng(13)
+    with npu.Device(be, fake_kernel=fk) as d:
+        for kind, g, K in (("int8", 128, 640), ("nf4", 64, 256), ("w4a8", 32, 200), ("w4a4", 96, 576),
+                           ("int8", 4096, 1000)):
+            pw = orkpy.pack(orkpy.quantize(rng.standard_normal((96, K)).astype(np.float32), kind, group_size=g))
+            w = d.upload(pw)
+            assert w.group == pw.group
+            xq = rng.integers(-128 if kind.startswith("w4") else -127, 120, (3, K)).astype(np.int8)
+            want = pw.matmul_int(xq)
+            got = d.matmul(xq, w)
+            assert got.shape == want.shape == ((-(-K // g), 3, 96) if g < K else (3, 96))
+            np.testing.assert_array_equal(got, want, err_msg=f"{kind} g{g}")
+            if w.group and not kind.startswith("w4"):
+                with pytest.raises(ValueError, match="group-wise partial sums"):
+                    d.job([w])
+
+
 def test_cli_npu_plan(capsys):
     from orkpy.cli import main
     assert main(["npu-plan", "544", "8192", "8192", "--limit", "2"]) == 0

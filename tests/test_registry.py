@@ -66,10 +66,9 @@ def test_tiers_derive_from_the_kind_registry():
         kind = tiermap.tier_kind(t, "int4")
         assert orkpy.runtime.model.tier_path(t, "int4") == kind and kind in orkpy.runtime.model.PATHS
         assert modeldir._tier_ok(t)
-        if t not in tiermap.NPU_INT4_TIERS:  # w4a4 / w4a8: per channel only (one accumulator per output on the NPU)
-            assert tiermap.split_tier(f"{t}-g64") == (t, 64) and modeldir._tier_ok(f"{t}-g64")
-        else:
-            assert not modeldir._tier_ok(f"{t}-g64")
+        assert tiermap.split_tier(f"{t}-g64") == (t, 64) and modeldir._tier_ok(f"{t}-g64")
+        # w4a4 / w4a8: groups up to the int4 mode's K tile (each group one int4 task's int16 block)
+        assert modeldir._tier_ok(f"{t}-g512") == (t not in tiermap.NPU_INT4_TIERS)
     assert orkpy.runtime.model.tier_path("int4-g32", "nf4") == "nf4" and orkpy.runtime.model.tier_path("float") == "gguf"
     assert not modeldir._tier_ok("int3") and not modeldir._tier_ok("float-g32")
     assert {tiermap.split_tier(t)[0] for t in alloc.DEFAULT_OPTIONS} == set(tiermap.INT_TIERS) - {"w4a4", "w4a8"}

@@ -33,8 +33,9 @@ def test_w4a4_kind_row_and_tier():
     assert all(KIND_INFO[n].act_bits == 8 for n in KIND_INFO if n != "w4a4")
     assert "w4a4" in INT_TIERS and TIER_ACT_BITS["w4a4"] == 4 and NPU_BITS["w4a4"] == 4
     assert NPU_BITS["int4"] == NPU_BITS["int6"] == NPU_BITS["int8"] == 8  # inflated to int8 in NPU memory
+    assert split_tier("w4a4-g480") == ("w4a4", 480)
     with pytest.raises(ValueError, match="unknown tier"):
-        split_tier("w4a4-g32")  # one accumulator per output on the NPU: no groups
+        split_tier("w4a4-g512")  # a group is one int4 K tile on the NPU: at most 480 codes
 
 
 def test_w4a4_codes_are_integer_multiples_of_one_step():
@@ -198,8 +199,8 @@ needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason="../shared/mode
 @needs_stories
 def test_cli_npu_bits_with_grouped_tiers(tmp_path):
     """--npu-tiers takes group-wise 4-bit tiers: the allocation, the emit-map and the saved model carry
-    them (w4a8-g32: int4 codes, one scale per 32 inputs), load_model runs them on the CPU, and the NPU
-    route refuses them by name (the device path runs per-channel int4 only)."""
+    them (w4a8-g32: int4 codes, one scale per 32 inputs), load_model runs them, on the CPU and through the
+    NPU emulator bit for bit (each group one int4 K tile, its partial sums scaled on the host)."""
     out = tmp_path / "g"
     r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "4.5", "--npu-tiers",
                         "w4a4-g32", "w4a8-g32", "int8", "--calib", str(TEXT), "--calib-chunks", "1", "--calib-ctx",
@@ -214,9 +215,11 @@ def test_cli_npu_bits_with_grouped_tiers(tmp_path):
     assert got <= {("w4a4", 32), ("w4a8", 32), ("int8", 0)} and ("int8", 0) in got and len(got) >= 2
     tm = orkpy.TierMap.load(tmp_path / "g.map")
     assert all(tm.linear_tier(n) == (f"{s.kind}-g32" if s.group else s.kind) for n, s in m.linears.items())
-    assert np.isfinite(m.forward(np.arange(1, 33))).all()
-    with pytest.raises(ValueError, match="group-wise scales"):
-        orkpy.runtime.npu.use_npu(m, "emu")
+    toks = np.arange(1, 33)
+    cpu = m.forward(toks)
+    assert np.isfinite(cpu).all()
+    assert orkpy.runtime.npu.use_npu(m, "emu") == len(m.linears)  # per-group int4 partials, scaled on the host
+    assert np.array_equal(m.forward(toks), cpu)
     r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "5", "--npu-tiers",
                         "w4a8-g512", "int8", "--calib", str(TEXT), "-o", str(tmp_path / "bad")],
                        capture_output=True, text=True, timeout=120)

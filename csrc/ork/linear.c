@@ -122,9 +122,6 @@ ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->group) {
         ork_status st = ork_group_check(l->group, err);
         if (st) return st;
-        if (l->int_mm)
-            return ork_err_set(err, ORK_EINVAL, "a grouped weight (group size %zu) cannot run through an external int8 "
-                               "matmul: it returns one accumulator per output, not one per group", l->group);
         if (l->act.n_outliers)
             return ork_err_set(err, ORK_EINVAL, "outlier channels are not supported with a grouped weight (group size %zu)",
                                l->group);
@@ -176,7 +173,8 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     float *as = (float *)ork_scratch(as_s, sizeof as_s, M * sizeof(float));
     const size_t no = l->act.n_outliers;
     float *xm = no ? (float *)malloc(M * K * sizeof(float)) : NULL;
-    int32_t *acc = l->int_mm ? (int32_t *)malloc(M * N * sizeof(int32_t)) : NULL;
+    const size_t G = l->group ? (Kp + l->group - 1) / l->group : 1; /* blocks an external matmul returns */
+    int32_t *acc = l->int_mm ? (int32_t *)malloc(G * M * N * sizeof(int32_t)) : NULL;
     if (!xq || !as || (no && !xm) || (l->int_mm && !acc)) {
         st = ork_err_set(err, ORK_ENOMEM, "out of memory for the activations of a packed linear");
         goto done;
@@ -191,8 +189,16 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     if ((st = ork_quantize_acts(xin, M, K, Kp, &l->act, xq, as, err))) goto done;
     if (l->int_mm) {
         if ((st = l->int_mm(l->int_mm_ctx, xq, M, Kp, acc, err))) goto done;
-        for (size_t m = 0; m < M; m++)
-            for (size_t n = 0; n < N; n++) y[m * N + n] = ork_dequant_acc(acc[m * N + n], as[m], l->bscale[n]);
+        if (!l->group)
+            for (size_t m = 0; m < M; m++)
+                for (size_t n = 0; n < N; n++) y[m * N + n] = ork_dequant_acc(acc[m * N + n], as[m], l->bscale[n]);
+        else /* pack.h "Group-wise scales": t_i = dequant(acc_i, a, s_i), added in group order from t_0 (no FMA) */
+            for (size_t g = 0; g < G; g++)
+                for (size_t m = 0; m < M; m++)
+                    for (size_t n = 0; n < N; n++) {
+                        const float t = ork_dequant_acc(acc[(g * M + m) * N + n], as[m], l->bscale[n * G + g]);
+                        y[m * N + n] = g ? y[m * N + n] + t : t;
+                    }
     } else if ((st = ork_matmul_q8_grouped(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->group, N, K, xq,
                                            as, M, y, nthreads, err))) {
         goto done;

@@ -63,8 +63,9 @@
  *                  linear, and the input must come back to the host.
  * Group-wise scales (group > 0, pack.h "Group-wise scales"): bscale holds N x G
  * entries and the output is ork_matmul_q8_grouped's; the int8 activations are
- * the same. Not with an external int8 matmul (int_mm: an NPU job returns one
- * accumulator per output, docs/npu.md) nor with outlier channels: ORK_EINVAL.
+ * the same. With an external matmul (int_mm) the backend returns the per-group
+ * partial sums and the output is made from them with the same arithmetic
+ * (bit-identical whenever the partials are); not with outlier channels: ORK_EINVAL.
  * Activation statistics: when act_stats is set, every ork_linear_apply adds
  * its input to them (ork_act_stats below), before any quantization.
  * Input capture: when cap is set, every ork_linear_apply appends its M input
@@ -122,7 +123,9 @@ ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, si
 
 /* An external int8 matmul for a packed linear (an NPU backend):
  * acc (M, N) int32 = xq (M rows of K values, row stride ldq >= K) times the
- * linear's int8 weight values. */
+ * linear's int8 weight values; for a grouped linear acc (G, M, N), G =
+ * ceil(K / group), block i the sums over group i's inputs (ork_matmul_int_grouped's
+ * partials), which the linear scales and adds in group order as the CPU path does. */
 typedef ork_status (*ork_int_mm_fn)(void *ctx, const int8_t *xq, size_t M, size_t ldq, int32_t *acc, ork_err *err);
 
 typedef struct ork_linear {

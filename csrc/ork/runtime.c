@@ -228,15 +228,10 @@ static ork_status routable(const ork_linear *l, size_t i, ork_err *err) {
     if (l->path != ORK_LIN_PACKED)
         return ork_err_set(err, ORK_EINVAL,
                            "linear %zu is a float32 linear: only packed int8/nf4/int4 linears run on the NPU", i);
-    if (l->group)
-        return ork_err_set(err, ORK_EINVAL,
-                           "linear %zu has group-wise scales (group size %zu): an NPU job returns one int32 sum per "
-                           "output, not per group (docs/npu.md, \"Group-wise scales\")",
-                           i, l->group);
     return ORK_OK;
 }
 
-static ork_status set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
+static ork_status set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K, size_t group,
                              void *owner, void **replaced, ork_err *err) {
     ork_status st = checked(rt, err);
     if (st != ORK_OK) return st;
@@ -245,6 +240,9 @@ static ork_status set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *
     if (fn && (N != l->N || K != l->K))
         return ork_err_set(err, ORK_EINVAL, "NPU weight is (%zu, %zu) but linear %zu is (%zu, %zu)", N, K, i, l->N,
                            l->K);
+    if (fn && group != l->group)
+        return ork_err_set(err, ORK_EINVAL, "NPU weight has group size %zu but linear %zu has %zu (0: per channel)",
+                           group, i, l->group);
     l->int_mm = fn;
     l->int_mm_ctx = fn ? ctx : NULL;
     *replaced = rt->route_owner[i];
@@ -253,10 +251,10 @@ static ork_status set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *
 }
 
 ork_status ork_runtime_set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
-                                  void *owner, void **replaced, ork_err *err) {
+                                  size_t group, void *owner, void **replaced, ork_err *err) {
     *replaced = NULL;
     pthread_mutex_lock(&rt->lock);
-    ork_status st = set_int_mm(rt, i, fn, ctx, N, K, owner, replaced, err);
+    ork_status st = set_int_mm(rt, i, fn, ctx, N, K, group, owner, replaced, err);
     pthread_mutex_unlock(&rt->lock);
     return st;
 }

@@ -74,11 +74,12 @@ ork_status ork_runtime_forward_hidden(ork_runtime *rt, float *x, size_t T, size_
  * dropped route (NULL when none). */
 ork_status ork_runtime_set_linear(ork_runtime *rt, size_t i, const ork_linear *spec, void *owner, void **replaced,
                                   void **unrouted, ork_err *err);
-/* Route linear i's int8 matmul through fn(ctx) (an N x K weight, the linear's shape), kept by `owner`; fn
- * NULL (and owner NULL) routes it back to the CPU. ORK_EINVAL naming why a linear cannot run there (a
- * float32 linear; group-wise scales) or the shapes that differ. *replaced: the previous route's owner. */
+/* Route linear i's int8 matmul through fn(ctx) (an N x K weight of group size `group`, the linear's shape
+ * and group: a grouped fn returns per-group partial sums, linear.h), kept by `owner`; fn NULL (and owner
+ * NULL) routes it back to the CPU. ORK_EINVAL naming why a linear cannot run there (a float32 linear) or
+ * the shapes or group sizes that differ. *replaced: the previous route's owner. */
 ork_status ork_runtime_set_int_mm(ork_runtime *rt, size_t i, ork_int_mm_fn fn, void *ctx, size_t N, size_t K,
-                                  void *owner, void **replaced, ork_err *err);
+                                  size_t group, void *owner, void **replaced, ork_err *err);
 
 /* imatrix: sum x^2 per input channel of every linear, and the rows counted */
 typedef struct ork_rt_imatrix {

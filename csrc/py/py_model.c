@@ -652,14 +652,14 @@ static PyObject *fwd_set_npu(FwdObject *self, PyObject *args) {
     void *replaced = NULL;
     ork_int_mm_fn fn = NULL;
     void *ctx = NULL;
-    size_t N = 0, K = 0;
+    size_t N = 0, K = 0, group = 0;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
     Py_XINCREF(owner);
     Py_BEGIN_ALLOW_THREADS
-    st = w ? ork_npu_dweight_hook(w, &fn, &ctx, &N, &K, &err) : ORK_OK;
-    if (st == ORK_OK) st = ork_runtime_set_int_mm(self->rt, (size_t)idx, fn, ctx, N, K, owner, &replaced, &err);
+    st = w ? ork_npu_dweight_hook(w, &fn, &ctx, &N, &K, &group, &err) : ORK_OK;
+    if (st == ORK_OK) st = ork_runtime_set_int_mm(self->rt, (size_t)idx, fn, ctx, N, K, group, owner, &replaced, &err);
     Py_END_ALLOW_THREADS
     if (st != ORK_OK) {
         Py_XDECREF(owner);

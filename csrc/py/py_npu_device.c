@@ -135,22 +135,22 @@ done:
     return result;
 }
 
-/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0, precision="int8")
- * -> NPUWeight (int4: device.h ork_npu_device_upload_store) */
+/* upload_packed(kind, store uint8 1-D, lut int8 (16,), N, K, max_m=0, max_k=0, max_n=0, precision="int8",
+ * group=0) -> NPUWeight (int4: device.h ork_npu_device_upload_store; group: plan.h opts.group) */
 static PyObject *dev_upload_packed(DevObject *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", "precision", NULL};
+    static char *kwlist[] = {"kind", "store", "lut", "N", "K", "max_m", "max_k", "max_n", "precision", "group", NULL};
     const char *ks, *prec = NULL;
     PyObject *so, *lo;
-    long long N, K, mm = 0, mk = 0, mn = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLLz:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk, &mn,
-                                     &prec) ||
+    long long N, K, mm = 0, mk = 0, mn = 0, grp = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOLL|LLLzL:upload_packed", kwlist, &ks, &so, &lo, &N, &K, &mm, &mk,
+                                     &mn, &prec, &grp) ||
         dev_check(self))
         return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(ks);
     ork_npu_plan_opts o;
     uint32_t n, k;
     if (!ki || orkpy_u32_arg(N, "N", &n) || orkpy_u32_arg(K, "K", &k) || orkpy_npu_caps_arg(mm, mk, mn, &o) ||
-        orkpy_npu_prec_arg(prec, &o))
+        orkpy_npu_prec_arg(prec, &o) || orkpy_u32_arg(grp, "group", &o.group))
         return NULL;
     PyArrayObject *s = NULL, *l = NULL;
     PyObject *result = NULL;
@@ -177,7 +177,7 @@ done:
     return result;
 }
 
-/* matmul(weight, A int8 (M, K)) -> int32 (M, N) */
+/* matmul(weight, A int8 (M, K)) -> int32 (M, N), or (G, M, N) per-group partial sums for a grouped upload */
 static PyObject *dev_matmul(DevObject *self, PyObject *args) {
     PyObject *wo, *ao;
     if (!PyArg_ParseTuple(args, "O!O:matmul", &WeightType, &wo, &ao) || dev_check(self)) return NULL;
@@ -193,8 +193,11 @@ static PyObject *dev_matmul(DevObject *self, PyObject *args) {
                      (Py_ssize_t)M, (Py_ssize_t)PyArray_DIM(a, 1));
         goto done;
     }
-    npy_intp dims[2] = {M, (npy_intp)N};
-    if (!(c = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_INT32))) goto done;
+    const uint32_t G = ork_npu_dweight_groups(w->w);
+    npy_intp dims[3] = {(npy_intp)G, M, (npy_intp)N};
+    if (!(c = ork_npu_dweight_group(w->w) ? (PyArrayObject *)PyArray_SimpleNew(3, dims, NPY_INT32)
+                                          : (PyArrayObject *)PyArray_SimpleNew(2, dims + 1, NPY_INT32)))
+        goto done;
     ork_err err;
     err.msg[0] = 0;
     ork_status st;
@@ -382,6 +385,10 @@ static PyObject *weight_nbytes(WeightObject *self, void *c) {
     (void)c;
     return PyLong_FromUnsignedLongLong(ork_npu_dweight_nbytes(self->w));
 }
+static PyObject *weight_group(WeightObject *self, void *c) {
+    (void)c;
+    return PyLong_FromUnsignedLong(ork_npu_dweight_group(self->w));
+}
 static PyObject *weight_precision(WeightObject *self, void *c) {
     (void)c;
     return PyUnicode_FromString(ork_npu_dweight_precision(self->w) == ORK_NPU_PREC_INT4 ? "int4" : "int8");
@@ -409,6 +416,9 @@ static PyGetSetDef weight_getset[] = {{"shape", (getter)weight_shape, NULL, "(N,
                                        "row counts M the model's NPU hook runs as cached planned-once jobs", NULL},
                                       {"npu_address", (getter)weight_addr, NULL, "32-bit NPU address", NULL},
                                       {"nbytes", (getter)weight_nbytes, NULL, "device buffer bytes", NULL},
+                                      {"group", (getter)weight_group, NULL,
+                                       "group size of group-wise partial sums (matmul returns (G, M, N)); 0: per "
+                                       "channel", NULL},
                                       {"precision", (getter)weight_precision, NULL,
                                        "'int8' or 'int4' (resident in the int4 layout, half a byte a weight)", NULL},
                                       {NULL, NULL, NULL, NULL, NULL}};

@@ -473,18 +473,17 @@ class Model:
         return old
 
     def route_linears(self, device: Optional[Device], kinds: Optional[Collection[str]] = None) -> int:
-        """Run the int8 matmuls of the packed linears (of ``kinds``; default every packed
-        kind) on ``device``, their int8 values uploaded once; ``None`` routes every linear
-        back to the CPU. Returns the number of linears routed."""
+        """Run the integer matmuls of the packed linears (of ``kinds``; default every packed
+        kind) on ``device``, each weight uploaded once (:meth:`orkpy.runtime.npu.Device.upload`:
+        w4a4 / w4a8 in the int4 mode; a grouped weight returns its per-group partial sums,
+        scaled on the host); ``None`` routes every linear back to the CPU. Returns the number of
+        linears routed."""
         routed = 0
         for i, (name, spec) in enumerate(self._linears.items()):
             if device is None or spec.path != "packed" or (kinds is not None and spec.kind not in kinds):
                 self._fwd.set_npu(i, None)
                 continue
-            if spec.group:
-                raise ValueError(f"{name} has group-wise scales (group size {spec.group}): the NPU path runs one "
-                                 "accumulator per output; split it per group first (docs/npu.md, \"Group-wise scales\")")
-            self._fwd.set_npu(i, device.upload(spec.packed_weight()))
+            self._fwd.set_npu(i, device.upload(spec.packed_weight()))  # grouped: per-group partial sums
             routed += 1
         self._npu = device
         return routed

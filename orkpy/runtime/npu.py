@@ -175,28 +175,32 @@ class Device:
         codes in [-8, 7], whose matmuls take int4 activation codes, or a w4a4 / w4a8
         PackedWeight, whose matmuls take its kind's activation codes (w4a8: int8 codes
         in [-128, 119], each run as two int4 digit rows, docs/w4a4.md). Every matmul
-        returns the exact int32 product (int16 K tiles summed)."""
+        returns the exact int32 product (int16 K tiles summed); a PackedWeight with
+        group-wise scales (``pw.group``) returns its (G, M, N) per-group partial sums,
+        one K tile per group, which its scales turn into the output on the host."""
         from ..kernels.packed import PackedWeight
 
         if isinstance(b, PackedWeight):
             if precision is None:
                 precision = "int4" if b.kind in INT4_KINDS else "int8"
             return self._upload_store(b.kind, b.store, *b.shape, max_m=max_m, max_k=max_k, max_n=max_n,
-                                      precision=precision)
+                                      precision=precision, group=b.group)
         return self._dev.upload(_int8_matrix(b, "b"), max_m, max_k, max_n, precision or "int8")
 
-    def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0, precision="int8"):
-        """A packed tile store of ``kind`` (N, K) (pack.h layout) -> NPUWeight."""
+    def _upload_store(self, kind, store, N, K, *, max_m=0, max_k=0, max_n=0, precision="int8", group=0):
+        """A packed tile store of ``kind`` (N, K) (pack.h layout) -> NPUWeight; ``group`` > 0: K tiles on the
+        group boundaries and each group's partial sums returned apart (docs/npu.md "Group-wise scales")."""
         from ..kernels.packed import _lut
         lut = _lut(kind)
         lut = np.zeros(16, np.int8) if lut is None else np.asarray(lut, dtype=np.int8)  # int8 needs no LUT
         with guarded(maps_of(store)):  # a store viewing a file that changes raises FormatError (docs/security.md)
             return self._dev.upload_packed(kind, np.ascontiguousarray(store).reshape(-1).view(np.uint8), lut, N, K,
-                                           max_m, max_k, max_n, precision)
+                                           max_m, max_k, max_n, precision, group)
 
     def matmul(self, a, b, **opts):
         """int32 (M, N) = a (M, K) int8 times b (an uploaded weight, a
-        PackedWeight, or an int8 (N, K) array, uploaded for this call)."""
+        PackedWeight, or an int8 (N, K) array, uploaded for this call);
+        (G, M, N) per-group partial sums for a grouped weight."""
         if isinstance(b, _core.NPUWeight):
             if opts:
                 raise ValueError(f"tile caps {sorted(opts)} are fixed when a weight is uploaded; pass them to upload()")

@@ -159,7 +159,7 @@ static void owners(void) {
     ork_err err;
     void *old = OWNER(7), *unrouted = OWNER(7);
     /* a float linear cannot be routed: nothing changes, nothing is handed back */
-    CHECK(ork_runtime_set_int_mm(rt, 0, fake_mm, NULL, E, E, OWNER(0), &old, &err) == ORK_EINVAL && !old,
+    CHECK(ork_runtime_set_int_mm(rt, 0, fake_mm, NULL, E, E, 0, OWNER(0), &old, &err) == ORK_EINVAL && !old,
           "a refused route hands back no owner");
     ork_linear spec;
     linear(&spec, E, E);
@@ -171,7 +171,7 @@ static void owners(void) {
     linear(&spec, E, F);
     CHECK(ork_runtime_set_linear(rt, 0, &spec, OWNER(3), &old, &unrouted, &err) == ORK_EINVAL && !old && !unrouted,
           "a refused linear hands back nothing");
-    CHECK(ork_runtime_set_int_mm(rt, 0, NULL, NULL, 0, 0, NULL, &old, &err) == ORK_OK && !old, "no route to drop");
+    CHECK(ork_runtime_set_int_mm(rt, 0, NULL, NULL, 0, 0, 0, NULL, &old, &err) == ORK_OK && !old, "no route to drop");
     CHECK(ork_runtime_set_ffn(rt, 0, NULL, NULL, &old, &err) == ORK_OK && !old, "no FFN setting to drop");
     memset(g_released, 0, sizeof g_released);
     ork_runtime_free(rt, release);

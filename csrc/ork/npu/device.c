@@ -50,6 +50,7 @@ struct ork_npu_dweight {
     uint64_t nbytes;     /* the lock; a close zeroes w.bo under it) */
     int split;           /* 1: an int4 weight from a store, whose matmuls take int8 codes (run_weight's digit rows);
                             0: int8 weights and int4 code arrays. Set at upload like N and K */
+    uint32_t groups;     /* G = ceil(K / group) of a grouped upload (opts.group: outputs (G, M, N)), else 1 */
     int live;            /* 0 once the device closed (its buffer is gone) */
     /* the hook's cached jobs (M == 0: empty slot); they borrow w. Guarded by the device's lock, freed
      * before w (release, and the device's close) */
@@ -209,6 +210,7 @@ static ork_status finish_upload(ork_npu_device *d, ork_npu_dweight *w, ork_statu
         w->K = w->w.K;
         w->addr = w->w.bo.dma;
         w->nbytes = w->w.bo.size;
+        w->groups = w->w.opts.group ? (w->K + w->w.opts.group - 1) / w->w.opts.group : 1;
         if (list_add((void ***)&d->weights, &d->n_weights, &d->cap_weights, w) < 0) {
             ork_npu_weight_free(d->dev, &w->w);
             st = ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
@@ -309,10 +311,10 @@ int ork_npu_dweight_on(ork_npu_dweight *w, ork_npu_device *d) {
 }
 
 ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K,
-                                ork_err *err) {
+                                size_t *group, ork_err *err) {
     *fn = NULL;
     *ctx = NULL;
-    *N = *K = 0;
+    *N = *K = *group = 0;
     pthread_mutex_lock(&w->dev->lock);
     const int ok = w->live && w->dev->dev;
     pthread_mutex_unlock(&w->dev->lock);
@@ -321,6 +323,7 @@ ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ct
     *ctx = w;
     *N = w->N;
     *K = w->K;
+    *group = w->w.opts.group;
     return ORK_OK;
 }
 
@@ -331,6 +334,8 @@ void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K) {
 uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w) { return w->addr; }
 uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w) { return w->nbytes; }
 ork_npu_precision ork_npu_dweight_precision(const ork_npu_dweight *w) { return w->w.opts.precision; }
+uint32_t ork_npu_dweight_group(const ork_npu_dweight *w) { return w->w.opts.group; }
+uint32_t ork_npu_dweight_groups(const ork_npu_dweight *w) { return w->groups; }
 
 int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SLOTS]) {
     int n = 0;
@@ -373,6 +378,9 @@ ork_status ork_npu_device_job(ork_npu_device *d, ork_npu_dweight *const *w, uint
         else if (w[i]->split)
             st = ork_err_set(err, ORK_EINVAL, "weight %u of the job is an int4 store's (its rows may become two int4 "
                              "digit rows): run it with matmul or as a model linear", i);
+        else if (w[i]->groups > 1)
+            st = ork_err_set(err, ORK_EINVAL, "weight %u of the job has group-wise partial sums: run it with matmul or "
+                             "as a model linear", i);
         else ws[i] = &w[i]->w;
     }
     if (st == ORK_OK) st = ork_npu_job_make(d->dev, ws, n, M, &j->j, err);
@@ -464,10 +472,11 @@ ork_status ork_npu_dweight_int_mm(void *ctx, const int8_t *xq, size_t M, size_t 
  * is one int4 row, any other row two int4 digit rows h = floor((x + 8) / 16), l = x - 16 h (both in
  * [-8, 7]; quant.h "w4a8"), all in one matmul, and the row's result is its int32 or 16 acc_h + acc_l: the
  * int8 x code product exactly (w4a8 rows, and the int8 prefix rows of a w4a4 linear's activation spec).
- * A code above 119 has no two digits: ORK_EINVAL naming it (actspec.h "digits" stops at 119). */
+ * A code above 119 has no two digits: ORK_EINVAL naming it (actspec.h "digits" stops at 119). A grouped
+ * weight's C is (G, M, N), one block of partial sums per group (plan.h opts.group). */
 static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, size_t M, size_t lda, int32_t *C,
                              int cached, ork_err *err) {
-    const size_t K = w->K, N = w->N;
+    const size_t K = w->K, N = w->N, G = w->groups;
     if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
     size_t rows = M, wide = 0; /* rows of the matmul; input rows that need two digit rows */
     if (w->split)
@@ -492,7 +501,7 @@ static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t
     int32_t *out = C;
     if (wide) {
         D = (int8_t *)malloc(rows * K + 1);
-        T = (int32_t *)malloc(rows * N * sizeof *T + 1);
+        T = (int32_t *)malloc(G * rows * N * sizeof *T + 1);
         at = (size_t *)malloc((M + 1) * sizeof *at);
         if (!D || !T || !at) {
             free(D);
@@ -528,12 +537,14 @@ static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t
         st = job ? ork_npu_job_run(d->dev, job, &in, &ld, &out, d->timeout_ms, err)
                  : ork_npu_matmul(d->dev, &w->w, in, (uint32_t)rows, ld, out, d->timeout_ms, err);
     if (st == ORK_OK && wide)
-        for (size_t m = 0; m < M; m++) {
-            const int32_t *t = T + at[m] * N;
-            if (at[m + 1] - at[m] == 1) memcpy(C + m * N, t, N * sizeof *C);
-            else
-                for (size_t n = 0; n < N; n++) C[m * N + n] = 16 * t[n] + t[N + n];
-        }
+        for (size_t g = 0; g < G; g++) /* a grouped weight: (G, rows, N) partial sums -> (G, M, N) */
+            for (size_t m = 0; m < M; m++) {
+                const int32_t *t = T + (g * rows + at[m]) * N;
+                int32_t *c = C + (g * M + m) * N;
+                if (at[m + 1] - at[m] == 1) memcpy(c, t, N * sizeof *C);
+                else
+                    for (size_t n = 0; n < N; n++) c[n] = 16 * t[n] + t[N + n];
+            }
     free(D);
     free(T);
     free(at);

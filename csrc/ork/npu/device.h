@@ -115,25 +115,29 @@ ork_status ork_npu_device_upload_store(ork_npu_device *d, ork_kind kind, const v
 void ork_npu_dweight_release(ork_npu_dweight *w);
 /* 1 when w is live on d (d open and w not freed by a close) */
 int ork_npu_dweight_on(ork_npu_dweight *w, ork_npu_device *d);
-/* The forward pass's hook of w (ork_npu_dweight_int_mm below, ctx = w) and its shape, to route a linear
+/* The forward pass's hook of w (ork_npu_dweight_int_mm below, ctx = w), its shape and group size (0, or
+ * the upload's opts.group: the hook returns (G, M, N) partial sums, linear.h "int_mm"), to route a linear
  * through (runtime.h ork_runtime_set_int_mm); ORK_EINVAL "the NPU weight's device is closed" when w is not
  * live. A close after the call ends the route's forwards with ORK_EINVAL (ork_npu_dweight_int_mm). */
 ork_status ork_npu_dweight_hook(ork_npu_dweight *w, ork_int_mm_fn *fn, void **ctx, size_t *N, size_t *K,
-                                ork_err *err);
+                                size_t *group, ork_err *err);
 /* as uploaded (no lock) */
 void ork_npu_dweight_shape(const ork_npu_dweight *w, uint32_t *N, uint32_t *K);
 uint32_t ork_npu_dweight_addr(const ork_npu_dweight *w);    /* 32-bit NPU address */
 uint64_t ork_npu_dweight_nbytes(const ork_npu_dweight *w);  /* device buffer bytes */
 ork_npu_precision ork_npu_dweight_precision(const ork_npu_dweight *w); /* int8, or int4 (the int4 layout) */
+uint32_t ork_npu_dweight_group(const ork_npu_dweight *w);  /* opts.group of the upload (0: per channel) */
+uint32_t ork_npu_dweight_groups(const ork_npu_dweight *w); /* G = ceil(K / group) blocks per matmul, else 1 */
 /* the row counts M the forward pass's hook holds a cached job for, in slot order; returns how many */
 int ork_npu_dweight_job_rows(ork_npu_dweight *w, uint32_t m[ORK_NPU_JOB_CACHE_SLOTS]);
 
-/* C (M, N) int32 = A (M, K) int8 (row stride K) times w, on d (w must be live on d) */
+/* C (M, N) int32 = A (M, K) int8 (row stride K) times w, on d (w must be live on d); (G, M, N) for a
+ * grouped upload (ork_npu_dweight_groups) */
 ork_status ork_npu_device_matmul(ork_npu_device *d, ork_npu_dweight *w, const int8_t *A, uint32_t M, int32_t *C,
                                  ork_err *err);
 
 /* a job of n weights (each live on d) at M rows (backend.h ork_npu_job); not of an int4 store's weight
- * (its digit rows: ORK_EINVAL) */
+ * (its digit rows) nor of a grouped one (ORK_EINVAL) */
 ork_status ork_npu_device_job(ork_npu_device *d, ork_npu_dweight *const *w, uint32_t n, uint32_t M,
                               ork_npu_djob **out, ork_err *err);
 /* C[i] (M, N_i) = A[i] (M, K_i) (row stride lda[i]) times weight i, one submit; ORK_EINVAL once the device closed */

@@ -16,6 +16,12 @@ static uint32_t split_start(uint32_t units, uint32_t n, uint32_t i) {
     return i * q + (i < r ? i : r);
 }
 
+/* K tile ki of KB blocks in nk tiles: near-equal, or with gb > 0 blocks per group exactly gb (the last the rest) */
+static uint32_t k_size(uint32_t KB, uint32_t nk, uint32_t gb, uint32_t ki) {
+    return gb ? (ki + 1 < nk ? gb : KB - gb * (nk - 1)) : split_size(KB, nk, ki);
+}
+static uint32_t k_start(uint32_t KB, uint32_t nk, uint32_t gb, uint32_t ki) { return gb ? gb * ki : split_start(KB, nk, ki); }
+
 void ork_npu_plan_free(ork_npu_plan *p) {
     if (!p) return;
     free(p->tasks);
@@ -50,10 +56,14 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
     max_n -= max_n % nu;
     if (max_m < 4 || max_k < 32 || max_n < nu)
         return ork_err_set(err, ORK_EINVAL, "npu plan: tile caps must be at least M 4, K 32, N %u", nu);
+    const uint32_t group = opts ? opts->group : 0;
+    if (group && (group % 32 || group > max_k))
+        return ork_err_set(err, ORK_EINVAL, "npu plan: group size %u must be a multiple of 32 of at most the K tile %u",
+                           group, max_k);
     const uint32_t Kp = (K + 31u) & ~31u, Np = (N + nu - 1) / nu * nu;
-    const uint32_t KB = Kp / 32, NB = Np / nu;
-    const uint32_t nk = (Kp + max_k - 1) / max_k, nn = (Np + max_n - 1) / max_n;
-    const uint32_t kt_max = split_size(KB, nk, 0) * 32;
+    const uint32_t KB = Kp / 32, NB = Np / nu, gb = group / 32;
+    const uint32_t nk = group ? (KB + gb - 1) / gb : (Kp + max_k - 1) / max_k, nn = (Np + max_n - 1) / max_n;
+    const uint32_t kt_max = k_size(KB, nk, gb, 0) * 32;
     uint32_t nm, G = 0;
     if (M == 1) {
         nm = 1;
@@ -79,6 +89,7 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
     p->Np = Np;
     p->nm = nm;
     p->nk = nk;
+    p->group = group;
     p->nn = nn;
     p->n_tasks = (uint32_t)nt64;
     /* input blocks (mi, ki), weight blocks (ni, ki); bytes = codes * bits / 8 */
@@ -95,13 +106,13 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
         uint32_t Mp = M == 1 ? 1 : split_size(G, nm, mi) * 4;
         for (uint32_t ki = 0; ki < nk; ki++) {
             in_at[(size_t)mi * nk + ki] = in_off;
-            in_off = align_up(in_off + (uint64_t)Mp * split_size(KB, nk, ki) * 32 * bits / 8);
+            in_off = align_up(in_off + (uint64_t)Mp * k_size(KB, nk, gb, ki) * 32 * bits / 8);
         }
     }
     for (uint32_t ni = 0; ni < nn; ni++)
         for (uint32_t ki = 0; ki < nk; ki++) {
             w_at[(size_t)ni * nk + ki] = w_off;
-            w_off = align_up(w_off + (uint64_t)split_size(NB, nn, ni) * nu * split_size(KB, nk, ki) * 32 * bits / 8);
+            w_off = align_up(w_off + (uint64_t)split_size(NB, nn, ni) * nu * k_size(KB, nk, gb, ki) * 32 * bits / 8);
         }
     size_t t = 0;
     for (uint32_t mi = 0; mi < nm; mi++) {
@@ -114,8 +125,8 @@ ork_status ork_npu_plan_make(uint32_t M, uint32_t K, uint32_t N, const ork_npu_p
                 d->m0 = m0;
                 d->Mt = Mt;
                 d->Mp = Mp;
-                d->k0 = split_start(KB, nk, ki) * 32;
-                d->Kt = split_size(KB, nk, ki) * 32;
+                d->k0 = k_start(KB, nk, gb, ki) * 32;
+                d->Kt = k_size(KB, nk, gb, ki) * 32;
                 d->n0 = split_start(NB, nn, ni) * nu;
                 d->Nt = split_size(NB, nn, ni) * nu;
                 d->mi = mi;
@@ -398,14 +409,16 @@ ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, cons
 
 ork_status ork_npu_unpack_output(const ork_npu_plan *p, const uint8_t *buf, int32_t *C, ork_err *err) {
     if (!p || !buf || !C) return ork_err_set(err, ORK_EINVAL, "npu unpack_output: bad arguments");
-    memset(C, 0, (size_t)p->M * p->N * sizeof(int32_t));
+    const size_t MN = (size_t)p->M * p->N;
+    memset(C, 0, (p->group ? p->nk : 1) * MN * sizeof(int32_t));
     for (uint32_t t = 0; t < p->n_tasks; t++) {
         const ork_npu_task_desc *d = &p->tasks[t];
         const int32_t *blk = (const int32_t *)(const void *)(buf + d->out_off);
         const int16_t *b16 = (const int16_t *)(const void *)(buf + d->out_off);
         uint32_t nend = d->n0 + d->Nt < p->N ? d->n0 + d->Nt : p->N;
+        int32_t *base = p->group ? C + d->ki * MN : C; /* grouped: each K tile (group) its own block */
         for (uint32_t m = 0; m < d->Mt; m++) {
-            int32_t *row = C + (size_t)(d->m0 + m) * p->N;
+            int32_t *row = base + (size_t)(d->m0 + m) * p->N;
             for (uint32_t n = d->n0; n < nend; n++) {
                 uint32_t j = n - d->n0;
                 /* int32 sum of the K tiles, wrapping arithmetic done unsigned (never overflows for K <= MAX_K);

@@ -89,6 +89,10 @@ typedef enum { ORK_NPU_PREC_INT8 = 0, ORK_NPU_PREC_INT4 = 1 } ork_npu_precision;
 typedef struct ork_npu_plan_opts {
     uint32_t max_m, max_k, max_n; /* 0 = the hardware limit; else lower caps (rounded to 4 / 32, int4 N: 64) */
     ork_npu_precision precision;  /* 0 = int8 x int8 -> int32; ORK_NPU_PREC_INT4: int4 x int4 -> int16 tiles */
+    uint32_t group;               /* 0: K tiles of near-equal size, summed into one int32 (M, N) output. g > 0 (a
+                                     multiple of 32, at most the K tile cap): group-wise partial sums (pack.h
+                                     "Group-wise scales"): K tiles exactly [i g, (i + 1) g) (the last shorter), and
+                                     the output (G, M, N) int32, G = ceil(K / g), block i the group's own sum */
 } ork_npu_plan_opts;
 
 typedef struct ork_npu_task_desc {
@@ -104,6 +108,7 @@ typedef struct ork_npu_plan {
     uint32_t bits, out_esz; /* bits per operand code (8, 4), bytes per output element (4, 2) */
     uint32_t M, K, N, Kp, Np;
     uint32_t nm, nk, nn, n_tasks;
+    uint32_t group; /* opts->group: 0, or the group size (nk groups, one K tile each, outputs kept apart) */
     uint64_t in_bytes, w_bytes, out_bytes, cmd_bytes;
     uint64_t macs; /* sum over tasks of Mp * Kt * Nt (what the NPU computes) */
     ork_npu_task_desc *tasks; /* n_tasks entries, owned */
@@ -162,7 +167,8 @@ ork_status ork_npu_pack_weights(const ork_npu_plan *p, const int8_t *B, size_t l
 ork_status ork_npu_pack_weights_store(const ork_npu_plan *p, ork_kind kind, const void *store, const int8_t lut[16],
                                       uint8_t *buf, ork_err *err);
 /* The output buffer -> C (M, N) int32 row-major (K tiles summed in int32;
- * int4 plans: the int16 blocks widened). */
+ * int4 plans: the int16 blocks widened); a grouped plan: C (nk, M, N), each K
+ * tile's block (one group's partial sums) apart. */
 ork_status ork_npu_unpack_output(const ork_npu_plan *p, const uint8_t *buf, int32_t *C, ork_err *err);
 /* Inverse layouts, for round-trip tests and debugging. */
 ork_status ork_npu_unpack_input(const ork_npu_plan *p, const uint8_t *buf, int8_t *A, ork_err *err);
