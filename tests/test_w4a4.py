@@ -192,6 +192,32 @@ def test_input_groups_and_the_knapsack():
     assert set(t4.values()) == {"w4a8-g32"}
 
 
+def test_group_specs_hold_one_input_group_at_a_time():
+    """The allocation's low options are made on use and kept one input group at a time (w4a4 and w4a8 of
+    a linear share one store): the high model and one group's options in memory, not every option."""
+    names = [f"blk.0.{t}.weight" for t in ("attn_q", "attn_k", "attn_v", "attn_output")]
+    made = []
+    cache = {}
+
+    def make(n, tier):
+        key = f"{n}:store"
+        if key not in cache:
+            made.append(n)
+            cache[key] = object()
+        return (tier, cache[key])
+    lo = {t: npu_alloc.GroupSpecs(names, t, make, cache) for t in ("w4a4", "w4a8")}
+    assert "blk.0.attn_q.weight" in lo["w4a4"] and "output.weight" not in lo["w4a4"] and not made
+    assert list(lo["w4a8"]) == names and len(lo["w4a8"]) == 4
+    a, b = lo["w4a4"]["blk.0.attn_q.weight"], lo["w4a8"]["blk.0.attn_q.weight"]
+    assert a[1] is b[1] and made == ["blk.0.attn_q.weight"]  # one store for both options
+    lo["w4a4"]["blk.0.attn_k.weight"]
+    assert sorted(k for k in cache if k != "group") == ["blk.0.attn_k.weight:store", "blk.0.attn_q.weight:store"]
+    lo["w4a8"]["blk.0.attn_output.weight"]  # another input group: the last one's stores are dropped
+    assert [k for k in cache if k != "group"] == ["blk.0.attn_output.weight:store"]
+    with pytest.raises(KeyError):
+        lo["w4a4"]["output.weight"]
+
+
 # ----------------------------------------------------- stories260K end to end --
 needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason="../shared/models/stories260K is absent")
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -114,6 +114,36 @@ def group_sensitivities(hi: Any, lo: Mapping[str, Mapping[str, Any]], batch: Seq
     return {"base": base, "kl": out}
 
 
+class GroupSpecs(Mapping[str, Any]):
+    """{linear: its LinearSpec at one option}, made on use by ``make(name, tier)``, which keeps its
+    packed stores in ``cache``; asking for a linear of another input group first empties ``cache``
+    (shared by the options of one allocation, so w4a4 and w4a8 of one linear share their codes).
+    :func:`group_sensitivities` reads the options group by group, so an allocation holds the high
+    model and one group's low options, not every linear at every option."""
+
+    def __init__(self, names: Sequence[str], tier: str, make: Callable[[str, str], Any], cache: Dict[str, Any]):
+        self._names, self._tier, self._make, self._cache = list(names), tier, make, cache
+        self._set = frozenset(self._names)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._set:
+            raise KeyError(name)
+        g = input_group(name)
+        if self._cache.get("group") != g:
+            self._cache.clear()
+            self._cache["group"] = g
+        return self._make(name, self._tier)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, Mapping[str, float]], npu_bits: float,
                options: Sequence[str] = NPU_OPTIONS) -> Tuple[Dict[str, str], Dict[str, Any]]:
     """({linear: tier}, report): every group at one of ``options`` (the last, the high one, at an
@@ -183,8 +213,9 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
                 stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None))
             pw = stores[key]
             return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind))
-        lo = {t: {n: spec_of(n, t) for n in names} for t in low}
         hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
+        stores.clear()  # the high model holds its own; the low options' stores one input group at a time
+        lo = {t: GroupSpecs(names, t, spec_of, stores) for t in low}
         sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
         del hi, lo, stores
     tiers, rep = choose_npu(shapes, sens["kl"], npu_bits, options)
@@ -228,6 +259,6 @@ def reference_logprobs(model: Any, batch: Sequence[NDArray[Any]], threads: Optio
     return [_log_softmax(model.forward(c, threads=threads)) for c in batch]
 
 
-__all__ = ["NPU_OPTIONS", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
+__all__ = ["GroupSpecs", "NPU_OPTIONS", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
            "npu_budget",
            "npu_nbytes", "reference_logprobs"]
