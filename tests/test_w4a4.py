@@ -218,6 +218,22 @@ def test_group_specs_hold_one_input_group_at_a_time():
         lo["w4a4"]["output.weight"]
 
 
+@pytest.mark.skipif(not STORIES.is_file(), reason="../shared/models/stories260K is absent")
+def test_streamed_reference_is_the_float_models():
+    """The allocation's reference log-probabilities, computed layer by layer (one layer's float32 weights in
+    memory, the head in blocks of rows), are the float model's."""
+    from orkpy.formats.source import open_source
+    from orkpy.runtime.model import calib_chunks, float_model
+    src = open_source(STORIES)
+    batch, _ = calib_chunks(src, TEXT.read_text(encoding="utf-8"), 64, 3)
+    assert len(batch) == 3
+    want = npu_alloc.reference_logprobs(float_model(src), batch)
+    got = npu_alloc.streamed_logprobs(src, batch, head_block_bytes=4 * 64 * 100)  # 100 head rows a block
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+
+
 # ----------------------------------------------------- stories260K end to end --
 needs_stories = pytest.mark.skipif(not STORIES.is_file(), reason="../shared/models/stories260K is absent")
 

@@ -184,7 +184,7 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     from ..kernels.packed import pack
     from ..kernels.quant import KIND_INFO, quantize
     from ..runtime.actcal import calibrate_activations, resolve
-    from ..runtime.model import LinearSpec, build_model, float_model, linear_names
+    from ..runtime.model import LinearSpec, build_model, calib_chunks, float_model, linear_names
 
     names = list(linear_names(src.hp))
     all_shapes = src.shapes()
@@ -195,13 +195,14 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
     sens: Dict[str, Any] = {"base": None, "kl": {t: {} for t in options[:-1]}, "n_ctx": int(n_ctx), "chunks": 0}
     low = list(options[:-1])
     if npu_bits < 8 and (len(low) > 1 or npu_bits > 4):  # else nothing to choose: no measurement
-        fm = float_model(src)
-        n_chunk, it = fm.chunks(fm.tokens(calib), n_ctx, chunks)
-        batch = list(it)
-        ref_lp = reference_logprobs(fm, batch, threads)
-        cal = calibrate_activations(fm, calib, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False) \
-            if spec.info.calibrated else None
-        del fm
+        batch, _ = calib_chunks(src, calib, n_ctx, chunks)
+        n_chunk = len(batch)
+        ref_lp = streamed_logprobs(src, batch, threads)  # one layer's float32 weights at a time
+        cal = None
+        if spec.info.calibrated:  # static ranges: calibrated on the float model (whole, as before)
+            fm = float_model(src)
+            cal = calibrate_activations(fm, calib, n_ctx=n_ctx, chunks=chunks, threads=threads, progress=False)
+            del fm
         where = "npu_bits allocation"
 
         stores: Dict[str, Any] = {}
@@ -259,6 +260,35 @@ def reference_logprobs(model: Any, batch: Sequence[NDArray[Any]], threads: Optio
     return [_log_softmax(model.forward(c, threads=threads)) for c in batch]
 
 
+def streamed_logprobs(src: Any, batch: Sequence[NDArray[Any]], threads: Optional[int] = None,
+                      head_block_bytes: int = 64 << 20) -> List[NDArray[np.float64]]:
+    """The float model's log-probabilities on each chunk of ``batch``, computed layer by layer from
+    ``src`` (:class:`orkpy.runtime.blocks.Stream`: one layer's float32 weights in memory, the head
+    ``head_block_bytes`` of float32 rows at a time) rather than from the model's float32 copy:
+    :func:`reference_logprobs` of the float model, up to the order of the head's blocks."""
+    from ..formats.tiermap import OUTPUT
+    from ..runtime.blocks import Block, Stream, layer_linears
+    from ..runtime.linear import LinearSpec
+    stream = Stream(src, batch)
+    blk = None
+    for layer in range(int(src.hp["n_layer"])):
+        blk = Block(src, layer, {n: LinearSpec.f32(n, src.linear(n)) for n in layer_linears(layer)})
+        blk.run(stream, threads)
+        src.release()
+    assert blk is not None, "a model without layers"
+    N, K = (int(d) for d in src.shapes()[src.tensor_name(OUTPUT)][:2])
+    bias = src.tensor("output.bias") if "output" in set(src.hp.get("biases", ())) else None
+    logits = [np.empty((x.shape[0], N), np.float32) for x in stream.xs]
+    step = max(1, min(N, head_block_bytes // max(1, 4 * K)))
+    for r0 in range(0, N, step):
+        rows = slice(r0, min(N, r0 + step))
+        b = None if bias is None else np.ascontiguousarray(bias[rows])
+        for out, z in zip(logits, blk.head_logits(stream, src.rows(OUTPUT, rows), b, threads)):
+            out[:, rows] = z
+        src.release(caches=False)
+    return [_log_softmax(z) for z in logits]
+
+
 __all__ = ["GroupSpecs", "NPU_OPTIONS", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
            "npu_budget",
-           "npu_nbytes", "reference_logprobs"]
+           "npu_nbytes", "reference_logprobs", "streamed_logprobs"]
