@@ -76,12 +76,18 @@ def _log_softmax(logits: NDArray[np.float32]) -> NDArray[np.float64]:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+#: positions of one block of :func:`mean_kl` (its float64 temporaries: a few of rows x vocabulary)
+KL_ROWS = 64
+
+
 def mean_kl(ref_logp: Sequence[NDArray[np.float64]], logits: Sequence[NDArray[np.float32]]) -> float:
-    """Mean over positions of KL(ref || q), ``ref_logp`` log-probabilities, ``logits`` q's logits."""
+    """Mean over positions of KL(ref || q), ``ref_logp`` log-probabilities, ``logits`` q's logits;
+    :data:`KL_ROWS` positions at a time (a 151,936-word vocabulary's float64 temporaries stay small)."""
     tot, n = 0.0, 0
     for lp, lg in zip(ref_logp, logits):
-        lq = _log_softmax(lg)
-        tot += float(np.sum(np.exp(lp) * (lp - lq)))
+        for r0 in range(0, lp.shape[0], KL_ROWS):
+            p = lp[r0:r0 + KL_ROWS]
+            tot += float(np.sum(np.exp(p) * (p - _log_softmax(lg[r0:r0 + KL_ROWS]))))
         n += lp.shape[0]
     return tot / max(n, 1)
 

@@ -212,9 +212,11 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
             key = f"{n}:{KIND_INFO[kind].store_bits}:{g}"  # w4a4 and w4a8: the same codes, one store
             if key not in stores:
                 stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None))
+                src.release(caches=False)  # the source's pages: one tensor at a time
             pw = stores[key]
             return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind))
         hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
+        src.release()
         stores.clear()  # the high model holds its own; the low options' stores one input group at a time
         lo = {t: GroupSpecs(names, t, spec_of, stores) for t in low}
         sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
