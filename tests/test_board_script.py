@@ -76,6 +76,13 @@ def test_fake_quick_writes_fixtures(tmp_path):
         a_list, b = mod.inputs(fx["seed"], M, K, N, len(fx["a_sha256"]))
         assert [mod.sha256(x) for x in a_list] == fx["a_sha256"] and mod.sha256(b) == fx["b_sha256"]
     assert not list(out.glob("*.tmp")), "temporary files left behind"
+    # the model step: w4a4 / w4a8 / grouped linears through every backend, logits equal to the CPU path's
+    md = run_info["model"]
+    assert md["ok"] is True and md["model"] == ("stories260K" if mod.shared_models() else "synthetic")
+    assert {"w4a4", "w4a8", "w4a8-g32", "int8-g64", "int8"} <= set(md["kinds"])
+    assert set(md["results"]) == {"emu", "rknpu", "rocket"}
+    assert all(r["ok"] and r["routed"] == md["linears"] and all(r["equal"].values()) for r in md["results"].values())
+    assert r.stdout.index("fixture cmds") < r.stdout.index("model step:") < r.stdout.index("quantize: orkpy quantize")
     # the recipe step ran after the shapes, on stories260K when the shared folder has it
     q = run_info["quantize"]
     assert_quantize_report(q, "stories260K" if mod.shared_models() else "synthetic", out)
@@ -158,6 +165,28 @@ def test_mismatch_exits_1(tmp_path, monkeypatch, capsys):
     assert call["n_diff"] == 1 and call["first_diff"] == {"m": 3, "n": 31, "got": call["first_diff"]["want"] + 1,
                                                           "want": call["first_diff"]["want"]}
     assert fx["results"]["rocket"]["equal_emu"] is False
+
+
+def test_model_step_fails_on_a_device_that_fails(tmp_path, monkeypatch, capsys):
+    """The model step compares each backend's forward with the CPU path's: a device whose jobs lose their
+    output (the fake kernel's drop fault) fails the run and names the step."""
+    mod = load_script()
+    real = npu.use_npu
+
+    def dropping(model, device, **kw):
+        n = real(model, device, **kw)
+        if device is not None and getattr(device, "backend", "") == "rocket":
+            device.set_faults(4)  # ORK_FAKE_DROP (tests/npu_fake/fake_kernel.h): a job writes no output
+        return n
+
+    monkeypatch.setattr(npu, "use_npu", dropping)
+    rc = mod.main(["--fake", "--quick", "--int4", "skip", "--backend", "rocket", "--out", str(tmp_path), "--calls",
+                   "1", "--quantize", "skip"])
+    text = capsys.readouterr().out
+    info = json.loads((tmp_path / "board-run.json").read_text())
+    assert rc == 1 and "FAILED: model" in text
+    assert info["model"]["ok"] is False and info["model"]["results"]["emu"]["ok"] is True
+    assert "error" in info["model"]["results"]["rocket"]
 
 
 def test_int4_step_runs_first_and_names_the_unverified_values(tmp_path, monkeypatch, capsys):

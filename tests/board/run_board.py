@@ -5,7 +5,7 @@ and in NumPy, compared bit for bit; fixtures saved for later comparison.
 
     python tests/board/run_board.py [--backend {rknpu,rocket,all}] [--out DIR]
                                     [--quick] [--fake] [--allow-missing]
-                                    [--int4 {first,only,skip}]
+                                    [--int4 {first,only,skip}] [--model {run,skip}]
                                     [--quantize {run,skip,only}]
                                     [--quantize-model {auto,stories260K,synthetic}]
 
@@ -38,6 +38,15 @@ emulator), so the script runs on any machine; that is how CI tests it. The
 fake kernels are test machinery outside the shipped extension: --fake-lib
 names the library (default $ORKPY_FAKE_KERNEL_LIB), else it is built here
 with gcc from tests/npu_fake (tests/cbuild.py build_fake_kernel).
+
+The model step (--model run, the default; after the int8 shapes): a small model
+(the recipe step's, below) whose linears take turns at the packed kinds whose
+host side orkpy adds around the NPU's modes -- w4a4 (int4 rows; its int8 sink
+row as two int4 digit rows), w4a8 (int8 activations as two int4 digit rows),
+w4a8 with group-wise scales (one int4 K tile per group of 32), int8 with
+group-wise scales (one int32 block per group of 64) and int8 -- routed to emu and
+every device backend (orkpy.runtime.npu.use_npu); its logits at prefill (64
+positions) and at decode (one) must equal the CPU path's bit for bit.
 
 The recipe step (--quantize run, the default; after the NPU shapes): orkpy's
 quantization recipe QUANT_RECIPE (a Hadamard rotation, GPTQ, static
@@ -97,6 +106,10 @@ INT4_GOLDEN = [(4, 64, 64), (1, 480, 64), (4, 481, 128), (37, 2048, 100)]
 QUANT_RECIPE = {"transform": {"rotate": "hadamard"}, "calibration": {"ctx": 128, "chunks": 4},
                 "rounding": {"method": "gptq"}, "activation": {"mode": "static"}}
 QUANT_CALIB_BYTES = 65536  # stories260K's calibration text: the first whole lines of this many bytes
+
+# the model step: (kind, group size) of linear i is MODEL_KINDS[i % len(MODEL_KINDS)] (module doc)
+MODEL_KINDS = (("w4a4", 0), ("w4a8", 0), ("w4a8", 32), ("int8", 64), ("int8", 0))
+MODEL_TOKENS = 64
 
 # fixed NPU addresses for the fixture's command buffer (in/w/out as in npu/golden-matmul-regcmd.txt)
 FIXED = {"cmd": 0x00100000, "in": 0x10000000, "w": 0x20000000, "out": 0x30000000}
@@ -403,6 +416,62 @@ def run_quantize(args):
     return r
 
 
+def run_model(args, devs, labels):
+    """The model step (module doc): a result dict, "ok" when every backend's logits equal the CPU path's."""
+    from orkpy.formats.source import open_source
+    from orkpy.kernels.actspec import ActSpec
+    from orkpy.kernels.packed import pack
+    from orkpy.kernels.quant import quantize
+    from orkpy.runtime.actcal import resolve
+    from orkpy.runtime.model import LinearSpec, build_model, linear_names
+
+    out = {"ok": False}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            name, path, _, _ = quantize_inputs(args.quantize_model, tmp)
+            src = open_source(path)
+            order = {n: i for i, n in enumerate(linear_names(src.hp))}
+
+            def spec(n):
+                kind, g = MODEL_KINDS[order[n] % len(MODEL_KINDS)]
+                pw = pack(quantize(src.linear(n), kind, group_size=g or None))
+                tier = f"{kind}-g{pw.group}" if pw.group else kind
+                return LinearSpec.from_packed(n, pw, act_spec=resolve(ActSpec(), n, None, pw.K, "board", kind)), tier
+            m = build_model(src, spec)
+            toks = (np.arange(1, MODEL_TOKENS + 1) * 37) % int(src.hp["n_vocab"])
+            want = {"prefill": m.forward(toks), "decode": m.forward(toks[:1])}
+        except Exception as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+            print(f"{'model step':<26}{'':>6}  {'':<14}{'':>22}  ERROR {out['error']}")
+            return out
+        kinds = sorted({f"{s.kind}-g{s.group}" if s.group else s.kind for s in m.linears.values()})
+        out.update({"model": name, "linears": len(m.linears), "kinds": kinds, "tokens": MODEL_TOKENS,
+                    "cpu_sha256": {k: out_sha256(v) for k, v in want.items()}, "results": {}})
+        print(f"model step: {name}, {len(m.linears)} linears at {', '.join(kinds)}; logits at prefill "
+              f"({MODEL_TOKENS}) and decode (1) vs the CPU path")
+        ok = True
+        for be, dev in devs.items():
+            r = {}
+            try:
+                t0 = time.perf_counter()
+                r["routed"] = npu.use_npu(m, dev)
+                got = {"prefill": m.forward(toks), "decode": m.forward(toks[:1])}
+                r["ms"] = 1e3 * (time.perf_counter() - t0)
+                r["equal"] = {k: bool(np.array_equal(got[k], want[k])) for k in want}
+                r["ok"] = all(r["equal"].values())
+            except Exception as e:
+                r.update(ok=False, error=f"{type(e).__name__}: {e}")
+            finally:
+                npu.use_npu(m, None)
+            ok = ok and r["ok"]
+            out["results"][be] = r
+            verdict = ("ERROR " + r["error"]) if "error" in r else ("ok" if r["ok"] else "MISMATCH " + json.dumps(r["equal"]))
+            print(f"{'model ' + name:<26}{r.get('routed', 0):>6}  {labels[be]:<14}{r.get('ms', 0.0):>11.2f}{'':>11}  "
+                  f"{verdict}")
+        out["ok"] = ok
+    return out
+
+
 def environment(argv):
     """The run's environment for board-run.json."""
     return {"tool": "tests/board/run_board.py", "argv": sys.argv[1:] if argv is None else list(argv),
@@ -439,6 +508,9 @@ def main(argv=None):
     ap.add_argument("--timeout-ms", type=int, default=10000)
     ap.add_argument("--int4", choices=("first", "only", "skip"), default="first",
                     help="the int4 step (unverified register values): first (default), only, or skip")
+    ap.add_argument("--model", choices=("run", "skip"), default="run",
+                    help="the model step (w4a4 / w4a8 / grouped linears through every backend, logits vs the CPU "
+                         "path) after the int8 shapes (default: run)")
     ap.add_argument("--quantize", choices=("run", "skip", "only"), default="run",
                     help="the recipe step on a small model (CPU; time and peak memory): run after the NPU shapes "
                          "(default), skip, or only (no NPU device needed)")
@@ -577,6 +649,10 @@ def main(argv=None):
         summary.append({"name": name, "n_tasks": p["n_tasks"], "ok": shape_ok})
         del a_list, b, refs
 
+    if args.model == "run" and args.int4 != "only":
+        print("-" * len(hdr))
+        model = run_model(args, devs, labels)
+        all_ok = all_ok and model["ok"]
     run = {
         **environment(argv),
         "mode": mode, "backends": backends, "unavailable": missing, "open_errors": open_errors,
@@ -585,6 +661,8 @@ def main(argv=None):
         "int4": {"step": args.int4, "shapes": int4_summary, "ok": int4_ok,
                  "unverified_registers": npu.int4_register_facts()},
     }
+    if args.model == "run" and args.int4 != "only":
+        run["model"] = model
     for d in devs.values():
         d.close()
     print("-" * len(hdr))
@@ -594,7 +672,7 @@ def main(argv=None):
         print("-" * len(hdr))
     write_json(os.path.join(args.out, "board-run.json"), run)
     bad = ([s["name"] for s in int4_summary if not s["ok"]] + [s["name"] for s in summary if not s["ok"]]
-           + [f"open {b}" for b in open_errors]
+           + [f"open {b}" for b in open_errors] + (["model"] if "model" in run and not run["model"]["ok"] else [])
            + (["quantize"] if "quantize" in run and not run["quantize"]["ok"] else []))
     print(f"{'ALL EQUAL' if all_ok else 'FAILED: ' + ', '.join(bad)}; fixtures in {args.out}")
     return 0 if all_ok else 1
