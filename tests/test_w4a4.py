@@ -396,7 +396,7 @@ def test_grouped_w4a8_partials_are_int4_jobs_split_on_group_boundaries():
     (``matmul_int``, (G, M, N), which its output scales and adds in group order) is exactly what the
     NPU's int4 mode returns for that group's K slice, the activations as two digit rows, through the
     emulator with K tiles of the group size -- the NPU side of docs/results/w4a4.md's grouped rows
-    (the host's combination of the groups is not on the device path yet)."""
+    (the device path's whole grouped job: tests/test_npu.py test_grouped_weights_return_per_group_partials)."""
     from orkpy.kernels import int4
     rng = np.random.default_rng(10)
     for M, K, N, g in ((1, 576, 64, 64), (3, 1536, 40, 128), (2, 640, 96, 32), (1, 200, 64, 96)):
