@@ -20,7 +20,7 @@ from orkpy.quantization.layerwise import CHECKPOINT_SUFFIX, Checkpoint, Layerwis
 from orkpy.quantization.gptq import gptq_linears
 from orkpy.quantization.pipeline import RunOptions, plan_linears, round_linears
 from orkpy.quantization.recipe import Recipe
-from orkpy.runtime.blocks import layer_linears
+from orkpy.runtime.blocks import layer_linears, row_blocks
 from orkpy.runtime.model import calibrate_source_acts, linear_names, transformed_source
 
 F32 = "models/stories260K/stories260K-F32.gguf"
@@ -145,7 +145,7 @@ def test_head_in_row_blocks_equals_one_piece(shared, monkeypatch):
     whole = {x.name: x.packed for x in LayerwiseRun(src, plan, r, _calib(shared), None, {}, run, True, True)}
     N, K = src.shapes()["token_embd.weight"]
     monkeypatch.setattr(layerwise, "HEAD_BLOCK_BYTES", 4 * K * 100)  # 100 rows a block: 512 rows in 6 blocks
-    assert len(layerwise._row_blocks(N, K)) == 6
+    assert len(row_blocks(N, K, layerwise.HEAD_BLOCK_BYTES)) == 6
     blocks = {x.name: x.packed for x in LayerwiseRun(src, plan, r, _calib(shared), None, {}, run, True, True)}
     a, b = whole["output.weight"], blocks["output.weight"]
     assert np.array_equal(a.store, b.store) and np.array_equal(a.bscale, b.bscale)

@@ -51,7 +51,7 @@ from ..formats.tiermap import OUTPUT
 from ..kernels.packed import PackedWeight, pack
 from ..kernels.quant import QuantizedTensor
 from ..runtime import actcal
-from ..runtime.blocks import Block, Stream, input_stats, layer_linears
+from ..runtime.blocks import Block, Stream, input_stats, layer_linears, row_blocks
 from ..runtime.linear import LinearSpec
 from ..runtime.model import calib_chunks
 from .gptq import DEFAULT_BLOCK, DEFAULT_DAMP, SHARED_INPUT, gptq_quantize, gram_batches
@@ -85,12 +85,6 @@ def _owner(name: str) -> str:
     if len(parts) == 4 and parts[2] in SHARED_INPUT:
         return ".".join(parts[:2] + [SHARED_INPUT[parts[2]]] + parts[3:])
     return name
-
-
-def _row_blocks(N: int, K: int) -> List[slice]:
-    """Blocks of rows of an (N, K) weight holding at most :data:`HEAD_BLOCK_BYTES` in float32 each."""
-    rows = max(1, min(N, HEAD_BLOCK_BYTES // max(1, 4 * K)))
-    return [slice(r, min(N, r + rows)) for r in range(0, N, rows)]
 
 
 def _concat(parts: List[QuantizedTensor]) -> QuantizedTensor:
@@ -408,7 +402,7 @@ class LayerwiseRun:
         t0 = time.perf_counter()
         N, K = self.src.shapes()[self.src.tensor_name(OUTPUT)][:2]
         parts = []
-        for rows in _row_blocks(N, K):
+        for rows in row_blocks(N, K, HEAD_BLOCK_BYTES):
             w = self.src.rows(OUTPUT, rows)
             if gram is not None:
                 parts.append(gptq_quantize(w, gram[0], p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=OUTPUT,

@@ -269,7 +269,7 @@ def streamed_logprobs(src: Any, batch: Sequence[NDArray[Any]], threads: Optional
     ``head_block_bytes`` of float32 rows at a time) rather than from the model's float32 copy:
     :func:`reference_logprobs` of the float model, up to the order of the head's blocks."""
     from ..formats.tiermap import OUTPUT
-    from ..runtime.blocks import Block, Stream, layer_linears
+    from ..runtime.blocks import Block, Stream, head_blocks, layer_linears
     from ..runtime.linear import LinearSpec
     stream = Stream(src, batch)
     blk = None
@@ -278,16 +278,11 @@ def streamed_logprobs(src: Any, batch: Sequence[NDArray[Any]], threads: Optional
         blk.run(stream, threads)
         src.release()
     assert blk is not None, "a model without layers"
-    N, K = (int(d) for d in src.shapes()[src.tensor_name(OUTPUT)][:2])
-    bias = src.tensor("output.bias") if "output" in set(src.hp.get("biases", ())) else None
+    N = int(src.shapes()[src.tensor_name(OUTPUT)][0])
     logits = [np.empty((x.shape[0], N), np.float32) for x in stream.xs]
-    step = max(1, min(N, head_block_bytes // max(1, 4 * K)))
-    for r0 in range(0, N, step):
-        rows = slice(r0, min(N, r0 + step))
-        b = None if bias is None else np.ascontiguousarray(bias[rows])
-        for out, z in zip(logits, blk.head_logits(stream, src.rows(OUTPUT, rows), b, threads)):
+    for rows, w, b in head_blocks(src, head_block_bytes):
+        for out, z in zip(logits, blk.head_logits(stream, w, b, threads)):
             out[:, rows] = z
-        src.release(caches=False)
     return [_log_softmax(z) for z in logits]
 
 

@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 from .._io import progress_bar
 from ..formats.tiermap import OUTPUT, packed_nbytes, split_tier, tier_kind
 from ..kernels.quant import quantize
-from ..runtime.blocks import STEMS, Block, Stream, layer_linears
+from ..runtime.blocks import STEMS, Block, Stream, head_blocks, layer_linears
 from ..runtime.linear import LinearSpec
 from ..runtime.model import calib_chunks
 
@@ -224,14 +224,8 @@ def _head(src: Any, last: Block, base: Stream, streams: Dict[str, Stream], opts:
     N, K = src.shapes()[src.tensor_name(OUTPUT)][:2]
     if im is not None and im.shape != (K,):
         raise ValueError(f"the imatrix entry for {OUTPUT!r} has {im.size} values, the weight has K = {K}")
-    has_bias = "output" in set(src.hp.get("biases", ()))
-    bias = src.tensor("output.bias") if has_bias else None
     err = {t: 0.0 for t in opts}
-    step = max(1, min(N, HEAD_BLOCK_BYTES // max(1, 4 * K)))
-    for r0 in range(0, N, step):
-        rows = slice(r0, min(N, r0 + step))
-        w = src.rows(OUTPUT, rows)
-        b = None if bias is None else np.ascontiguousarray(bias[rows])
+    for _, w, b in head_blocks(src, HEAD_BLOCK_BYTES):
         zp = last.head_logits(base, w, b, threads)
         for t, s in streams.items():
             kls[t].add(zp, last.head_logits(s, w, b, threads))
@@ -240,7 +234,6 @@ def _head(src: Any, last: Block, base: Stream, streams: Dict[str, Stream], opts:
             err[t] += e[t]
         head_kl.add(zp, last.head_logits(base, ref_w, b, threads))
         del w, ref_w, zp
-        src.release(caches=False)
     rep["kl_type"] = {t: k.value() for t, k in kls.items()}
     kl = head_kl.value()
     rep["kl_ref"][OUTPUT] = kl

@@ -19,7 +19,7 @@ the activation statistics from the second half.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,6 +37,23 @@ STEMS: Tuple[str, ...] = tuple(_core.layer_linears())
 def layer_linears(layer: int) -> List[str]:
     """The linear names of source layer ``layer``, in the forward pass's order."""
     return [f"blk.{layer}.{t}.weight" for t in STEMS]
+
+
+def row_blocks(N: int, K: int, block_bytes: int) -> List[slice]:
+    """Blocks of rows of an (N, K) weight, each at most ``block_bytes`` in float32 (at least one row)."""
+    rows = max(1, min(N, block_bytes // max(1, 4 * K)))
+    return [slice(r, min(N, r + rows)) for r in range(0, N, rows)]
+
+
+def head_blocks(src: Source, block_bytes: int) -> Iterator[Tuple[slice, NDArray[np.float32], Optional[NDArray[Any]]]]:
+    """The head a block of vocabulary rows at a time (:func:`row_blocks`): (rows, its float32 weight
+    rows, its bias rows or None); the source's mapped pages are released after each block, so a
+    vocabulary-sized head is never held whole."""
+    N, K = (int(d) for d in src.shapes()[src.tensor_name(OUTPUT)][:2])
+    bias = src.tensor("output.bias") if "output" in set(src.hp.get("biases", ())) else None
+    for rows in row_blocks(N, K, block_bytes):
+        yield rows, src.rows(OUTPUT, rows), (None if bias is None else np.ascontiguousarray(bias[rows]))
+        src.release(caches=False)
 
 
 def embed(src: Source, tokens: NDArray[np.int32]) -> NDArray[np.float32]:
@@ -196,4 +213,4 @@ def input_stats(x: NDArray[np.float32], calls: Sequence[int], prefix: int,
 HEAD = len(STEMS)
 
 
-__all__ = ["Block", "STEMS", "Stream", "embed", "input_stats", "layer_linears"]
+__all__ = ["Block", "STEMS", "Stream", "embed", "head_blocks", "input_stats", "layer_linears", "row_blocks"]

@@ -49,6 +49,7 @@ import json
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..formats import tiermap
 from . import npu
 
 #: Published configs (hidden, ffn, layers, heads, kv heads, head_dim, vocab; tied heads): the decode
@@ -83,17 +84,17 @@ MAX_TASKS_PER_SUBMIT = 4095  # the vendor driver's tasks per hardware commit (do
 
 def split_precision(p) -> Tuple[str, int]:
     """(base precision, group size or 0) of a precision name (``"w4a8-g128"`` -> ("w4a8", 128)); a
-    ValueError names anything else."""
-    base, sep, g = str(p).partition("-g")
-    if base not in PRECISIONS or (sep and base not in GROUPED):
+    ValueError names anything else. The grouped forms are the allocation's tiers
+    (orkpy.formats.tiermap.split_tier), of the precisions in :data:`GROUPED` only."""
+    try:
+        base, g = tiermap.split_tier(p)
+    except ValueError:
+        base, g = None, 0
+    if base not in PRECISIONS or (g and base not in GROUPED):
         raise ValueError(f"unknown precision {p!r} (expected one of {', '.join(PRECISIONS)}, or "
-                         f"{' / '.join(GROUPED)} with -gG group-wise scales)")
-    if not sep:
-        return base, 0
-    if not (g.isascii() and g.isdigit() and g[0] != "0" and int(g) % 32 == 0 and 32 <= int(g) <= npu.INT4_MAX_KT):
-        raise ValueError(f"precision {p!r}: the group size must be a multiple of 32 from 32 to {npu.INT4_MAX_KT} "
-                         "(one K tile of the int4 mode)")
-    return base, int(g)
+                         f"{' / '.join(GROUPED)} with -gG group-wise scales, G a multiple of 32 from 32 to "
+                         f"{npu.INT4_MAX_KT}: one K tile of the int4 mode)")
+    return base, g
 
 
 def linears(d) -> List[Tuple[str, int, int]]:
