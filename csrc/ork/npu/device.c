@@ -479,31 +479,39 @@ static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t
     const size_t K = w->K, N = w->N, G = w->groups;
     if (M > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
     size_t rows = M, wide = 0; /* rows of the matmul; input rows that need two digit rows */
-    if (w->split)
+    size_t *at = NULL; /* input row m -> first its "needs two digit rows" flag, then its first matmul row (its
+                          high digits when wide, the low ones at + 1) */
+    if (w->split) {
+        if (!(at = (size_t *)malloc((M + 1) * sizeof *at))) return ork_err_set(err, ORK_ENOMEM, "npu: out of memory");
         for (size_t m = 0; m < M; m++) {
             int fits = 1;
             for (size_t k = 0; k < K; k++) {
                 const int x = A[m * lda + k];
-                if (x > ORK_ACT_DIGITS_QMAX)
+                if (x > ORK_ACT_DIGITS_QMAX) {
+                    free(at);
                     return ork_err_set(err, ORK_EINVAL, "npu: activation code %d at (row %zu, k %zu) has no two int4 "
                                        "digits (an int4 weight takes codes in [-128, %d])", x, m, k, ORK_ACT_DIGITS_QMAX);
+                }
                 fits &= x >= -8 && x <= 7;
             }
+            at[m] = !fits;
             wide += !fits;
         }
+    }
     rows += wide;
-    if (rows > ORK_NPU_MAX_TOTAL_M) return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
+    if (rows > ORK_NPU_MAX_TOTAL_M) {
+        free(at);
+        return ork_err_set(err, ORK_EINVAL, "too many rows for the NPU");
+    }
     int8_t *D = NULL;
     int32_t *T = NULL;
-    size_t *at = NULL; /* input row m -> its first matmul row (its high digits when wide, low ones at + 1) */
     const int8_t *in = A;
     size_t ld = lda;
     int32_t *out = C;
     if (wide) {
         D = (int8_t *)malloc(rows * K + 1);
         T = (int32_t *)malloc(G * rows * N * sizeof *T + 1);
-        at = (size_t *)malloc((M + 1) * sizeof *at);
-        if (!D || !T || !at) {
+        if (!D || !T) {
             free(D);
             free(T);
             free(at);
@@ -512,10 +520,9 @@ static ork_status run_weight(ork_npu_device *d, ork_npu_dweight *w, const int8_t
         size_t r = 0;
         for (size_t m = 0; m < M; m++) {
             const int8_t *x = A + m * lda;
-            int fits = 1;
-            for (size_t k = 0; k < K; k++) fits &= x[k] >= -8 && x[k] <= 7;
+            const size_t two = at[m];
             at[m] = r;
-            if (fits) {
+            if (!two) {
                 memcpy(D + r++ * K, x, K);
                 continue;
             }
