@@ -194,10 +194,47 @@ def main(argv=None):
         run_model(a, name)
 
 
-def model_and_texts(name, work, ctx, text_f=None, calib_f=None):
+DITHER_BLOCK = {"Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # a type's sub-block (one step) length; others 32
+
+
+def dither_gguf(q, f32, dst, seed):
+    """Write ``dst``: the F32 GGUF ``f32`` (the exact dequantization of the quantized GGUF ``q``) with
+    every tensor that ``q`` stores quantized moved off its grid. The shipped real models are 4-bit files
+    (SmolLM2 Q4_1, Gemma-3 Q4_K_M), so their F32 reference sits on a 4-bit grid that a format with the
+    same blocks recovers almost exactly (llama.cpp's Q4_1 of the SmolLM2 reference scores below its
+    Q8_0): a biased bar for any other quantizer. Each sub-block of ``DITHER_BLOCK`` values along a row
+    gets uniform noise of one grid step (its smallest gap between distinct values), the values spread
+    over their quantization bins as a float model's would be; seeded by ``seed`` and the tensor's name,
+    so the file is reproducible. Returns {type: tensors dithered}."""
+    import zlib
+    from orkpy.formats.gguf_write import metadata_triples, write_gguf
+    done = {}
+    with GGUFFile(q) as gq, GGUFFile(f32) as gf:
+        types = {t.name: t.type for t in gq.tensors}
+        tensors = []
+        for t in gf.tensors:
+            w = np.array(gf.tensor(t.name), dtype=np.float32)
+            qt = types[t.name]
+            b = DITHER_BLOCK.get(qt, 32)
+            if qt not in ("F32", "F16", "BF16") and w.shape[-1] % b == 0:
+                v = w.reshape(-1, b)
+                srt = np.sort(v, axis=1)
+                gap = np.diff(srt, axis=1)
+                step = np.where(gap > 0, gap, np.inf).min(axis=1)
+                step[~np.isfinite(step)] = 0.0
+                rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+                v += ((rng.random(v.shape, dtype=np.float32) - 0.5) * step[:, None]).astype(np.float32)
+                done[qt] = done.get(qt, 0) + 1
+            tensors.append((t.name, w))
+        write_gguf(dst, metadata_triples(gf), tensors, alignment=gf.alignment)
+    return done
+
+
+def model_and_texts(name, work, ctx, text_f=None, calib_f=None, dither=None):
     """(F32 GGUF, scored text file, calibration text file, n_ctx, split) of model ``name`` (see the
-    module doc): the real models' exact dequantization written once to ``work``; one file named
-    twice is split into its halves; ``ctx`` capped at the model's training context."""
+    module doc): the real models' exact dequantization written once to ``work`` (``dither``: a seed, the
+    reference moved off the shipped file's grid, dither_gguf); one file named twice is split into its
+    halves; ``ctx`` capped at the model's training context."""
     if name == "stories260k":
         f32 = STORIES
         if not f32.is_file():
@@ -207,6 +244,11 @@ def model_and_texts(name, work, ctx, text_f=None, calib_f=None):
         f32 = pathlib.Path(work) / (q.stem + ".F32.gguf")
         if not f32.exists():
             orkpy.dequantize_gguf(q, f32)
+        if dither is not None:
+            d = pathlib.Path(work) / f"{q.stem}.F32.dither{dither}.gguf"
+            if not d.exists():
+                print(f"# dithered reference {d.name}: {dither_gguf(q, f32, d, dither)}", flush=True)
+            f32 = d
     text_f = text_f or str(SHARED / "text" / MODELS[name][0])
     calib_f = calib_f or str(SHARED / "text" / MODELS[name][1])
     split = os.path.realpath(text_f) == os.path.realpath(calib_f)

@@ -89,7 +89,7 @@ def build(src, f32, packed, spec, cal, where="bench"):
     return Model(str(f32), src.hp, lin, src.tensor, src.meta, src.tied, {n: packed[n].kind for n in names})
 
 
-def llama_rows(name, f32, text_f, calib_f, ctx, chunks, calib_chunks, work, names):
+def llama_rows(name, f32, text_f, calib_f, ctx, chunks, calib_chunks, work, names, more=()):
     w = pathlib.Path(work)
     tag = f"{name}-{pathlib.Path(text_f).stem}-{ctx}-{chunks}"
     ctag = f"{name}-{pathlib.Path(calib_f).stem}-{ctx}-{calib_chunks}"
@@ -100,9 +100,10 @@ def llama_rows(name, f32, text_f, calib_f, ctx, chunks, calib_chunks, work, name
     im = w / f"{ctag}.imatrix.gguf"
     if not im.exists():
         oracle.llama_imatrix(f32, calib_f, ctx, calib_chunks, im)
-    for label, qtype, imx, dst in (("Q8_0", "Q8_0", None, w / f"{name}.Q8_0.gguf"),
-                                   ("Q4_0", "Q4_0", None, w / f"{name}.Q4_0.gguf"),
-                                   ("Q4_K_M+imatrix", "Q4_K_M", im, w / f"{ctag}.Q4_K_M-im.gguf")):
+    more = [(t, t, None, w / f"{name}.{t}.gguf") for t in more]
+    for label, qtype, imx, dst in [("Q8_0", "Q8_0", None, w / f"{name}.Q8_0.gguf"),
+                                   ("Q4_0", "Q4_0", None, w / f"{name}.Q4_0.gguf"), *more,
+                                   ("Q4_K_M+imatrix", "Q4_K_M", im, w / f"{ctag}.Q4_K_M-im.gguf")]:
         if not dst.exists():
             oracle.llama_quantize(f32, dst, qtype, imatrix=imx)
         r = oracle.llama_kld(dst, base, n_ctx=ctx)
@@ -123,7 +124,9 @@ def per_layer(groups):
 
 
 def run_model(a, name):
-    f32, text_f, calib_f, ctx, split = model_and_texts(name, a.work, a.ctx, a.text, a.calib)
+    f32, text_f, calib_f, ctx, split = model_and_texts(name, a.work, a.ctx, a.text, a.calib, a.dither)
+    if a.dither is not None:
+        name = f"{name}-dither{a.dither}"  # its own cached reference and llama.cpp files in --work
     text = open(text_f, encoding="utf-8").read()
     calib = open(calib_f, encoding="utf-8").read()
     ref = os.path.join(a.work, f"{name}-{pathlib.Path(text_f).stem}-ref-{ctx}-{a.chunks}.npz")
@@ -148,7 +151,8 @@ def run_model(a, name):
     hdr = f"{'row':34} {'PPL':>9} {'mean KL':>9} {'NPU MB':>8} {'bits':>5} {'file MB':>8}"
     print(hdr + "\n" + "-" * len(hdr), flush=True)
     if not a.no_llama:
-        for d in llama_rows(name, f32, text_f, calib_f, ctx, a.chunks, a.calib_chunks, a.work, names):
+        for d in llama_rows(name, f32, text_f, calib_f, ctx, a.chunks, a.calib_chunks, a.work, names,
+                            a.llama_more):
             rows.append(d)
             show(d)
     src, rot = rotated(f32)
@@ -246,6 +250,10 @@ def main(argv=None):
     ap.add_argument("--text")
     ap.add_argument("--calib")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--llama-more", nargs="*", default=[], metavar="TYPE",
+                    help="more llama.cpp rows without an imatrix (e.g. Q4_1 Q5_0 Q4_K_M)")
+    ap.add_argument("--dither", type=int, metavar="SEED",
+                    help="score against the real model moved off its shipped 4-bit grid (act_modes.dither_gguf)")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpy-w4a4"))
     ap.add_argument("--json-out")
     a = ap.parse_args(argv)

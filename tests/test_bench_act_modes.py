@@ -38,3 +38,38 @@ def test_act_modes_bench_on_stories260k(shared, tmp_path):
     assert ref.stat().st_mtime_ns == before and again[0]["ppl"] == pytest.approx(ours["ppl"], rel=1e-12)
     assert not any(r["act"] == "llama.cpp" for r in again)
     assert again[1]["kld"] == pytest.approx(rows[("none", "int8", "weight-only")]["kld"], rel=1e-9)
+
+
+def test_dither_moves_a_dequantized_reference_off_its_grid(shared, tmp_path):
+    """act_modes.dither_gguf: a 4-bit file's exact dequantization sits on its blocks' grids (few
+    distinct values per block of 32); the dithered reference moves every quantized tensor within half a
+    grid step of it and off the grid, keeps the float tensors, and is reproducible from its seed."""
+    import numpy as np
+    import oracle
+    import orkpy
+    from orkpy.formats.gguf import GGUFFile
+    act_modes = load_bench("act_modes")
+    q = oracle.llama_quantize(shared / "models/stories260K/stories260K-F32.gguf", tmp_path / "q.gguf", "Q4_1")
+    f32 = tmp_path / "q.F32.gguf"
+    orkpy.dequantize_gguf(q, f32)
+    done = act_modes.dither_gguf(q, f32, tmp_path / "d1.gguf", 1)
+    assert done.get("Q4_1", 0) >= 5  # the blocks' linears (stories260K's n_ff = 172 falls back to another type)
+    act_modes.dither_gguf(q, f32, tmp_path / "d1b.gguf", 1)
+    act_modes.dither_gguf(q, f32, tmp_path / "d2.gguf", 2)
+    assert (tmp_path / "d1.gguf").read_bytes() == (tmp_path / "d1b.gguf").read_bytes()
+    assert (tmp_path / "d1.gguf").read_bytes() != (tmp_path / "d2.gguf").read_bytes()
+    with GGUFFile(q) as gq, GGUFFile(f32) as gf, GGUFFile(tmp_path / "d1.gguf") as gd:
+        types = {t.name: t.type for t in gq.tensors}
+        for t in gf.tensors:
+            w, d = np.asarray(gf.tensor(t.name)), np.asarray(gd.tensor(t.name))
+            if types[t.name] in ("F32", "F16"):
+                assert np.array_equal(w, d), t.name
+                continue
+            if types[t.name] != "Q4_1":
+                continue
+            v, dv = w.reshape(-1, 32), d.reshape(-1, 32)
+            uniq = np.array([np.unique(r).size for r in v])
+            assert uniq.max() <= 16  # on the Q4_1 grid: at most 16 levels a block
+            step = (v.max(1) - v.min(1)) / 15  # Q4_1's step (its levels span min .. min + 15 d)
+            assert np.all(np.abs(dv - v) <= 0.5 * step[:, None] * (1 + 1e-5) + 1e-12), t.name
+            assert np.mean([np.unique(r).size for r in dv]) > 31  # off the grid
