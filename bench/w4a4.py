@@ -119,8 +119,10 @@ PARTS = ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
 def per_layer(groups):
     """One token per layer, 'q o g d' as 8 (W8A8), d (W4A8 by digits) or 4 (W4A4), then the head."""
     n = 1 + max((int(g.split(".")[1]) for g in groups if g.startswith("blk.")), default=-1)
-    cells = ["".join(CODE[groups.get(f"blk.{i}.{p}.weight", "int8")] for p in PARTS) for i in range(n)]
-    return " ".join(f"{i}:{c}" for i, c in enumerate(cells)) + f" head:{CODE[groups.get('output.weight', 'int8')]}"
+    def code(t):  # a group's linears at different tiers: their codes in brackets ("[dd8]": attn_v W8A8)
+        return CODE[t] if "/" not in t else "[" + "".join(CODE[x] for x in t.split("/")) + "]"
+    cells = ["".join(code(groups.get(f"blk.{i}.{p}.weight", "int8")) for p in PARTS) for i in range(n)]
+    return " ".join(f"{i}:{c}" for i, c in enumerate(cells)) + f" head:{code(groups.get('output.weight', 'int8'))}"
 
 
 def run_model(a, name):
@@ -217,14 +219,22 @@ def run_model(a, name):
     sens = npu_alloc.group_sensitivities(m8, lo, batch, ref_lp, progress=False)
     print(f"# sensitivities: {len(sens['kl']['w4a4'])} groups x 2 options in {time.time() - t:.0f} s (W8A8 base KL "
           f"{sens['base']:.5f})", flush=True)
-    for options in (("w4a4", "int8"), ("w4a4", "w4a8", "int8")):
+    runs = [("", sens["kl"], options) for options in (("w4a4", "int8"), ("w4a4", "w4a8", "int8"))]
+    if a.per_linear:  # w4a8 measured on each linear alone: a group's linears may mix w4a8 and int8
+        t = time.time()
+        pl = npu_alloc.group_sensitivities(m8, {"w4a8": lo["w4a8"]}, batch, ref_lp, progress=False, per_linear=True)
+        print(f"# per-linear w4a8 sensitivities: {len(pl['kl']['w4a8'])} linears in {time.time() - t:.0f} s", flush=True)
+        sens["kl_w4a8_per_linear"] = pl["kl"]["w4a8"]
+        runs.append((", per linear", {"w4a4": sens["kl"]["w4a4"], "w4a8": pl["kl"]["w4a8"]}, ("w4a4", "w4a8", "int8")))
+    for how, kl, options in runs:
         for bits in a.npu_bits:
-            tiers, rep = npu_alloc.choose_npu(shapes, sens["kl"], bits, options)
-            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)}{gtag})", {n: packs[tiers[n]][n] for n in names}, ActSpec())
+            tiers, rep = npu_alloc.choose_npu(shapes, kl, bits, options)
+            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)}{gtag}{how})", {n: packs[tiers[n]][n] for n in names},
+                ActSpec())
             rows[-1]["alloc"] = rep
-            cnt = {t: [g for g, tt in rep["groups"].items() if tt == t] for t in options}
-            print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(rep["groups"]))
-                  + " groups; per layer (qkv, o, gate/up, down): " + per_layer(rep["groups"]), flush=True)
+            cnt = {t: [n for n, tt in tiers.items() if tt == t] for t in options}
+            print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(tiers))
+                  + " linears; per layer (qkv, o, gate/up, down): " + per_layer(rep["groups"]), flush=True)
     if a.json_out:
         with open(a.json_out.replace("{model}", name), "w") as f:
             json.dump({"model": name, "rotation": rot, "text": text_f, "calib": calib_f, "chunks": a.chunks,
@@ -250,6 +260,8 @@ def main(argv=None):
     ap.add_argument("--text")
     ap.add_argument("--calib")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--per-linear", action="store_true",
+                    help="also mixes with w4a8 measured and chosen per linear inside an input group")
     ap.add_argument("--llama-more", nargs="*", default=[], metavar="TYPE",
                     help="more llama.cpp rows without an imatrix (e.g. Q4_1 Q5_0 Q4_K_M)")
     ap.add_argument("--dither", type=int, metavar="SEED",

@@ -192,6 +192,29 @@ def test_input_groups_and_the_knapsack():
     assert set(t4.values()) == {"w4a8-g32"}
 
 
+def test_int8_activation_tiers_chosen_per_linear_inside_a_group():
+    """With w4a8 measured per linear, one input group's linears may take w4a8 and int8 (they quantize
+    their shared input alike): the budget's bytes go to the sensitive small linear (attn_v), not to the
+    whole group; w4a4 stays one choice per group; group-level measurements keep one choice per group."""
+    names = [f"blk.0.{t}.weight" for t in ("attn_q", "attn_k", "attn_v", "attn_output")]
+    shapes = {"blk.0.attn_q.weight": (256, 256), "blk.0.attn_k.weight": (64, 256), "blk.0.attn_v.weight": (64, 256),
+              "blk.0.attn_output.weight": (256, 256)}
+    per = {"blk.0.attn_q.weight": 0.001, "blk.0.attn_k.weight": 0.001, "blk.0.attn_v.weight": 0.05,
+           "blk.0.attn_output.weight": 0.01}
+    grp = {"blk.0.attn_qkv.weight": 0.052, "blk.0.attn_output.weight": 0.01}
+    w4 = {"blk.0.attn_qkv.weight": 0.5, "blk.0.attn_output.weight": 0.5}
+    full = sum(npu_alloc.npu_nbytes("int8", *s) for s in shapes.values())
+    bits = 8 * (full / 2 + 64 * 256 / 2) / full  # every linear at 4 bits, plus attn_v's second half byte
+    tiers, rep = npu_alloc.choose_npu(shapes, {"w4a4": w4, "w4a8": per}, bits)
+    assert [tiers[n] for n in names] == ["w4a8", "w4a8", "int8", "w4a8"]
+    assert rep["groups"]["blk.0.attn_qkv.weight"] == "w4a8/w4a8/int8" and rep["npu_bytes"] <= rep["budget"]
+    assert rep["estimate"] == pytest.approx(0.001 + 0.001 + 0.01)
+    tiers, rep = npu_alloc.choose_npu(shapes, {"w4a4": w4, "w4a8": grp}, bits)  # measured per group: no split
+    assert len({tiers[n] for n in names[:3]}) == 1 and "/" not in rep["groups"]["blk.0.attn_qkv.weight"]
+    tiers, _ = npu_alloc.choose_npu(shapes, {"w4a4": {g: 0.0 for g in w4}, "w4a8": per}, 4)
+    assert set(tiers.values()) == {"w4a4"}  # w4a4 for the whole group where it costs nothing
+
+
 def test_group_specs_hold_one_input_group_at_a_time():
     """The allocation's low options are made on use and kept one input group at a time (w4a4 and w4a8 of
     a linear share one store): the high model and one group's options in memory, not every option."""
@@ -249,7 +272,7 @@ def test_cli_npu_bits_with_grouped_tiers(tmp_path):
                         "128", "--no-progress", "-o", str(out), "--emit-map", str(tmp_path / "g.map")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "input groups: w4a4-g32" in r.stderr
+    assert "linears: w4a4-g32" in r.stderr
     man = json.loads((out / "manifest.json").read_text())
     assert man["recipe"]["allocation"]["npu_options"] == ["w4a4-g32", "w4a8-g32", "int8"]
     m = orkpy.load_model(out)
@@ -276,7 +299,7 @@ def test_cli_npu_bits_end_to_end(tmp_path):
                         "--emit-map", str(tmp_path / "m5.map")],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "npu_bits 5" in r.stderr and "input groups:" in r.stderr
+    assert "npu_bits 5" in r.stderr and "linears: w4a4" in r.stderr
     man = json.loads((out / "manifest.json").read_text())
     assert man["recipe"]["allocation"]["npu_bits"] == 5.0
     assert man["recipe"]["rounding"]["method"] == "gptq" and man["recipe"]["transform"]["rotate"] == "hadamard"
@@ -411,3 +434,25 @@ def test_grouped_w4a8_partials_are_int4_jobs_split_on_group_boundaries():
             dig = orkpy.runtime.npu.matmul_w4a4(np.concatenate([h[:, sl], lo[:, sl]]), q.codes[:, sl], max_k=g)
             np.testing.assert_array_equal(dig[:M].astype(np.int64) * 16 + dig[M:], want[i])
         np.testing.assert_array_equal(want.sum(0), xq.astype(np.int64) @ q.codes.astype(np.int64).T)
+
+
+@needs_stories
+def test_npu_allocation_measures_w4a8_per_linear():
+    """npu_allocation(per_linear=True) measures w4a8 on each linear alone (one pass per linear of a
+    multi-linear group) and w4a4 per input group; the chosen map agrees with choose_npu on those figures
+    and keeps the budget; per_linear=False measures both per group."""
+    from orkpy.formats.source import open_source
+    src = open_source(str(STORIES))
+    text = TEXT.read_text(encoding="utf-8")[:20000]
+    tm, rep = npu_alloc.npu_allocation(src, text, 5.0, n_ctx=64, chunks=1, progress=False, per_linear=True)
+    kl = rep["sensitivity"]["kl"]
+    names = [n for n in rep["tiers"]]
+    groups = npu_alloc.input_groups(names)
+    assert set(kl["w4a8"]) == set(names) and set(kl["w4a4"]) == set(groups)
+    assert all(v >= 0 for v in kl["w4a8"].values()) and len(groups) < len(names)
+    tiers, again = npu_alloc.choose_npu({n: src.linear(n).shape for n in names}, kl, 5.0)
+    assert tiers == rep["tiers"] and again["npu_bytes"] == rep["npu_bytes"] <= rep["budget"]
+    assert all(tm.linear_tier(n) == t for n, t in tiers.items())
+    _, rep_g = npu_alloc.npu_allocation(src, text, 5.0, n_ctx=64, chunks=1, progress=False, per_linear=False)
+    assert set(rep_g["sensitivity"]["kl"]["w4a8"]) == set(groups)
+    assert all("/" not in v for v in rep_g["groups"].values())

@@ -11,7 +11,10 @@ every linear W8A8).
 
 The unit of choice is an *input group*: the linears that read one input (a block's ``attn_q`` /
 ``attn_k`` / ``attn_v``; ``ffn_gate`` / ``ffn_up``; ``attn_output``, ``ffn_down`` and the head
-alone): they share one activation quantization, and on the NPU one chained job.
+alone): they share one activation quantization, and on the NPU one chained job. The tiers with int8
+activations (w4a8 and int8) quantize that input alike, so with ``per_linear`` they are measured and
+chosen per linear inside a group (``attn_v`` at W8A8 while ``attn_q`` / ``attn_k`` stay W4A8, as
+llama.cpp's Q4_K_M spends its bits on ``attn_v``); W4A4 is one choice per group.
 
 Sensitivity (:func:`group_sensitivities`): the model with every group at the high option (W8A8),
 and for each group and each low option in turn that group alone at the option (its linears swapped in with
@@ -28,6 +31,7 @@ scaled on the host); measured and chosen like the per-channel ones.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -42,6 +46,9 @@ from .alloc import _log_softmax, choose, mean_kl
 #: the tiers an NPU allocation chooses from, the high one last: w4a4 (4-bit activations) and w4a8 (int8
 #: activations as two int4 digits) at 4 NPU bits per weight, int8 (W8A8) at 8
 NPU_OPTIONS = ("w4a4", "w4a8", "int8")
+#: the default of npu_allocation's ``per_linear``: the int8-activation options measured and chosen per
+#: linear inside an input group (module doc)
+PER_LINEAR = True
 _GROUP = re.compile(r"^(blk\.\d+\.)(attn_q|attn_k|attn_v|ffn_gate|ffn_up)(\.weight)$")
 _GROUP_OF = {"attn_q": "attn_qkv", "attn_k": "attn_qkv", "attn_v": "attn_qkv", "ffn_gate": "ffn_gate_up",
              "ffn_up": "ffn_gate_up"}
@@ -85,29 +92,44 @@ def npu_budget(shapes: Mapping[str, Tuple[int, int]], npu_bits: float) -> int:
     return int(full * float(npu_bits) / 8)
 
 
+def _acts8(tier: str) -> bool:
+    """Whether a tier's linears multiply int8 activations (int8, w4a8): such tiers share one activation
+    quantization, so the linears of one input group may take different ones of them."""
+    from ..formats.tiermap import TIER_KINDS
+    from ..kernels.quant import KIND_INFO
+    kind = TIER_KINDS.get(split_tier(tier)[0])
+    return kind is not None and KIND_INFO[kind].act_bits == 8
+
+
 def group_sensitivities(hi: Any, lo: Mapping[str, Mapping[str, Any]], batch: Sequence[NDArray[Any]],
                         ref_logp: Sequence[NDArray[np.float64]], threads: Optional[int] = None,
-                        progress: bool = True) -> Dict[str, Any]:
-    """{"base": the high model's mean KL, "kl": {option: {group: KL increase with that group at the
+                        progress: bool = True, per_linear: bool = False) -> Dict[str, Any]:
+    """{"base": the high model's mean KL, "kl": {option: {unit: KL increase with that unit at the
     option}}} (module doc). ``hi``: an :class:`orkpy.Model` with every linear at the high option;
     ``lo``: {option: {linear: LinearSpec at that option}}; ``batch``: the calibration chunks;
-    ``ref_logp``: the float model's log-probabilities on them. One forward pass per group and option."""
+    ``ref_logp``: the float model's log-probabilities on them. The units are the input groups, one
+    forward pass per group and option; with ``per_linear``, an option with int8 activations (w4a8: the
+    activation quantization of the high option, int8) is measured on each linear of a group alone
+    (keyed by the linear's name), so that :func:`choose_npu` may mix it with int8 inside a group."""
     groups = input_groups([n for n in hi.linears if all(n in specs for specs in lo.values())])
+    split = {t: per_linear and _acts8(t) for t in lo}
     base = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
     out: Dict[str, Dict[str, float]] = {t: {} for t in lo}
-    bar = progress_bar(len(groups) * len(lo), "npu-sensitivity", progress, "pass")
+    passes = sum(len(m) if split[t] else 1 for m in groups.values() for t in lo)
+    bar = progress_bar(passes, "npu-sensitivity", progress, "pass")
     try:
         for g, members in groups.items():
-            for t, specs in lo.items():
-                old = {n: hi.swap_linear(n, specs[n]) for n in members}
-                try:
-                    kl = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
-                finally:
-                    for n in members:
-                        hi.swap_linear(n, old[n])
-                out[t][g] = max(kl - base, 0.0)
-                if bar is not None:
-                    bar.update(1)
+            for t, specs in lo.items():  # a group's options in turn (GroupSpecs keeps one group's stores)
+                for unit in ([[n] for n in members] if split[t] else [members]):
+                    old = {n: hi.swap_linear(n, specs[n]) for n in unit}
+                    try:
+                        kl = mean_kl(ref_logp, [hi.forward(c, threads=threads) for c in batch])
+                    finally:
+                        for n in unit:
+                            hi.swap_linear(n, old[n])
+                    out[t][unit[0] if split[t] else g] = max(kl - base, 0.0)
+                    if bar is not None:
+                        bar.update(1)
     finally:
         if bar is not None:
             bar.close()
@@ -149,19 +171,33 @@ def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, Mapping[s
     """({linear: tier}, report): every group at one of ``options`` (the last, the high one, at an
     estimated KL of 0; each other at ``kl[option][group]``), at most ``npu_budget(shapes, npu_bits)`` NPU
     bytes per token at the least summed KL (at 4 bits: the cheapest options, whatever their padding).
-    The report: budget, bytes, NPU bits per weight, the estimate and each group's tier. NPU bits per
+    Where ``kl`` holds the int8-activation options (w4a8) per linear (``group_sensitivities(per_linear=
+    True)``), a group's linears may take different ones of them and int8 (their KL increases summed, the
+    group's choice reported as the linears' tiers joined by "/"); w4a4 stays one choice per group (its
+    linears share one 4-bit activation quantization).
+    The report: budget, bytes, NPU bits per weight, the estimate and each group's choice. NPU bits per
     weight (``npu_bpw``) are 8 x the NPU bytes over the W8A8 bytes of the same linears (both padded as
     the NPU stores them)."""
     hi = options[-1]
     budget = npu_budget(shapes, npu_bits)
     groups = input_groups(list(shapes))
-    costs = {}
+    a8 = [t for t in options if _acts8(t)]  # the options that may differ between one group's linears
+    costs: Dict[str, Dict[str, Tuple[int, float]]] = {}
     for g, members in groups.items():
-        costs[g] = {t: (sum(npu_nbytes(t, *shapes[n]) for n in members),
-                        0.0 if t == hi else float(kl[t].get(g, 0.0))) for t in options}
+        c: Dict[str, Tuple[int, float]] = {}
+        per = len(members) > 1 and all(n in kl[t] for t in a8 if t != hi for n in members)
+        for t in options:
+            if not (per and t in a8):
+                c[t] = (sum(npu_nbytes(t, *shapes[n]) for n in members), 0.0 if t == hi else float(kl[t].get(g, 0.0)))
+        if per:  # every combination of the int8-activation options over the group's linears
+            for combo in itertools.product(a8, repeat=len(members)):
+                c["/".join(combo) if len(set(combo)) > 1 else combo[0]] = (
+                    sum(npu_nbytes(t, *shapes[n]) for t, n in zip(combo, members)),
+                    sum(0.0 if t == hi else float(kl[t][n]) for t, n in zip(combo, members)))
+        costs[g] = c
     cheapest = sum(min(b for b, _ in c.values()) for c in costs.values())
     pick = choose(costs, max(budget, cheapest) if npu_bits <= 4 else budget)
-    tiers = {n: pick[g] for g, members in groups.items() for n in members}
+    tiers = {n: t for g, members in groups.items() for n, t in zip(members, _member_tiers(pick[g], len(members)))}
     nbytes = sum(costs[g][pick[g]][0] for g in groups)
     full = sum(npu_nbytes("int8", N, K) for N, K in shapes.values())
     rep = {"npu_bits": float(npu_bits), "options": list(options), "budget": budget, "npu_bytes": nbytes,
@@ -170,15 +206,22 @@ def choose_npu(shapes: Mapping[str, Tuple[int, int]], kl: Mapping[str, Mapping[s
     return tiers, rep
 
 
+def _member_tiers(choice: str, n: int) -> List[str]:
+    """The tiers of a group's ``n`` linears from its choice: one tier for all, or one per linear joined by "/"."""
+    parts = choice.split("/")
+    return parts if len(parts) == n else [choice] * n
+
+
 def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx: int = 256, chunks: int = 2,
                    threads: Optional[int] = None, progress: bool = True,
-                   options: Sequence[str] = NPU_OPTIONS) -> Tuple[Any, Dict[str, Any]]:
+                   options: Sequence[str] = NPU_OPTIONS, per_linear: bool = PER_LINEAR) -> Tuple[Any, Dict[str, Any]]:
     """(TierMap, report): one of ``options`` (default W4A4 / W4A8 / W8A8) for every linear of ``src`` (a
     Source, already transformed) at ``npu_bits`` NPU bits per weight (module doc). The sensitivities are
     measured with round-to-nearest weights of every option in the activation spec ``act`` (default per
     token) on ``chunks`` chunks of ``n_ctx`` tokens of ``calib`` (w4a4 and w4a8 share one packed store:
-    the same codes); 8, and 4 with one 4-bit option, need no measurement. The arguments are checked
-    first."""
+    the same codes); 8, and 4 with one 4-bit option, need no measurement. ``per_linear``: w4a8 measured
+    and chosen per linear inside an input group (module doc; more passes: one per linear, not per
+    group). The arguments are checked first."""
     from ..formats.tiermap import EMBEDDING, TierEntry, TierMap
     from ..kernels.actspec import ActSpec
     from ..kernels.packed import pack
@@ -219,7 +262,7 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
         src.release()
         stores.clear()  # the high model holds its own; the low options' stores one input group at a time
         lo = {t: GroupSpecs(names, t, spec_of, stores) for t in low}
-        sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress), n_ctx=int(n_ctx), chunks=n_chunk)
+        sens = dict(group_sensitivities(hi, lo, batch, ref_lp, threads, progress, per_linear), n_ctx=int(n_ctx), chunks=n_chunk)
         del hi, lo, stores
     tiers, rep = choose_npu(shapes, sens["kl"], npu_bits, options)
     entries: Dict[str, TierEntry] = {}
@@ -286,6 +329,6 @@ def streamed_logprobs(src: Any, batch: Sequence[NDArray[Any]], threads: Optional
     return [_log_softmax(z) for z in logits]
 
 
-__all__ = ["GroupSpecs", "NPU_OPTIONS", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
+__all__ = ["GroupSpecs", "NPU_OPTIONS", "PER_LINEAR", "check_options", "choose_npu", "group_sensitivities", "input_group", "input_groups", "npu_allocation",
            "npu_budget",
            "npu_nbytes", "reference_logprobs", "streamed_logprobs"]

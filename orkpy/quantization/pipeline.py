@@ -164,9 +164,11 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
         assert inputs.calib is not None  # Recipe.check_inputs
         tm, report = npu_allocation(src, inputs.calib, a.npu_bits, recipe.activation, a.target_ctx, a.target_chunks,
                                     run.threads, run.progress, a.npu_options)
+        split = sum(1 for v in report["groups"].values() if "/" in v)
         run.log(f"npu_bits {a.npu_bits:g}: {report['npu_bpw']:.3f} NPU bits per weight "
-                f"({report['npu_bytes'] / 1e6:.2f} MB per token); input groups: "
-                + ", ".join(f"{t} {sum(1 for v in report['groups'].values() if v == t)}" for t in a.npu_options))
+                f"({report['npu_bytes'] / 1e6:.2f} MB per token); linears: "
+                + ", ".join(f"{t} {sum(1 for v in report['tiers'].values() if v == t)}" for t in a.npu_options)
+                + f" ({len(report['groups'])} input groups, {split} of them split between tiers)")
         return Allocated(tm, read_allocation(tm, a.threshold), report)
     from .alloc import DEFAULT_OPTIONS, target_allocation
     assert a.target_bpw is not None and inputs.calib is not None  # Recipe.check_inputs
