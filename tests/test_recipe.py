@@ -117,6 +117,8 @@ def test_malformed_json_names_key_and_line(tmp_path, line, key, msg):
     ('{"allocation": {\n"target_bpw": 4.5,\n"group_size": 32}}', "allocation.group_size", 3,
      "chooses each linear's group size"),
     ('{"rounding": {\n"gptq_sequential": true}}', "rounding.gptq_sequential", 2, "applies to rounding.method='gptq'"),
+    ('{"allocation": {\n"npu_per_linear": false}}', "allocation.npu_per_linear", 2, "applies to allocation.npu_bits"),
+    ('{"allocation": {"npu_bits": 5,\n"npu_per_linear": 1}}', "allocation.npu_per_linear", 2, "must be true or false"),
     ('{"transform": {\n"rotate_placement": "online"}}', "transform.rotate_placement", 2, "needs transform.rotate"),
     # values out of range or of the wrong kind
     ('{"allocation": {\n"kind": "int8"}}', "allocation.kind", 2, "must be one of 'nf4', 'int4'"),
@@ -331,6 +333,8 @@ FLAG_CASES = {
     "npu_bits": (["--rotate", "hadamard", "--rotate-online", "--method", "gptq", "--npu-bits", "5"],
                  "allocation.npu_bits", 5.0),
     "npu_tiers": (["--npu-tiers", "w4a4", "int8"], "allocation.npu_options", ("w4a4", "int8")),
+    "npu_per_group": (["--rotate", "hadamard", "--rotate-online", "--method", "gptq", "--npu-bits", "5",
+                       "--npu-per-group"], "allocation.npu_per_linear", False),
     "kind": (["--kind", "int4"], "allocation.kind", "int4"),
     "group_size": (["--group-size", "64"], "allocation.group_size", 64),
     "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),

@@ -36,6 +36,7 @@ CLI_KEYS = {
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
     "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
     "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "npu_tiers": "allocation.npu_options",
+    "npu_per_group": "allocation.npu_per_linear",
     "kind": "allocation.kind",
     "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
@@ -46,7 +47,8 @@ CLI_KEYS = {
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
 # activations need and GPTQ (docs/w4a4.md)
 NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq"}
-_CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list}
+_CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list,
+                "npu_per_group": lambda v: not v}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
 CLI_NOT_RECIPE = frozenset({"help", "source", "alloc", "meta", "imatrix", "calib", "threads", "emit_map", "output",
                             "overwrite", "no_progress", "no_resume", "recipe"})
@@ -245,7 +247,7 @@ def add_quantize(sub):
                    help=f"choose the tiers ({', '.join(DEFAULT_OPTIONS)}) for X bits per linear weight from "
                         "sensitivities measured on --calib, instead of --alloc (default: off)")
     s.add_argument("--npu-bits", type=float, default=None, metavar="X",
-                   help="choose W4A4 / W4A8 (the NPU's int4 x int4 mode) or W8A8 per input group for X NPU bits per "
+                   help="choose W4A4 / W4A8 (the NPU's int4 x int4 mode) or W8A8 per linear for X NPU bits per "
                         "weight on average (4: every linear at 4 bits, 8: every linear W8A8; --npu-tiers) from "
                         "sensitivities measured on "
                         "--calib, instead of --alloc; unless given otherwise also --rotate hadamard --rotate-online "
@@ -254,6 +256,9 @@ def add_quantize(sub):
                    help="the tiers --npu-bits chooses from, int8 last: w4a4 (4-bit activations), w4a8 (int8 "
                         "activations as two int4 digits; 4 NPU bits too), either with group-wise weight scales "
                         "(w4a8-g32: one per 32 inputs, a multiple of 32 up to 480), int8 (default: w4a4 w4a8 int8)")
+    s.add_argument("--npu-per-group", action="store_true",
+                   help="with --npu-bits: one tier per input group (q/k/v; gate/up) instead of w4a8 / int8 per linear "
+                        "inside a group; about a third fewer sensitivity passes (default: per linear)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

@@ -198,7 +198,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
-                   recipe: Union[Recipe, StrPath, None] = None, resume: bool = True) -> QuantizedModel:
+                   npu_per_linear: bool = True, recipe: Union[Recipe, StrPath, None] = None,
+                   resume: bool = True) -> QuantizedModel:
     """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`, a named recipe's
     name such as ``"q4km"``, or a recipe file's path; docs/recipes.md has every key and the named
     recipes) says; float-tier linears stay float.
@@ -225,7 +226,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     search runs inside that run, block by block, on the Gram matrices GPTQ uses; smoothing runs on
     the whole float model, target_bpw's sensitivities too below 1 GiB of float32 weights.
 
-    The keyword form: without ``recipe``, the keywords ``kind`` ... ``rotate_placement`` are the
+    The keyword form: without ``recipe``, the keywords ``kind`` ... ``npu_per_linear`` are the
     recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
     ``calibration.chunks``, ``method`` -> ``rounding.method``, ``act_prefix`` ->
     ``activation.prefix``); with ``recipe``, they must keep their defaults. The recipe is checked,
@@ -249,7 +250,8 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
         target_options=target_options, target_chunks=target_chunks, target_ctx=target_ctx,
         target_sensitivity=target_sensitivity, tied_lookup=tied_lookup,
         gptq_sequential=gptq_sequential, gptq_precision=gptq_precision, fallback=fallback, clip_search=clip_search,
-        rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options)))
+        rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options),
+        npu_per_linear=npu_per_linear))
     recipe.check_inputs(alloc is not None, calib is not None)
     if output is not None and os.path.lexists(output):  # before any work
         if not overwrite:

@@ -297,8 +297,10 @@ class AllocationSpec(_Section):
                                        "choose the tiers for this many bits per linear weight")
     target_options: Optional[Tuple[str, ...]] = _key(None, _tiers, "the tiers target_bpw chooses from")
     npu_bits: Optional[float] = _key(None, _optional(_real(4.0, 8.0, False, False)),
-                                     "choose W4A4 / W4A8 / W8A8 per input group for this many NPU bits per weight")
+                                     "choose W4A4 / W4A8 / W8A8 for this many NPU bits per weight")
     npu_options: Tuple[str, ...] = _key(("w4a4", "w4a8", "int8"), _npu_options, "the tiers npu_bits chooses from")
+    npu_per_linear: bool = _key(True, _bool, "npu_bits measures and chooses w4a8 / int8 per linear inside an input "
+                                "group (false: one choice per group, fewer passes)")
     target_chunks: int = _key(2, _int(1, COUNT_MAX), "chunks of the sensitivity measurement")
     target_ctx: int = _key(256, _int(1, COUNT_MAX), "tokens per chunk of the sensitivity measurement")
     target_sensitivity: str = _key("auto", _choice(SENSITIVITY_METHODS),
@@ -309,6 +311,9 @@ class AllocationSpec(_Section):
     tied_lookup: str = _key("float", _choice(TIED_LOOKUPS), "a tied model's embedding lookup")
 
     def _cross(self) -> None:
+        if self.npu_bits is None and not self.npu_per_linear:
+            raise RecipeError("allocation.npu_per_linear", "allocation.npu_per_linear=False applies to "
+                              "allocation.npu_bits")
         if self.npu_bits is not None and self.target_bpw is not None:
             raise RecipeError("allocation.npu_bits", "allocation.npu_bits (NPU bytes per token) and "
                               "allocation.target_bpw (file bytes) each choose the tiers: give one")
@@ -573,6 +578,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "threshold": ("allocation", "threshold"), "fallback": ("allocation", "fallback"),
     "target_bpw": ("allocation", "target_bpw"), "target_options": ("allocation", "target_options"),
     "npu_bits": ("allocation", "npu_bits"), "npu_options": ("allocation", "npu_options"),
+    "npu_per_linear": ("allocation", "npu_per_linear"),
     "target_chunks": ("allocation", "target_chunks"), "target_ctx": ("allocation", "target_ctx"),
     "target_sensitivity": ("allocation", "target_sensitivity"),
     "kind": ("allocation", "kind"), "group_size": ("allocation", "group_size"),
