@@ -20,8 +20,8 @@ Sensitivity (:func:`group_sensitivities`): the model with every group at the hig
 and for each group and each low option in turn that group alone at the option (its linears swapped in with
 :meth:`orkpy.Model.swap_linear`): the mean KL divergence of its next-token distributions against
 the float model's on ``chunks`` chunks of calibration text, less the high model's own. One forward
-pass per group and low option (SmolLM2-135M: 121 groups), measured end to end, so the activations'
-error and the weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
+pass per group and low option (SmolLM2-135M: 121 groups; per linear, w4a8 one per linear: 211),
+measured end to end, so the activations' error and the weights' both count. The choice (:func:`choose_npu`) is the multiple-choice knapsack of
 :func:`orkpy.quantization.alloc.choose` on (NPU bytes, measured KL increase): upgrades to W8A8
 taken greedily by KL saved per NPU byte while the budget allows.
 
