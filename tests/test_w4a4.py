@@ -339,7 +339,9 @@ def test_stories260k_w4a4_gate(tmp_path):
     assert kl["w4a8 gptq (int8 acts as 2 digits)"] < kl["w4a4 gptq, per-token"]   # measured 0.132
     assert kl[mix8] < kl[mix]                        # measured 0.067: int8 activations are worth more than weights
     assert kl["w8a8 gptq, per-token"] < 0.005        # measured 0.0011
-    for m in (mix, mix8):
+    pl = "mix <= 5 NPU bits (w4a4/w4a8/int8, per linear)"  # w4a8 / int8 chosen per linear inside a group
+    assert kl[pl] < kl[mix]
+    for m in (mix, mix8, pl):
         assert [r for r in rows if r["row"] == m][0]["alloc"]["npu_bpw"] <= 5.0 + 1e-9
 
 class _Args:
@@ -347,6 +349,7 @@ class _Args:
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
         self.no_llama, self.work, self.json_out, self.groups, self.mix_group = True, str(work), None, [], 0
+        self.dither, self.llama_more, self.per_linear = None, [], True
 
 
 # ------------------------------------------------- the CPU model is the contract --
