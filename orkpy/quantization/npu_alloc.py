@@ -40,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._io import progress_bar
-from ..formats.tiermap import NPU_BITS, split_tier
+from ..formats.tiermap import NPU_BITS, TIER_ACT_BITS, split_tier
 from .alloc import _log_softmax, choose, mean_kl
 
 #: the tiers an NPU allocation chooses from, the high one last: w4a4 (4-bit activations) and w4a8 (int8
@@ -95,10 +95,7 @@ def npu_budget(shapes: Mapping[str, Tuple[int, int]], npu_bits: float) -> int:
 def _acts8(tier: str) -> bool:
     """Whether a tier's linears multiply int8 activations (int8, w4a8): such tiers share one activation
     quantization, so the linears of one input group may take different ones of them."""
-    from ..formats.tiermap import TIER_KINDS
-    from ..kernels.quant import KIND_INFO
-    kind = TIER_KINDS.get(split_tier(tier)[0])
-    return kind is not None and KIND_INFO[kind].act_bits == 8
+    return TIER_ACT_BITS[split_tier(tier)[0]] == 8
 
 
 def group_sensitivities(hi: Any, lo: Mapping[str, Mapping[str, Any]], batch: Sequence[NDArray[Any]],
