@@ -84,7 +84,8 @@ def per_tensor_w4(w):
 
 def build(src, f32, packed, spec, cal, where="bench"):
     names = linear_names(src.hp)
-    lin = {n: LinearSpec.from_packed(n, packed[n], act_spec=resolve(spec, n, cal, packed[n].K, where, packed[n].kind))
+    lin = {n: LinearSpec.from_packed(n, packed[n], act_spec=resolve(spec, n, cal, packed[n].K, where, packed[n].kind,
+                                                                  packed[n].group))
            for n in names}
     return Model(str(f32), src.hp, lin, src.tensor, src.meta, src.tied, {n: packed[n].kind for n in names})
 
@@ -195,7 +196,9 @@ def run_model(a, name):
                for n, q in qg.items()}
         if g in a.groups:
             row(f"w4a4 gptq, group {g}", g4, ActSpec())
+            row(f"w4a4 gptq, group {g}, acts per group", g4, ActSpec(groups=True))
             row(f"w4a8 gptq, group {g}", g4d, ActSpec())
+            row(f"w4a8 gptq, group {g}, acts per group", g4d, ActSpec(groups=True))
         if g == a.mix_group:
             mixed4 = (g4, g4d)
         del qg, g4, g4d
@@ -214,7 +217,10 @@ def run_model(a, name):
     ref_lp = npu_alloc.reference_logprobs(fm, batch)
     packs = {"w4a4": mixed4[0], "w4a8": mixed4[1], "int8": q8}
     gtag = f", group {a.mix_group}" if a.mix_group else ""
-    lo = {t: {n: LinearSpec.from_packed(n, packs[t][n], act_spec=resolve(ActSpec(), n, cal, packs[t][n].K, "bench", t))
+    atag = ", acts per group" if a.act_groups and a.mix_group else ""
+    mspec = ActSpec(groups=True) if a.act_groups else ActSpec()  # the mixes' activations
+    lo = {t: {n: LinearSpec.from_packed(n, packs[t][n], act_spec=resolve(mspec, n, cal, packs[t][n].K, "bench", t,
+                                                                         packs[t][n].group))
               for n in names} for t in ("w4a4", "w4a8")}
     sens = npu_alloc.group_sensitivities(m8, lo, batch, ref_lp, progress=False)
     print(f"# sensitivities: {len(sens['kl']['w4a4'])} groups x 2 options in {time.time() - t:.0f} s (W8A8 base KL "
@@ -229,8 +235,8 @@ def run_model(a, name):
     for how, kl, options in runs:
         for bits in a.npu_bits:
             tiers, rep = npu_alloc.choose_npu(shapes, kl, bits, options)
-            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)}{gtag}{how})", {n: packs[tiers[n]][n] for n in names},
-                ActSpec())
+            row(f"mix <= {bits:g} NPU bits ({'/'.join(options)}{gtag}{how}{atag})",
+                {n: packs[tiers[n]][n] for n in names}, mspec)
             rows[-1]["alloc"] = rep
             cnt = {t: [n for n, tt in tiers.items() if tt == t] for t in options}
             print("#   " + "; ".join(f"{t}: {len(v)}" for t, v in cnt.items()) + " of " + str(len(tiers))
@@ -257,6 +263,8 @@ def main(argv=None):
                     help="the mixes' 4-bit options with group-wise scales, one per this many inputs (0: per channel)")
     ap.add_argument("--rows", nargs="*", default=["baseline", "rtn", "static"],
                     help="optional rows: baseline rtn static (the gptq, w8a8 and mix rows always run)")
+    ap.add_argument("--act-groups", action="store_true",
+                    help="the mixes' grouped int4 options scale their activations per weight group too")
     ap.add_argument("--text")
     ap.add_argument("--calib")
     ap.add_argument("--no-llama", action="store_true")

@@ -122,6 +122,81 @@ def test_prefix_rows_stay_int8_at_four_bits():
     np.testing.assert_array_equal(y[1:], y4[1:])
 
 
+def _grouped_by_hand(q, x, spec, g):
+    """A grouped linear's output with activations scaled per group, composed from per-channel pieces: group
+    i's columns as a per-channel weight (its codes, the group's scales) on x's group-i columns with the spec
+    at one scale per row, the terms added in group order in float32 (pack.h "Group-wise scales")."""
+    from orkpy.kernels.quant import QuantizedTensor
+    one = ActSpec(**{**spec.to_dict(), "group": None})
+    y = None
+    for i in range(-(-x.shape[1] // g)):
+        sl = slice(i * g, min(x.shape[1], (i + 1) * g))
+        pi = orkpy.pack(QuantizedTensor(q.kind, (q.shape[0], sl.stop - sl.start), np.ascontiguousarray(q.codes[:, sl]),
+                                        np.ascontiguousarray(q.scales[:, i]), None))
+        t = pi.matmul(np.ascontiguousarray(x[:, sl]), act=one)
+        y = t if y is None else (y + t).astype(np.float32)
+    return y
+
+
+@pytest.mark.parametrize("kind,bits,digits", [("w4a4", 4, False), ("w4a8", 8, True), ("int8", 8, False)])
+def test_activation_groups_scale_each_weight_group_of_a_token(kind, bits, digits):
+    """ActSpec.group: a scale per token and weight group (csrc/ork/actspec.h "group"): every group is a row of
+    the per-row quantizer (its own range search, the prefix row's groups at 8 bits), exactly the sum of the
+    per-group linears; the same bits on every ISA; smaller error than one scale per token when a group holds
+    an outlier channel."""
+    rng = np.random.default_rng(11)
+    for M, K, N, g in ((4, 200, 40, 32), (1, 576, 64, 64), (3, 640, 33, 128), (2, 100, 8, 64)):
+        x = _acts(M=M, K=K, seed=M + K)
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        q = orkpy.quantize(w, kind, group_size=g)
+        pw = orkpy.pack(q)
+        spec = ActSpec(bits=bits, search=bits == 4, prefix=1 if bits == 4 else 0, digits=digits, group=g)
+        with orkpy.use_isa("scalar"):
+            want = pw.matmul(x, act=spec)
+        np.testing.assert_array_equal(want, _grouped_by_hand(q, x, spec, g), err_msg=f"{kind} K={K} g={g}")
+        for isa in ("avx2", "neon", "auto"):
+            try:
+                with orkpy.use_isa(isa):
+                    np.testing.assert_array_equal(pw.matmul(x, act=spec), want, err_msg=isa)
+            except orkpy.UnavailableError:
+                continue
+        exact = x[1:] @ pw.dequantize().T.astype(np.float32) if bits == 4 else x @ pw.dequantize().T
+        row = pw.matmul(x, act=ActSpec(**{**spec.to_dict(), "group": None}))
+        sl = slice(1, None) if bits == 4 else slice(None)
+        if K > g and want[sl].size:  # the outlier channel (5) is in group 0 only: the other groups get finer steps
+            assert ((want[sl] - exact) ** 2).sum() < (0.8 if bits == 4 else 0.95) * ((row[sl] - exact) ** 2).sum()
+
+
+def test_activation_groups_need_a_weight_grouped_alike():
+    w = np.random.default_rng(12).standard_normal((16, 128)).astype(np.float32)
+    x = _acts(M=2, K=128)
+    for pw, g in ((orkpy.pack(orkpy.quantize(w, "w4a4")), 32), (orkpy.pack(orkpy.quantize(w, "w4a4", group_size=64)), 32)):
+        with pytest.raises(ValueError, match="grouped alike"):
+            pw.matmul(x, act=ActSpec(bits=4, group=g))
+    for bad in (16, -32, 33, True):
+        with pytest.raises(ValueError, match="activation group"):
+            ActSpec(group=bad)
+    with pytest.raises(ValueError, match="per-row"):
+        ActSpec("per_tensor", group=32)
+    with pytest.raises(ValueError, match="groups"):
+        ActSpec("per_tensor", groups=True)
+    with pytest.raises(ValueError, match="groups must be a bool"):
+        ActSpec(groups=1)
+    pw = orkpy.pack(orkpy.quantize(w, "w4a8", group_size=32))
+    x[1, 7] = np.nan
+    with pytest.raises(ValueError, match=r"non-finite value \(NaN\) at \[1, 7\]"):
+        pw.matmul(x, act=ActSpec(group=32))
+
+
+def test_resolve_gives_grouped_weights_grouped_activations_when_asked():
+    n = "blk.0.attn_q.weight"
+    assert resolve(ActSpec(groups=True), n, None, 64, "test", "w4a8", 32).group == 32
+    assert resolve(ActSpec(groups=True), n, None, 64, "test", "int8", 0).group is None
+    assert resolve(ActSpec(), n, None, 64, "test", "w4a8", 32).group is None  # off unless asked (saved models)
+    r = resolve(ActSpec(groups=True), n, None, 64, "test", "w4a4", 32)
+    assert r.group == 32 and r.bits == 4 and r.search and ActSpec.from_dict(r.to_dict()) == r
+
+
 def test_linear_width_is_the_smaller_of_spec_and_kind():
     w = np.random.default_rng(4).standard_normal((16, 64)).astype(np.float32)
     for kind, bits in (("w4a4", 4), ("int8", 8), ("nf4", 8)):
@@ -275,7 +350,9 @@ def test_cli_npu_bits_with_grouped_tiers(tmp_path):
     assert "linears: w4a4-g32" in r.stderr
     man = json.loads((out / "manifest.json").read_text())
     assert man["recipe"]["allocation"]["npu_options"] == ["w4a4-g32", "w4a8-g32", "int8"]
+    assert man["recipe"]["activation"]["groups"] is True  # --npu-bits' default: activations scaled per weight group
     m = orkpy.load_model(out)
+    assert all(s.act_spec.group == (32 if s.group else None) for s in m.linears.values())
     got = {(s.kind, s.group) for s in m.linears.values()}
     assert got <= {("w4a4", 32), ("w4a8", 32), ("int8", 0)} and ("int8", 0) in got and len(got) >= 2
     tm = orkpy.TierMap.load(tmp_path / "g.map")
@@ -349,7 +426,7 @@ class _Args:
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
         self.no_llama, self.work, self.json_out, self.groups, self.mix_group = True, str(work), None, [], 0
-        self.dither, self.llama_more, self.per_linear = None, [], True
+        self.dither, self.llama_more, self.per_linear, self.act_groups = None, [], True, False
 
 
 # ------------------------------------------------- the CPU model is the contract --

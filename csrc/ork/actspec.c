@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -154,6 +155,13 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
     if (s->digits != 0 && (s->digits != 1 || s->bits != 8))
         return ork_err_set(err, ORK_EINVAL, "activation digits must be 0, or 1 with 8-bit activations (got %d at %d "
                            "bits)", s->digits, s->bits);
+    if (s->group) {
+        ork_status st = ork_group_check(s->group, err);
+        if (st) return st;
+        if (row->flags & (ORK_ACTF_STATIC | ORK_ACTF_PER_TENSOR))
+            return ork_err_set(err, ORK_EINVAL, "activation mode '%s' shares one range across rows: it takes no "
+                               "per-group scales (group %zu; per-row modes only)", row->name, s->group);
+    }
     if (s->n_outliers && !s->outliers) return ork_err_set(err, ORK_EINVAL, "outlier channels missing");
     for (size_t j = 0; j < s->n_outliers; j++) {
         int32_t o = s->outliers[j];
@@ -193,10 +201,69 @@ static float row_search(const ork_quant_kernels *qk, const float *x, size_t K, f
     return best;
 }
 
+size_t ork_act_groups(const ork_act_spec *spec, size_t ldq) {
+    return spec->group ? (ldq + spec->group - 1) / spec->group : 1;
+}
+
+static ork_status quantize_rows(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
+                                float *ascale, ork_err *err);
+
+/* actspec.h "group": each (row, group) segment becomes a row of g inputs (zero-padded past K) of the
+ * per-row quantizer, the prefix rows' segments first (row-major order keeps them the leading rows) */
+static ork_status quantize_groups(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec,
+                                  int8_t *xq, float *ascale, ork_err *err) {
+    const size_t g = spec->group, G = ork_act_groups(spec, ldq), R = M * G;
+    float *seg = (float *)calloc(R * g, sizeof(float));
+    int8_t *q = (int8_t *)malloc(R * g);
+    float *sc = (float *)malloc(R * sizeof(float));
+    ork_status st = ORK_OK;
+    if (!seg || !q || !sc) {
+        st = ork_err_set(err, ORK_ENOMEM, "out of memory for per-group activations (%zu rows x %zu groups)", M, G);
+        goto done;
+    }
+    for (size_t m = 0; m < M; m++)
+        for (size_t i = 0; i < G; i++) {
+            const size_t k0 = i * g, n = k0 >= K ? 0 : (K - k0 < g ? K - k0 : g);
+            for (size_t k = 0; k < n; k++) {
+                const float v = x[m * K + k0 + k];
+                if (!isfinite(v)) {
+                    st = ork_err_set(err, ORK_ENONFINITE, "activation has a non-finite value (%s) at [%zu, %zu]",
+                                     isnan(v) ? "NaN" : "Inf", m, k0 + k);
+                    goto done;
+                }
+                seg[(m * G + i) * g + k] = v;
+            }
+        }
+    ork_act_spec rs = *spec;
+    rs.group = 0;
+    rs.prefix = (spec->prefix < M ? spec->prefix : M) * G;
+    if ((st = quantize_rows(seg, R, g, g, &rs, q, sc, err))) goto done;
+    for (size_t m = 0; m < M; m++) {
+        for (size_t i = 0; i < G; i++) {
+            const size_t k0 = i * g, n = ldq - k0 < g ? ldq - k0 : g;
+            memcpy(xq + m * ldq + k0, q + (m * G + i) * g, n); /* past K: the zero padding's codes, 0 */
+            ascale[i * M + m] = sc[m * G + i];
+        }
+    }
+done:
+    free(seg);
+    free(q);
+    free(sc);
+    return st;
+}
+
 ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
                              float *ascale, ork_err *err) {
     ork_status st = ork_act_spec_check(spec, K, err);
     if (st) return st;
+    if (ldq < K) return ork_err_set(err, ORK_EINVAL, "activation row stride %zu is below K = %zu", ldq, K);
+    return spec->group ? quantize_groups(x, M, K, ldq, spec, xq, ascale, err)
+                       : quantize_rows(x, M, K, ldq, spec, xq, ascale, err);
+}
+
+static ork_status quantize_rows(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
+                                float *ascale, ork_err *err) {
+    ork_status st;
     const ork_act_mode_info *row = ork_act_mode_get(spec->mode);
     const ork_quant_kernels *qk = ork_quant_kernels_active();
     for (size_t m = 0; m < M; m++) {

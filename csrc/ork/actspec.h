@@ -5,7 +5,7 @@
  * (act.h is another thing: the FFN's gate activation, SiLU / GELU.)
  *
  * ------------------------------------------------------------- the spec --
- *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers, search, digits }
+ *   ork_act_spec { mode, bits, clip, prefix, outliers, n_outliers, search, digits, group }
  *   mode        a registry row id (below); 0 is per_token
  *   bits        activation bits: one of the widths the mode's row serves
  *               (its `bits` mask: ork_act_bits_ok): 8 (codes in [-127, 127])
@@ -40,6 +40,18 @@
  *               x = 16 h + l, h, l in [-8, 7] (16 * 7 + 7 = 119): a w4a8
  *               linear's activations, two rows of the NPU's int4 mode
  *               (quant.h, docs/w4a4.md); prefix rows too
+ *   group       0: one scale per row (everything above). g > 0 (a multiple of
+ *               32, quant.h ork_group_check; per-row modes only, neither
+ *               STATIC nor PER_TENSOR): one scale per row and group of g
+ *               inputs, G = ceil(ldq / g) groups (padding inputs belong to the
+ *               last): every rule above applies to each (row, group) segment
+ *               as if it were a row of g inputs (zero-padded past K), the
+ *               prefix rows' segments included (the mode's range kernel sees
+ *               the segments as rows); ascale holds G x M entries, group-major
+ *               (ascale[i * M + m], row m, group i). A linear takes it only
+ *               with a weight grouped alike (linear.h): each group is one
+ *               int4 K tile of the NPU whose int16 block the host scales, so
+ *               a scale per (token, group) costs the NPU nothing
  * ork_act_spec_check is the one validator (ORK_EINVAL naming the problem);
  * ORK_ACT_SPEC_INIT is the per-token default.
  *
@@ -119,10 +131,11 @@ typedef struct ork_act_spec {
     size_t n_outliers;
     int search;              /* 1: per-row range search (bits < 8, per-row modes), see above */
     int digits;              /* 1: int8 codes in [-119, 119], two int4 digits each (bits 8), see above */
+    size_t group;            /* 0: a scale per row; g: a scale per row and group of g inputs, see above */
 } ork_act_spec;
 
 #define ORK_ACT_DIGITS_QMAX 119 /* 16 * 7 + 7: the largest code two int4 digits make symmetrically */
-#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0, 0, 0}
+#define ORK_ACT_SPEC_INIT {ORK_ACT_MODE_PER_TOKEN, ORK_ACT_BITS, 0.0f, 0, NULL, 0, 0, 0, 0}
 
 /* A mode's kernel: r[0..M) holds the absmax (finite) of rows x[0..M) (stride K) on
  * entry and their ranges on return. The prefix rows are not among them. */
@@ -162,8 +175,10 @@ ork_status ork_act_spec_check(const ork_act_spec *spec, size_t K, ork_err *err);
 ork_status ork_act_clip_check(float clip, ork_err *err);
 
 /* Quantize activations in a spec's mode (see above): x (M, K) -> xq (M rows of
- * ldq >= K int8, zero-padded) and ascale (M). The outlier channels are the
- * caller's (linear.c zeroes them first). Checks the spec. */
+ * ldq >= K int8, zero-padded) and ascale (M; with group g: G x M, G =
+ * ork_act_groups(spec, ldq)). The outlier channels are the caller's (linear.c
+ * zeroes them first). Checks the spec. */
+size_t ork_act_groups(const ork_act_spec *spec, size_t ldq); /* scales per row: 1, or ceil(ldq / group) */
 ork_status ork_quantize_acts(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec, int8_t *xq,
                              float *ascale, ork_err *err);
 

@@ -99,6 +99,9 @@ ork_status ork_ffn_check(const ork_linear *lg, const ork_linear *lu, const ork_l
         return ork_err_set(err, ORK_EINVAL, "the fused FFN chain keeps no outlier channels apart (an int8-only path); "
                            "use act=%s with it", modes_without_outliers(modes, sizeof modes));
     }
+    if (lg->act.group || lu->act.group || ld->act.group || lg->group || lu->group || ld->group)
+        return ork_err_set(err, ORK_EINVAL, "the fused FFN chain takes per-channel weights with a scale per token "
+                           "(no group-wise weight or activation scales)");
     if (lg->act.mode != lu->act.mode || lg->act.bits != lu->act.bits || lg->act.clip != lu->act.clip ||
         lg->act.prefix != lu->act.prefix)
         return ork_err_set(err, ORK_EINVAL, "gate and up share the chain input, so their activation modes must agree");

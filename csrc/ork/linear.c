@@ -115,7 +115,7 @@ ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, si
 
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) {
-        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->group)
+        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->act.group || l->group)
             return ork_err_set(err, ORK_EINVAL, "activation settings and group sizes apply to packed linears, not float ones");
         return ORK_OK;
     }
@@ -126,6 +126,9 @@ ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
             return ork_err_set(err, ORK_EINVAL, "outlier channels are not supported with a grouped weight (group size %zu)",
                                l->group);
     }
+    if (l->act.group && l->act.group != l->group)
+        return ork_err_set(err, ORK_EINVAL, "per-group activation scales (group %zu) need a weight grouped alike (the "
+                           "weight's group is %zu%s)", l->act.group, l->group, l->group ? "" : ": per channel");
     return ork_act_spec_check(&l->act, l->K, err);
 }
 
@@ -170,7 +173,8 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
     _Alignas(64) int8_t xq_s[8192]; /* decode sizes: no heap (scratch.h) */
     float as_s[16];
     int8_t *xq = (int8_t *)ork_scratch(xq_s, sizeof xq_s, M * Kp);
-    float *as = (float *)ork_scratch(as_s, sizeof as_s, M * sizeof(float));
+    const size_t AG = ork_act_groups(&l->act, Kp); /* activation scales per row: 1, or the weight's groups */
+    float *as = (float *)ork_scratch(as_s, sizeof as_s, AG * M * sizeof(float));
     const size_t no = l->act.n_outliers;
     float *xm = no ? (float *)malloc(M * K * sizeof(float)) : NULL;
     const size_t G = l->group ? (Kp + l->group - 1) / l->group : 1; /* blocks an external matmul returns */
@@ -196,11 +200,12 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
             for (size_t g = 0; g < G; g++)
                 for (size_t m = 0; m < M; m++)
                     for (size_t n = 0; n < N; n++) {
-                        const float t = ork_dequant_acc(acc[(g * M + m) * N + n], as[m], l->bscale[n * G + g]);
+                        const float t = ork_dequant_acc(acc[(g * M + m) * N + n], as[(AG > 1 ? g * M : 0) + m],
+                                                        l->bscale[n * G + g]);
                         y[m * N + n] = g ? y[m * N + n] + t : t;
                     }
     } else if ((st = ork_matmul_q8_grouped(l->kind, l->store, ork_quant_lut(l->kind), l->bscale, l->group, N, K, xq,
-                                           as, M, y, nthreads, err))) {
+                                           as, AG > 1, M, y, nthreads, err))) {
         goto done;
     }
     if (no) st = add_outliers(l, x, M, y, err);

@@ -284,6 +284,7 @@ typedef struct {
     const float *ascale, *bscale;
     const ork_matmul_kernels *mk;
     size_t gt;               /* grouped weights: tiles per group (group / 32); 0 per channel */
+    size_t ags;              /* grouped activations: M (ascale (G, M)); 0: one scale per row */
 } mm_job;
 
 /* acc (M x 32) of tiles [kb0, kb0 + kbn) of strip nb (buf: the strip inflated, 4-bit with M > 1) */
@@ -325,7 +326,7 @@ static ork_status mm_strips_grouped(void *ctx, size_t begin, size_t end, ork_err
         for (size_t g = 0; g < G; g++) {
             size_t kb0 = g * j->gt, kbn = KB - kb0 < j->gt ? KB - kb0 : j->gt;
             strip_part(j, nb, buf, kb0, kbn, acc);
-            if (y) j->mk->acc_group(acc, M, j->ascale, sb + g * 32, g == 0, y);
+            if (y) j->mk->acc_group(acc, M, j->ascale + g * j->ags, sb + g * 32, g == 0, y);
             else
                 for (size_t m = 0; m < M; m++) memcpy(j->out_i + (g * M + m) * N + n0, acc + m * 32, nn * sizeof(int32_t));
         }
@@ -431,8 +432,8 @@ ork_status ork_matmul_int_grouped(ork_kind kind, const void *store, const int8_t
 }
 
 ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
-                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, size_t M,
-                                 float *out, int nthreads, ork_err *err) {
+                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, int act_groups,
+                                 size_t M, float *out, int nthreads, ork_err *err) {
     ork_status st = check_shape(kind, N, K, err);
     if (st == ORK_OK) st = ork_group_check(group, err);
     if (st) return st;
@@ -440,14 +441,14 @@ ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t 
     if (is4(kind) && !lut) return ork_err_set(err, ORK_EINVAL, "a 4-bit weight needs its LUT");
     size_t Kp = ork_pack_round32(K);
     mm_job j = {is4(kind), (const uint8_t *)store, lut, N, Kp / 32, M, Kp, xq, NULL, out, ascale, bscale, NULL,
-                group && group < K ? group / 32 : 0};
+                group && group < K ? group / 32 : 0, act_groups && group && group < K ? M : 0};
     return run_strips(&j, NULL, nthreads, err);
 }
 
 ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale, size_t N,
                          size_t K, const int8_t *xq, const float *ascale, size_t M, float *out, int nthreads,
                          ork_err *err) {
-    return ork_matmul_q8_grouped(kind, store, lut, bscale, 0, N, K, xq, ascale, M, out, nthreads, err);
+    return ork_matmul_q8_grouped(kind, store, lut, bscale, 0, N, K, xq, ascale, 0, M, out, nthreads, err);
 }
 
 ork_status ork_matmul_f32(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,

@@ -198,10 +198,12 @@ ork_status ork_matmul_q8(ork_kind kind, const void *store, const int8_t lut[16],
  * every group scale a float16 value (quant.h) and version-3 files store them as
  * float16 (o4n1.h), widened exactly to these float32 bscale entries. */
 
-/* float32 out (M, N) like ork_matmul_q8, for group-wise scales (group 0: ork_matmul_q8). */
+/* float32 out (M, N) like ork_matmul_q8, for group-wise scales (group 0: ork_matmul_q8).
+ * act_groups != 0: the activations have a scale per row and group (actspec.h "group", the
+ * weight's groups), ascale (G, M) group-major, and t_i takes ascale[i * M + m]; else ascale (M). */
 ork_status ork_matmul_q8_grouped(ork_kind kind, const void *store, const int8_t lut[16], const float *bscale,
-                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, size_t M,
-                                 float *out, int nthreads, ork_err *err);
+                                 size_t group, size_t N, size_t K, const int8_t *xq, const float *ascale, int act_groups,
+                                 size_t M, float *out, int nthreads, ork_err *err);
 /* The per-group int32 partial sums: out (G, M, N), G = ork_group_count(K, group), of
  * int8 activations xq (M, K) (as ork_matmul_int, which is G == 1). */
 ork_status ork_matmul_int_grouped(ork_kind kind, const void *store, const int8_t lut[16], size_t group, size_t N,

@@ -100,7 +100,7 @@ int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what) {
 /* ------------------------------------------------- activation spec -- */
 
 int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name) {
-    static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", "search", "digits", NULL};
+    static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", "search", "digits", "group", NULL};
     const ork_act_spec init = ORK_ACT_SPEC_INIT;
     *spec = init;
     *keep = NULL;
@@ -145,6 +145,14 @@ int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject
         int t = PyObject_IsTrue(v);
         if (t < 0) return -1;
         spec->digits = t;
+    }
+    if ((v = PyDict_GetItemString(obj, "group")) && v != Py_None) {
+        Py_ssize_t g = PyLong_AsSsize_t(v);
+        if (g < 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: activation group must be >= 0, got %zd", name, g);
+            return -1;
+        }
+        spec->group = (size_t)g;
     }
     if ((v = PyDict_GetItemString(obj, "prefix")) && v != Py_None) {
         Py_ssize_t p = PyLong_AsSsize_t(v);

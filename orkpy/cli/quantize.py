@@ -36,7 +36,7 @@ CLI_KEYS = {
     "calib_ctx": "calibration.ctx", "calib_chunks": "calibration.chunks",
     "threshold": "allocation.threshold", "literal_types": "allocation.fallback",
     "target_bpw": "allocation.target_bpw", "npu_bits": "allocation.npu_bits", "npu_tiers": "allocation.npu_options",
-    "npu_per_group": "allocation.npu_per_linear",
+    "npu_per_group": "allocation.npu_per_linear", "act_groups": "activation.groups",
     "kind": "allocation.kind",
     "group_size": "allocation.group_size",
     "tied_lookup": "allocation.tied_lookup",
@@ -46,7 +46,7 @@ CLI_KEYS = {
 }
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
 # activations need and GPTQ (docs/w4a4.md)
-NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq"}
+NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq", "act_groups": True}
 _CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list,
                 "npu_per_group": lambda v: not v}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
@@ -259,6 +259,10 @@ def add_quantize(sub):
     s.add_argument("--npu-per-group", action="store_true",
                    help="with --npu-bits: one tier per input group (q/k/v; gate/up) instead of w4a8 / int8 per linear "
                         "inside a group; about a third fewer sensitivity passes (default: per linear)")
+    s.add_argument("--act-groups", action=argparse.BooleanOptionalAction, default=False,
+                   help="a linear with group-wise weight scales (w4a4-g32, ...) scales its activations per token and "
+                        "weight group too, not once per token: no NPU bytes, the host scales each group's block "
+                        "anyway (default: on with --npu-bits, else off)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

@@ -11,12 +11,17 @@ to the kernels (csrc/ork/actspec.h is the contract).
 - ``prefix``: the sequence positions quantized per token with a mode whose rows share a range
   (None: the default, the calibration's for a static mode, 0 otherwise);
 - ``n_outliers``: how many outlier channels a mode that keeps them takes from the calibration;
+- ``groups``: whether a linear whose weight has group-wise scales also scales its activations per
+  group (one scale per token and weight group, a per-row mode only; None / False: one per token);
 
 and, for one linear (a *resolved* spec, :func:`orkpy.runtime.actcal.resolve`), ``clip`` (the static
 range, float32), ``channels`` (the outlier input channels, strictly increasing) and ``search`` (the
 per-row range search of a 4-bit per-row mode: each token's range minimises its own squared error,
 csrc/ork/actspec.h) and ``digits`` (8-bit codes stopping at +-119, so each is two int4 digits: a
-``w4a8`` linear's, the NPU's int4 mode at two rows per token). ``bits`` is 8 (codes in [-127, 127]) or
+``w4a8`` linear's, the NPU's int4 mode at two rows per token) and ``group`` (the activation group size,
+the weight's group when ``groups`` holds: each token's inputs scaled per group of ``group``, every
+rule above per group, csrc/ork/actspec.h "group"; the NPU's int16 block of a weight group is scaled
+on the host anyway, so this costs no NPU bytes). ``bits`` is 8 (codes in [-127, 127]) or
 4 (codes in [-7, 7]: a ``w4a4``
 linear's, the NPU's int4 x int4 mode; a linear runs the smaller of the spec's and its kind's
 ``act_bits``, docs/w4a4.md). The
@@ -112,6 +117,8 @@ class ActSpec:
     channels: Optional[Tuple[int, ...]] = None
     search: Optional[bool] = None
     digits: Optional[bool] = None
+    groups: Optional[bool] = None
+    group: Optional[int] = None
 
     def __post_init__(self) -> None:
         info = mode_info(self.mode)
@@ -157,7 +164,19 @@ class ActSpec:
                 raise ValueError(f"digits must be a bool (int8 codes in [-119, 119], two int4 digits), got {self.digits!r}")
             if self.digits and int(self.bits) != 8:
                 raise ValueError(f"digits=True splits 8-bit activations into two int4 digits: bits must be 8, got {self.bits}")
+        if self.groups is not None and not isinstance(self.groups, (bool, np.bool_)):
+            raise ValueError(f"groups must be a bool (activation scales per weight group), got {self.groups!r}")
+        if self.groups and info.shares_rows:
+            raise ValueError(f"groups=True gives each token a scale per weight group: mode {self.mode!r} shares one "
+                             "range across rows (per-row modes only)")
+        if self.group is not None:
+            if not (_is_int(self.group) and self.group >= 0 and self.group % 32 == 0 and self.group <= COUNT_MAX):
+                raise ValueError(f"the activation group must be 0 or a positive multiple of 32, got {self.group!r:.40}")
+            if self.group and info.shares_rows:
+                raise ValueError(f"an activation group needs a per-row mode, not {self.mode!r}")
         for name, v in (("search", None if self.search is None else bool(self.search)),
+                        ("groups", None if self.groups is None else bool(self.groups)),
+                        ("group", None if self.group is None else int(self.group)),
                         ("digits", None if self.digits is None else bool(self.digits)), ("bits", int(self.bits)), ("n_outliers", int(self.n_outliers)), ("clip", clip),
                         ("channels", ch), ("prefix", None if self.prefix is None else int(self.prefix))):
             object.__setattr__(self, name, v)
@@ -186,7 +205,7 @@ class ActSpec:
         """The argument the C binding reads (csrc/py/coerce.c ``orkpy_act_spec_from_py``)."""
         return {"mode": self.mode, "bits": self.bits, "clip": 0.0 if self.clip is None else self.clip,
                 "prefix": self.prefix or 0, "outliers": self.outlier_array(), "search": bool(self.search),
-                "digits": bool(self.digits)}
+                "digits": bool(self.digits), "group": self.group or 0}
 
     # ------------------------------------------------------- conversion --
     @classmethod

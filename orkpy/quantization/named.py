@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Mapping
 
 from .recipe import Recipe, RecipeError
 
-_NPU: Dict[str, Dict[str, Any]] = {"transform": {"rotate": "hadamard", "rotate_online": True}, "rounding": {"method": "gptq"}}
+_NPU: Dict[str, Dict[str, Any]] = {"transform": {"rotate": "hadamard", "rotate_online": True}, "rounding": {"method": "gptq"},
+                                   "activation": {"groups": True}}
 
 
 @dataclass(frozen=True)

@@ -254,7 +254,7 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
                 stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None))
                 src.release(caches=False)  # the source's pages: one tensor at a time
             pw = stores[key]
-            return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind))
+            return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind, pw.group))
         hi = build_model(src, lambda n: (spec_of(n, options[-1]), options[-1]))
         src.release()
         stores.clear()  # the high model holds its own; the low options' stores one input group at a time

@@ -358,11 +358,13 @@ class ActivationSpec:
     activation-spec type from the API to the kernels -- at model level: ``mode``, ``bits``,
     ``method`` (how a static range is calibrated), ``prefix`` (the leading positions the
     calibration leaves out and the shared-range modes quantize per token; default
-    :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`) and ``n_outliers``; a linear's own ``clip`` / ``channels``
+    :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`), ``n_outliers`` and ``groups`` (a scale per token and weight
+    group where the weight has group-wise scales; default False, ``--npu-bits`` turns it on); a linear's own
+    ``clip`` / ``channels``
     come from the calibration, never from a recipe. This class only reads and writes the section."""
 
     NAME: ClassVar[str] = "activation"
-    KEYS: ClassVar[Tuple[str, ...]] = ("mode", "bits", "method", "prefix", "n_outliers")
+    KEYS: ClassVar[Tuple[str, ...]] = ("mode", "bits", "method", "prefix", "n_outliers", "groups")
 
     @classmethod
     def keys(cls) -> List[str]:
@@ -370,7 +372,7 @@ class ActivationSpec:
 
     @staticmethod
     def default() -> ActSpec:
-        return ActSpec(prefix=actcal.DEFAULT_PREFIX)
+        return ActSpec(prefix=actcal.DEFAULT_PREFIX, groups=False)
 
     @classmethod
     def to_dict(cls, spec: ActSpec) -> Dict[str, Any]:
@@ -587,7 +589,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "gptq_precision": ("rounding", "gptq_precision"),
     "awq": ("rounding", "awq"), "sr": ("rounding", "sr"), "seed": ("rounding", "seed"),
     "clip_search": ("rounding", "clip_search"), "clip_grid": ("rounding", "clip_grid"),
-    "act_prefix": ("activation", "prefix"),
+    "act_prefix": ("activation", "prefix"), "act_groups": ("activation", "groups"),
 }
 
 

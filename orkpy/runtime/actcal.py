@@ -352,7 +352,7 @@ def calibrate_activations(model: Any, text_or_tokens: Union[str, ArrayLike], n_c
 
 
 def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, where: str,
-            kind: Optional[str] = None) -> ActSpec:
+            kind: Optional[str] = None, group: int = 0) -> ActSpec:
     """The activation spec of one packed linear (``K`` inputs, weight ``kind``) from the model's: its
     width (``bits``: the smaller of the spec's and the kind's ``act_bits``, so a ``w4a4`` linear takes
     4-bit activations), what its mode's registry row asks of the calibration (a static mode: the
@@ -362,7 +362,9 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
     ``DEFAULT_PREFIX`` for a dynamic one at 4 bits (the attention sink stays int8) and 0 otherwise;
     0 on the head, which runs on other rows) and, at 4 bits with method "mse" in a per-row mode,
     the per-row range search (``search``); for a kind the NPU runs in its int4 mode with 8-bit
-    activations (``w4a8``) the codes stop at +-119 (``digits``: two int4 digits each). ValueError naming
+    activations (``w4a8``) the codes stop at +-119 (``digits``: two int4 digits each); with
+    ``spec.groups`` and a weight with group-wise scales (``group`` > 0, the weight's group size) the
+    activations take a scale per token and group (``group``). ValueError naming
     ``where`` and the linear when the calibration cannot provide them."""
     info = spec.info
     if spec.clip is not None or spec.channels is not None:
@@ -402,7 +404,9 @@ def resolve(spec: ActSpec, name: str, calib: Optional[ActCalibration], K: int, w
     search = bits < 8 and spec.method == "mse" and not info.shares_rows
     ki = None if kind is None else KIND_INFO[kind]
     digits = bits == 8 and ki is not None and ki.levels is None and ki.store_bits == 4  # w4a8: two int4 digits
-    return replace(spec, bits=bits, clip=clip, channels=channels, prefix=prefix, search=search, digits=digits)
+    agroup = int(group) if spec.groups and group and not info.shares_rows else None
+    return replace(spec, bits=bits, clip=clip, channels=channels, prefix=prefix, search=search, digits=digits,
+                   group=agroup)
 
 
 def linear_act(act: str, name: str, calib: Optional[ActCalibration], method: str, k: int, where: str,

@@ -682,7 +682,7 @@ def load_quantized(path: StrPath, act: Union[str, ActSpec, None] = None,
                 raise FormatError(f"{d.float_file}: no tensor {tensor!r} of shape {shape} for the float linear {n!r}")
             return LinearSpec.f32(n, src.tensor(tensor)), "gguf"
         pw = d.packed(n)
-        return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, pw.kind)), pw.kind
+        return LinearSpec.from_packed(n, pw, act_spec=resolve(spec, n, cal, pw.K, where, pw.kind, pw.group)), pw.kind
     m = build_model(src, linear, path, hp)
     m.manifest = d.manifest
     return m

@@ -436,7 +436,7 @@ def run_model(args, devs, labels):
                 kind, g = MODEL_KINDS[order[n] % len(MODEL_KINDS)]
                 pw = pack(quantize(src.linear(n), kind, group_size=g or None))
                 tier = f"{kind}-g{pw.group}" if pw.group else kind
-                return LinearSpec.from_packed(n, pw, act_spec=resolve(ActSpec(), n, None, pw.K, "board", kind)), tier
+                return LinearSpec.from_packed(n, pw, act_spec=resolve(ActSpec(), n, None, pw.K, "board", kind, pw.group)), tier
             m = build_model(src, spec)
             toks = (np.arange(1, MODEL_TOKENS + 1) * 37) % int(src.hp["n_vocab"])
             want = {"prefill": m.forward(toks), "decode": m.forward(toks[:1])}

@@ -290,6 +290,53 @@ static void spec_check(void) {
           "the built-in rows");
 }
 
+/* actspec.h "group": each (row, group) segment quantized as a row of g inputs (zero-padded past K),
+ * the prefix rows' segments first; ascale (G, M). Checked against the per-row quantizer on the segments
+ * laid out by hand, at 4 bits with the search and a prefix row, and at 8 bits with digits; then the
+ * spec checks (a multiple of 32; per-row modes only). Run on the active ISA. */
+static void groups(void) {
+    enum { GM = 3, GK = 100, GLD = 128, GG = 32, GN = 4 }; /* G = 4: the last group 4 inputs + padding */
+    float x[GM * GK], seg[GM * GN * GG];
+    int8_t q[GM * GLD], qr[GM * GN * GG];
+    float as[GN * GM], ar[GM * GN];
+    ork_err err;
+    for (int i = 0; i < GM * GK; i++) x[i] = rnd_f() * (i % 37 == 5 ? 40.0f : 1.0f);
+    memset(seg, 0, sizeof seg);
+    for (int m = 0; m < GM; m++)
+        for (int k = 0; k < GK; k++) seg[(m * GN + k / GG) * GG + k % GG] = x[m * GK + k];
+    for (int variant = 0; variant < 2; variant++) {
+        ork_act_spec s = ORK_ACT_SPEC_INIT, r;
+        if (variant == 0) s.bits = 4, s.search = 1, s.prefix = 1;
+        else s.digits = 1;
+        r = s;
+        r.prefix = s.prefix * GN;
+        s.group = GG;
+        CHECK(ork_act_groups(&s, GLD) == GN, "groups of %d over %d", GG, GLD);
+        memset(q, 0x55, sizeof q);
+        CHECK(ork_quantize_acts(x, GM, GK, GLD, &s, q, as, &err) == ORK_OK, "grouped: %s", err.msg);
+        CHECK(ork_quantize_acts(seg, GM * GN, GG, GG, &r, qr, ar, &err) == ORK_OK, "segments: %s", err.msg);
+        int ok = 1;
+        for (int m = 0; m < GM; m++)
+            for (int i = 0; i < GN; i++) {
+                if (memcmp(&as[i * GM + m], &ar[m * GN + i], 4)) ok = 0;
+                for (int k = 0; k < GG; k++)
+                    if (q[m * GLD + i * GG + k] != qr[(m * GN + i) * GG + k]) ok = 0;
+            }
+        CHECK(ok, "grouped activations are the per-row quantizer on the segments (variant %d)", variant);
+    }
+    ork_act_spec s = ORK_ACT_SPEC_INIT;
+    s.group = 48;
+    CHECK(ork_act_spec_check(&s, GK, &err) == ORK_EINVAL, "group 48 refused");
+    s.group = 32;
+    s.mode = ORK_ACT_MODE_PER_TENSOR;
+    CHECK(ork_act_spec_check(&s, GK, &err) == ORK_EINVAL && strstr(err.msg, "per-row modes only"), "per tensor: %s",
+          err.msg);
+    x[2 * GK + 70] = NAN;
+    s.mode = ORK_ACT_MODE_PER_TOKEN;
+    CHECK(ork_quantize_acts(x, GM, GK, GLD, &s, q, as, &err) == ORK_ENONFINITE && strstr(err.msg, "[2, 70]"),
+          "a NaN named at its place: %s", err.msg);
+}
+
 /* a mode whose kernel is its own (a quarter of each row's absmax): registered, it runs through the linear */
 static ork_status range_quarter(const ork_act_spec *spec, const float *x, size_t Mr, size_t Kr, float *r, ork_err *err) {
     (void)spec, (void)x, (void)Kr, (void)err;
@@ -422,12 +469,14 @@ int main(void) {
     ork_err e0;
     CHECK(ork_cpu_set_isa("scalar", &e0) == ORK_OK, "scalar ISA");
     modes(ORK_ISA_SCALAR, 1);
+    groups();
     for (int i = 0; i < ORK_ISA_COUNT; i++) {
         ork_err err;
         if (i == ORK_ISA_SCALAR || !ork_isa_available((ork_isa)i)) continue;
         ork_cpu_set_isa(ork_isa_name((ork_isa)i), &err);
         printf("comparing %s against scalar\n", ork_isa_name((ork_isa)i));
         modes((ork_isa)i, 0);
+        groups();
         tested++;
     }
     CHECK(tested > 0, "no SIMD ISA to compare");

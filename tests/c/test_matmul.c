@@ -203,16 +203,21 @@ static void grouped_vs_naive(void) {
                 int32_t *acc = malloc(G * M * N * 4);
                 int8_t *xc = malloc(M * K);
                 for (size_t m = 0; m < M; m++) memcpy(xc + m * K, x + m * Kp, K);
-                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, M, y1, 1, &err) == ORK_OK,
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, 0, M, y1, 1, &err) == ORK_OK,
                       "grouped q8: %s", err.msg);
-                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, M, y3, 3, &err) == ORK_OK,
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, as, 0, M, y3, 3, &err) == ORK_OK,
                       "grouped q8 (3 threads)");
+                /* activations scaled per row and group (actspec.h "group"): ascale (G, M) */
+                float *ag = malloc(G * M * 4), *yg = malloc(M * N * 4);
+                for (size_t i = 0; i < G * M; i++) ag[i] = (float)(rnd() % 1000 + 1) * 1e-3f;
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, g, N, K, x, ag, 1, M, yg, 2, &err) == ORK_OK,
+                      "grouped q8, grouped activations: %s", err.msg);
                 CHECK(ork_matmul_int_grouped((ork_kind)kind, store, lut, g, N, K, xc, M, acc, 2, &err) == ORK_OK,
                       "grouped int: %s", err.msg);
                 int ok = 1;
                 for (size_t m = 0; m < M; m++)
                     for (size_t n = 0; n < N; n++) {
-                        float y = 0.0f;
+                        float y = 0.0f, y2 = 0.0f;
                         for (size_t gg = 0; gg < G; gg++) {
                             long long s = 0;
                             for (size_t k = gg * g; k < K && k < (gg + 1) * g; k++) {
@@ -227,13 +232,16 @@ static void grouped_vs_naive(void) {
                             if (s != acc[(gg * M + m) * N + n]) ok = 0;
                             float t = ork_dequant_acc((int32_t)s, as[m], bs[n * G + gg]);
                             y = gg ? y + t : t;
+                            float t2 = ork_dequant_acc((int32_t)s, ag[gg * M + m], bs[n * G + gg]);
+                            y2 = gg ? y2 + t2 : t2;
                         }
                         if (memcmp(&y, &y1[m * N + n], 4) || memcmp(&y, &y3[m * N + n], 4)) ok = 0;
+                        if (memcmp(&y2, &yg[m * N + n], 4)) ok = 0;
                     }
                 CHECK(ok, "grouped drivers vs naive M=%zu K=%zu N=%zu g=%zu kind=%d", M, K, N, g, kind);
-                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, 48, N, K, x, as, M, y1, 1, &err) == ORK_EINVAL,
+                CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, 48, N, K, x, as, 0, M, y1, 1, &err) == ORK_EINVAL,
                       "group 48 refused");
-                free(codes); free(store); free(x); free(bs); free(y1); free(y3); free(acc); free(xc);
+                free(codes); free(store); free(x); free(bs); free(y1); free(y3); free(acc); free(xc); free(ag); free(yg);
             }
 }
 

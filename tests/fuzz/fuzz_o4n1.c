@@ -141,7 +141,7 @@ static void check_compute(const uint8_t *data, size_t size, const ork_o4n1_info 
                 }
             if (G == 1) CHECK(ork_matmul_f32(kind, store, lut, bscale, N, K, xf, M, 0, y, 1, &err) == ORK_OK);
             else
-                CHECK(ork_matmul_q8_grouped(kind, store, lut, bscale, gs, N, K, xa, ascale, M, y, 1, &err) == ORK_OK);
+                CHECK(ork_matmul_q8_grouped(kind, store, lut, bscale, gs, N, K, xa, ascale, 0, M, y, 1, &err) == ORK_OK);
             CHECK(memcmp(y, yref, M * N * sizeof(float)) == 0);
         }
     }
