@@ -95,6 +95,56 @@ def test_range_search_never_worse_than_absmax_and_clips_outliers():
         ActSpec(bits=8, search=True)
 
 
+def _searched_row(x, wide=True):
+    """actspec.h "search" in numpy, float32 as the C computes it: candidates c_i = a * (1 - i / 40), step
+    sg * (c / 7), codes clamp(round_half_away(x * (sg * (7 / c))), -8, 7) (wide: the row's extreme side, sg,
+    takes the extra code -8; else [-7, 7] and sg = 1, the rule before it), error sum (x - q s)^2 in double in
+    k order, the first strictly smaller one kept. Returns (codes, step, error)."""
+    f = np.float32
+    x = x.astype(f)
+    a = f(np.abs(x).max())
+    e = int(np.argmax(np.abs(x)))
+    sg = f(-1) if wide and x[e] > 0 else f(1)
+    lo = -8 if wide else -7
+
+    def at(c):
+        inv = f(sg * f(f(7) / c))
+        y = (x * inv).astype(np.float64)  # the float32 product, exactly
+        q = np.clip(np.where(y >= 0, np.floor(y + 0.5), np.ceil(y - 0.5)), lo, 7)
+        step = f(sg * f(c / f(7)))
+        d = (x - (q.astype(f) * step).astype(f)).astype(f)
+        return q, step, float(np.cumsum(d.astype(np.float64) ** 2)[-1])
+    best = at(a)
+    for i in range(1, 20):
+        c = f(a * f(f(1) - f(i) / f(40)))
+        r = at(c)
+        if r[2] < best[2]:
+            best = r
+    return best
+
+
+def test_searched_four_bit_activations_use_the_extra_code():
+    """A searched 4-bit row's codes are in [-8, 7], the extra code -8 on the side of its largest |x| (the
+    step's sign flips it there): every candidate's levels are the old [-7, 7] grid's plus one, so the chosen
+    error is never above the old rule's. Checked exactly: int8 weights make the output the codes' integer
+    product times the step, which the numpy contract reproduces bit for bit."""
+    rng = np.random.default_rng(13)
+    x = _acts(M=24, K=200, seed=5)
+    x[::3] *= -1  # extremes of both signs
+    w = rng.standard_normal((16, 200)).astype(np.float32)
+    q8 = orkpy.quantize(w, "int8")
+    y = orkpy.pack(q8).matmul(x, act=ActSpec(bits=4, search=True, prefix=0))
+    wide_used = 0
+    for m in range(x.shape[0]):
+        codes, step, err = _searched_row(x[m])
+        old = _searched_row(x[m], wide=False)
+        assert err <= old[2]
+        wide_used += int(codes.min() == -8)
+        acc = (codes.astype(np.int64) @ q8.codes.astype(np.int64).T).astype(np.float32)
+        np.testing.assert_array_equal(y[m], (acc * step).astype(np.float32) * q8.scales, err_msg=f"row {m}")
+    assert wide_used >= 6
+
+
 def test_range_search_is_the_same_on_every_isa():
     x = _acts(M=33, K=1000)
     w = np.random.default_rng(7).standard_normal((48, x.shape[1])).astype(np.float32)

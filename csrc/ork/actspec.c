@@ -175,11 +175,30 @@ ork_status ork_act_spec_check(const ork_act_spec *s, size_t K, ork_err *err) {
 }
 
 /* ---------------------------------------------------------- quantizer -- */
-/* squared error of one row at range c on a grid of +-qmax: the quantizer's own codes (into q, K bytes),
- * then sum_k (x - q * s)^2 in double, k in order */
-static double row_err(const ork_quant_kernels *qk, const float *x, size_t K, float c, float qmax, int8_t *q) {
-    const float s = c / qmax;
-    qk->codes8_rtn(x, K, qmax / c, qmax, q);
+/* A searched row's codes (actspec.h "search"): clamp(round_half_away(x * inv), -qmax - 1, qmax), the
+ * quantizer's codes8_rtn at a limit one wider, the top code then lowered to qmax (a scalar pass, so every
+ * ISA gives the same codes). inv carries the row's sign (row_sign), so the extra code -qmax - 1 goes to
+ * the side of the row's largest |x|. */
+static void codes_wide(const ork_quant_kernels *qk, const float *x, size_t K, float inv, float qmax, int8_t *q) {
+    qk->codes8_rtn(x, K, inv, qmax + 1.0f, q);
+    const int8_t top = (int8_t)qmax;
+    for (size_t k = 0; k < K; k++)
+        if (q[k] > top) q[k] = top;
+}
+
+/* -1 when the row's first largest |x| is positive, else 1: its side goes onto the negative codes */
+static float row_sign(const float *x, size_t K) {
+    size_t e = 0;
+    for (size_t k = 1; k < K; k++)
+        if (fabsf(x[k]) > fabsf(x[e])) e = k;
+    return K && x[e] > 0.0f ? -1.0f : 1.0f;
+}
+
+/* squared error of one searched row at range c: step s = sg * (c / qmax), codes_wide with inv =
+ * sg * (qmax / c) (into q, K bytes), then sum_k (x - q * s)^2 in double, k in order */
+static double row_err(const ork_quant_kernels *qk, const float *x, size_t K, float c, float qmax, float sg, int8_t *q) {
+    const float s = sg * (c / qmax);
+    codes_wide(qk, x, K, sg * (qmax / c), qmax, q);
     double e = 0.0;
     for (size_t k = 0; k < K; k++) {
         float d = x[k] - (float)q[k] * s;
@@ -189,13 +208,13 @@ static double row_err(const ork_quant_kernels *qk, const float *x, size_t K, flo
 }
 
 /* the searched range of one row (actspec.h "search"); q: K bytes of scratch */
-static float row_search(const ork_quant_kernels *qk, const float *x, size_t K, float a, float qmax, int8_t *q) {
+static float row_search(const ork_quant_kernels *qk, const float *x, size_t K, float a, float qmax, float sg, int8_t *q) {
     float best = a;
-    double be = row_err(qk, x, K, a, qmax, q);
+    double be = row_err(qk, x, K, a, qmax, sg, q);
     for (int i = 1; i < ORK_ACT_SEARCH_N; i++) {
         float c = a * (1.0f - (float)i / 40.0f);
         if (!(c >= ORK_QUANT_TINY)) break;
-        double e = row_err(qk, x, K, c, qmax, q);
+        double e = row_err(qk, x, K, c, qmax, sg, q);
         if (e < be) be = e, best = c;
     }
     return best;
@@ -294,7 +313,13 @@ static ork_status quantize_rows(const float *x, size_t M, size_t K, size_t ldq, 
             memset(q, 0, K);
             continue;
         }
-        if (spec->search && m >= p) a = row_search(qk, x + m * K, K, a, qm, q);
+        if (spec->search && m >= p) { /* the range searched, the codes one wider on the row's extreme side */
+            const float sg = row_sign(x + m * K, K);
+            a = row_search(qk, x + m * K, K, a, qm, sg, q);
+            ascale[m] = sg * (a / qm);
+            codes_wide(qk, x + m * K, K, sg * (qm / a), qm, q);
+            continue;
+        }
         ascale[m] = a / qm;
         qk->codes8_rtn(x + m * K, K, qm / a, qm, q);
     }

@@ -9,7 +9,7 @@
  *   mode        a registry row id (below); 0 is per_token
  *   bits        activation bits: one of the widths the mode's row serves
  *               (its `bits` mask: ork_act_bits_ok): 8 (codes in [-127, 127])
- *               or 4 (codes in [-7, 7], the NPU's int4 x int4 mode, a w4a4
+ *               or 4 (codes in [-7, 7], [-8, 7] when searched, the NPU's int4 x int4 mode, a w4a4
  *               linear's: docs/w4a4.md); the codes are int8 either way
  *   clip        a static mode's range (> 0, float32, calibrated once); 0 for
  *               every other mode
@@ -30,11 +30,19 @@
  *               each non-prefix row's range is searched to minimise its own
  *               squared quantization error: candidates c_i = a * (1 - i/40),
  *               i = 0..ORK_ACT_SEARCH_N-1 (a the mode's range), each scored as
- *               sum_k (double)(x - q*s)^2 with the quantizer's codes q (its
- *               codes8_rtn kernel, bit-exact on every ISA) and step s = c / qmax
- *               (float32, the sum in k order); the first strictly smaller error
- *               replaces the best, so ties keep the larger range and the result
- *               is never worse than absmax; every ISA chooses the same range.
+ *               sum_k (double)(x - q*s)^2 with the quantizer's codes q and step
+ *               s = sg * (c / qmax) (float32, the sum in k order); the first
+ *               strictly smaller error replaces the best, so ties keep the larger
+ *               range and the result is never worse than absmax; every ISA
+ *               chooses the same range. A searched row's codes take one more
+ *               level, [-qmax - 1, qmax] (at 4 bits [-8, 7], the int4 mode's whole
+ *               range): sg = -1 when the row's first largest |x| is positive,
+ *               else 1, so the extra code lies on the extreme's side, and q =
+ *               clamp(round_half_away(x * (sg * (qmax / c))), -qmax - 1, qmax)
+ *               (the codes8_rtn kernel at limit qmax + 1, bit-exact on every ISA,
+ *               then the top code lowered to qmax); the row's scale is the
+ *               signed step s. Each candidate's levels are the [-qmax, qmax]
+ *               grid's plus one, so the error never exceeds the symmetric rule's.
  *   digits      1 (bits 8 only): the codes stop at +-ORK_ACT_DIGITS_QMAX = 119
  *               (step range / 119), so each splits into two int4 digits
  *               x = 16 h + l, h, l in [-8, 7] (16 * 7 + 7 = 119): a w4a8

@@ -4,11 +4,12 @@
  *
  * ------------------------------------------------------------- codes ----
  * A code is an int4 two's-complement value in [-8, 7]. The kernels take the
- * whole range (-8 included: the hardware does). orkpy's quantizers only make
- * symmetric codes in [-7, 7]: zero is exact, there is no zero point (a zero
- * point would add a row-sum correction term to every output, and the int16
- * NPU path has no cheap place for it), the rounding error is symmetric, and
- * -8 is left unused.
+ * whole range (-8 included: the hardware does). orkpy's weight quantizers make
+ * symmetric codes in [-7, 7]; its searched 4-bit activations use [-8, 7], the
+ * extra code on the side of the row's largest |x| through the sign of the
+ * row's step (actspec.h "search"). Zero is exact either way and there is no
+ * zero point (a zero point would add a row-sum correction term to every
+ * output, and the int16 NPU path has no cheap place for it).
  *
  * ----------------------------------------------------------- storage ----
  * The bytes the NPU reads, 4 bits per code: a matrix of R rows and K columns

@@ -22,7 +22,7 @@ csrc/ork/actspec.h) and ``digits`` (8-bit codes stopping at +-119, so each is tw
 the weight's group when ``groups`` holds: each token's inputs scaled per group of ``group``, every
 rule above per group, csrc/ork/actspec.h "group"; the NPU's int16 block of a weight group is scaled
 on the host anyway, so this costs no NPU bytes). ``bits`` is 8 (codes in [-127, 127]) or
-4 (codes in [-7, 7]: a ``w4a4``
+4 (codes in [-7, 7], [-8, 7] when searched: a ``w4a4``
 linear's, the NPU's int4 x int4 mode; a linear runs the smaller of the spec's and its kind's
 ``act_bits``, docs/w4a4.md). The
 model-level spec (``load_model(act=ActSpec(...))``) leaves ``clip`` and ``channels`` None.

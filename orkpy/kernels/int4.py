@@ -1,7 +1,8 @@
 """The integer contract of the RK3588 NPU's int4 x int4 -> int16 matmul mode (docs/w4a4.md,
 "Integer contract"; the C kernels: csrc/ork/i4.h).
 
-Codes are int4 values in [-8, 7] (orkpy's quantizers make symmetric codes in [-7, 7]). They
+Codes are int4 values in [-8, 7] (orkpy's weights are symmetric codes in [-7, 7]; searched 4-bit
+activations use -8 too). They
 are stored as the NPU reads them: rows of ``Kp = round_up(K, 32)`` codes, two per byte, code
 ``2j`` in the low nibble of byte ``j``, ``2j+1`` in the high nibble, padding codes 0
 (:func:`pack_i4`). The product ``acc[m, n] = sum_k a[m, k] * w[n, k]`` sums chunks of at most
