@@ -232,6 +232,7 @@ static ork_status quantize_rows(const float *x, size_t M, size_t K, size_t ldq, 
 static ork_status quantize_groups(const float *x, size_t M, size_t K, size_t ldq, const ork_act_spec *spec,
                                   int8_t *xq, float *ascale, ork_err *err) {
     const size_t g = spec->group, G = ork_act_groups(spec, ldq), R = M * G;
+    if (M == 0) return ORK_OK;
     float *seg = (float *)calloc(R * g, sizeof(float));
     int8_t *q = (int8_t *)malloc(R * g);
     float *sc = (float *)malloc(R * sizeof(float));
@@ -255,6 +256,8 @@ static ork_status quantize_groups(const float *x, size_t M, size_t K, size_t ldq
         }
     ork_act_spec rs = *spec;
     rs.group = 0;
+    rs.outliers = NULL; /* the caller's to zero (actspec.h): the segments are not the rows they index */
+    rs.n_outliers = 0;
     rs.prefix = (spec->prefix < M ? spec->prefix : M) * G;
     if ((st = quantize_rows(seg, R, g, g, &rs, q, sc, err))) goto done;
     for (size_t m = 0; m < M; m++) {
