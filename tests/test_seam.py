@@ -62,7 +62,7 @@ def test_linear_spec_converts_to_the_forward_models_argument():
     t = p.to_core()                               # one dict per packed linear, its activation spec one value
     assert t[0] == "packed" and t[1]["store"] is pw.store and t[1]["bscale"] is pw.bscale
     assert {k: t[1][k] for k in ("kind", "N", "K", "group")} == {"kind": "nf4", "N": 64, "K": 32, "group": 0}
-    assert t[1]["act"] == {"mode": "per_tensor", "bits": 8, "clip": 0.0, "prefix": 0, "outliers": None, "search": False, "digits": False}
+    assert t[1]["act"] == {"mode": "per_tensor", "bits": 8, "clip": 0.0, "prefix": 0, "outliers": None, "search": False, "digits": False, "group": 0}
     assert LinearSpec.from_packed("x", pw, act_spec=orkpy.ActSpec("per_tensor", prefix=0)).to_core()[1]["act"] == t[1]["act"]
     assert np.array_equal(p.packed_weight().matmul(w[:3]), pw.matmul(w[:3]))
     with pytest.raises(ValueError, match="float linear"):
