@@ -99,6 +99,19 @@ int orkpy_dict_keys_in(PyObject *d, const char *const *keys, const char *what) {
 
 /* ------------------------------------------------- activation spec -- */
 
+/* obj[key] (absent or None: *out unchanged) as a count >= 0; -1 with a ValueError naming `what` */
+static int spec_count(PyObject *obj, const char *key, const char *name, const char *what, size_t *out) {
+    PyObject *v = PyDict_GetItemString(obj, key);
+    if (!v || v == Py_None) return 0;
+    Py_ssize_t c = PyLong_AsSsize_t(v);
+    if (c < 0) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: %s must be >= 0, got %zd", name, what, c);
+        return -1;
+    }
+    *out = (size_t)c;
+    return 0;
+}
+
 int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject **keep, const char *name) {
     static const char *const keys[] = {"mode", "bits", "clip", "prefix", "outliers", "search", "digits", "group", NULL};
     const ork_act_spec init = ORK_ACT_SPEC_INIT;
@@ -146,22 +159,8 @@ int orkpy_act_spec_from_py(PyObject *obj, size_t K, ork_act_spec *spec, PyObject
         if (t < 0) return -1;
         spec->digits = t;
     }
-    if ((v = PyDict_GetItemString(obj, "group")) && v != Py_None) {
-        Py_ssize_t g = PyLong_AsSsize_t(v);
-        if (g < 0) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: activation group must be >= 0, got %zd", name, g);
-            return -1;
-        }
-        spec->group = (size_t)g;
-    }
-    if ((v = PyDict_GetItemString(obj, "prefix")) && v != Py_None) {
-        Py_ssize_t p = PyLong_AsSsize_t(v);
-        if (p < 0) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: act prefix must be >= 0, got %zd", name, p);
-            return -1;
-        }
-        spec->prefix = (size_t)p;
-    }
+    if (spec_count(obj, "group", name, "activation group", &spec->group) < 0) return -1;
+    if (spec_count(obj, "prefix", name, "act prefix", &spec->prefix) < 0) return -1;
     PyArrayObject *o = NULL;
     if ((v = PyDict_GetItemString(obj, "outliers")) && v != Py_None) {
         if (!(o = orkpy_as_exact(v, NPY_INT32, 1, "outliers"))) return -1;
