@@ -190,18 +190,23 @@ def run_model(a, name):
     mixed4 = (q4, q4d)  # the 4-bit stores the mixes choose from: per channel, or --mix-group's
     for g in sorted(set(a.groups) | ({a.mix_group} if a.mix_group else set())):
         # group-wise int4 weight scales (one per g of K): on the NPU, one K tile per group
-        qg = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False, group_size=g)
-        g4 = {n: orkpy.pack(q) for n, q in qg.items()}
-        g4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None, group=q.group))
-               for n, q in qg.items()}
-        if g in a.groups:
-            row(f"w4a4 gptq, group {g}", g4, ActSpec())
-            row(f"w4a4 gptq, group {g}, acts per group", g4, ActSpec(groups=True))
-            row(f"w4a8 gptq, group {g}", g4d, ActSpec())
-            row(f"w4a8 gptq, group {g}, acts per group", g4d, ActSpec(groups=True))
-        if g == a.mix_group:
-            mixed4 = (g4, g4d)
-        del qg, g4, g4d
+        for sym in ((True, False) if a.affine else (True,)):
+            qg = gptq_linears(src, calib, "w4a4", n_ctx=ctx, chunks=a.calib_chunks, progress=False, group_size=g,
+                              symmetric=sym)
+            g4 = {n: orkpy.pack(q) for n, q in qg.items()}
+            g4d = {n: orkpy.pack(QuantizedTensor("w4a8", q.shape, q.codes, q.scales, None, group=q.group,
+                                                 offsets=q.offsets)) for n, q in qg.items()}
+            tag = "" if sym else ", affine"
+            if g in a.groups:
+                if sym:
+                    row(f"w4a4 gptq, group {g}", g4, ActSpec())
+                row(f"w4a4 gptq, group {g}{tag}, acts per group", g4, ActSpec(groups=True))
+                if sym:
+                    row(f"w4a8 gptq, group {g}", g4d, ActSpec())
+                row(f"w4a8 gptq, group {g}{tag}, acts per group", g4d, ActSpec(groups=True))
+            if g == a.mix_group and sym != a.affine:
+                mixed4 = (g4, g4d)
+            del qg, g4, g4d
     q8 = {n: orkpy.pack(q) for n, q in gptq_linears(src, calib, "int8", n_ctx=ctx, chunks=a.calib_chunks,
                                                       progress=False).items()}
     m8 = row("w8a8 gptq, per-token", q8, ActSpec())
@@ -216,7 +221,7 @@ def run_model(a, name):
     batch = list(it)
     ref_lp = npu_alloc.reference_logprobs(fm, batch)
     packs = {"w4a4": mixed4[0], "w4a8": mixed4[1], "int8": q8}
-    gtag = f", group {a.mix_group}" if a.mix_group else ""
+    gtag = (f", group {a.mix_group}" + (", affine" if a.affine else "")) if a.mix_group else ""
     atag = ", acts per group" if a.act_groups and a.mix_group else ""
     mspec = ActSpec(groups=True) if a.act_groups else ActSpec()  # the mixes' activations
     lo = {t: {n: LinearSpec.from_packed(n, packs[t][n], act_spec=resolve(mspec, n, cal, packs[t][n].K, "bench", t,
@@ -265,6 +270,8 @@ def main(argv=None):
                     help="optional rows: baseline rtn static (the gptq, w8a8 and mix rows always run)")
     ap.add_argument("--act-groups", action="store_true",
                     help="the mixes' grouped int4 options scale their activations per weight group too")
+    ap.add_argument("--affine", action="store_true",
+                    help="also group rows with affine int4 groups (a scale and an offset each); the mixes use them")
     ap.add_argument("--text")
     ap.add_argument("--calib")
     ap.add_argument("--no-llama", action="store_true")

@@ -161,7 +161,7 @@ def _patched(raw, off, value, size=4):
 
 @pytest.mark.parametrize("patch, msg", [
     ((64, 48), "group size"), ((64, 0), "group size"), ((64, 512), "group size"),
-    ((68, 4), "group count"), ((4, 4), "unsupported version"), ((12, 64), "header size"),
+    ((68, 4), "group count"), ((4, 5), "unsupported version"), ((12, 64), "header size"),
     ((4, 2), "store offset 832, expected 1472"),  # version 2 (float32 scales) needs 4 bytes per scale
 ])
 def test_corrupt_grouped_headers_are_format_errors(rng, tmp_path, patch, msg):

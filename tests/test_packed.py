@@ -221,7 +221,7 @@ CORRUPT = {
     "empty": (lambda: b"", r"truncated"),
     "short header": (lambda: bytes(_valid()[:40]), r"truncated"),
     "bad magic": (lambda: b"XXXX" + bytes(_valid()[4:]), r"bad magic"),
-    "version 4": (lambda: _patch(_valid(), 4, "<I", 4), r"unsupported version 4"),
+    "version 5": (lambda: _patch(_valid(), 4, "<I", 5), r"unsupported version 5"),
     "version 3 with a 64-byte header": (lambda: _patch(_valid(), 4, "<I", 3), r"header size field is 64, expected 72"),
     "version 2 with a 64-byte header": (lambda: _patch(_valid(), 4, "<I", 2), r"header size field is 64, expected 72"),
     "kind 7": (lambda: _patch(_valid(), 8, "<I", 7), r"unknown kind 7"),

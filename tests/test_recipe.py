@@ -336,6 +336,7 @@ FLAG_CASES = {
     "npu_per_group": (["--rotate", "hadamard", "--rotate-online", "--method", "gptq", "--act-groups", "--npu-bits", "5",
                        "--npu-per-group"], "allocation.npu_per_linear", False),
     "act_groups": (["--act-groups"], "activation.groups", True),
+    "symmetric": (["--no-symmetric"], "rounding.symmetric", False),
     "kind": (["--kind", "int4"], "allocation.kind", "int4"),
     "group_size": (["--group-size", "64"], "allocation.group_size", 64),
     "tied_lookup": (["--tied-lookup", "packed"], "allocation.tied_lookup", "packed"),

@@ -488,7 +488,7 @@ class _Args:
         self.ctx, self.chunks, self.calib_chunks, self.sens_chunks = 256, 4, 4, 1
         self.npu_bits, self.rows, self.text, self.calib = [5.0], ["baseline", "rtn"], None, None
         self.no_llama, self.work, self.json_out, self.groups, self.mix_group = True, str(work), None, [], 0
-        self.dither, self.llama_more, self.per_linear, self.act_groups = None, [], True, False
+        self.dither, self.llama_more, self.per_linear, self.act_groups, self.affine = None, [], True, False, False
 
 
 # ------------------------------------------------- the CPU model is the contract --

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "affine.h"
 #include "gptq_kernels.h"
 #include "pool.h"
 #include "quant_scalar.h"
@@ -159,6 +160,7 @@ static ork_status gptq_check(const float *w, size_t N, size_t K, const double *g
         return ork_err_set(err, ORK_EINVAL, "damp must be a finite number >= 0, got %g", p->damp);
     if (p->block < 1) return ork_err_set(err, ORK_EINVAL, "block must be >= 1, got %zu", p->block);
     ork_status st = ork_group_check(p->group, err);
+    if (st == ORK_OK && p->offsets) st = ork_affine_check(p->kind, K, p->group, err);
     if (st != ORK_OK) return st;
     for (size_t i = 0; i < K * K; i++)
         if (!isfinite(gram[i]))

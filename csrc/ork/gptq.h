@@ -40,6 +40,9 @@
  *             zero code), value lut[code] * s;
  *      e = (w[k] - value) / U[k][k] (0 for a dead column), and
  *      w[j] -= e * U[k][j] for every j > k (one product, one subtraction).
+ *      affine groups (p->offsets, affine.h): the group's (s, o) by ork_quant_segment_affine on the
+ *             same float32 values (and importance) a symmetric scale would see; the code
+ *             ork_affine_code(float32(w[k]), inv, o), value q * s + o (double).
  *    Lazy block updates (`block` columns: eager inside a block, the block's
  *    errors pushed onto the later columns when it ends, or before a dynamic
  *    group's scale is chosen) apply the same subtractions in the same order,
@@ -95,6 +98,8 @@ typedef struct ork_gptq_params {
     int static_groups; /* group scales chosen up front from W */
     int nthreads;      /* <= 0: all cores; results never depend on it */
     ork_gptq_prec precision; /* ORK_GPTQ_F64 (0) or ORK_GPTQ_F32 */
+    float *offsets;    /* non-NULL: affine groups (affine.h; w4a4 / w4a8, 0 < group < K), the N x G float16
+                          offsets written here; NULL: symmetric scales */
 } ork_gptq_params;
 
 /* codes: N * ork_quant_row_bytes(kind, K) bytes; scales: N * ork_group_count(K, group')

@@ -160,7 +160,7 @@ typedef struct {
 } GX(gptq_job);
 
 typedef struct {
-    float s, inv;
+    float s, inv, o; /* o: the affine offset (0 for symmetric scales) */
     GR invd;
 } GX(seg_sc);
 
@@ -175,12 +175,16 @@ static ork_status GX(pick_scale)(const GX(gptq_job) *j, const GR *wrow, const fl
     } else {
         x = w32 + c0;
     }
-    float s, inv;
-    ork_status st = ork_quant_segment_scale(&j->qp, j->K, n, c0, x, len, &s, &inv, err);
+    float s, inv, o = 0.0f;
+    ork_status st = j->p->offsets ? ork_quant_segment_affine(x, j->qp.imatrix ? j->qp.imatrix + c0 : NULL, len, n, c0,
+                                                             j->gs, &s, &inv, &o, err)
+                                  : ork_quant_segment_scale(&j->qp, j->K, n, c0, x, len, &s, &inv, err);
     if (st != ORK_OK) return st;
     j->scales[n * j->G + g] = s;
+    if (j->p->offsets) j->p->offsets[n * j->G + g] = o;
     out->s = s;
     out->inv = inv;
+    out->o = o;
     out->invd = s > 0.0f ? (GR)1 / (GR)s : (GR)0;
     return ORK_OK;
 }
@@ -239,6 +243,10 @@ static ork_status GX(gptq_rows)(void *ctx, size_t r0, size_t r1, ork_err *err) {
                     uint8_t *byte = j->codes + (r0 + r) * j->row_bytes + (k >> 1);
                     *byte = (k & 1) ? (uint8_t)((*byte & 0x0f) | (c << 4)) : (uint8_t)((*byte & 0xf0) | c);
                     val = (GR)grid->lev[c] * (GR)s->s;
+                } else if (j->p->offsets) {
+                    const float q = ork_affine_code((float)x, s->inv, s->o);
+                    ((int8_t *)j->codes)[(r0 + r) * j->row_bytes + k] = (int8_t)q;
+                    val = (GR)q * (GR)s->s + (GR)s->o;
                 } else {
                     const float q = ork_clamp_lim(ork_round_half_away((float)x * s->inv), (float)j->info->qmax);
                     ((int8_t *)j->codes)[(r0 + r) * j->row_bytes + k] = (int8_t)q;

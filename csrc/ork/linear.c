@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "affine.h"
 #include "gemm_f32.h"
 #include "pack.h"
 #include "pool.h"
@@ -115,9 +116,14 @@ ork_status ork_act_stats_add_rows(ork_act_stats *s, const float *x, size_t M, si
 
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err) {
     if (l->path != ORK_LIN_PACKED) {
-        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->act.group || l->group)
-            return ork_err_set(err, ORK_EINVAL, "activation settings and group sizes apply to packed linears, not float ones");
+        if (l->act.clip != 0.0f || l->act.n_outliers || l->act.prefix || l->act.group || l->group || l->boffset)
+            return ork_err_set(err, ORK_EINVAL, "activation settings, group sizes and offsets apply to packed linears, "
+                               "not float ones");
         return ORK_OK;
+    }
+    if (l->boffset) {
+        ork_status st = ork_affine_check(l->kind, l->K, l->group, err);
+        if (st) return st;
     }
     if (l->group) {
         ork_status st = ork_group_check(l->group, err);
@@ -208,7 +214,9 @@ static ork_status linear_packed(const ork_linear *l, const float *x, size_t M, f
                                            as, AG > 1, M, y, nthreads, err))) {
         goto done;
     }
-    if (no) st = add_outliers(l, x, M, y, err);
+    if (l->boffset)
+        st = ork_matmul_add_offsets(l->boffset, l->group, N, K, xq, Kp, as, AG > 1, M, y, nthreads, err);
+    if (no && st == ORK_OK) st = add_outliers(l, x, M, y, err);
 done:
     ork_scratch_free(xq, xq_s);
     ork_scratch_free(as, as_s);
@@ -313,7 +321,8 @@ void ork_linear_row(const ork_linear *l, size_t n, float *out) {
     const size_t G = l->group ? ork_group_count(l->K, l->group) : 1;
     for (size_t k = 0; k < l->K; k++) {
         float s = l->bscale[n * G + (l->group ? k / l->group : 0)];
-        out[k] = (float)ork_pack_value(l->kind, l->store, l->K, n, k) * s;
+        const float v = (float)ork_pack_value(l->kind, l->store, l->K, n, k) * s;
+        out[k] = l->boffset ? v + l->boffset[n * G + k / l->group] : v;
     }
 }
 

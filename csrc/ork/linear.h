@@ -66,6 +66,9 @@
  * the same. With an external matmul (int_mm) the backend returns the per-group
  * partial sums and the output is made from them with the same arithmetic
  * (bit-identical whenever the partials are); not with outlier channels: ORK_EINVAL.
+ * Affine groups (boffset, affine.h; a grouped w4a4 / w4a8 weight): after the product
+ * above, on either path, y gets the offsets' term of affine.h from the same int8
+ * activations and scales (ork_matmul_add_offsets).
  * Activation statistics: when act_stats is set, every ork_linear_apply adds
  * its input to them (ork_act_stats below), before any quantization.
  * Input capture: when cap is set, every ork_linear_apply appends its M input
@@ -145,6 +148,7 @@ typedef struct ork_linear {
     double *xx_sum;        /* optional input Gram matrix, upper triangle (see above) */
     uint64_t *xx_count;
     size_t group;          /* ORK_LIN_PACKED: 0 per-channel bscale (N); else group-wise bscale (N x G), pack.h */
+    const float *boffset;  /* optional (ORK_LIN_PACKED, grouped): the affine groups' offsets (N x G), affine.h */
     float *cap;            /* optional input capture (see above): room for cap_rows rows of K, *cap_used filled */
     size_t cap_rows;
     size_t *cap_used;
@@ -157,7 +161,8 @@ typedef struct ork_linear {
 ork_status ork_linear_check_act(const ork_linear *l, ork_err *err);
 
 /* row n of the linear's weight as float32 (K values): the F32 row, or the packed row dequantized,
- * out[k] = (float)ork_pack_value(n, k) * bscale[n] (group-wise: the scale of k's group) -- a tied
+ * out[k] = (float)ork_pack_value(n, k) * bscale[n] (group-wise: the scale of k's group; affine groups:
+ * then + the group's offset, affine.h) -- a tied
  * model's embedding lookup from its packed head. n < N. */
 void ork_linear_row(const ork_linear *l, size_t n, float *out);
 

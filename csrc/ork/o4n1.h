@@ -2,7 +2,7 @@
  * 'O8N1' (int8). Byte-for-byte spec: docs/o4n1.md. All little-endian.
  * Versions: 1 per-channel float32 scales (written for per-channel weights),
  * 2 grouped float32 scales (read, no longer written), 3 grouped float16 scales
- * (written for group-wise weights).
+ * (written for group-wise weights), 4 grouped float16 scales and offsets (affine groups).
  *
  *   0   4  magic 'O4N1' | 'O8N1'
  *   4   4  u32 version = 1
@@ -32,6 +32,11 @@
  *   72 2NG f16 bscale[N][G] (u16 little-endian bit patterns), finite, >= +0
  *          (not -0), bounded as above once widened to float32 (exactly, half.h)
  *   store offset = round_up(72 + 2*N*G, 64)
+ * Version 4 (affine groups, affine.h: written for a group-wise w4a4 / w4a8 weight with
+ * offsets): version 3 with version = 4, the offsets after the scales:
+ *   72        2NG f16 bscale[N][G], as in version 3
+ *   72 + 2NG  2NG f16 boffset[N][G] (u16 little-endian), finite (any sign)
+ *   store offset = round_up(72 + 4*N*G, 64); only kinds that take affine groups.
  *
  * ork_o4n1_parse checks every field against the others and the buffer length
  * (and every scale, every int8 code of an O8N1 store: no -128, and every
@@ -51,6 +56,7 @@
 #define ORK_O4N1_HEADER 64
 #define ORK_O4N1_VERSION_GROUPED 2 /* float32 group scales: read only */
 #define ORK_O4N1_VERSION_F16 3     /* float16 group scales: written for grouped weights */
+#define ORK_O4N1_VERSION_AFFINE 4  /* float16 group scales and offsets: written for affine groups */
 #define ORK_O4N1_HEADER_GROUPED 72
 
 typedef struct ork_o4n1_info {
@@ -58,8 +64,9 @@ typedef struct ork_o4n1_info {
     uint64_t K, N;
     uint64_t scales_off, store_off, store_bytes;
     uint64_t group, G; /* 0 and 1 for a version-1 (per-channel) file */
-    uint32_t version;     /* 1, 2 or 3 */
-    uint32_t scale_bytes; /* 4 (float32 scales, versions 1 and 2) or 2 (float16, version 3) */
+    uint32_t version;     /* 1, 2, 3 or 4 */
+    uint32_t scale_bytes; /* 4 (float32 scales, versions 1 and 2) or 2 (float16, versions 3 and 4) */
+    uint64_t offsets_off; /* version 4: where the float16 offsets start; 0 without */
 } ork_o4n1_info;
 
 /* The store offset of a file with N outputs: round_up(64 + 4*N, 64). */
@@ -67,13 +74,14 @@ uint64_t ork_o4n1_store_offset(uint64_t N);
 /* "O4N1" for 4-bit kinds, "O8N1" for 8-bit kinds, NULL for unknown kinds. */
 const char *ork_o4n1_magic(ork_kind kind);
 /* The store offset of the file written for a group size (0 or >= K: per channel,
- * version 1; else version 3, float16 scales). */
-uint64_t ork_o4n1_grouped_store_offset(uint64_t N, uint64_t K, uint64_t group);
+ * version 1; else version 3, float16 scales; affine: version 4, scales and offsets). */
+uint64_t ork_o4n1_grouped_store_offset(uint64_t N, uint64_t K, uint64_t group, int affine);
 /* The header for a weight: 64 bytes (version 1) when group is 0 or >= K, else 72
- * (version 3: the scales follow as float16); *hdr_bytes says which. Store
- * offset/bytes derived. Version 2 is never written. */
-ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint64_t group, uint8_t hdr[ORK_O4N1_HEADER_GROUPED],
-                           size_t *hdr_bytes, ork_err *err);
+ * (version 3: the scales follow as float16; version 4 with `affine`: then the offsets);
+ * *hdr_bytes says which. Store offset/bytes derived. Version 2 is never written.
+ * affine needs a kind and group that take affine groups (ork_affine_check). */
+ork_status ork_o4n1_header(ork_kind kind, uint64_t N, uint64_t K, uint64_t group, int affine,
+                           uint8_t hdr[ORK_O4N1_HEADER_GROUPED], size_t *hdr_bytes, ork_err *err);
 ork_status ork_o4n1_parse(const uint8_t *buf, size_t len, ork_o4n1_info *info, ork_err *err);
 
 #endif

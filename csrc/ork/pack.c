@@ -73,11 +73,11 @@ ork_status ork_pack(ork_kind kind, const void *codes, size_t N, size_t K, void *
         const int8_t *c = (const int8_t *)codes;
         int8_t *s = (int8_t *)store;
         const ork_kind_info *ki = ork_kind_get(kind);
-        const int q = ki->qmax;
+        const int q = ki->qmax, qmin = ork_kind_qmin(ki);
         for (size_t i = 0; i < N * K; i++)
-            if (c[i] < -q || c[i] > q)
-                return ork_err_set(err, ORK_EINVAL, "%s weight code %d at [%zu, %zu]: codes must be in [-%d, %d]",
-                                   ki->name, c[i], i / K, i % K, q, q);
+            if (c[i] < qmin || c[i] > q)
+                return ork_err_set(err, ORK_EINVAL, "%s weight code %d at [%zu, %zu]: codes must be in [%d, %d]",
+                                   ki->name, c[i], i / K, i % K, qmin, q);
         for (size_t nb = 0; nb < NB; nb++)
             for (size_t kb = 0; kb < KB; kb++)
                 for (size_t i = 0; i < 32; i++) {
@@ -132,12 +132,12 @@ ork_status ork_pack_check_store(ork_kind kind, const void *store, size_t N, size
     if (st || is4(kind)) return st;
     const size_t KB = ork_pack_round32(K) / 32, bytes = ork_pack_store_bytes(kind, N, K);
     const ork_kind_info *ki = ork_kind_get(kind);
-    const int q = ki->qmax;
+    const int q = ki->qmax, qmin = ork_kind_qmin(ki);
     const uint8_t *s = (const uint8_t *)store, *hit = NULL;
     if (q == 127) hit = memchr(s, 0x80, bytes); /* int8: -128 is the one code out of range */
     else
         for (size_t i = 0; i < bytes && !hit; i++)
-            if ((int8_t)s[i] < -q || (int8_t)s[i] > q) hit = s + i;
+            if ((int8_t)s[i] < qmin || (int8_t)s[i] > q) hit = s + i;
     if (!hit) return ORK_OK;
     const size_t off = (size_t)(hit - s), tile = off / 1024, nb = tile / KB, kb = tile % KB;
     const size_t n = nb * 32 + (off % 1024) / 32, k = kb * 32 + off % 32;
@@ -198,14 +198,14 @@ ork_status ork_pack_bits(ork_kind kind, const int8_t *store, size_t n, uint8_t *
     const ork_kind_info *ki = ork_kind_get(kind);
     if (!ki || ki->bits != 8 || n % 8)
         return ork_err_set(err, ORK_EINVAL, "pack_bits: an 8-bit kind and a multiple of 8 codes are needed");
-    const int b = ki->store_bits, q = ki->qmax, bias = q + 1;
+    const int b = ki->store_bits, q = ki->qmax, bias = q + 1, qmin = ork_kind_qmin(ki);
     for (size_t i = 0; i < n; i += 8) {
         uint64_t acc = 0;
         for (int j = 0; j < 8; j++) {
             const int c = store[i + (size_t)j];
-            if (c < -q || c > q)
-                return ork_err_set(err, ORK_EINVAL, "%s store code %d at %zu is outside [-%d, %d]", ki->name, c,
-                                   i + (size_t)j, q, q);
+            if (c < qmin || c > q)
+                return ork_err_set(err, ORK_EINVAL, "%s store code %d at %zu is outside [%d, %d]", ki->name, c,
+                                   i + (size_t)j, qmin, q);
             acc |= (uint64_t)(unsigned)(c + bias) << (b * j);
         }
         for (int j = 0; j < b; j++) out[i / 8 * (size_t)b + (size_t)j] = (uint8_t)(acc >> (8 * j));
@@ -217,16 +217,16 @@ ork_status ork_unpack_bits(ork_kind kind, const uint8_t *in, size_t n, int8_t *s
     const ork_kind_info *ki = ork_kind_get(kind);
     if (!ki || ki->bits != 8 || n % 8)
         return ork_err_set(err, ORK_EINVAL, "unpack_bits: an 8-bit kind and a multiple of 8 codes are needed");
-    const int b = ki->store_bits, bias = ki->qmax + 1;
+    const int b = ki->store_bits, bias = ki->qmax + 1, qmin = ork_kind_qmin(ki);
     const uint64_t mask = ((uint64_t)1 << b) - 1;
     for (size_t i = 0; i < n; i += 8) {
         uint64_t acc = 0;
         for (int j = 0; j < b; j++) acc |= (uint64_t)in[i / 8 * (size_t)b + (size_t)j] << (8 * j);
         for (int j = 0; j < 8; j++) {
             const unsigned u = (unsigned)((acc >> (b * j)) & mask);
-            if (u == 0)
-                return ork_err_set(err, ORK_EFORMAT, "%s store code %zu is %d, outside [-%d, %d]", ki->name,
-                                   i + (size_t)j, -bias, ki->qmax, ki->qmax);
+            if ((int)u - bias < qmin)
+                return ork_err_set(err, ORK_EFORMAT, "%s store code %zu is %d, outside [%d, %d]", ki->name,
+                                   i + (size_t)j, -bias, qmin, ki->qmax);
             if (store) store[i + (size_t)j] = (int8_t)((int)u - bias);
         }
     }

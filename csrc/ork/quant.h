@@ -144,7 +144,8 @@ typedef enum ork_kind {
     ORK_KIND_INT8 = 2,
     ORK_KIND_INT5 = 3, /* uniform 5-bit: codes in [-15, 15], computed as int8 */
     ORK_KIND_INT6 = 4, /* uniform 6-bit: codes in [-31, 31], computed as int8 */
-    ORK_KIND_W4A4 = 5, /* uniform 4-bit integer codes in [-7, 7] for the NPU's int4 x int4 mode (act_bits 4) */
+    ORK_KIND_W4A4 = 5, /* uniform 4-bit integer codes in [-7, 7] (-8 too in affine groups, affine.h) for the NPU's
+                          int4 x int4 mode (act_bits 4) */
     ORK_KIND_W4A8 = 6  /* the same codes with int8 activations: two int4 digits per activation on the NPU */
 } ork_kind;
 
@@ -191,6 +192,13 @@ typedef struct ork_kind_info {
     uint8_t zero_code;            /* 4-bit: the code of level 0.0 (zero rows, padding nibbles) */
     ork_q4_grid grid;             /* 4-bit: lev[c] = lut[c], thr = midpoints */
 } ork_kind_info;
+
+/* The smallest code an 8-bit kind stores: -(qmax + 1) for the kinds the NPU's int4 mode multiplies
+ * (store_bits 4: w4a4 and w4a8, whose 4-bit two's-complement codes reach -8; the symmetric quantizers
+ * stay in [-qmax, qmax], affine groups use -8, affine.h), else -qmax. */
+static inline int ork_kind_qmin(const ork_kind_info *ki) {
+    return ki->bits == 8 && ki->store_bits == 4 ? -(ki->qmax + 1) : -ki->qmax;
+}
 
 /* The row of a kind, or NULL when no row has that id. */
 const ork_kind_info *ork_kind_get(ork_kind kind);

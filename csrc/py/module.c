@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../ork/actspec.h"
+#include "../ork/affine.h"
 #include "../ork/cpu.h"
 #include "../ork/ggml_types.h"
 #include "../ork/pool.h"
@@ -33,6 +34,18 @@
 PyDoc_STRVAR(quantize_doc,
              "quantize(w, kind, imatrix=None, sr=False, seed=0, clip_grid=None, threads=0, group=0, full_search=False)\n"
              "-> (codes, scales). Low level; use orkpy.quantize.");
+
+/* the imatrix argument: float32 (K,), or NULL with a ValueError naming the mismatch */
+static PyArrayObject *as_imatrix(PyObject *obj, npy_intp K) {
+    PyArrayObject *im = orkpy_as_float32(obj, 1, "imatrix");
+    if (im && PyArray_DIM(im, 0) != K) {
+        PyErr_Format(PyExc_ValueError, "imatrix has %zd entries but w has K = %zd input columns",
+                     (Py_ssize_t)PyArray_DIM(im, 0), (Py_ssize_t)K);
+        Py_DECREF(im);
+        return NULL;
+    }
+    return im;
+}
 
 static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
@@ -64,12 +77,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args, PyObject *kw) {
     }
     npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
     if (im_obj != Py_None) {
-        if (!(im = orkpy_as_float32(im_obj, 1, "imatrix"))) goto done;
-        if (PyArray_DIM(im, 0) != K) {
-            PyErr_Format(PyExc_ValueError, "imatrix has %zd entries but w has K = %zd input columns",
-                         (Py_ssize_t)PyArray_DIM(im, 0), (Py_ssize_t)K);
-            goto done;
-        }
+        if (!(im = as_imatrix(im_obj, K))) goto done;
         p.imatrix = (const float *)PyArray_DATA(im);
     }
     if (grid_obj != Py_None) {
@@ -111,6 +119,67 @@ done:
     Py_XDECREF(grid);
     Py_XDECREF(codes);
     Py_XDECREF(scales);
+    return result;
+}
+
+PyDoc_STRVAR(quantize_affine_doc,
+             "quantize_affine(w, kind, imatrix=None, threads=0, group=0) -> (codes, scales, offsets): affine groups "
+             "(csrc/ork/affine.h). Low level; use orkpy.quantize(..., symmetric=False).");
+
+static PyObject *py_quantize_affine(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"w", "kind", "imatrix", "threads", "group", NULL};
+    PyObject *w_obj, *im_obj = Py_None;
+    const char *kind_s;
+    int threads = 0;
+    Py_ssize_t group = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|Oin:quantize_affine", kwlist, &w_obj, &kind_s, &im_obj, &threads,
+                                     &group))
+        return NULL;
+    if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
+    const ork_kind_info *ki = orkpy_parse_kind(kind_s);
+    if (!ki || orkpy_check_threads(threads) < 0) return NULL;
+    ork_quant_params p;
+    memset(&p, 0, sizeof p);
+    p.kind = ki->id;
+    p.nthreads = threads;
+    p.group = (size_t)group;
+    PyArrayObject *w = NULL, *im = NULL, *codes = NULL, *scales = NULL, *offsets = NULL;
+    PyObject *result = NULL;
+    if (!(w = orkpy_as_float32(w_obj, 2, "w"))) goto done;
+    npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
+    if (im_obj != Py_None) {
+        if (!(im = as_imatrix(im_obj, K))) goto done;
+        p.imatrix = (const float *)PyArray_DATA(im);
+    }
+    ork_err err;
+    err.msg[0] = '\0';
+    ork_status st = N > 0 && K > 0 ? ork_affine_check(p.kind, (size_t)K, p.group, &err) : ORK_OK;
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    npy_intp cdims[2] = {N, K};
+    npy_intp sdims[2] = {N, (npy_intp)ork_group_count((size_t)K, p.group)};
+    codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, NPY_INT8);
+    scales = (PyArrayObject *)PyArray_SimpleNew(2, sdims, NPY_FLOAT32);
+    offsets = (PyArrayObject *)PyArray_SimpleNew(2, sdims, NPY_FLOAT32);
+    if (!codes || !scales || !offsets) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    st = ork_quantize_affine((const float *)PyArray_DATA(w), (size_t)N, (size_t)K, &p, (int8_t *)PyArray_DATA(codes),
+                             (float *)PyArray_DATA(scales), (float *)PyArray_DATA(offsets), &err);
+    Py_END_ALLOW_THREADS
+    if (st != ORK_OK) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
+    result = Py_BuildValue("(OOO)", codes, scales, offsets);
+done:
+    Py_XDECREF(w);
+    Py_XDECREF(im);
+    Py_XDECREF(codes);
+    Py_XDECREF(scales);
+    Py_XDECREF(offsets);
     return result;
 }
 
@@ -492,6 +561,8 @@ static PyMethodDef core_methods[] = {
      "ggml_type_info(type_id) -> None or dict(name, block_size, type_size, bits_per_weight, quantized)"},
     {"ggml_type_count", py_ggml_type_count, METH_NOARGS, "number of ggml type ids (valid ids are < this)"},
     {"quantize", (PyCFunction)(void (*)(void))py_quantize, METH_VARARGS | METH_KEYWORDS, quantize_doc},
+    {"quantize_affine", (PyCFunction)(void (*)(void))py_quantize_affine, METH_VARARGS | METH_KEYWORDS,
+     quantize_affine_doc},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      dequantize_doc},
     {"kinds", py_kinds, METH_NOARGS,
@@ -516,8 +587,8 @@ static PyMethodDef core_methods[] = {
     {"matmul_int", (PyCFunction)(void (*)(void))orkpy_matmul_int, METH_VARARGS | METH_KEYWORDS,
      "matmul_int(store, kind, N, K, xq, threads=0) -> int32 (M, N)"},
     {"matmul", (PyCFunction)(void (*)(void))orkpy_matmul, METH_VARARGS | METH_KEYWORDS,
-     "matmul(store, kind, N, K, bscale, x, act=None, threads=0, group=0) -> float32 (M, N); act: an activation "
-     "spec dict (ActSpec.to_core()), None = per token"},
+     "matmul(store, kind, N, K, bscale, x, act=None, threads=0, group=0, boffset=None) -> float32 (M, N); act: an "
+     "activation spec dict (ActSpec.to_core()), None = per token; boffset: affine groups' offsets (N, G)"},
     {"i4_layout", orkpy_i4_layout, METH_O,
      "i4_layout(K) -> dict(Kp, row_bytes, kchunk, n_chunks, max_k): the int4 x int4 storage and chunking (i4.h)"},
     {"i4_pack", orkpy_i4_pack, METH_O, "i4_pack(codes int8 (rows, K) in [-8, 7]) -> uint8 (rows, Kp/2): the NPU's int4 rows"},
@@ -544,7 +615,8 @@ static PyMethodDef core_methods[] = {
     {"f16_to_f32", orkpy_f16_to_f32, METH_O, "f16_to_f32(h uint16 (n,)) -> float32 (n,): the float16 values, exactly"},
     {"gptq", (PyCFunction)(void (*)(void))orkpy_gptq, METH_VARARGS | METH_KEYWORDS,
      "gptq(w, gram, kind, damp=0.01, block=128, rows=0, group=0, static_groups=False, threads=0, "
-     "overwrite_gram=False, precision='float64') -> (codes, scales)"},
+     "overwrite_gram=False, precision='float64', affine=False) -> (codes, scales), or (codes, scales, offsets) with "
+     "affine (csrc/ork/affine.h)"},
     {"hadamard_rows", orkpy_hadamard_rows, METH_VARARGS,
      "hadamard_rows(x, hp, scale, threads=0) -> None: x <- scale * x @ kron(hp, H_m) in place (float64 rows)"},
     {"gptq_factor", (PyCFunction)(void (*)(void))orkpy_gptq_factor, METH_VARARGS | METH_KEYWORDS,

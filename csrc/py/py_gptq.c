@@ -40,15 +40,15 @@ static PyArrayObject *as_square_f64(PyObject *obj, Py_ssize_t K, const char *nam
 PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"w",     "gram",          "kind",    "damp",           "block", "rows",
-                             "group", "static_groups", "threads", "overwrite_gram", "precision", NULL};
+                             "group", "static_groups", "threads", "overwrite_gram", "precision", "affine", NULL};
     PyObject *w_obj, *g_obj;
     const char *kind_s;
     double damp = 0.01;
     Py_ssize_t block = 128, rows = 0, group = 0;
-    int static_groups = 0, threads = 0, overwrite = 0;
+    int static_groups = 0, threads = 0, overwrite = 0, affine = 0;
     const char *prec_s = "float64";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpips:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
-                                     &rows, &group, &static_groups, &threads, &overwrite, &prec_s))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOs|dnnnpipsp:gptq", kwlist, &w_obj, &g_obj, &kind_s, &damp, &block,
+                                     &rows, &group, &static_groups, &threads, &overwrite, &prec_s, &affine))
         return NULL;
     ork_gptq_prec prec;
     if (strcmp(prec_s, "float64") == 0) prec = ORK_GPTQ_F64;
@@ -59,7 +59,7 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || orkpy_check_threads(threads) < 0) return NULL;
-    PyArrayObject *w = NULL, *g = NULL, *codes = NULL, *scales = NULL;
+    PyArrayObject *w = NULL, *g = NULL, *codes = NULL, *scales = NULL, *offsets = NULL;
     PyObject *result = NULL;
     if (!(w = orkpy_as_float32(w_obj, 2, "w"))) goto done;
     const npy_intp N = PyArray_DIM(w, 0), K = PyArray_DIM(w, 1);
@@ -82,6 +82,10 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
     codes = (PyArrayObject *)PyArray_SimpleNew(2, cdims, orkpy_code_typenum(ki));
     scales = (PyArrayObject *)PyArray_SimpleNew(p.group ? 2 : 1, sdims, NPY_FLOAT32);
     if (!codes || !scales) goto done;
+    if (affine) { /* the checks (kind, group) are ork_gptq's */
+        if (!(offsets = (PyArrayObject *)PyArray_SimpleNew(p.group ? 2 : 1, sdims, NPY_FLOAT32))) goto done;
+        p.offsets = (float *)PyArray_DATA(offsets);
+    }
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
@@ -97,8 +101,9 @@ PyObject *orkpy_gptq(PyObject *self, PyObject *args, PyObject *kw) {
         orkpy_raise(st, &err);
         goto done;
     }
-    result = Py_BuildValue("(OO)", codes, scales);
+    result = offsets ? Py_BuildValue("(OOO)", codes, scales, offsets) : Py_BuildValue("(OO)", codes, scales);
 done:
+    Py_XDECREF(offsets);
     Py_XDECREF(w);
     Py_XDECREF(g);
     Py_XDECREF(codes);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../ork/affine.h"
 #include "../ork/ffn_chain.h"
 #include "../ork/model.h"
 #include "../ork/pack.h"
@@ -119,7 +120,7 @@ static PyObject *packed_item(PyObject *d, const char *key, const char *name) {
  * group 0 or a group size below K with bscale (N, G) (linear.h); act the activation spec's dict, read by
  * orkpy_act_spec_from_py (coerce.c), or None for per token */
 static int parse_linear(PyObject *keep, PyObject *spec, ork_linear *l, const char *name) {
-    static const char *const keys[] = {"kind", "store", "bscale", "N", "K", "group", "act", NULL};
+    static const char *const keys[] = {"kind", "store", "bscale", "N", "K", "group", "act", "boffset", NULL};
     memset(l, 0, sizeof *l);
     if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) {
         PyErr_Format(PyExc_TypeError, "%s: linear spec must be a tuple (path, value)", name);
@@ -178,6 +179,16 @@ static int parse_linear(PyObject *keep, PyObject *spec, ork_linear *l, const cha
                      (Py_ssize_t)bd[0], (Py_ssize_t)bd[1], N, G);
         return -1;
     }
+    PyObject *bo_o = PyDict_GetItemString(arg, "boffset");
+    if (bo_o && bo_o != Py_None) { /* affine groups (affine.h): offsets shaped as bscale */
+        npy_intp od[2] = {0, 0};
+        if (!(l->boffset = keep_f32(keep, bo_o, 2, name, od))) return -1;
+        if (od[0] != N || (size_t)od[1] != G) {
+            PyErr_Format(PyExc_ValueError, "%s: boffset has shape (%zd, %zd), expected bscale's (%zd, %zu)", name,
+                         (Py_ssize_t)od[0], (Py_ssize_t)od[1], N, G);
+            return -1;
+        }
+    }
     PyObject *act_o = PyDict_GetItemString(arg, "act"), *act_keep = NULL;
     if (orkpy_act_spec_from_py(act_o ? act_o : Py_None, (size_t)K, &l->act, &act_keep, name) < 0) return -1;
     if (act_keep) {
@@ -193,6 +204,7 @@ static int parse_linear(PyObject *keep, PyObject *spec, ork_linear *l, const cha
     ork_status st = ork_group_check((size_t)group, &err);
     if (st == ORK_OK) st = ork_pack_check_store(l->kind, l->store, (size_t)N, (size_t)K, &err);
     if (st == ORK_OK) st = ork_pack_check_gscales(l->bscale, (size_t)N, G, (size_t)K, ORK_EINVAL, &err);
+    if (st == ORK_OK && l->boffset) st = ork_affine_check_offsets(l->boffset, (size_t)N, G, ORK_EINVAL, &err);
     if (st == ORK_OK) st = ork_linear_check_act(l, &err);
     if (st != ORK_OK) {
         orkpy_raise_named(st, name, &err);

@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "../ork/affine.h"
 #include "../ork/half.h"
 #include "../ork/o4n1.h"
 #include "../ork/linear.h"
@@ -180,26 +181,34 @@ done:
  * activation spec (act: ActSpec.to_core()'s dict, read by orkpy_act_spec_from_py; None = per token) */
 PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "act", "threads", "group", NULL};
-    PyObject *s_obj, *b_obj, *x_obj, *a_obj = Py_None;
+    static char *kwlist[] = {"store", "kind", "N", "K", "bscale", "x", "act", "threads", "group", "boffset", NULL};
+    PyObject *s_obj, *b_obj, *x_obj, *a_obj = Py_None, *o_obj = Py_None;
     const char *kind_s;
     Py_ssize_t N, K;
     int threads = 0;
     Py_ssize_t group = 0;
     size_t G = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|Oin:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
-                                     &a_obj, &threads, &group))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OsnnOO|OinO:matmul", kwlist, &s_obj, &kind_s, &N, &K, &b_obj, &x_obj,
+                                     &a_obj, &threads, &group, &o_obj))
         return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0 || orkpy_check_threads(threads) < 0) return NULL;
     const ork_kind kind = ki->id;
-    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL;
+    PyArrayObject *store = NULL, *bs = NULL, *x = NULL, *out = NULL, *bo = NULL;
     PyObject *result = NULL, *act_keep = NULL;
     ork_linear l; /* one packed linear in its activation spec (linear.h) */
     memset(&l, 0, sizeof l);
     if (orkpy_act_spec_from_py(a_obj, (size_t)K, &l.act, &act_keep, "matmul") < 0) goto done;
     if (!(store = orkpy_as_store(s_obj, ki, N, K, "store"))) goto done;
     if (!(bs = as_bscale(b_obj, N, K, group, &G))) goto done;
+    if (o_obj != Py_None) {
+        if (!(bo = orkpy_as_exact(o_obj, NPY_FLOAT32, 2, "boffset"))) goto done;
+        if (PyArray_DIM(bo, 0) != N || (size_t)PyArray_DIM(bo, 1) != G) {
+            PyErr_Format(PyExc_ValueError, "boffset has shape (%zd, %zd), expected bscale's (%zd, %zu)",
+                         (Py_ssize_t)PyArray_DIM(bo, 0), (Py_ssize_t)PyArray_DIM(bo, 1), N, G);
+            goto done;
+        }
+    }
     if (!(x = orkpy_as_float32(x_obj, 2, "x"))) goto done;
     if (PyArray_DIM(x, 1) != K || PyArray_DIM(x, 0) < 1) {
         PyErr_Format(PyExc_ValueError, "x must have shape (M >= 1, K = %zd), got (%zd, %zd)", K,
@@ -212,6 +221,10 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     ork_err err;
     err.msg[0] = '\0';
     ork_status st;
+    if (bo && (st = ork_affine_check_offsets((const float *)PyArray_DATA(bo), (size_t)N, G, ORK_EINVAL, &err))) {
+        orkpy_raise(st, &err);
+        goto done;
+    }
     l.path = ORK_LIN_PACKED;
     l.N = (size_t)N;
     l.K = (size_t)K;
@@ -219,6 +232,7 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
     l.store = PyArray_DATA(store);
     l.bscale = (const float *)PyArray_DATA(bs);
     l.group = G > 1 ? (size_t)group : 0;
+    l.boffset = bo ? (const float *)PyArray_DATA(bo) : NULL;
     Py_BEGIN_ALLOW_THREADS
     st = ork_linear_apply(&l, (const float *)PyArray_DATA(x), (size_t)M, (float *)PyArray_DATA(out), threads, &err);
     Py_END_ALLOW_THREADS
@@ -231,6 +245,7 @@ PyObject *orkpy_matmul(PyObject *self, PyObject *args, PyObject *kw) {
 done:
     Py_XDECREF(store);
     Py_XDECREF(bs);
+    Py_XDECREF(bo);
     Py_XDECREF(x);
     Py_XDECREF(out);
     Py_XDECREF(act_keep);
@@ -239,10 +254,12 @@ done:
 
 PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"kind", "N", "K", "group", NULL};
+    static char *kwlist[] = {"kind", "N", "K", "group", "affine", NULL};
     const char *kind_s;
     Py_ssize_t N, K, group = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|n:packed_header", kwlist, &kind_s, &N, &K, &group)) return NULL;
+    int affine = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|np:packed_header", kwlist, &kind_s, &N, &K, &group, &affine))
+        return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0) return NULL;
     if (group < 0) return PyErr_Format(PyExc_ValueError, "group size must be >= 0, got %zd", group);
@@ -250,7 +267,7 @@ PyObject *orkpy_packed_header(PyObject *self, PyObject *args, PyObject *kw) {
     size_t hbytes = 0;
     ork_err err;
     err.msg[0] = '\0';
-    ork_status st = ork_o4n1_header(ki->id, (uint64_t)N, (uint64_t)K, (uint64_t)group, hdr, &hbytes, &err);
+    ork_status st = ork_o4n1_header(ki->id, (uint64_t)N, (uint64_t)K, (uint64_t)group, affine, hdr, &hbytes, &err);
     if (st != ORK_OK) return orkpy_raise(st, &err);
     return PyBytes_FromStringAndSize((const char *)hdr, (Py_ssize_t)hbytes);
 }
@@ -268,12 +285,12 @@ PyObject *orkpy_packed_parse(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (st != ORK_OK) return orkpy_raise(st, &err);
-    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I}", "kind", ork_kind_get(info.kind)->name, "N",
+    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:K}", "kind", ork_kind_get(info.kind)->name, "N",
                          (unsigned long long)info.N, "K", (unsigned long long)info.K, "scales_offset",
                          (unsigned long long)info.scales_off, "store_offset", (unsigned long long)info.store_off,
                          "store_bytes", (unsigned long long)info.store_bytes, "group", (unsigned long long)info.group,
                          "G", (unsigned long long)info.G, "version", (unsigned)info.version, "scale_bytes",
-                         (unsigned)info.scale_bytes);
+                         (unsigned)info.scale_bytes, "offsets_offset", (unsigned long long)info.offsets_off);
 }
 
 /* packed_check(store, kind, N, K, bscale): the door of PackedWeight(...): the
@@ -319,16 +336,19 @@ done:
  * the layout facts of pack.h and o4n1.h, so Python never re-derives them. */
 PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"kind", "N", "K", "group", NULL};
+    static char *kwlist[] = {"kind", "N", "K", "group", "affine", NULL};
     const char *kind_s;
     Py_ssize_t N, K, group = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|n:packed_layout", kwlist, &kind_s, &N, &K, &group)) return NULL;
+    int affine = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "snn|np:packed_layout", kwlist, &kind_s, &N, &K, &group, &affine))
+        return NULL;
     const ork_kind_info *ki = orkpy_parse_kind(kind_s);
     if (!ki || check_nk(N, K) < 0) return NULL;
     ork_err err;
     err.msg[0] = '\0';
     ork_status st = group < 0 ? ork_err_set(&err, ORK_EINVAL, "group size must be >= 0, got %zd", group)
                               : ork_group_check((size_t)group, &err);
+    if (st == ORK_OK && affine) st = ork_affine_check(ki->id, (size_t)K, (size_t)group, &err);
     if (st != ORK_OK) return orkpy_raise(st, &err);
     const int grouped = group && group < K;
     const size_t G = grouped ? ork_group_count((size_t)K, (size_t)group) : 1;
@@ -337,15 +357,17 @@ PyObject *orkpy_packed_layout(PyObject *self, PyObject *args, PyObject *kw) {
     ork_pack_store_shape(ki->id, (size_t)N, (size_t)K, shape);
     const size_t bytes = ork_pack_store_bytes(ki->id, (size_t)N, (size_t)K);
     const size_t fbytes = ork_pack_file_store_bytes(ki->id, (size_t)N, (size_t)K);
-    const uint64_t soff = ork_o4n1_grouped_store_offset((uint64_t)N, (uint64_t)K, (uint64_t)group);
-    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n,s:i,s:i,s:n,s:i}", "kind", ki->name, "bits", ki->bits,
+    const uint64_t soff = ork_o4n1_grouped_store_offset((uint64_t)N, (uint64_t)K, (uint64_t)group, affine);
+    const int version = affine ? ORK_O4N1_VERSION_AFFINE : grouped ? ORK_O4N1_VERSION_F16 : ORK_O4N1_VERSION;
+    return Py_BuildValue("{s:s,s:i,s:(nnnn),s:s,s:n,s:s,s:i,s:i,s:K,s:K,s:n,s:n,s:i,s:i,s:n,s:i,s:n}", "kind", ki->name, "bits", ki->bits,
                          "store_shape", (Py_ssize_t)shape[0], (Py_ssize_t)shape[1], (Py_ssize_t)shape[2],
                          (Py_ssize_t)shape[3], "store_dtype", ki->bits == 8 ? "int8" : "uint8", "store_bytes",
                          (Py_ssize_t)bytes, "magic", ork_o4n1_magic(ki->id), "header_bytes", hbytes,
                          "scales_offset", hbytes, "store_offset", (unsigned long long)soff, "file_bytes",
                          (unsigned long long)(soff + fbytes), "group", (Py_ssize_t)(grouped ? group : 0), "G",
-                         (Py_ssize_t)G, "version", grouped ? ORK_O4N1_VERSION_F16 : ORK_O4N1_VERSION, "scale_bytes",
-                         grouped ? 2 : 4, "file_store_bytes", (Py_ssize_t)fbytes, "store_bits", ki->store_bits);
+                         (Py_ssize_t)G, "version", version, "scale_bytes",
+                         grouped ? 2 : 4, "file_store_bytes", (Py_ssize_t)fbytes, "store_bits", ki->store_bits,
+                         "offsets_offset", (Py_ssize_t)(affine ? hbytes + 2 * (Py_ssize_t)N * (Py_ssize_t)G : 0));
 }
 
 /* store_to_file(store, kind, N, K) -> bytes: the store as a file holds it (pack.h "Narrow file

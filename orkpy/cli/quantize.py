@@ -43,6 +43,7 @@ CLI_KEYS = {
     "method": "rounding.method", "gptq_sequential": "rounding.gptq_sequential",
     "gptq_precision": "rounding.gptq_precision", "awq": "rounding.awq",
     "sr": "rounding.sr", "seed": "rounding.seed", "clip_search": "rounding.clip_search",
+    "symmetric": "rounding.symmetric",
 }
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
 # activations need and GPTQ (docs/w4a4.md)
@@ -263,6 +264,11 @@ def add_quantize(sub):
                    help="a linear with group-wise weight scales (w4a4-g32, ...) scales its activations per token and "
                         "weight group too, not once per token: no NPU bytes, the host scales each group's block "
                         "anyway (default: on with --npu-bits, else off)")
+    s.add_argument("--symmetric", action=argparse.BooleanOptionalAction, default=True,
+                   help="--no-symmetric: the NPU's int4 tiers with a group size (w4a4-g32, w4a8-g32) give each group a "
+                        "float16 offset beside its scale (affine groups, codes -8..7; the NPU reads the same 4 bits a "
+                        "weight, the host adds offset x the group's activation sum); other tiers stay symmetric "
+                        "(default: symmetric)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

@@ -55,21 +55,25 @@ class PackedWeight:
     __array_ufunc__ = None  # ndarray @ PackedWeight defers to our operators instead of making an object array
 
     def __init__(self, kind: str, shape: Sequence[int], store: NDArray[Any], bscale: NDArray[np.float32],
-                 source: Optional[str] = None, group: Optional[int] = None) -> None:
+                 source: Optional[str] = None, group: Optional[int] = None,
+                 boffset: Optional[NDArray[np.float32]] = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         N, K = int(shape[0]), int(shape[1])
         g = check_group(group, K)
         _core.packed_check(store, kind, N, K, bscale, g)
-        self._setup(kind, (N, K), store, bscale, source, g)
+        if boffset is not None:
+            boffset = check_offsets(boffset, kind, N, K, g)
+        self._setup(kind, (N, K), store, bscale, source, g, boffset)
 
     def _setup(self, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
-               source: Optional[str], group: int = 0) -> None:
+               source: Optional[str], group: int = 0, boffset: Optional[NDArray[np.float32]] = None) -> None:
         self.kind = kind
         self.group = group  # 0: per-channel bscale (N,); else group-wise (N, G) (csrc/ork/pack.h)
         self.shape = shape
         self.store = store
         self.bscale = bscale
+        self.boffset = boffset  # affine groups (csrc/ork/affine.h): offsets (N, G) beside bscale; None: symmetric
         self.lut = _lut(kind)
         self.source = source  # a file path when loaded
         self._mapped_for: Tuple[Any, Any] = (None, None)
@@ -77,10 +81,11 @@ class PackedWeight:
 
     @classmethod
     def _trusted(cls, kind: str, shape: Tuple[int, int], store: NDArray[Any], bscale: NDArray[np.float32],
-                 source: Optional[str] = None, group: int = 0) -> PackedWeight:
+                 source: Optional[str] = None, group: int = 0,
+                 boffset: Optional[NDArray[np.float32]] = None) -> PackedWeight:
         """For pack() and load_packed(), whose C cores have validated codes and scales already."""
         pw = cls.__new__(cls)
-        pw._setup(kind, shape, store, bscale, source, group)
+        pw._setup(kind, shape, store, bscale, source, group, boffset)
         return pw
 
     def as_kind(self, kind: str) -> PackedWeight:
@@ -93,7 +98,7 @@ class PackedWeight:
         ka, kb = KIND_INFO[self.kind], KIND_INFO[kind]
         if a != b or ka.qmax != kb.qmax or ka.store_bits != kb.store_bits:
             raise ValueError(f"a {self.kind} store cannot be read as {kind}: the codes or layouts differ")
-        return PackedWeight._trusted(kind, self.shape, self.store, self.bscale, self.source, self.group)
+        return PackedWeight._trusted(kind, self.shape, self.store, self.bscale, self.source, self.group, self.boffset)
 
     def _file_views(self) -> Tuple[Any, ...]:
         """The arrays of this weight that may view a file, read without unpacking anything."""
@@ -121,7 +126,8 @@ class PackedWeight:
         ``tiermap.packed_nbytes``). An int6 / int5 store counts 6 / 5 bits per code (its file
         store, docs/o4n1.md); in memory it is the int8 tile store (``store.nbytes``)."""
         store = _core.packed_layout(self.kind, self.N, self.K, self.group)["file_store_bytes"]
-        return int(store + (2 if self.group else 4) * self.bscale.size)
+        offs = 0 if self.boffset is None else 2 * self.boffset.size  # float16 offsets (version 4)
+        return int(store + (2 if self.group else 4) * self.bscale.size + offs)
 
     @property
     def T(self) -> PackedWeightT:
@@ -170,7 +176,7 @@ class PackedWeight:
         maps = self._mapped()
         _check_maps(maps)
         y = _core.matmul(self.store, self.kind, self.N, self.K, self.bscale, x, spec.to_core(), _check_threads(threads),
-                         self.group)
+                         self.group, self.boffset)
         _check_maps(maps)
         return y[0] if vec else y
 
@@ -197,13 +203,16 @@ class PackedWeight:
         w = self.int8_weight().astype(np.float32)
         if not self.group:
             return w * self.bscale[:, None]
-        return w * np.repeat(self.bscale, self.group, axis=1)[:, : self.K]
+        w = w * np.repeat(self.bscale, self.group, axis=1)[:, : self.K]
+        if self.boffset is not None:  # affine groups: code * scale, then + offset
+            w += np.repeat(self.boffset, self.group, axis=1)[:, : self.K]
+        return w
 
     def save(self, path: StrPath) -> None:
         save_packed(self, path)
 
     def __repr__(self) -> str:
-        g = f", group={self.group}" if self.group else ""
+        g = (f", group={self.group}" if self.group else "") + (", affine" if self.boffset is not None else "")
         return f"PackedWeight(kind={self.kind!r}, shape={self.shape}{g}, nbytes={self.nbytes})"
 
 
@@ -244,7 +253,27 @@ def pack(q: QuantizedTensor) -> PackedWeight:
     if not np.all(np.isfinite(bscale)) or np.any(bscale < 0):
         raise ValueError("scales must be finite and non-negative")
     _core.packed_check(store, q.kind, N, K, bscale, q.group)  # the scale bound (the codes were checked by _core.pack)
-    return PackedWeight._trusted(q.kind, (N, K), store, bscale, group=q.group)
+    boffset = None if q.offsets is None else check_offsets(q.offsets, q.kind, N, K, q.group)
+    return PackedWeight._trusted(q.kind, (N, K), store, bscale, group=q.group, boffset=boffset)
+
+
+def check_offsets(offsets: ArrayLike, kind: str, N: int, K: int, group: int) -> NDArray[np.float32]:
+    """Affine groups' offsets (csrc/ork/affine.h) as the C-contiguous float32 ``(N, G)`` the kernels
+    read; ValueError unless the kind and group take them and every offset is a finite float16 value."""
+    if KIND_INFO[kind].bits != 8 or KIND_INFO[kind].qmax != 7 or not group:
+        raise ValueError(f"offsets (affine groups) are for group-wise w4a4 / w4a8 weights, not {kind} "
+                         f"{'group ' + str(group) if group else 'per channel'}")
+    o = np.ascontiguousarray(offsets, dtype=np.float32) + np.float32(0)  # -0.0 -> +0.0
+    G = -(-K // group)
+    if o.shape != (N, G):
+        raise ValueError(f"offsets have shape {o.shape}, expected (N, G) = ({N}, {G})")
+    flat = o.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat) | (_core.f16_to_f32(_core.f16_from_f32(flat)).view(np.uint32)
+                                               != flat.view(np.uint32)))
+    if bad.size:
+        n, i = divmod(int(bad[0]), G)
+        raise ValueError(f"offset [{n}, {i}] = {flat[bad[0]]!r} is not a finite float16 value")
+    return o
 
 
 def _f16_scales(bscale: NDArray[np.float32], path: StrPath) -> bytes:
@@ -265,7 +294,8 @@ def _f16_scales(bscale: NDArray[np.float32], path: StrPath) -> bytes:
 def save_packed(pw: PackedWeight, path: StrPath) -> None:
     """Write an O4N1 (4-bit kinds) or O8N1 (int8) file atomically: version 1 with
     per-channel float32 scales, version 3 with group-wise scales, which must be float16
-    values (ValueError naming the first that is not), docs/o4n1.md. A store whose padding
+    values (ValueError naming the first that is not), version 4 with affine groups' offsets
+    after them (csrc/ork/affine.h), docs/o4n1.md. A store whose padding
     lanes do not hold the zero code (a hand-made one) is a ValueError naming the lane:
     load_packed would refuse the file."""
     _save_packed(pw, path)
@@ -276,8 +306,9 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: 
     """save_packed (``durable``, ``direct``, ``hasher``: orkpy._io.atomic_write)."""
     if not isinstance(pw, PackedWeight):
         raise TypeError(f"save_packed expects a PackedWeight, got {type(pw).__name__}")
-    header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group)
-    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
+    affine = pw.boffset is not None
+    header = _core.packed_header(pw.kind, pw.N, pw.K, pw.group, affine)
+    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group, affine)
     maps = pw._mapped()
     with guarded(maps):
         # padding lanes hold the zero code, as load_packed requires (a hand-made store may hold any code there)
@@ -287,6 +318,8 @@ def _save_packed(pw: PackedWeight, path: StrPath, durable: bool = True, direct: 
             raise ValueError(f"{os.fspath(path)}: {e}") from None
         if pw.group:
             scales = _f16_scales(pw.bscale, path)
+            if pw.boffset is not None:  # version 4: the offsets follow the scales (float16 values: pack() checked)
+                scales += _core.f16_from_f32(np.ascontiguousarray(pw.boffset, np.float32).reshape(-1)).astype("<u2").tobytes()
         else:
             scales = np.ascontiguousarray(pw.bscale, dtype="<f4").tobytes()
         store: Union[bytes, memoryview]
@@ -352,7 +385,7 @@ def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
     Group scales (float16 in the file) are ``pw``'s float32 values, as load_packed widens them. A store
     kept in another form in the file (int6 / int5) is unpacked from it when first used
     (:class:`_UnpackedOnUse`). A weight that is itself mapped is loaded."""
-    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group)
+    layout = _core.packed_layout(pw.kind, pw.N, pw.K, pw.group, pw.boffset is not None)
     if pw._mapped():
         return load_packed(path)
     m = MappedFile(os.fspath(path))
@@ -368,13 +401,13 @@ def _map_saved(pw: PackedWeight, path: StrPath) -> PackedWeight:
     scales = scales.astype(np.float32, copy=False)
     if layout["file_store_bytes"] != layout["store_bytes"]:
         lazy = _UnpackedOnUse._trusted(pw.kind, (pw.N, pw.K), None, scales,  # type: ignore[arg-type]
-                                       source=os.fspath(path), group=pw.group)
+                                       source=os.fspath(path), group=pw.group, boffset=pw.boffset)
         assert isinstance(lazy, _UnpackedOnUse)
         lazy._raw = np.frombuffer(buf, dtype=np.uint8, count=layout["file_store_bytes"], offset=layout["store_offset"])
         return lazy
     store = np.frombuffer(buf, dtype=layout["store_dtype"], count=layout["store_bytes"], offset=layout["store_offset"])
     return PackedWeight._trusted(pw.kind, (pw.N, pw.K), store.reshape(layout["store_shape"]), scales,
-                                 source=os.fspath(path), group=pw.group)
+                                 source=os.fspath(path), group=pw.group, boffset=pw.boffset)
 
 
 def load_packed(path: StrPath, mmap: bool = True, mapping: Optional[MappedFile] = None) -> PackedWeight:
@@ -410,6 +443,11 @@ def load_packed(path: StrPath, mmap: bool = True, mapping: Optional[MappedFile] 
         scales = np.frombuffer(buf, dtype="<f4", count=N * G, offset=info["scales_offset"])
     if group:
         scales = scales.reshape(N, G)
+    boffset = None
+    if info["offsets_offset"]:  # version 4: affine groups' float16 offsets, widened exactly
+        with guarded(maps):
+            h = np.frombuffer(buf, dtype="<u2", count=N * G, offset=info["offsets_offset"])
+            boffset = _core.f16_to_f32(np.ascontiguousarray(h, dtype=np.uint16)).reshape(N, G) + np.float32(0)
     layout = _core.packed_layout(kind, N, K, group)  # the store's shape and dtype (csrc/ork/pack.h)
     if layout["file_store_bytes"] != layout["store_bytes"]:  # int6 / int5: unpacked to the int8 tile store in memory
         with guarded(maps):
@@ -422,4 +460,4 @@ def load_packed(path: StrPath, mmap: bool = True, mapping: Optional[MappedFile] 
     else:
         store = np.frombuffer(buf, dtype=layout["store_dtype"], count=info["store_bytes"], offset=info["store_offset"])
     return PackedWeight._trusted(kind, (N, K), store.reshape(layout["store_shape"]),
-                                 scales.astype(np.float32, copy=False), source=path, group=group)
+                                 scales.astype(np.float32, copy=False), source=path, group=group, boffset=boffset)

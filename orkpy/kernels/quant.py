@@ -120,17 +120,22 @@ class QuantizedTensor:
     seed: int = 0
     imatrix_used: bool = False
     group: int = 0
+    #: affine groups (csrc/ork/affine.h; w4a4 / w4a8, group-wise only): float32 ``(N, G)`` holding
+    #: float16 values, ``dequant = code * scale + offset``; None: symmetric scales
+    offsets: Optional[np.ndarray] = None
 
     def dequantize(self, threads: Optional[int] = None) -> NDArray[np.float32]:
         return dequantize(self, threads=threads)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of codes plus scales as stored: 4 per per-row scale, 2 per (float16) group scale."""
-        return int(self.codes.nbytes + (2 if self.group else 4) * self.scales.size)
+        """Bytes of codes plus scales (and offsets) as stored: 4 per per-row scale, 2 per (float16) group
+        scale or offset."""
+        offs = 0 if self.offsets is None else 2 * self.offsets.size
+        return int(self.codes.nbytes + (2 if self.group else 4) * self.scales.size + offs)
 
     def __repr__(self) -> str:
-        g = f", group={self.group}" if self.group else ""
+        g = (f", group={self.group}" if self.group else "") + (", affine" if self.offsets is not None else "")
         return (f"QuantizedTensor(kind={self.kind!r}, shape={self.shape}{g}, "
                 f"nbytes={self.nbytes}, sr={self.sr}, imatrix_used={self.imatrix_used})")
 
@@ -158,7 +163,7 @@ CLIP_SEARCHES = ("screen", "full")
 
 def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: bool = False, seed: int = 0,
              clip_grid: Optional[ArrayLike] = None, threads: Optional[int] = None,
-             group_size: Optional[int] = None, search: str = "screen") -> QuantizedTensor:
+             group_size: Optional[int] = None, search: str = "screen", symmetric: bool = True) -> QuantizedTensor:
     """Quantize a float32 (or float16) ``(N, K)`` weight.
 
     kind: ``"nf4"``, ``"int4"`` (4-bit codes into an int8 LUT, per-row scale
@@ -197,6 +202,13 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     for byte. A group whose scale exceeds float16's 65504 (absmax >= ~8.3e6) is a
     ValueError naming it; one whose scale rounds to 0 (absmax below ~3.8e-6) is a zero
     group (csrc/ork/quant.h).
+
+    symmetric=False: affine groups for the NPU's int4 kinds (``w4a4``, ``w4a8``, with a
+    ``group_size`` below K): each group gets a float16 scale and a float16 offset
+    (``dequant = code * scale + offset``, codes in [-8, 7]) from a 20-ratio search of its
+    [min, max] (csrc/ork/affine.h), weighted by ``imatrix`` when given; ``offsets`` holds
+    them. The NPU multiplies the same int4 codes; the host adds each group's offset times the
+    sum of that group's activation codes (docs/w4a4.md "Affine groups"). Not with ``sr``.
     """
     _check_kind(kind)
     if not isinstance(sr, (bool, np.bool_)):
@@ -212,12 +224,20 @@ def quantize(w: ArrayLike, kind: str, imatrix: Optional[ArrayLike] = None, sr: b
     maps = maps_of(w)  # a view of a mapped file (GGUFFile.raw, load_safetensors) is checked around the read
     check_maps(maps)
     group = check_group(group_size, int(w.shape[1]))
-    codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads, group,
-                                   search == "full")
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    offsets = None
+    if symmetric:
+        codes, scales = _core.quantize(w, kind, imatrix, bool(sr), int(seed), clip_grid, nthreads, group,
+                                       search == "full")
+    else:
+        if sr:
+            raise ValueError("symmetric=False (affine groups) rounds to nearest: sr must be False")
+        codes, scales, offsets = _core.quantize_affine(w, kind, imatrix, nthreads, group)
     check_maps(maps)
     return QuantizedTensor(kind=kind, shape=(int(w.shape[0]), int(w.shape[1])), codes=codes,
                            scales=scales, lut=KIND_INFO[kind].lut, sr=bool(sr), seed=int(seed),
-                           imatrix_used=imatrix is not None, group=group)
+                           imatrix_used=imatrix is not None, group=group, offsets=offsets)
 
 
 def dequantize(q: QuantizedTensor, threads: Optional[int] = None) -> NDArray[np.float32]:
@@ -225,4 +245,7 @@ def dequantize(q: QuantizedTensor, threads: Optional[int] = None) -> NDArray[np.
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"dequantize expects a QuantizedTensor, got {type(q).__name__}")
     _check_kind(q.kind)
-    return _core.dequantize(q.codes, q.scales, q.kind, q.shape[1], _check_threads(threads), q.group)
+    out = _core.dequantize(q.codes, q.scales, q.kind, q.shape[1], _check_threads(threads), q.group)
+    if q.offsets is not None:  # affine groups: code * scale, then + offset (float32, csrc/ork/affine.h)
+        out += np.repeat(np.asarray(q.offsets, np.float32), q.group, axis=1)[:, :q.shape[1]]
+    return out

@@ -199,7 +199,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
                    output: Optional[StrPath] = None, overwrite: bool = False,
                    fallback: str = "infer", clip_search: str = "screen", rotate_placement: Optional[str] = None,
                    npu_bits: Optional[float] = None, npu_options: Sequence[str] = ("w4a4", "w4a8", "int8"),
-                   npu_per_linear: bool = True, act_groups: bool = False,
+                   npu_per_linear: bool = True, act_groups: bool = False, symmetric: bool = True,
                    recipe: Union[Recipe, StrPath, None] = None,
                    resume: bool = True) -> QuantizedModel:
     """Quantize every linear of ``source`` as ``recipe`` (an :class:`orkpy.Recipe`, a named recipe's
@@ -228,7 +228,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
     search runs inside that run, block by block, on the Gram matrices GPTQ uses; smoothing runs on
     the whole float model, target_bpw's sensitivities too below 1 GiB of float32 weights.
 
-    The keyword form: without ``recipe``, the keywords ``kind`` ... ``act_groups`` are the
+    The keyword form: without ``recipe``, the keywords ``kind`` ... ``symmetric`` are the
     recipe (:data:`orkpy.quantization.recipe.KEYWORDS` maps each to its key, e.g. ``calib_chunks`` ->
     ``calibration.chunks``, ``method`` -> ``rounding.method``, ``act_prefix`` ->
     ``activation.prefix``); with ``recipe``, they must keep their defaults. The recipe is checked,
@@ -253,7 +253,7 @@ def quantize_model(source: StrPath, alloc: Union[TierMap, StrPath, None] = None,
         target_sensitivity=target_sensitivity, tied_lookup=tied_lookup,
         gptq_sequential=gptq_sequential, gptq_precision=gptq_precision, fallback=fallback, clip_search=clip_search,
         rotate_placement=rotate_placement, npu_bits=npu_bits, npu_options=tuple(npu_options),
-        npu_per_linear=npu_per_linear, act_groups=act_groups))
+        npu_per_linear=npu_per_linear, act_groups=act_groups, symmetric=symmetric))
     recipe.check_inputs(alloc is not None, calib is not None)
     if output is not None and os.path.lexists(output):  # before any work
         if not overwrite:
@@ -331,7 +331,7 @@ def _recipe_of(recipe: Union[Recipe, StrPath, None], kw: Dict[str, Any]) -> Reci
             raise ValueError(f"recipe= and the recipe keyword(s) {', '.join(k + '=' for k in given)} both given: "
                              "set them in the recipe")
         return recipe
-    for k in ("sr", "rotate_online", "awq", "gptq_sequential", "act_groups"):  # truthy values, as the keywords took
+    for k in ("sr", "rotate_online", "awq", "gptq_sequential", "act_groups", "symmetric"):  # truthy values, as the keywords took
         kw[k] = bool(kw[k])
     return Recipe.from_kwargs(**kw)
 

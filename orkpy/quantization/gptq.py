@@ -70,7 +70,7 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
                   block: int = DEFAULT_BLOCK, where: str = "weight", rows: int = 0,
                   group_size: Optional[int] = None, static_groups: bool = False,
                   threads: Optional[int] = None, overwrite_gram: bool = False,
-                  precision: str = "float64") -> QuantizedTensor:
+                  precision: str = "float64", symmetric: bool = True) -> QuantizedTensor:
     """Quantize a float ``(N, K)`` weight (``kind`` int8, nf4 or int4) with GPTQ's error
     compensation on the input Gram matrix ``gram`` ``(K, K)`` (see module doc; the C core,
     csrc/ork/gptq.h, with the GIL released). ``where`` names the weight in errors. 4-bit kinds,
@@ -86,7 +86,10 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     (its contents destroyed, the result the same): one ``(K, K)`` float64 matrix less in memory,
     for a Gram matrix with no later reader. ``precision`` (:data:`PRECISIONS`): the arithmetic of
     the factor and the error feedback, ``"float64"`` or ``"float32"`` (about twice as fast, half
-    the memory; gptq.h "Precision": the Gram matrix stays float64)."""
+    the memory; gptq.h "Precision": the Gram matrix stays float64). ``symmetric=False``: affine
+    groups (w4a4 / w4a8 with a ``group_size`` below K; :func:`orkpy.quantize`'s ``symmetric``):
+    each group's float16 scale and offset are searched when the loop reaches it, and each column
+    goes to the nearest of its group's 16 levels ``code * scale + offset``."""
     if precision not in PRECISIONS:
         raise ValueError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if kind not in KINDS:
@@ -108,14 +111,21 @@ def gptq_quantize(w: ArrayLike, gram: ArrayLike, kind: str = "int8", damp: float
     group = check_group(group_size, K)
     maps = maps_of(w32)  # a view of a mapped file is checked around the read (as quantize does)
     check_maps(maps)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"{where}: symmetric must be a bool, got {type(symmetric).__name__}")
+    offsets = None
     try:
-        codes, scales = _core.gptq(w32, g, kind, float(damp), int(block), int(rows), group, bool(static_groups),
-                                   nthreads, bool(overwrite_gram), precision)
+        got = _core.gptq(w32, g, kind, float(damp), int(block), int(rows), group, bool(static_groups),
+                         nthreads, bool(overwrite_gram), precision, not symmetric)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+    if symmetric:
+        codes, scales = got
+    else:
+        codes, scales, offsets = got
     check_maps(maps)
     return QuantizedTensor(kind=kind, shape=(int(N), int(K)), codes=codes, scales=scales, lut=KIND_INFO[kind].lut,
-                           group=group)
+                           group=group, offsets=offsets)
 
 
 def _gram_owner(name: str) -> str:
@@ -178,7 +188,7 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
                  chunks: Optional[int] = 8, damp: float = DEFAULT_DAMP, block: int = DEFAULT_BLOCK,
                  names: Optional[Sequence[str]] = None, max_bytes: int = 1 << 30, threads: Optional[int] = None,
                  progress: bool = True, group_size: Union[int, None, Dict[str, int]] = None,
-                 sequential: bool = False) -> Dict[str, QuantizedTensor]:
+                 sequential: bool = False, symmetric: bool = True) -> Dict[str, QuantizedTensor]:
     """{linear name: QuantizedTensor} of every linear of the :class:`~orkpy.formats.source.Source` ``src``
     (or ``names``) quantized by :func:`gptq_quantize`, the Gram matrices collected on ``chunks``
     chunks of ``n_ctx`` tokens of ``calib`` (see module doc). ``kind``: one kind for all, or
@@ -187,7 +197,8 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
     pass per run of :func:`gram_batches`). ``sequential=True``: layer by layer, each layer's
     from a pass of the layers before it as already quantized (their GPTQ weights dequantized)
     and the model cut after that layer (the head's from the whole quantized model), one
-    layer's matrices in memory at a time."""
+    layer's matrices in memory at a time. ``symmetric=False``: affine groups
+    (:func:`gptq_quantize`)."""
     from ..runtime.model import LinearSpec, Model, float_model, linear_names
 
     names = list(linear_names(src.hp) if names is None else names)
@@ -202,7 +213,7 @@ def gptq_linears(src: Any, calib: Union[str, ArrayLike], kind: Union[str, Dict[s
             k = kind if isinstance(kind, str) else kind[n]
             gsz = group_size.get(n) if isinstance(group_size, dict) else group_size
             out[n] = gptq_quantize(src.linear(n), grams[n][0], k, damp, block, where=n, rows=grams[n][1],
-                                   group_size=gsz, threads=threads)
+                                   group_size=gsz, threads=threads, symmetric=symmetric)
             if bar is not None:
                 bar.update(1)
         del grams

@@ -93,8 +93,10 @@ def _concat(parts: List[QuantizedTensor]) -> QuantizedTensor:
         return parts[0]
     first = parts[0]
     N = sum(p.shape[0] for p in parts)
+    offs = None if first.offsets is None else np.concatenate([p.offsets for p in parts if p.offsets is not None])
     return QuantizedTensor(kind=first.kind, shape=(N, first.shape[1]), codes=np.concatenate([p.codes for p in parts]),
-                           scales=np.concatenate([p.scales for p in parts]), lut=first.lut, group=first.group)
+                           scales=np.concatenate([p.scales for p in parts]), lut=first.lut, group=first.group,
+                           offsets=offs)
 
 
 class LayerwiseRun:
@@ -342,7 +344,7 @@ class LayerwiseRun:
                out: List["Rounded"], until: Optional[str]) -> Iterator["Rounded"]:
         """Round the layer's linears in order, up to and including the readers of ``until``'s
         Gram matrix (all the rest with None)."""
-        from .rounding import Rounded, importance, round_linear
+        from .rounding import Rounded, importance, round_linear, symmetric_for
         for n in names:
             if n in done:
                 continue
@@ -363,7 +365,8 @@ class LayerwiseRun:
                     last = not any(_owner(m) == o and m not in done and self.plan[m].kind != "gguf" for m in names)
                     q = gptq_quantize(w, g, p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=n, rows=rows,
                                       group_size=p.group or 0, threads=self.run.threads, overwrite_gram=last,
-                                      precision=self.recipe.rounding.gptq_precision)
+                                      precision=self.recipe.rounding.gptq_precision,
+                                      symmetric=symmetric_for(p.kind, p.group, w.shape[1], self.recipe.rounding))
                     if last:
                         del g, grams[o]
                     if self.sequential:
@@ -380,7 +383,7 @@ class LayerwiseRun:
     def _head(self, last: Optional[Block], stream: Stream, qstream: Optional[Stream], n_layer: int
               ) -> Iterator["Rounded"]:
         """The head: its input statistics from the final rows, its weight rounded in row blocks."""
-        from .rounding import Rounded, importance, round_linear
+        from .rounding import Rounded, importance, round_linear, symmetric_for
         p = self.plan.get(OUTPUT)
         want_gram = self.gptq and p is not None and p.kind != "gguf"
         if last is None or (last.layer != n_layer - 1):  # resumed after the last layer: one block to run the head
@@ -407,7 +410,8 @@ class LayerwiseRun:
             if gram is not None:
                 parts.append(gptq_quantize(w, gram[0], p.kind, DEFAULT_DAMP, DEFAULT_BLOCK, where=OUTPUT,
                                            rows=gram[1], group_size=p.group or 0, threads=self.run.threads,
-                                           precision=self.recipe.rounding.gptq_precision))
+                                           precision=self.recipe.rounding.gptq_precision,
+                                           symmetric=symmetric_for(p.kind, p.group, K, self.recipe.rounding)))
             else:
                 parts.append(round_linear(w, p, self.recipe.rounding,
                                           importance(self.imatrix, OUTPUT, self.columns.get(OUTPUT), K),

@@ -211,14 +211,16 @@ def _member_tiers(choice: str, n: int) -> List[str]:
 
 def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx: int = 256, chunks: int = 2,
                    threads: Optional[int] = None, progress: bool = True,
-                   options: Sequence[str] = NPU_OPTIONS, per_linear: bool = PER_LINEAR) -> Tuple[Any, Dict[str, Any]]:
+                   options: Sequence[str] = NPU_OPTIONS, per_linear: bool = PER_LINEAR,
+                   symmetric: bool = True) -> Tuple[Any, Dict[str, Any]]:
     """(TierMap, report): one of ``options`` (default W4A4 / W4A8 / W8A8) for every linear of ``src`` (a
     Source, already transformed) at ``npu_bits`` NPU bits per weight (module doc). The sensitivities are
     measured with round-to-nearest weights of every option in the activation spec ``act`` (default per
     token) on ``chunks`` chunks of ``n_ctx`` tokens of ``calib`` (w4a4 and w4a8 share one packed store:
     the same codes); 8, and 4 with one 4-bit option, need no measurement. ``per_linear``: w4a8 measured
     and chosen per linear inside an input group (module doc; more passes: one per linear, not per
-    group). The arguments are checked first."""
+    group). ``symmetric=False``: the grouped int4 options are measured with affine groups
+    (csrc/ork/affine.h), as ``rounding.symmetric=False`` rounds them. The arguments are checked first."""
     from ..formats.tiermap import EMBEDDING, TierEntry, TierMap
     from ..kernels.actspec import ActSpec
     from ..kernels.packed import pack
@@ -251,7 +253,10 @@ def npu_allocation(src: Any, calib: Any, npu_bits: float, act: Any = None, n_ctx
             kind, g = split_tier(tier)
             key = f"{n}:{KIND_INFO[kind].store_bits}:{g}"  # w4a4 and w4a8: the same codes, one store
             if key not in stores:
-                stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None))
+                K = int(shapes[n][1])
+                aff = not symmetric and KIND_INFO[kind].bits == 8 and KIND_INFO[kind].qmax == 7 and 0 < g < K
+                stores[key] = pack(quantize(src.linear(n), kind, threads=threads, group_size=g or None,
+                                            symmetric=not aff))
                 src.release(caches=False)  # the source's pages: one tensor at a time
             pw = stores[key]
             return LinearSpec.from_packed(n, pw.as_kind(kind), act_spec=resolve(spec, n, cal, pw.K, where, kind, pw.group))

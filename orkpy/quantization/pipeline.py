@@ -163,7 +163,8 @@ def allocate_stage(opened: Opened, src: Source, recipe: Recipe, inputs: Inputs, 
         from .npu_alloc import npu_allocation
         assert inputs.calib is not None  # Recipe.check_inputs
         tm, report = npu_allocation(src, inputs.calib, a.npu_bits, recipe.activation, a.target_ctx, a.target_chunks,
-                                    run.threads, run.progress, a.npu_options, a.npu_per_linear)
+                                    run.threads, run.progress, a.npu_options, a.npu_per_linear,
+                                    recipe.rounding.symmetric)
         split = sum(1 for v in report["groups"].values() if "/" in v)
         run.log(f"npu_bits {a.npu_bits:g}: {report['npu_bpw']:.3f} NPU bits per weight "
                 f"({report['npu_bytes'] / 1e6:.2f} MB per token); linears: "

@@ -340,8 +340,14 @@ class RoundingSpec(_Section):
     seed: int = _key(0, _int(0, SEED_MAX), "seed of the stochastic rounding")
     clip_search: str = _key("screen", _choice(CLIP_SEARCHES), "the imatrix clip search of the 4-bit tiers")
     clip_grid: Optional[Tuple[float, ...]] = _key(None, _grid, "clip ratios of the search; null: the default grid")
+    symmetric: bool = _key(True, _bool, "false: the NPU's int4 tiers with a group size (w4a4-g32, w4a8-g32) give "
+                           "each group a float16 offset as well (affine groups, codes -8..7); other tiers stay "
+                           "symmetric")
 
     def _cross(self) -> None:
+        if not self.symmetric and self.sr:
+            raise RecipeError("rounding.symmetric", "rounding.symmetric=False (affine groups) rounds to nearest: "
+                              "rounding.sr=True does not apply")
         if self.gptq_sequential and self.method != "gptq":
             raise RecipeError("rounding.gptq_sequential", "rounding.gptq_sequential=True applies to "
                               "rounding.method='gptq' only")
@@ -589,6 +595,7 @@ KEYWORDS: Dict[str, Tuple[str, str]] = {
     "gptq_precision": ("rounding", "gptq_precision"),
     "awq": ("rounding", "awq"), "sr": ("rounding", "sr"), "seed": ("rounding", "seed"),
     "clip_search": ("rounding", "clip_search"), "clip_grid": ("rounding", "clip_grid"),
+    "symmetric": ("rounding", "symmetric"),
     "act_prefix": ("activation", "prefix"), "act_groups": ("activation", "groups"),
 }
 

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..kernels.packed import PackedWeight
-from ..kernels.quant import QuantizedTensor, quantize
+from ..kernels.quant import KIND_INFO, QuantizedTensor, quantize
 from .recipe import RoundingSpec
 
 if TYPE_CHECKING:
@@ -58,11 +58,22 @@ def importance(imatrix: Optional["Imatrix"], name: str, columns: Optional[NDArra
     return im
 
 
+def symmetric_for(kind: str, group: Optional[int], K: int, rounding: RoundingSpec) -> bool:
+    """Whether a linear of ``kind`` with group size ``group`` keeps symmetric scales: always, unless
+    ``rounding.symmetric`` is False and it is a group-wise weight of the NPU's int4 kinds (w4a4, w4a8),
+    which then takes affine groups (csrc/ork/affine.h)."""
+    if rounding.symmetric or kind not in KIND_INFO:
+        return True
+    ki = KIND_INFO[kind]
+    return not (ki.bits == 8 and ki.qmax == 7 and group and group < K)
+
+
 def round_linear(w: NDArray[Any], p: LinearPlan, rounding: RoundingSpec, im: Optional[NDArray[Any]],
                  threads: Optional[int]) -> QuantizedTensor:
     """One linear's weight rounded (:func:`orkpy.quantize`) as ``rounding`` says."""
+    sym = symmetric_for(p.kind, p.group, int(w.shape[1]), rounding)
     return quantize(w, p.kind, imatrix=im, sr=rounding.sr, seed=rounding.seed, clip_grid=rounding.clip_grid,
-                    threads=threads, group_size=p.group, search=rounding.clip_search)
+                    threads=threads, group_size=p.group, search=rounding.clip_search, symmetric=sym)
 
 
-__all__ = ["LinearPlan", "Rounded", "RunOptions", "importance", "round_linear"]
+__all__ = ["LinearPlan", "Rounded", "RunOptions", "importance", "round_linear", "symmetric_for"]

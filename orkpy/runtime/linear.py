@@ -35,6 +35,7 @@ class LinearSpec:
     bscale: Optional[NDArray[np.float32]] = None
     act_spec: Optional[ActSpec] = None
     group: int = 0
+    boffset: Optional[NDArray[np.float32]] = None  # affine groups' offsets (N, G), csrc/ork/affine.h
 
     def __post_init__(self) -> None:
         if self.path != "packed":
@@ -105,7 +106,7 @@ class LinearSpec:
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
         return cls(name, "packed", pw.N, pw.K, kind=pw.kind, store=pw.store, bscale=pw.bscale, act_spec=act_spec,
-                   group=pw.group)
+                   group=pw.group, boffset=pw.boffset)
 
     def to_core(self) -> Tuple[str, Any]:
         """The argument ``_core.ForwardModel`` takes for this linear (the only place that knows it):
@@ -115,12 +116,15 @@ class LinearSpec:
             return ("f32", self.weight)
         if self.path == "packed":
             act = self.act_spec if self.act_spec is not None else ActSpec()
-            return ("packed", {"kind": self.kind, "store": self.store, "bscale": self.bscale, "N": self.N, "K": self.K,
-                               "group": self.group, "act": act.to_core()})
+            d = {"kind": self.kind, "store": self.store, "bscale": self.bscale, "N": self.N, "K": self.K,
+                 "group": self.group, "act": act.to_core()}
+            if self.boffset is not None:  # affine groups (csrc/ork/affine.h)
+                d["boffset"] = self.boffset
+            return ("packed", d)
         raise ValueError(f"{self.name}: unknown linear path {self.path!r} (expected 'f32' or 'packed')")
 
     def packed_weight(self) -> PackedWeight:
         """The PackedWeight of a packed linear (for an NPU upload); ValueError for a float one."""
         if self.path != "packed" or self.kind is None or self.store is None or self.bscale is None:
             raise ValueError(f"{self.name} is a float linear, not a packed one")
-        return PackedWeight(self.kind, (self.N, self.K), self.store, self.bscale, group=self.group)
+        return PackedWeight(self.kind, (self.N, self.K), self.store, self.bscale, group=self.group, boffset=self.boffset)

@@ -9,6 +9,7 @@
 
 #include "../../csrc/ork/cpu.h"
 #include "check.h"
+#include "../../csrc/ork/affine.h"
 #include "../../csrc/ork/pack.h"
 
 
@@ -214,6 +215,16 @@ static void grouped_vs_naive(void) {
                       "grouped q8, grouped activations: %s", err.msg);
                 CHECK(ork_matmul_int_grouped((ork_kind)kind, store, lut, g, N, K, xc, M, acc, 2, &err) == ORK_OK,
                       "grouped int: %s", err.msg);
+                /* affine groups (affine.h): the offsets' term after the grouped product, 1 and 3 threads,
+                 * activations scaled per row and group (yo*) or per row (yp) */
+                float *bo = malloc(N * G * 4), *yo1 = malloc(M * N * 4), *yo3 = malloc(M * N * 4), *yp = malloc(M * N * 4);
+                for (size_t i = 0; i < N * G; i++) bo[i] = ((float)(rnd() % 2001) - 1000.0f) * 1e-4f;
+                memcpy(yo1, yg, M * N * 4);
+                memcpy(yo3, yg, M * N * 4);
+                memcpy(yp, y1, M * N * 4);
+                CHECK(ork_matmul_add_offsets(bo, g, N, K, x, Kp, ag, 1, M, yo1, 1, &err) == ORK_OK, "offsets: %s", err.msg);
+                CHECK(ork_matmul_add_offsets(bo, g, N, K, x, Kp, ag, 1, M, yo3, 3, &err) == ORK_OK, "offsets (3 threads)");
+                CHECK(ork_matmul_add_offsets(bo, g, N, K, x, Kp, as, 0, M, yp, 2, &err) == ORK_OK, "offsets, row scales");
                 int ok = 1;
                 for (size_t m = 0; m < M; m++)
                     for (size_t n = 0; n < N; n++) {
@@ -237,8 +248,22 @@ static void grouped_vs_naive(void) {
                         }
                         if (memcmp(&y, &y1[m * N + n], 4) || memcmp(&y, &y3[m * N + n], 4)) ok = 0;
                         if (memcmp(&y2, &yg[m * N + n], 4)) ok = 0;
+                        float off = 0.0f, offp = 0.0f; /* affine.h: sum_i (a_i * S_i) * o_i, left to right */
+                        for (size_t gg = 0; gg < G; gg++) {
+                            int32_t S = 0;
+                            for (size_t k = gg * g; k < K && k < (gg + 1) * g; k++) S += x[m * Kp + k];
+                            const float u = ag[gg * M + m] * (float)S, up = as[m] * (float)S;
+                            const float t = u * bo[n * G + gg], tp = up * bo[n * G + gg];
+                            off = gg ? off + t : t;
+                            offp = gg ? offp + tp : tp;
+                        }
+                        const float wo = y2 + off, wp = y + offp;
+                        if (memcmp(&wo, &yo1[m * N + n], 4) || memcmp(&wo, &yo3[m * N + n], 4)) ok = 0;
+                        if (memcmp(&wp, &yp[m * N + n], 4)) ok = 0;
                     }
-                CHECK(ok, "grouped drivers vs naive M=%zu K=%zu N=%zu g=%zu kind=%d", M, K, N, g, kind);
+                CHECK(ok, "grouped drivers (and affine offsets) vs naive M=%zu K=%zu N=%zu g=%zu kind=%d", M, K, N, g,
+                      kind);
+                free(bo); free(yo1); free(yo3); free(yp);
                 CHECK(ork_matmul_q8_grouped((ork_kind)kind, store, lut, bs, 48, N, K, x, as, 0, M, y1, 1, &err) == ORK_EINVAL,
                       "group 48 refused");
                 free(codes); free(store); free(x); free(bs); free(y1); free(y3); free(acc); free(xc); free(ag); free(yg);
