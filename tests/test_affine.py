@@ -258,25 +258,27 @@ def test_files_keep_the_offsets(tmp_path):
 
 
 @pytest.mark.skipif(not STORIES.is_file(), reason="../shared/models/stories260K is absent")
-def test_cli_no_symmetric_end_to_end(tmp_path):
-    """orkpy quantize --npu-bits ... --no-symmetric: the recipe records it, the grouped int4 linears are
-    saved with offsets (version 4) and the others without, load_model runs them, the NPU emulator's
-    forward equals the CPU's bit for bit (the offsets are the host's term after the int4 partials), and
-    the allocation's sensitivities were measured on affine stores (a different allocation report)."""
-    out = tmp_path / "a"
-    r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "4.5", "--npu-tiers",
-                        "w4a4-g32", "w4a8-g32", "int8", "--no-symmetric", "--calib", str(TEXT), "--calib-chunks", "1",
+def test_cli_symmetric_keeps_version_3(tmp_path):
+    """--npu-bits makes affine groups by default (tests/test_w4a4.py runs them on the CPU and the NPU
+    emulator); --symmetric beside it keeps the grouped int4 linears symmetric: no offsets, version-3 files."""
+    out = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "orkpy", "quantize", str(STORIES), "--npu-bits", "4", "--npu-tiers",
+                        "w4a4-g32", "int8", "--symmetric", "--calib", str(TEXT), "--calib-chunks", "1",
                         "--calib-ctx", "128", "--no-progress", "-o", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     man = json.loads((out / "manifest.json").read_text())
-    assert man["recipe"]["rounding"]["symmetric"] is False
+    assert man["recipe"]["rounding"]["symmetric"] is True
     m = orkpy.load_model(out)
-    grouped = [s for s in m.linears.values() if s.group]
-    assert grouped and all(s.boffset is not None for s in grouped)
-    assert all(s.boffset is None for s in m.linears.values() if not s.group)
-    toks = np.arange(1, 33)
-    cpu = m.forward(toks)
-    assert np.isfinite(cpu).all()
-    assert orkpy.runtime.npu.use_npu(m, "emu") == len(m.linears)
-    assert np.array_equal(m.forward(toks), cpu)
+    assert any(s.group for s in m.linears.values()) and all(s.boffset is None for s in m.linears.values())
+    versions = {_core.packed_parse(p.read_bytes())["version"] for p in out.iterdir() if p.suffix in (".o4n1", ".o8n1")}
+    assert versions and 4 not in versions
+
+
+def test_recipe_refuses_affine_with_target_bpw():
+    from orkpy.quantization.recipe import Recipe, RecipeError
+    assert Recipe.from_kwargs(symmetric=False).rounding.symmetric is False
+    with pytest.raises(RecipeError, match="rounding.symmetric"):
+        Recipe.from_kwargs(symmetric=False, target_bpw=4.5)
+    with pytest.raises(RecipeError, match="rounding.symmetric"):
+        Recipe.from_kwargs(symmetric=False, sr=True)

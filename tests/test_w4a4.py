@@ -399,7 +399,9 @@ def test_cli_npu_bits_with_grouped_tiers(tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert man["recipe"]["allocation"]["npu_options"] == ["w4a4-g32", "w4a8-g32", "int8"]
     assert man["recipe"]["activation"]["groups"] is True  # --npu-bits' default: activations scaled per weight group
+    assert man["recipe"]["rounding"]["symmetric"] is False  # ... and affine int4 groups (docs/w4a4.md)
     m = orkpy.load_model(out)
+    assert all((s.boffset is not None) == bool(s.group) for s in m.linears.values())  # the offsets: CPU == emulator below
     assert all(s.act_spec.group == (32 if s.group else None) for s in m.linears.values())
     got = {(s.kind, s.group) for s in m.linears.values()}
     assert got <= {("w4a4", 32), ("w4a8", 32), ("int8", 0)} and ("int8", 0) in got and len(got) >= 2
@@ -472,15 +474,18 @@ def test_stories260k_w4a4_gate(tmp_path):
 @needs_stories
 def test_stories260k_grouped_activations_gate(tmp_path):
     """Group-32 int4 weights on stories260K: activations scaled per token and weight group (with the
-    searched [-8, 7] codes) below one scale per token, for W4A4 and W4A8 alike."""
+    searched [-8, 7] codes) below one scale per token, for W4A4 and W4A8 alike; affine groups (an offset
+    per group, csrc/ork/affine.h) below symmetric ones."""
     sys.path.insert(0, str(ROOT / "bench"))
     import w4a4
     a = _Args(tmp_path)
-    a.rows, a.npu_bits, a.groups = [], [], [32]
+    a.rows, a.npu_bits, a.groups, a.affine = [], [], [32], True
     kl = {r["row"]: r["kld"] for r in w4a4.run_model(a, "stories260k")}
     assert kl["w4a4 gptq, group 32, acts per group"] < 0.9 * kl["w4a4 gptq, group 32"]  # measured 0.256 vs 0.376
     assert kl["w4a4 gptq, group 32"] < kl["w4a4 gptq, per-token"]
     assert kl["w4a8 gptq, group 32, acts per group"] <= kl["w4a8 gptq, group 32"] * 1.02
+    for t in ("w4a4", "w4a8"):
+        assert kl[f"{t} gptq, group 32, affine, acts per group"] < kl[f"{t} gptq, group 32, acts per group"]  # 0.176 / 0.071 vs 0.256 / 0.128
 
 
 class _Args:

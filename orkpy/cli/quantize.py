@@ -46,8 +46,8 @@ CLI_KEYS = {
     "symmetric": "rounding.symmetric",
 }
 # what --npu-bits sets unless the command line (or --recipe) says otherwise: the rotations the int4
-# activations need and GPTQ (docs/w4a4.md)
-NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq", "act_groups": True}
+# activations need, GPTQ, activations scaled per weight group and affine int4 groups (docs/w4a4.md)
+NPU_DEFAULTS = {"rotate": "hadamard", "rotate_online": True, "method": "gptq", "act_groups": True, "symmetric": False}
 _CLI_CONVERT = {"literal_types": lambda v: "literal" if v else "infer", "npu_tiers": list,
                 "npu_per_group": lambda v: not v}
 # ``orkpy quantize`` options that are inputs, outputs or run settings: never part of a recipe
@@ -268,7 +268,7 @@ def add_quantize(sub):
                    help="--no-symmetric: the NPU's int4 tiers with a group size (w4a4-g32, w4a8-g32) give each group a "
                         "float16 offset beside its scale (affine groups, codes -8..7; the NPU reads the same 4 bits a "
                         "weight, the host adds offset x the group's activation sum); other tiers stay symmetric "
-                        "(default: symmetric)")
+                        "(default: symmetric, but --no-symmetric with --npu-bits)")
     s.add_argument("--tied-lookup", choices=TIED_LOOKUPS, default="float",
                    help="a tied model's embedding lookup: from a float copy of the table (stored twice) or from the "
                         "packed head's rows (stored once) (default: float)")

@@ -443,6 +443,10 @@ class Recipe:
         if r.awq and self.transform.smooth is not None:
             raise RecipeError("rounding.awq", "rounding.awq=True and transform.smooth fold scales into the same places: "
                               "choose one")
+        if not r.symmetric and a.target_bpw is not None:
+            raise RecipeError("rounding.symmetric", "rounding.symmetric=False (affine groups) applies to the NPU "
+                              "allocation (allocation.npu_bits) or an allocation oracle: allocation.target_bpw "
+                              "measures and sizes its options with symmetric scales")
 
     # -- what a run needs besides the recipe
     @property
