@@ -11,21 +11,17 @@ prefix) -- plus a ``version``. Every value is checked when a recipe is built (``
 :class:`RecipeError` naming the key path (``calibration.chunks``) and, for a file, its line:
 nothing is read or computed before the whole recipe is valid.
 
-What is *not* in a recipe: the inputs (the source, the allocation oracle, the imatrix, the
-calibration text: they are arguments, recorded in a model directory's manifest by name and
-sha256) and what never changes a result (threads, progress, log, output, overwrite).
+Not in a recipe: the inputs (source, allocation oracle, imatrix, calibration text: arguments, in a
+model directory's manifest by name and sha256) and what never changes a result (threads, progress, ...).
 
-The text format is JSON (the standard library on every Python orkpy supports, the format of the
-manifest that stores the recipe a model was made with, so ``Recipe.load(model_dir)`` re-reads
-it). TOML is read too where the standard library has ``tomllib`` (Python 3.11+): hand-written
-recipes may then carry comments; on 3.10 a ``.toml`` recipe is a clear error. Keys left out take
-their defaults; :meth:`Recipe.to_dict` / :meth:`Recipe.dumps` write every key, so two recipes
-that mean the same are the same text.
+The text format is JSON (the manifest's, so ``Recipe.load(model_dir)`` re-reads the recipe a model
+was made with); TOML too where the standard library has ``tomllib`` (3.11+; on 3.10 a clear error).
+Keys left out take their defaults; :meth:`Recipe.to_dict` / :meth:`Recipe.dumps` write every key, so
+two recipes that mean the same are the same text.
 
-The command line maps onto it (``orkpy.cli.quantize``): every ``orkpy quantize`` option is either
-a recipe key (``CLI_KEYS``) or an input / run option (``CLI_NOT_RECIPE``); ``--recipe FILE`` runs
-a recipe (the flags given on the command line on top) and ``orkpy recipe [flags]`` prints the
-recipe a command line means.
+The command line maps onto it (``orkpy.cli.quantize``): every ``orkpy quantize`` option is a recipe
+key (``CLI_KEYS``) or an input / run option (``CLI_NOT_RECIPE``); ``--recipe FILE`` runs a recipe (the
+flags on top), ``orkpy recipe [flags]`` prints the recipe a command line means.
 """
 from __future__ import annotations
 
@@ -93,10 +89,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-#: a count of tokens or chunks (C takes them as Py_ssize_t / int; a context is < 2^31)
-COUNT_MAX = 2 ** 31 - 1
-#: a seed: 64 bits (orkpy.quantize's stochastic rounding, the rotation's generator)
-SEED_MAX = 2 ** 64 - 1
+COUNT_MAX = 2 ** 31 - 1  #: a count of tokens or chunks (C takes them as Py_ssize_t / int; a context is < 2^31)
+SEED_MAX = 2 ** 64 - 1  #: a seed: 64 bits (orkpy.quantize's stochastic rounding, the rotation's generator)
 _FLT_MAX = 3.4028234663852886e38
 
 
@@ -340,14 +334,12 @@ class RoundingSpec(_Section):
     seed: int = _key(0, _int(0, SEED_MAX), "seed of the stochastic rounding")
     clip_search: str = _key("screen", _choice(CLIP_SEARCHES), "the imatrix clip search of the 4-bit tiers")
     clip_grid: Optional[Tuple[float, ...]] = _key(None, _grid, "clip ratios of the search; null: the default grid")
-    symmetric: bool = _key(True, _bool, "false: the NPU's int4 tiers with a group size (w4a4-g32, w4a8-g32) give "
-                           "each group a float16 offset as well (affine groups, codes -8..7); other tiers stay "
-                           "symmetric")
+    symmetric: bool = _key(True, _bool, "false: the NPU's int4 tiers with a group size (w4a4-g32, ...) give each "
+                           "group a float16 offset too (affine groups, codes -8..7); other tiers stay symmetric")
 
     def _cross(self) -> None:
         if not self.symmetric and self.sr:
-            raise RecipeError("rounding.symmetric", "rounding.symmetric=False (affine groups) rounds to nearest: "
-                              "rounding.sr=True does not apply")
+            raise RecipeError("rounding.symmetric", "rounding.symmetric=False (affine groups) has no stochastic rounding")
         if self.gptq_sequential and self.method != "gptq":
             raise RecipeError("rounding.gptq_sequential", "rounding.gptq_sequential=True applies to "
                               "rounding.method='gptq' only")
@@ -366,8 +358,7 @@ class ActivationSpec:
     calibration leaves out and the shared-range modes quantize per token; default
     :data:`orkpy.runtime.actcal.DEFAULT_PREFIX`), ``n_outliers`` and ``groups`` (a scale per token and weight
     group where the weight has group-wise scales; default False, ``--npu-bits`` turns it on); a linear's own
-    ``clip`` / ``channels``
-    come from the calibration, never from a recipe. This class only reads and writes the section."""
+    ``clip`` / ``channels`` come from the calibration. This class only reads and writes the section."""
 
     NAME: ClassVar[str] = "activation"
     KEYS: ClassVar[Tuple[str, ...]] = ("mode", "bits", "method", "prefix", "n_outliers", "groups")
@@ -443,10 +434,9 @@ class Recipe:
         if r.awq and self.transform.smooth is not None:
             raise RecipeError("rounding.awq", "rounding.awq=True and transform.smooth fold scales into the same places: "
                               "choose one")
-        if not r.symmetric and a.target_bpw is not None:
-            raise RecipeError("rounding.symmetric", "rounding.symmetric=False (affine groups) applies to the NPU "
-                              "allocation (allocation.npu_bits) or an allocation oracle: allocation.target_bpw "
-                              "measures and sizes its options with symmetric scales")
+        if not r.symmetric and a.target_bpw is not None:  # it measures and sizes its options symmetric
+            raise RecipeError("rounding.symmetric", "rounding.symmetric=False applies to allocation.npu_bits or an "
+                              "allocation oracle, not allocation.target_bpw")
 
     # -- what a run needs besides the recipe
     @property

@@ -37,7 +37,7 @@ CC="${CC:-clang}"
 # in setup.py, so the SIMD kernels are compiled as in the extension.
 objs="$out/o4n1-objs"
 mkdir -p "$objs"
-srcs=(o4n1.c pack.c actspec.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c attn_ref.c ggml_types.c dequant.c)
+srcs=(o4n1.c affine.c pack.c actspec.c cpu.c pool.c status.c quant.c quant_ref.c matmul_ref.c gemm_f32_ref.c attn_ref.c ggml_types.c dequant.c)
 case "$(uname -m)" in
   x86_64|amd64) srcs+=(quant_avx2.c matmul_avx2.c gemm_f32_avx2.c attn_avx2.c) ;;
   aarch64|arm64) srcs+=(quant_neon.c matmul_neon.c matmul_neondot.c gemm_f32_neon.c attn_neon.c) ;;
