@@ -22,6 +22,9 @@ model):
                     head in 16 bits, llama.cpp's Q4_0 puts it in Q6_K
   w4a8              the w4a4 gptq weights with int8 activations (codes to +-119) run as two int4 digits per
                     activation on the int4 mode: 4 NPU bits per weight, two rows per token
+  group G           (--groups) group-wise int4 weight scales, one per G inputs; "acts per group": the
+                    activations scaled per token and weight group too; "affine" (--affine): each group a
+                    float16 offset beside its scale (csrc/ork/affine.h), the mixes then use those
   mix X (options)   W4A4 / W8A8 (and W4A8) per input group at <= X NPU bits per weight, chosen by measured
                     sensitivity (orkpy.quantization.npu_alloc: one forward per group and option on
                     --sens-chunks chunks of the calibration text), each group's weights as in the rows above
@@ -31,7 +34,7 @@ Per layer (after each mix row): qkv, attn_output, gate/up, down as 8 (W8A8), d (
 NPU would run them today: inflated to int8); file MB: the packed linears as stored.
 
     python bench/w4a4.py [--model smollm2 gemma3 stories260k] [--chunks 8] [--calib-chunks 8]
-                         [--npu-bits [5.0 ...]] [--groups G ...] [--mix-group G] [--sens-chunks 1]
+                         [--npu-bits [5.0 ...]] [--groups G ...] [--mix-group G] [--affine] [--sens-chunks 1]
                          [--no-llama] [--work DIR] [--json-out F_{model}]
 """
 import argparse

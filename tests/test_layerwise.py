@@ -155,11 +155,13 @@ def _dir_files(d):
     return sorted(os.listdir(d))
 
 
-@pytest.mark.parametrize("awq", [False, True])
+@pytest.mark.parametrize("awq", [False, True, "affine"])
 def test_a_killed_run_resumes_to_the_same_directory(shared, tmp_path, monkeypatch, awq):
     src = shared / F32
     kw = dict(alloc=shared / Q4KM, calib=_calib(shared), calib_ctx=64, calib_chunks=3, method="gptq",
-              rotate="hadamard", awq=awq, **QUIET)
+              rotate="hadamard", awq=awq is True, **QUIET)
+    if awq == "affine":  # the NPU's grouped int4 tier with offsets (csrc/ork/affine.h): saved with the layer
+        kw.update(alloc=None, npu_bits=4.0, npu_options=("w4a8-g32", "int8"), symmetric=False, act_groups=True)
     full = tmp_path / "full"
     orkpy.quantize_model(src, output=full, **kw)
     assert not os.path.exists(str(full) + CHECKPOINT_SUFFIX)  # removed once the directory is in place
@@ -184,6 +186,8 @@ def test_a_killed_run_resumes_to_the_same_directory(shared, tmp_path, monkeypatc
     assert _dir_files(out) == _dir_files(full)
     match, mismatch, errors = filecmp.cmpfiles(full, out, _dir_files(full), shallow=False)
     assert not mismatch and not errors, (mismatch, errors)
+    if awq == "affine":
+        assert any(s.boffset is not None for s in orkpy.load_model(out).linears.values())
 
 
 def test_a_checkpoint_of_other_inputs_is_not_resumed(shared, tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ class KindInfo:
     ``qmax`` the largest |code| of an 8-bit kind (127 int8, 31 int6, 15 int5; 127 for
     4-bit kinds: the LUT's range); ``store_bits`` the bits per code in a file (4, 8, 6, 5); ``act_bits``
     the activation width its linears multiply: 8, or 4 for ``w4a4`` (integer codes in [-7, 7] for the
-    NPU's int4 x int4 mode, docs/w4a4.md)."""
+    NPU's int4 x int4 mode, -8 too in affine groups, docs/w4a4.md)."""
 
     name: str
     id: int

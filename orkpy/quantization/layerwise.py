@@ -491,9 +491,11 @@ class Checkpoint:
         out = []
         with np.load(self._file(f"layer-{layer}.npz"), allow_pickle=False) as z:
             for e in json.loads(bytes(z["meta"]).decode()):
+                off = z[e["name"] + "/boffset"] if e["name"] + "/boffset" in z.files else None  # affine groups
                 pw = None if e["kind"] is None else PackedWeight(
                     e["kind"], tuple(e["shape"]), np.array(z[e["name"] + "/store"]),
-                    np.array(z[e["name"] + "/bscale"]), group=e["group"] or None)
+                    np.array(z[e["name"] + "/bscale"]), group=e["group"] or None,
+                    boffset=None if off is None else np.array(off))
                 out.append((e["name"], e["tier"], pw))
         return out
 
@@ -522,6 +524,8 @@ class Checkpoint:
             if pw is not None:
                 arrays[r.name + "/store"] = np.asarray(pw.store)
                 arrays[r.name + "/bscale"] = np.asarray(pw.bscale)
+                if pw.boffset is not None:
+                    arrays[r.name + "/boffset"] = np.asarray(pw.boffset)
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         _save_npz(self._file(f"layer-{layers - 1}.npz"), arrays)
         rows: Dict[str, Any] = {"layer": np.int64(layers), "xs": np.stack(stream.xs)}
