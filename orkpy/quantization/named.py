@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Mapping
 
 from .recipe import Recipe, RecipeError
 
-_NPU: Dict[str, Dict[str, Any]] = {"transform": {"rotate": "hadamard", "rotate_online": True}, "rounding": {"method": "gptq"},
-                                   "activation": {"groups": True}}
+_NPU: Dict[str, Dict[str, Any]] = {"transform": {"rotate": "hadamard", "rotate_online": True},
+                                   "calibration": {"ctx": 512, "chunks": 8},  # the 8 x 512 tokens measured
+                                   "rounding": {"method": "gptq", "symmetric": False}, "activation": {"groups": True}}
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,13 @@ NAMED: Dict[str, NamedRecipe] = {r.name: r for r in (
         "SmolLM2-135M at Q4_K_M's own linear bytes (5.53 bits per weight), wikitext-2 8 x 512: mean KL 0.0177, PPL "
         "25.03 against llama.cpp Q4_K_M + imatrix's 0.0347 / 25.18 (docs/results/weight-accuracy.md)"),
     NamedRecipe(
-        "w4a4-mix5", _merge(_NPU, {"allocation": {"npu_bits": 5.0}}),
-        "the NPU's 4-bit mode where it is accurate enough: W4A4 / W4A8 / W8A8 per input group at 5 NPU bits per "
-        "weight on average (the board's bytes per token: 37 % fewer than W8A8); needs --calib TEXT",
-        "SmolLM2-135M, wikitext-2 8 x 512: mean KL 0.207, PPL 29.68 at 84.0 NPU MB per token (W8A8: 0.0033 at "
-        "134.5); Gemma-3-270M 0.268. Not yet as accurate as a 4-bit weight-only format: Q4_K_M + imatrix 0.0347 "
-        "(at 8 NPU bits) (docs/results/w4a4.md)"),
+        "w4a4-mix5", _merge(_NPU, {"allocation": {"npu_bits": 5.0, "npu_options": ["w4a4-g32", "w4a8-g32", "int8"]}}),
+        "the NPU's 4-bit mode where it is accurate enough: W4A4 / W4A8 with affine int4 groups of 32, or W8A8, per "
+        "linear at 5 NPU bits per weight on average (the board's bytes per token: 37 % fewer than W8A8); needs "
+        "--calib TEXT",
+        "SmolLM2-135M, wikitext-2 8 x 512: mean KL 0.0977, PPL 26.78 at 84.05 NPU MB per token (W8A8: 0.0033 at "
+        "134.5). Not yet as accurate as a 4-bit weight-only format: Q4_K_M + imatrix 0.0347 (at 8 NPU bits) "
+        "(docs/results/w4a4.md, eleventh session)"),
 )}
 
 
